@@ -1,0 +1,185 @@
+"""Plain data of a snapshot: what monitors return and widgets/JSON render.
+
+No I/O here. Monitors (eagle3_console/monitor/*) fill these; snapshot.collect()
+assembles them into a Snapshot; widgets/ and `status --json` read them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+# Alert levels map onto the monitoring exit codes (README: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN).
+OK, WARNING, CRITICAL, UNKNOWN = "ok", "warning", "critical", "unknown"
+LEVEL_EXIT = {OK: 0, WARNING: 1, CRITICAL: 2, UNKNOWN: 3}
+LEVEL_RANK = {OK: 0, WARNING: 1, UNKNOWN: 2, CRITICAL: 3}
+
+
+@dataclass
+class Alert:
+    level: str            # warning | critical | unknown
+    code: str             # short machine name: oom, nccl, traceback, disk_short, stage_failed, gpu_lost, lost, ...
+    message: str
+    stage: str | None = None
+    line: str | None = None   # the log line that triggered it, when one did
+
+
+@dataclass
+class GpuProcess:
+    pid: int
+    used_bytes: int | None          # None when NVML does not report it
+    name: str = ""
+    run_id: int | None = None       # the run that owns this process, if any
+    stage: str | None = None
+    how: str | None = None          # how it was tied: tree, pgid, session, env
+
+
+@dataclass
+class GpuInfo:
+    index: int
+    name: str = ""
+    uuid: str = ""
+    mem_used: int | None = None
+    mem_total: int | None = None
+    util_pct: int | None = None
+    temp_c: int | None = None
+    power_w: float | None = None
+    processes: list[GpuProcess] = field(default_factory=list)
+    error: str | None = None        # this GPU degraded (lost, NotSupported...) and why
+
+
+@dataclass
+class GpuReport:
+    available: bool
+    reason: str | None = None       # why NVML is unavailable
+    driver: str | None = None
+    gpus: list[GpuInfo] = field(default_factory=list)
+
+
+@dataclass
+class ShardCount:
+    name: str                       # e.g. rows_0-2000, or "." for a flat layout
+    done: int
+    expected: int | None = None     # rows in this shard when known
+
+
+@dataclass
+class ShardProgress:
+    root: str
+    layout: str                     # eagle3 | specforge | speculators_pt | speculators_hs | none
+    samples_done: int = 0
+    samples_expected: int | None = None
+    tokens_done: int | None = None
+    tokens_expected: int | None = None
+    shards: list[ShardCount] = field(default_factory=list)
+    tmp_files: int = 0
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    eta_s: float | None = None
+    complete: bool = False          # data_config.json says complete
+
+
+@dataclass
+class DiskUsage:
+    stage: str
+    path: str
+    written_bytes: int = 0
+    files: int = 0
+    estimate_bytes: int | None = None
+    projected_bytes: int | None = None   # written / fraction done
+    free_bytes: int | None = None
+    total_bytes: int | None = None
+    fits: bool | None = None             # projected remainder fits in free space
+
+
+@dataclass
+class LogFinding:
+    kind: str       # progress | loading | oom | nccl | traceback | errors | killed
+    line: str       # the line it matched
+    at_offset: int = 0
+
+
+@dataclass
+class LogState:
+    path: str
+    size: int = 0
+    progress_done: int | None = None
+    progress_total: int | None = None
+    rate: float | None = None           # items/s as the program printed it
+    rate_unit: str | None = None
+    eta_s: float | None = None
+    load_pct: float | None = None       # weight loading
+    errors: int | None = None           # the last "errors: N" counter
+    findings: dict[str, LogFinding] = field(default_factory=dict)   # latest per kind
+    tail: list[str] = field(default_factory=list)
+
+    @property
+    def oom(self) -> LogFinding | None:
+        return self.findings.get("oom")
+
+
+@dataclass
+class StageStatus:
+    name: str
+    op: str | None
+    status: str                     # never | pending | running | succeeded | failed | killed | lost
+    run_id: int | None = None
+    pid: int | None = None
+    started: float | None = None
+    ended: float | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    progress: float | None = None   # 0..1
+    rate: float | None = None       # samples/s (or items/s from the log)
+    tokens_per_s: float | None = None
+    eta_s: float | None = None
+    depends_on: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    params: dict[str, Any] = field(default_factory=dict)
+    batch_param: str | None = None
+    shards: ShardProgress | None = None
+    log: LogState | None = None
+    alerts: list[Alert] = field(default_factory=list)
+    result: dict[str, Any] | None = None   # e.g. bench's JSON result
+
+
+@dataclass
+class Snapshot:
+    workspace: str
+    host: str
+    time: float
+    stages: list[StageStatus] = field(default_factory=list)
+    gpus: GpuReport = field(default_factory=lambda: GpuReport(available=False, reason="not sampled"))
+    disk: list[DiskUsage] = field(default_factory=list)
+    alerts: list[Alert] = field(default_factory=list)
+    schema: int = SCHEMA_VERSION
+
+    @property
+    def health(self) -> str:
+        worst = OK
+        for a in self.alerts:
+            if LEVEL_RANK.get(a.level, 0) > LEVEL_RANK[worst]:
+                worst = a.level
+        return worst
+
+    @property
+    def exit_code(self) -> int:
+        return LEVEL_EXIT[self.health]
+
+    def stage(self, name: str) -> StageStatus | None:
+        return next((s for s in self.stages if s.name == name), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["health"] = self.health
+        gpus = d.pop("gpus")
+        if gpus["available"]:
+            d["gpus"] = gpus["gpus"]
+            d["gpu_driver"] = gpus["driver"]
+        else:
+            d["gpus"] = []
+            d["gpus_unavailable"] = gpus["reason"]
+        return d

@@ -1,0 +1,69 @@
+"""Paths of a workspace: where the pipeline file, state, logs and trash live.
+
+Everything else asks this module for paths, so the on-disk layout is said once.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+CONFIG_NAME = "eagle3.toml"
+STATE_DIR = ".eagle3"
+ENV_WORKSPACE = "EAGLE3_WORKSPACE"
+# Set in every stage's environment so that orphaned workers stay attributable.
+ENV_RUN_ID = "EAGLE3_RUN_ID"
+
+
+@dataclass(frozen=True)
+class Workspace:
+    root: Path
+
+    @classmethod
+    def at(cls, path: str | os.PathLike | None = None) -> "Workspace":
+        """The workspace at `path`, else $EAGLE3_WORKSPACE, else the cwd."""
+        chosen = path or os.environ.get(ENV_WORKSPACE) or os.getcwd()
+        return cls(Path(chosen).expanduser().resolve())
+
+    @property
+    def config_path(self) -> Path:
+        return self.root / CONFIG_NAME
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / STATE_DIR
+
+    @property
+    def db_path(self) -> Path:
+        return self.state_dir / "state.db"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.state_dir / "logs"
+
+    @property
+    def trash_dir(self) -> Path:
+        return self.state_dir / "trash"
+
+    @property
+    def cache_dir(self) -> Path:
+        """Monitor caches (log offsets, directory indexes) so that a one-shot
+        `status` continues where the previous one stopped."""
+        return self.state_dir / "cache"
+
+    @property
+    def watch_lock_path(self) -> Path:
+        return self.state_dir / "watch.lock"
+
+    def log_path(self, run_id: int, stage: str) -> Path:
+        return self.logs_dir / f"{run_id:06d}-{stage}.log"
+
+    def resolve(self, path: str | os.PathLike) -> Path:
+        """A stage path as written in eagle3.toml: relative to the root."""
+        p = Path(path).expanduser()
+        return p if p.is_absolute() else self.root / p
+
+    def ensure_state(self) -> None:
+        for d in (self.state_dir, self.logs_dir, self.cache_dir):
+            d.mkdir(parents=True, exist_ok=True)

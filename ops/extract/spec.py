@@ -1,0 +1,96 @@
+"""Spec of the extract stage: hidden states of the target's aux layers.
+
+Disk estimate = tokens x (aux layers + 1) x hidden_size x dtype bytes
+(17,285,548 x 4 x 7168 x 2 = 923 GiB; seen 924 GB by du -sh).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ops.formats import SAMPLE_RE, TMP_SUFFIX, BadSampleFile, check_whole
+from ops.spec import REQUIRED, EstimateContext, OpSpec, dtype_bytes
+
+
+def aux_layer_count(params: dict) -> int:
+    ids = params.get("layer_ids", "auto")
+    if isinstance(ids, (list, tuple)):
+        return len(ids)
+    if isinstance(ids, str) and ids not in ("", "auto"):
+        return len([p for p in ids.split(",") if p.strip()])
+    return 3
+
+
+def expected_tokens(ctx: EstimateContext) -> int | None:
+    if ctx.params.get("tokens"):
+        return int(ctx.params["tokens"])
+    summary = ctx.read_json("input", "summary.json")
+    if summary and "total_tokens" in summary:
+        return int(summary["total_tokens"])
+    return None
+
+
+def expected_samples(ctx: EstimateContext) -> int | None:
+    if ctx.params.get("num_samples"):
+        return int(ctx.params["num_samples"])
+    summary = ctx.read_json("input", "summary.json")
+    if summary and "samples" in summary:
+        return int(summary["samples"])
+    return None
+
+
+def estimate_bytes(ctx: EstimateContext) -> int | None:
+    tokens = expected_tokens(ctx)
+    hidden = ctx.target.get("hidden_size")
+    if tokens is None or not hidden:
+        return None
+    dtype = ctx.params.get("dtype") if ctx.params.get("dtype") not in (None, "auto") else ctx.target.get("dtype")
+    return tokens * (aux_layer_count(ctx.params) + 1) * int(hidden) * dtype_bytes(dtype)
+
+
+def partial_files(root: Path) -> list[Path]:
+    """Temp files and sample files that are truncated or unreadable."""
+    out: list[Path] = []
+    if not root.is_dir():
+        return out
+    for path in sorted(root.rglob("*")):
+        if path.is_symlink() or not path.is_file():
+            continue
+        if path.name.endswith(TMP_SUFFIX):
+            out.append(path)
+            continue
+        m = SAMPLE_RE.match(path.name)
+        if m and m.group(2) == "safetensors":
+            try:
+                check_whole(path)
+            except BadSampleFile:
+                out.append(path)
+    return out
+
+
+SPEC = OpSpec(
+    name="extract",
+    summary="hidden states of the target's aux layers + final state, one safetensors file a sample",
+    params={
+        "input": REQUIRED,          # prepare's output directory
+        "output": REQUIRED,
+        "layer_ids": "auto",        # canonical ids (0-indexed layer whose OUTPUT is captured)
+        "max_seq_len": 4096,
+        "token_budget": 16384,      # tokens per forward batch; halved on OOM
+        "num_samples": None,
+        "device": "auto",
+        "dtype": "auto",
+        "writers": 4,
+        "tokens": None,             # override for the estimate when no summary exists
+        "force": False,
+    },
+    output_params=("output",),
+    uses_target=True,
+    uses_gpu=True,
+    batch_param="token_budget",
+    progress="shards",
+    estimate_bytes=estimate_bytes,
+    expected_samples=expected_samples,
+    expected_tokens=expected_tokens,
+    partial_files=partial_files,
+)

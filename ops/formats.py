@@ -1,0 +1,80 @@
+"""The hidden-state data format (shared/DESIGN.md), readable without torch.
+
+<output>/data_config.json, <output>/sample_lengths.json,
+<output>/rows_<a>-<b>/data_<idx>.safetensors (one sample, written *.tmp then renamed).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from pathlib import Path
+
+SHARD_ROWS = 2000
+DATA_CONFIG = "data_config.json"
+SAMPLE_LENGTHS = "sample_lengths.json"
+TMP_SUFFIX = ".tmp"
+SHARD_DIR_RE = re.compile(r"^rows_(\d+)-(\d+)$")
+SAMPLE_RE = re.compile(r"^(?:data|hs)_(\d+)\.(safetensors|pt|ckpt)$")
+# A header larger than this is not a sample file (safetensors caps at 100 MB).
+MAX_HEADER = 100_000_000
+
+
+def shard_dir_name(idx: int, rows: int = SHARD_ROWS) -> str:
+    start = (idx // rows) * rows
+    return f"rows_{start}-{start + rows}"
+
+
+def sample_path(output: Path, idx: int) -> Path:
+    return output / shard_dir_name(idx) / f"data_{idx}.safetensors"
+
+
+class BadSampleFile(ValueError):
+    """A sample file that is truncated, unreadable or not safetensors."""
+
+
+def read_safetensors_header(path: Path) -> tuple[dict, int]:
+    """(header, expected file size) from the first bytes only; no tensor data read."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                raise BadSampleFile(f"{path}: {len(head)} bytes, shorter than a safetensors header")
+            (n,) = struct.unpack("<Q", head)
+            if n > MAX_HEADER:
+                raise BadSampleFile(f"{path}: header length {n} is not plausible")
+            raw = fh.read(n)
+    except OSError as exc:
+        raise BadSampleFile(f"{path}: unreadable ({exc.strerror})") from exc
+    if len(raw) < n:
+        raise BadSampleFile(f"{path}: truncated inside its header")
+    try:
+        header = json.loads(raw)
+    except ValueError as exc:
+        raise BadSampleFile(f"{path}: header is not JSON ({exc})") from exc
+    end = 0
+    for key, info in header.items():
+        if key == "__metadata__":
+            continue
+        try:
+            end = max(end, int(info["data_offsets"][1]))
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise BadSampleFile(f"{path}: tensor {key!r} has no data_offsets") from exc
+    return header, 8 + n + end
+
+
+def check_whole(path: Path, size: int | None = None) -> dict:
+    """The header of a whole safetensors file; BadSampleFile if it is truncated."""
+    header, expected = read_safetensors_header(path)
+    actual = path.stat().st_size if size is None else size
+    if actual < expected:
+        raise BadSampleFile(f"{path}: truncated ({actual} of {expected} bytes)")
+    return header
+
+
+def tokens_in_header(header: dict) -> int | None:
+    info = header.get("input_ids")
+    if isinstance(info, dict) and info.get("shape"):
+        return int(info["shape"][0])
+    return None

@@ -1,0 +1,119 @@
+"""What the console needs to know about a stage without running it.
+
+An OpSpec says which params an op takes (and so how to build its argv),
+which params name its outputs, how big its output will be, how many samples
+it will produce, and which files under an output root are partial leftovers.
+Importing a spec must stay cheap: no torch, no transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
+               "float32": 4, "fp32": 4, "float": 4, "float8_e4m3fn": 1, "fp8": 1}
+
+
+@dataclass(frozen=True)
+class EstimateContext:
+    """Inputs of the estimate functions: resolved params and the [target] table."""
+
+    root: Path                      # the workspace root; relative paths resolve here
+    params: dict[str, Any]
+    target: dict[str, Any]          # path, num_layers, hidden_size, dtype, vocab_size
+
+    def path(self, key: str) -> Path | None:
+        value = self.params.get(key)
+        if value in (None, ""):
+            return None
+        p = Path(str(value)).expanduser()
+        return p if p.is_absolute() else self.root / p
+
+    def read_json(self, key: str, name: str) -> dict | None:
+        """`<param key's path>/<name>` parsed, or None when absent or unreadable."""
+        base = self.path(key)
+        if base is None:
+            return None
+        try:
+            return json.loads((base / name).read_text())
+        except (OSError, ValueError):
+            return None
+
+
+def _none(_ctx: EstimateContext) -> int | None:
+    return None
+
+
+def _no_partials(_root: Path) -> list[Path]:
+    return []
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str
+    summary: str
+    # Every accepted param with its default; a default of REQUIRED means required.
+    params: dict[str, Any]
+    # Params whose values are output paths (relative to the workspace root).
+    output_params: tuple[str, ...] = ()
+    # Whether the op takes `--target PATH` (the [target] table's path is passed).
+    uses_target: bool = False
+    uses_gpu: bool = False
+    # The param that sets batch size / token budget, halved after an OOM.
+    batch_param: str | None = None
+    # "shards": progress counted from sample files under the first output;
+    # "log": progress parsed from the log's tqdm / summary lines.
+    progress: str = "log"
+    estimate_bytes: Callable[[EstimateContext], int | None] = _none
+    expected_samples: Callable[[EstimateContext], int | None] = _none
+    expected_tokens: Callable[[EstimateContext], int | None] = _none
+    partial_files: Callable[[Path], list[Path]] = _no_partials
+    # Module run as `python -m <module>`; defaults to ops.<name>.
+    module: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def argv(self, params: dict[str, Any], target_path: str | None = None,
+             python: str | None = None) -> list[str]:
+        """The full command line. Params become `--key-with-dashes value`;
+        True becomes a bare flag, False/None are left out, lists are joined
+        with commas. Unknown params are an error (caught by config too)."""
+        unknown = sorted(set(params) - set(self.params))
+        if unknown:
+            raise ValueError(f"op {self.name!r} has no param(s) {unknown}; "
+                             f"it takes {sorted(self.params)}")
+        out = [python or sys.executable, "-m", self.module or f"ops.{self.name}"]
+        if self.uses_target and target_path:
+            out += ["--target", str(target_path)]
+        merged = {k: v for k, v in self.params.items() if v is not REQUIRED}
+        merged.update(params)
+        for key in sorted(merged):
+            value = merged[key]
+            flag = "--" + key.replace("_", "-")
+            if value is True:
+                out.append(flag)
+            elif value is False or value is None:
+                continue
+            elif isinstance(value, (list, tuple)):
+                out += [flag, ",".join(str(v) for v in value)]
+            else:
+                out += [flag, str(value)]
+        return out
+
+    def missing_params(self, params: dict[str, Any]) -> list[str]:
+        return sorted(k for k, v in self.params.items() if v is REQUIRED and k not in params)
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()
+
+
+def dtype_bytes(dtype: str | None) -> int:
+    return DTYPE_BYTES.get(str(dtype or "bfloat16").lower().replace("torch.", ""), 2)
