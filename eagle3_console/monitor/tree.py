@@ -1,0 +1,272 @@
+"""An incremental index of one directory tree (a stage's output root).
+
+Where it sits: monitor/disk.py (bytes written) and monitor/shards.py (sample
+files, new files whose headers to read) both read one TreeIndex per output;
+snapshot.collect() refreshes it and persists its state under .eagle3/cache/.
+
+How it stays cheap: a directory is re-listed only when its mtime changed (a
+file was created, renamed or removed in it); an unchanged directory costs one
+lstat. Inside a re-listed directory only names that are new, or whose inode
+changed (renamed over), are stat'ed. Files that may still grow in place are
+re-stat'ed on every refresh: names ending in `.tmp`, files seen growing at the
+last refresh, and files whose mtime was within `hot_s` of the moment they were
+stat'ed. A file that stops growing for longer than that and later grows in
+place without any change to its directory is not seen until the directory
+changes; the pipeline writes `*.tmp` then renames, so its outputs are exact.
+
+Symlinks inside the tree are never followed nor counted (the root itself may
+be a symlink: the operator named it). Sizes are apparent sizes (st_size), the
+unit of the disk estimate. The root may not exist yet: the index is empty.
+
+Directory mtimes have coarse granularity (a kernel tick), so a directory
+listed in the same tick as a later change would look unchanged forever; like
+git's "racy" entries, a directory whose mtime is within RACY_NS of the moment
+it was listed is listed again at the next refresh.
+"""
+
+from __future__ import annotations
+
+import os
+import stat as statmod
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, NamedTuple
+
+TMP_SUFFIX = ".tmp"
+RACY_NS = 1_000_000_000
+STATE_VERSION = 1
+
+
+class FileEntry(NamedTuple):
+    size: int
+    mtime_ns: int
+    ino: int
+    hot: bool       # re-stat at the next refresh: may still be growing in place
+
+
+@dataclass
+class TreeStats:
+    """What one refresh found, and what it cost."""
+
+    total_bytes: int = 0
+    files: int = 0
+    dirs: int = 0
+    dirs_listed: int = 0            # os.scandir calls made by this refresh
+    files_stated: int = 0           # lstat calls on files made by this refresh
+    new_files: list[str] = field(default_factory=list)      # relative paths, new or replaced
+    removed_files: list[str] = field(default_factory=list)
+    exists: bool = False
+
+
+class _Dir:
+    __slots__ = ("mtime_ns", "racy", "files", "subdirs", "bytes")
+
+    def __init__(self, mtime_ns: int, racy: bool, files: dict[str, FileEntry],
+                 subdirs: list[str]) -> None:
+        self.mtime_ns = mtime_ns
+        self.racy = racy
+        self.files = files
+        self.subdirs = subdirs
+        self.bytes = sum(f.size for f in files.values())
+
+
+def _join(rel: str, name: str) -> str:
+    return name if not rel else f"{rel}/{name}"
+
+
+class TreeIndex:
+    def __init__(self, root: str | os.PathLike, hot_s: float = 1.0) -> None:
+        self.root = Path(root)
+        self.hot_ns = int(hot_s * 1e9)
+        self._dirs: dict[str, _Dir] = {}
+        self.last: TreeStats = TreeStats()
+
+    # ---- queries -------------------------------------------------------
+    @property
+    def total_bytes(self) -> int:
+        return sum(d.bytes for d in self._dirs.values())
+
+    @property
+    def file_count(self) -> int:
+        return sum(len(d.files) for d in self._dirs.values())
+
+    def dirs(self) -> list[str]:
+        """Relative paths of the indexed directories ("" is the root)."""
+        return list(self._dirs)
+
+    def files_in(self, rel: str = "") -> dict[str, FileEntry]:
+        """Files of one directory (relative path, "" for the root): name -> entry."""
+        d = self._dirs.get(rel)
+        return dict(d.files) if d else {}
+
+    def iter_files(self) -> Iterator[tuple[str, str, FileEntry]]:
+        """(directory rel path, name, entry) for every indexed file."""
+        for rel, d in self._dirs.items():
+            for name, entry in d.files.items():
+                yield rel, name, entry
+
+    def entry(self, relpath: str) -> FileEntry | None:
+        rel, _, name = relpath.rpartition("/")
+        d = self._dirs.get(rel)
+        return d.files.get(name) if d else None
+
+    # ---- refresh -------------------------------------------------------
+    def refresh(self) -> TreeStats:
+        stats = TreeStats()
+        now_ns = time.time_ns()
+        root = os.fspath(self.root)
+        try:
+            st = os.stat(root)      # the root may be a symlink the operator chose
+            is_dir = statmod.S_ISDIR(st.st_mode)
+        except OSError:
+            is_dir = False
+        if not is_dir:
+            for rel in list(self._dirs):
+                self._drop(rel, stats)
+            self.last = stats
+            return stats
+        stats.exists = True
+        seen: set[str] = set()
+        stack: list[tuple[str, os.stat_result]] = [("", st)]
+        while stack:
+            rel, dst = stack.pop()
+            path = root if not rel else os.path.join(root, rel)
+            d = self._dirs.get(rel)
+            if d is None or d.racy or d.mtime_ns != dst.st_mtime_ns:
+                d = self._list(rel, path, d, dst, now_ns, stats)
+                if d is None:       # vanished between lstat and scandir
+                    continue
+            elif d.files:
+                self._restat_hot(rel, path, d, now_ns, stats)
+            seen.add(rel)
+            for sub in d.subdirs:
+                srel = _join(rel, sub)
+                try:
+                    sst = os.lstat(os.path.join(path, sub))
+                except OSError:
+                    continue
+                if statmod.S_ISDIR(sst.st_mode):
+                    stack.append((srel, sst))
+        for rel in [r for r in self._dirs if r not in seen]:
+            self._drop(rel, stats)
+        stats.dirs = len(self._dirs)
+        stats.total_bytes = self.total_bytes
+        stats.files = self.file_count
+        self.last = stats
+        return stats
+
+    def _hot(self, name: str, size: int, mtime_ns: int, now_ns: int, prev: FileEntry | None) -> bool:
+        if name.endswith(TMP_SUFFIX):
+            return True
+        if prev is not None and (prev.size != size or prev.mtime_ns != mtime_ns):
+            return True     # seen growing
+        return now_ns - mtime_ns < self.hot_ns
+
+    def _list(self, rel: str, path: str, old: _Dir | None, dst: os.stat_result,
+              now_ns: int, stats: TreeStats) -> _Dir | None:
+        old_files = old.files if old else {}
+        files: dict[str, FileEntry] = {}
+        subdirs: list[str] = []
+        try:
+            it = os.scandir(path)
+        except OSError:
+            if old is not None:
+                self._drop(rel, stats)
+            return None
+        stats.dirs_listed += 1
+        with it:
+            for e in it:
+                name = e.name
+                try:
+                    if e.is_dir(follow_symlinks=False):
+                        subdirs.append(name)
+                        continue
+                    if not e.is_file(follow_symlinks=False):
+                        continue        # symlinks, sockets, fifos
+                    ino = e.inode()
+                except OSError:
+                    continue
+                prev = old_files.get(name)
+                if prev is not None and prev.ino == ino and not prev.hot:
+                    files[name] = prev
+                    continue
+                try:
+                    s = e.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                stats.files_stated += 1
+                same = prev is not None and prev.ino == ino
+                files[name] = FileEntry(s.st_size, s.st_mtime_ns, ino,
+                                        self._hot(name, s.st_size, s.st_mtime_ns, now_ns,
+                                                  prev if same else None))
+                if not same:
+                    stats.new_files.append(_join(rel, name))
+        for name in old_files:
+            if name not in files:
+                stats.removed_files.append(_join(rel, name))
+        d = _Dir(dst.st_mtime_ns, now_ns - dst.st_mtime_ns < RACY_NS, files, subdirs)
+        self._dirs[rel] = d
+        return d
+
+    def _restat_hot(self, rel: str, path: str, d: _Dir, now_ns: int, stats: TreeStats) -> None:
+        changed = False
+        for name, prev in list(d.files.items()):
+            if not prev.hot:
+                continue
+            try:
+                s = os.lstat(os.path.join(path, name))
+            except OSError:
+                # Removed without a directory mtime change is impossible;
+                # the directory is re-listed next time anyway.
+                continue
+            stats.files_stated += 1
+            if s.st_ino != prev.ino:
+                d.racy = True       # replaced: let the next listing sort it out
+                continue
+            entry = FileEntry(s.st_size, s.st_mtime_ns, prev.ino,
+                              self._hot(name, s.st_size, s.st_mtime_ns, now_ns, prev))
+            if entry != prev:
+                d.files[name] = entry
+                changed = True
+        if changed:
+            d.bytes = sum(f.size for f in d.files.values())
+
+    def _drop(self, rel: str, stats: TreeStats) -> None:
+        d = self._dirs.pop(rel, None)
+        if d is not None:
+            stats.removed_files.extend(_join(rel, n) for n in d.files)
+
+    # ---- persistence ---------------------------------------------------
+    def to_state(self) -> dict:
+        """A JSON-serialisable dict; from_state() continues incrementally."""
+        return {
+            "version": STATE_VERSION,
+            "root": os.fspath(self.root),
+            "hot_ns": self.hot_ns,
+            "dirs": {
+                rel: [d.mtime_ns, d.racy, d.subdirs,
+                      {n: [f.size, f.mtime_ns, f.ino, f.hot] for n, f in d.files.items()}]
+                for rel, d in self._dirs.items()
+            },
+        }
+
+    @classmethod
+    def from_state(cls, state: dict, root: str | os.PathLike | None = None) -> "TreeIndex":
+        """Rebuild from to_state(). A state of another version or another root
+        gives a fresh (empty) index: it will simply list everything once."""
+        idx = cls(root if root is not None else state.get("root", "."))
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            return idx
+        if os.fspath(idx.root) != state.get("root"):
+            return idx
+        try:
+            idx.hot_ns = int(state.get("hot_ns", idx.hot_ns))
+            for rel, (mtime_ns, racy, subdirs, files) in state["dirs"].items():
+                idx._dirs[rel] = _Dir(int(mtime_ns), bool(racy),
+                                      {n: FileEntry(int(a), int(b), int(c), bool(h))
+                                       for n, (a, b, c, h) in files.items()},
+                                      list(subdirs))
+        except (KeyError, TypeError, ValueError):
+            idx._dirs.clear()       # a damaged cache costs one full listing, nothing more
+        return idx
