@@ -1,0 +1,280 @@
+"""The pipeline file (eagle3.toml): parse, validate, and say clearly what is wrong.
+
+Data flow: eagle3.toml -> Pipeline (this module) -> runs.launch / snapshot.collect.
+Every error names the file, the key and what was expected; callers exit 3.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ops import KNOWN_OPS, get_spec
+from ops.spec import OpSpec
+
+PARAM_RE = re.compile(r"\{(\w+)\}")
+TARGET_KEYS = {"path": str, "num_layers": int, "hidden_size": int, "dtype": str, "vocab_size": int,
+               "architecture": str}
+STAGE_KEYS = {"op", "argv", "params", "outputs", "gpus", "depends_on", "batch_param", "restart",
+              "env", "description", "expected_samples", "estimate_bytes"}
+TOP_KEYS = {"target", "stages", "workspace"}
+
+
+class ConfigError(ValueError):
+    def __init__(self, file: Path | str, key: str, message: str):
+        self.file, self.key = str(file), key
+        super().__init__(f"{file}: {key}: {message}")
+
+
+@dataclass
+class RestartPolicy:
+    max: int = 0
+    backoff_s: float = 30.0
+
+
+@dataclass
+class Stage:
+    name: str
+    op: str | None = None
+    argv: list[str] | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    outputs: list[str] = field(default_factory=list)
+    gpus: list[int] | None = None
+    depends_on: list[str] = field(default_factory=list)
+    batch_param: str | None = None
+    restart: RestartPolicy | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    description: str = ""
+    expected_samples: int | None = None
+    estimate_bytes: int | None = None
+
+    @property
+    def spec(self) -> OpSpec | None:
+        return get_spec(self.op) if self.op else None
+
+    def command(self, params: dict[str, Any], target: dict[str, Any]) -> list[str]:
+        """The argv of a run with these params (never a shell string)."""
+        if self.op:
+            return self.spec.argv(params, target_path=target.get("path"), python=sys.executable)
+        out = []
+        for part in self.argv or []:
+            out.append(PARAM_RE.sub(lambda m: _format_param(params, m.group(1), self.name), part))
+        if out and out[0] in ("python", "python3"):
+            out[0] = sys.executable   # the console's interpreter, so venvs behave
+        return out
+
+    def environment(self) -> dict[str, str]:
+        env = dict(self.env)
+        if self.gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus)
+        return env
+
+
+def _format_param(params: dict[str, Any], name: str, stage: str) -> str:
+    if name not in params:
+        raise KeyError(f"stage {stage!r}: argv names {{{name}}} but no param {name!r} is set")
+    value = params[name]
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+@dataclass
+class Pipeline:
+    path: Path
+    target: dict[str, Any]
+    stages: dict[str, Stage]
+
+    def order(self) -> list[str]:
+        """Stage names in dependency order (file order among independent ones)."""
+        done: list[str] = []
+        pending = list(self.stages)
+        while pending:
+            for name in pending:
+                if all(d in done for d in self.stages[name].depends_on):
+                    done.append(name)
+                    pending.remove(name)
+                    break
+        return done
+
+    def stage(self, name: str) -> Stage:
+        if name not in self.stages:
+            known = ", ".join(self.stages) or "none"
+            raise ConfigError(self.path, f"stages.{name}", f"no such stage (stages: {known})")
+        return self.stages[name]
+
+
+def _type_name(t: Any) -> str:
+    return {str: "a string", int: "an integer", float: "a number", list: "a list",
+            dict: "a table", bool: "true or false"}.get(t, str(t))
+
+
+def _expect(file: Path, key: str, value: Any, t: Any) -> Any:
+    ok = isinstance(value, t) and not (t in (int, float) and isinstance(value, bool))
+    if t is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not ok:
+        raise ConfigError(file, key, f"expected {_type_name(t)}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _str_list(file: Path, key: str, value: Any) -> list[str]:
+    _expect(file, key, value, list)
+    for i, v in enumerate(value):
+        _expect(file, f"{key}[{i}]", v, str)
+    return list(value)
+
+
+def parse_value(text: str) -> Any:
+    """A `--set` value: TOML scalar when it parses (4, 0.85, true, "x", [1,2]), else the raw string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError("--set", item, "expected name=value")
+        out[key.strip()] = parse_value(value.strip())
+    return out
+
+
+def load(path: Path) -> Pipeline:
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(path, "(file)", "no pipeline file here; run `eagle3-console init` first") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(path, "(syntax)", str(exc)) from None
+    except OSError as exc:
+        raise ConfigError(path, "(file)", f"unreadable: {exc.strerror}") from None
+    return parse(raw, path)
+
+
+def parse(raw: dict[str, Any], path: Path) -> Pipeline:
+    for key in raw:
+        if key not in TOP_KEYS:
+            raise ConfigError(path, key, f"unknown key; expected one of {sorted(TOP_KEYS)}")
+    target = _parse_target(path, raw.get("target", {}))
+    stages_raw = _expect(path, "stages", raw.get("stages", {}), dict)
+    stages = {name: _parse_stage(path, name, body) for name, body in stages_raw.items()}
+    pipe = Pipeline(path=path, target=target, stages=stages)
+    _check_graph(pipe)
+    _check_outputs(pipe)
+    return pipe
+
+
+def _parse_target(path: Path, raw: Any) -> dict[str, Any]:
+    _expect(path, "target", raw, dict)
+    for key, value in raw.items():
+        if key not in TARGET_KEYS:
+            raise ConfigError(path, f"target.{key}", f"unknown key; expected one of {sorted(TARGET_KEYS)}")
+        _expect(path, f"target.{key}", value, TARGET_KEYS[key])
+    return dict(raw)
+
+
+def _parse_stage(path: Path, name: str, body: Any) -> Stage:
+    where = f"stages.{name}"
+    _expect(path, where, body, dict)
+    for key in body:
+        if key not in STAGE_KEYS:
+            raise ConfigError(path, f"{where}.{key}", f"unknown key; expected one of {sorted(STAGE_KEYS)}")
+    has_op, has_argv = "op" in body, "argv" in body
+    if has_op == has_argv:
+        raise ConfigError(path, where, "expected exactly one of `op = \"<built-in op>\"` or `argv = [...]`")
+    st = Stage(name=name)
+    st.params = dict(_expect(path, f"{where}.params", body.get("params", {}), dict))
+    if has_op:
+        st.op = _expect(path, f"{where}.op", body["op"], str)
+        try:
+            spec = get_spec(st.op)
+        except KeyError as exc:
+            raise ConfigError(path, f"{where}.op", f"expected one of {', '.join(KNOWN_OPS)}: {exc.args[0]}") from None
+        for key in st.params:
+            if key not in spec.params:
+                raise ConfigError(path, f"{where}.params.{key}",
+                                  f"op {st.op!r} has no such param; it takes {sorted(spec.params)}")
+        missing = spec.missing_params(st.params)
+        if missing:
+            raise ConfigError(path, f"{where}.params", f"op {st.op!r} requires {missing}")
+        st.outputs = [str(st.params[p]) for p in spec.output_params if st.params.get(p)]
+        st.batch_param = spec.batch_param
+    else:
+        st.argv = _str_list(path, f"{where}.argv", body["argv"])
+        if not st.argv:
+            raise ConfigError(path, f"{where}.argv", "expected a non-empty list (program first)")
+        for part in st.argv:
+            for pname in PARAM_RE.findall(part):
+                if pname not in st.params:
+                    raise ConfigError(path, f"{where}.argv", f"names {{{pname}}} but params has no {pname!r}")
+    if "outputs" in body:
+        st.outputs = _str_list(path, f"{where}.outputs", body["outputs"])
+    if "gpus" in body:
+        gpus = _expect(path, f"{where}.gpus", body["gpus"], list)
+        st.gpus = [_expect(path, f"{where}.gpus[{i}]", g, int) for i, g in enumerate(gpus)]
+    st.depends_on = _str_list(path, f"{where}.depends_on", body.get("depends_on", []))
+    if "batch_param" in body:
+        st.batch_param = _expect(path, f"{where}.batch_param", body["batch_param"], str)
+        if st.batch_param not in st.params and not (st.spec and st.batch_param in st.spec.params):
+            raise ConfigError(path, f"{where}.batch_param", f"names {st.batch_param!r}, which is not in params")
+    if "restart" in body:
+        r = _expect(path, f"{where}.restart", body["restart"], dict)
+        for key in r:
+            if key not in ("max", "backoff_s"):
+                raise ConfigError(path, f"{where}.restart.{key}", "unknown key; expected max or backoff_s")
+        st.restart = RestartPolicy(max=_expect(path, f"{where}.restart.max", r.get("max", 0), int),
+                                   backoff_s=_expect(path, f"{where}.restart.backoff_s", r.get("backoff_s", 30.0), float))
+    env = _expect(path, f"{where}.env", body.get("env", {}), dict)
+    st.env = {k: _expect(path, f"{where}.env.{k}", v, str) for k, v in env.items()}
+    st.description = _expect(path, f"{where}.description", body.get("description", ""), str)
+    if "expected_samples" in body:
+        st.expected_samples = _expect(path, f"{where}.expected_samples", body["expected_samples"], int)
+    if "estimate_bytes" in body:
+        st.estimate_bytes = _expect(path, f"{where}.estimate_bytes", body["estimate_bytes"], int)
+    return st
+
+
+def _check_graph(pipe: Pipeline) -> None:
+    for st in pipe.stages.values():
+        for dep in st.depends_on:
+            if dep not in pipe.stages:
+                raise ConfigError(pipe.path, f"stages.{st.name}.depends_on",
+                                  f"names {dep!r}, which is not a stage (stages: {', '.join(pipe.stages)})")
+    state: dict[str, int] = {}
+
+    def visit(name: str, trail: list[str]) -> None:
+        if state.get(name) == 2:
+            return
+        if state.get(name) == 1:
+            cycle = trail[trail.index(name):] + [name]
+            raise ConfigError(pipe.path, f"stages.{name}.depends_on",
+                              f"dependency cycle {' -> '.join(cycle)}; expected an acyclic graph")
+        state[name] = 1
+        for dep in pipe.stages[name].depends_on:
+            visit(dep, trail + [name])
+        state[name] = 2
+
+    for name in pipe.stages:
+        visit(name, [])
+
+
+def _check_outputs(pipe: Pipeline) -> None:
+    root = pipe.path.parent.resolve()
+    owned: list[tuple[Path, str]] = []
+    for st in pipe.stages.values():
+        for out in st.outputs:
+            p = Path(out).expanduser()
+            owned.append(((p if p.is_absolute() else root / p).resolve(), st.name))
+    for p, name in owned:
+        for q, other in owned:
+            if name != other and (p == q or q in p.parents):
+                raise ConfigError(pipe.path, f"stages.{name}.outputs",
+                                  f"{p} lies inside stage {other!r}'s output {q}; expected separate output roots")

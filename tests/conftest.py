@@ -1,0 +1,72 @@
+"""Shared fixtures: real workspaces on disk and the CLI as a real subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+STAGES = Path(__file__).resolve().parent / "stages"
+PY = sys.executable
+
+
+def wait_for(pred: Callable[[], object], timeout: float = 20.0, poll: float = 0.05) -> object:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"condition not met within {timeout} s")
+
+
+class WS:
+    def __init__(self, root: Path):
+        self.root = root
+
+    def write(self, toml: str) -> "WS":
+        (self.root / "eagle3.toml").write_text(textwrap.dedent(toml))
+        return self
+
+    def cli(self, *args: str, check: int | None = None, timeout: float = 60, env: dict | None = None,
+            **kw) -> subprocess.CompletedProcess:
+        e = dict(os.environ)
+        e.pop("EAGLE3_WORKSPACE", None)
+        e.update(env or {})
+        proc = subprocess.run([PY, "-m", "eagle3_console.cli", "-w", str(self.root), *args],
+                              capture_output=True, text=True, timeout=timeout, env=e, cwd=str(self.root), **kw)
+        if check is not None:
+            assert proc.returncode == check, (proc.returncode, proc.stdout, proc.stderr)
+        return proc
+
+    def registry(self):
+        from eagle3_console.registry import Registry
+        return Registry(self.root / ".eagle3" / "state.db")
+
+    def latest(self, stage: str):
+        with self.registry() as reg:
+            return reg.latest(stage)
+
+    def wait_status(self, stage: str, statuses: tuple[str, ...], timeout: float = 30):
+        def done():
+            r = self.latest(stage)
+            return r if r and r.status in statuses else None
+        return wait_for(done, timeout)
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> WS:
+    return WS(tmp_path)
+
+
+def stage_cmd(script: str, *args: str) -> str:
+    """A TOML argv list running one of tests/stages/*.py."""
+    parts = ["python", str(STAGES / script), *args]
+    return "[" + ", ".join(f'"{p}"' for p in parts) + "]"

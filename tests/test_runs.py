@@ -1,0 +1,151 @@
+"""Runs survive their launcher, a hung-up terminal and a killed console;
+a vanished supervisor shows as lost; refusals and stop work. Real processes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+from eagle3_console.monitor.procs import process_alive
+from tests.conftest import PY, stage_cmd, wait_for
+
+
+def pipeline(extra: str = "") -> str:
+    return f"""
+[stages.slow]
+argv = {stage_cmd("sleeper.py", "--seconds", "{seconds}")}
+params = {{ seconds = 3 }}
+
+[stages.quick]
+argv = {stage_cmd("progress.py", "--n", "5", "--sleep", "0.01")}
+depends_on = ["slow"]
+
+[stages.fails]
+argv = {stage_cmd("progress.py", "--n", "3", "--sleep", "0.01", "--exit", "4")}
+{extra}
+"""
+
+
+def test_run_outlives_the_cli_and_is_recorded(ws):
+    ws.write(pipeline())
+    proc = ws.cli("run", "slow", "--set", "seconds=1.5", check=0)
+    assert "run 1 of slow: running" in proc.stdout
+    run = ws.latest("slow")
+    assert run.argv[-1] == "1.5" and run.pid and run.pgid == run.pid
+    assert os.getpgid(run.pid) == run.pid and os.getsid(run.pid) != os.getsid(0)
+    done = ws.wait_status("slow", ("succeeded",), timeout=30)
+    assert done.exit_code == 0 and done.ended >= done.started
+    log = open(done.log_path).read()
+    assert "sleeping" in log and "done" in log and "succeeded" in log
+
+
+def test_run_survives_sighup_of_its_terminal_session(ws):
+    """Launch from a shell in its own session (a stand-in for an SSH/tmux
+    terminal), then SIGHUP that whole session as a dropped terminal does."""
+    ws.write(pipeline())
+    shell = subprocess.Popen(
+        ["bash", "-c", f"{PY} -m eagle3_console.cli -w {ws.root} run slow --set seconds=2; sleep 30"],
+        start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run = wait_for(lambda: (r := ws.latest("slow")) and r.status == "running" and r)
+    os.killpg(shell.pid, signal.SIGHUP)
+    shell.wait(timeout=10)
+    assert process_alive(run.pid, run.create_time)
+    done = ws.wait_status("slow", ("succeeded",), timeout=30)
+    assert done.exit_code == 0
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")
+def test_run_survives_kill_of_tmux_session(ws):
+    ws.write(pipeline())
+    name = f"e3test{os.getpid()}"
+    sock = str(ws.root / "tmux.sock")
+    subprocess.run(["tmux", "-S", sock, "new-session", "-d", "-s", name,
+                    f"{PY} -m eagle3_console.cli -w {ws.root} run slow --set seconds=2; sleep 60"], check=True)
+    try:
+        run = wait_for(lambda: (r := ws.latest("slow")) and r.status == "running" and r)
+    finally:
+        subprocess.run(["tmux", "-S", sock, "kill-server"], check=False)
+    assert process_alive(run.pid, run.create_time)
+    assert ws.wait_status("slow", ("succeeded",), timeout=30).exit_code == 0
+
+
+def test_run_survives_console_killed_with_sigkill(ws):
+    """A long-lived console process (here: `logs -f`) launched the run; kill -9 it."""
+    ws.write(pipeline())
+    console = subprocess.Popen(
+        ["bash", "-c", f"{PY} -m eagle3_console.cli -w {ws.root} run slow --set seconds=2 && "
+                       f"exec {PY} -m eagle3_console.cli -w {ws.root} logs slow -f"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run = wait_for(lambda: (r := ws.latest("slow")) and r.status == "running" and r)
+    time.sleep(0.3)
+    console.kill()
+    console.wait()
+    assert process_alive(run.pid, run.create_time)
+    assert ws.wait_status("slow", ("succeeded",), timeout=30).exit_code == 0
+
+
+def test_supervisor_killed_shows_lost_and_stage_still_watched(ws):
+    ws.write(pipeline())
+    ws.cli("run", "slow", "--set", "seconds=30", check=0)
+    run = ws.latest("slow")
+    os.kill(run.supervisor_pid, signal.SIGKILL)
+    wait_for(lambda: not process_alive(run.supervisor_pid, run.supervisor_create_time))
+    proc = ws.cli("runs", "slow")
+    assert "lost" in proc.stdout
+    lost = ws.latest("slow")
+    assert lost.status == "lost" and process_alive(lost.pid, lost.create_time)
+    # The stage still lives: a second run is refused, stop still reaches it.
+    again = ws.cli("run", "slow")
+    assert again.returncode == 2 and "already has a live run" in again.stderr
+    ws.cli("stop", "slow", "--grace", "2", check=0)
+    wait_for(lambda: not process_alive(lost.pid, lost.create_time))
+
+
+def test_failed_exit_code_recorded(ws):
+    ws.write(pipeline())
+    ws.cli("run", "fails", check=0)
+    r = ws.wait_status("fails", ("failed",))
+    assert r.exit_code == 4 and r.signal is None
+
+
+def test_refuses_unmet_dependency_unless_forced(ws):
+    ws.write(pipeline())
+    proc = ws.cli("run", "quick")
+    assert proc.returncode == 2 and "depends on 'slow'" in proc.stderr and "never ran" in proc.stderr
+    ws.cli("run", "quick", "--force", check=0)
+    assert ws.wait_status("quick", ("succeeded",)).exit_code == 0
+
+
+def test_refuses_second_live_run(ws):
+    ws.write(pipeline())
+    ws.cli("run", "slow", "--set", "seconds=20", check=0)
+    proc = ws.cli("run", "slow", "--force")
+    assert proc.returncode == 2 and "already has a live run" in proc.stderr
+    ws.cli("stop", "slow", "--grace", "2", check=0)
+
+
+def test_stop_escalates_to_sigkill_after_grace(ws):
+    ws.write(pipeline().replace('"--seconds", "{seconds}"', '"--seconds", "{seconds}", "--ignore-term"'))
+    ws.cli("run", "slow", "--set", "seconds=60", check=0)
+    run = ws.latest("slow")
+    t0 = time.time()
+    proc = ws.cli("stop", "slow", "--grace", "1", check=0)
+    assert "killed" in proc.stdout
+    r = ws.latest("slow")
+    assert r.status == "killed" and r.signal == signal.SIGKILL
+    assert not process_alive(run.pid, run.create_time)
+    with ws.registry() as reg:
+        ev = reg.events("slow")
+    assert any(e.action == "stop" and "SIGKILL" in e.outcome for e in ev)
+    assert time.time() - t0 >= 1
+
+
+def test_unknown_stage_and_bad_set(ws):
+    ws.write(pipeline())
+    assert ws.cli("run", "nosuch").returncode == 3
+    assert ws.cli("run", "slow", "--set", "oops").returncode == 3
