@@ -34,7 +34,9 @@ class GpuProcess:
     name: str = ""
     run_id: int | None = None       # the run that owns this process, if any
     stage: str | None = None
-    how: str | None = None          # how it was tied: tree, pgid, session, env
+    how: str | None = None          # how it was tied: leader, tree, pgid, session, env
+    type: str = "compute"           # compute | graphics | compute+graphics (NVML's lists)
+    create_time: float | None = None   # psutil's, when the pid is visible here: trust pid only with it
 
 
 @dataclass
@@ -49,6 +51,8 @@ class GpuInfo:
     power_w: float | None = None
     processes: list[GpuProcess] = field(default_factory=list)
     error: str | None = None        # this GPU degraded (lost, NotSupported...) and why
+    lost: bool = False              # NVML says the GPU is lost (fell off the bus): critical
+    unsupported: list[str] = field(default_factory=list)   # fields this GPU does not report (NotSupported)
 
 
 @dataclass
@@ -80,6 +84,8 @@ class ShardProgress:
     tokens_per_s: float | None = None
     eta_s: float | None = None
     complete: bool = False          # data_config.json says complete
+    bad_files: int = 0              # sample files whose safetensors header is unreadable
+    error: str | None = None        # data_config.json / sample_lengths.json unreadable, and why
 
 
 @dataclass
@@ -115,6 +121,10 @@ class LogState:
     errors: int | None = None           # the last "errors: N" counter
     findings: dict[str, LogFinding] = field(default_factory=dict)   # latest per kind
     tail: list[str] = field(default_factory=list)
+    tokens_done: int | None = None      # from our `progress:` summary line
+    tokens_per_s: float | None = None   # from our `progress:` summary line
+    skipped_bytes: int = 0              # log bytes never parsed (a huge first open, a burst)
+    error: str | None = None            # the log exists but cannot be read, and why
 
     @property
     def oom(self) -> LogFinding | None:

@@ -1,0 +1,306 @@
+"""Which live processes belong to which run (psutil).
+
+Where it sits: runs.py records each run's leader pid with its create_time,
+its process group and session (supervise.py); this module turns those records
+into the set of live processes of the run. snapshot.collect() uses it to name
+the owner of every GPU process (attach_owners), and actions.kill-workers to
+know exactly what it may signal (run_processes). Nothing here signals anything.
+
+How a process is tied to a run, strongest first:
+  leader   the stage process the supervisor started (pid + create_time)
+  tree     a descendant of the leader, or of a process tied below
+  pgid     in the run's process group (the supervisor makes the leader a
+           group leader), e.g. a worker reparented to init after its parent died
+  session  in the run's session (a worker that moved to a group of its own)
+  env      EAGLE3_RUN_ID=<run id> in its environment (a worker that even
+           called setsid); read from /proc/<pid>/environ, so only for our user
+A pid is never trusted alone: pids are reused, so the leader counts only with
+its recorded create_time, and a group or session id counts only while it has
+not been handed to an unrelated process (see _id_trusted).
+
+Cost: one psutil.process_iter pass per ProcessTable, shared by every run of a
+refresh; environments are read once per process lifetime (cached by pid and
+create_time) and only for processes that nothing else tied.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import psutil
+
+from eagle3_console.model import GpuReport
+from eagle3_console.workspace import ENV_RUN_ID
+
+# psutil derives create_time from /proc/<pid>/stat start ticks (1/100 s) plus
+# the boot time; two readings of one process agree far inside this.
+CREATE_TIME_TOL_S = 0.01
+
+LEADER, TREE, PGID, SESSION, ENV = "leader", "tree", "pgid", "session", "env"
+
+
+def process_alive(pid: int | None, create_time: float | None, tol: float = CREATE_TIME_TOL_S) -> bool:
+    """Whether the process recorded as (pid, create_time) still runs.
+
+    False for an unknown create_time (an untrusted pid), a pid now held by
+    another process, a dead pid, and a zombie (it runs nothing any more)."""
+    if pid is None or create_time is None or pid <= 0:
+        return False
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            if abs(proc.create_time() - create_time) > tol:
+                return False
+            return proc.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """What the registry knows about one live run, enough to find its processes."""
+
+    run_id: int
+    stage: str
+    pid: int | None                 # the stage's leader (started by the supervisor)
+    create_time: float | None       # the leader's, as psutil reported it at start
+    pgid: int | None = None
+    sid: int | None = None
+    supervisor_pid: int | None = None
+    supervisor_create_time: float | None = None
+
+    @classmethod
+    def from_run(cls, run: Any) -> "RunRef":
+        """From a registry row (anything with the Run attribute names)."""
+        return cls(run_id=run.id, stage=run.stage, pid=run.pid, create_time=run.create_time,
+                   pgid=getattr(run, "pgid", None), sid=getattr(run, "sid", None),
+                   supervisor_pid=getattr(run, "supervisor_pid", None),
+                   supervisor_create_time=getattr(run, "supervisor_create_time", None))
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    """One live process of a run, with how it was tied to it."""
+
+    pid: int
+    create_time: float
+    name: str
+    cmdline: tuple[str, ...]
+    ppid: int
+    pgid: int | None
+    sid: int | None
+    status: str
+    how: str                        # leader | tree | pgid | session | env
+    run_id: int
+    stage: str
+
+    @property
+    def zombie(self) -> bool:
+        return self.status == psutil.STATUS_ZOMBIE
+
+
+@dataclass
+class _Row:
+    pid: int
+    ppid: int
+    create_time: float
+    name: str
+    status: str
+    pgid: int | None
+    sid: int | None
+
+
+# (pid, create_time) -> EAGLE3_RUN_ID value or None. /proc/<pid>/environ is the
+# environment the process started with, so it never changes for a process.
+_ENV_CACHE: dict[tuple[int, float], str | None] = {}
+
+
+def _run_id_from_environ(row: _Row) -> str | None:
+    key = (row.pid, row.create_time)
+    if key in _ENV_CACHE:
+        return _ENV_CACHE[key]
+    value: str | None
+    try:
+        value = psutil.Process(row.pid).environ().get(ENV_RUN_ID)
+    except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess, OSError):
+        value = None    # another user's process, or gone: cannot be ours by env
+    _ENV_CACHE[key] = value
+    return value
+
+
+class ProcessTable:
+    """One snapshot of the process table, shared by all runs of one refresh."""
+
+    def __init__(self, rows: Iterable[_Row] = ()) -> None:
+        self.rows: dict[int, _Row] = {r.pid: r for r in rows}
+        self.children: dict[int, list[int]] = {}
+        for r in self.rows.values():
+            self.children.setdefault(r.ppid, []).append(r.pid)
+        self._cmdlines: dict[int, tuple[str, ...]] = {}
+        self._owners: dict[tuple[RunRef, ...], dict[int, ProcInfo]] = {}
+
+    @classmethod
+    def snapshot(cls) -> "ProcessTable":
+        rows = []
+        for p in psutil.process_iter(["pid", "ppid", "create_time", "name", "status"]):
+            info = p.info
+            if info["create_time"] is None or info["ppid"] is None:
+                continue    # vanished between listing and reading
+            try:
+                pgid, sid = os.getpgid(info["pid"]), os.getsid(info["pid"])
+            except OSError:
+                pgid = sid = None
+            rows.append(_Row(info["pid"], info["ppid"], info["create_time"], info["name"] or "",
+                             info["status"] or "", pgid, sid))
+        table = cls(rows)
+        # Forget environments of processes that are gone, so the cache stays bounded.
+        live = {(r.pid, r.create_time) for r in table.rows.values()}
+        for key in [k for k in _ENV_CACHE if k not in live]:
+            del _ENV_CACHE[key]
+        return table
+
+    def get(self, pid: int) -> _Row | None:
+        return self.rows.get(pid)
+
+    def matches(self, pid: int | None, create_time: float | None, tol: float = CREATE_TIME_TOL_S) -> bool:
+        row = self.rows.get(pid) if pid is not None else None
+        return (row is not None and create_time is not None
+                and abs(row.create_time - create_time) <= tol)
+
+    def cmdline(self, pid: int) -> tuple[str, ...]:
+        if pid not in self._cmdlines:
+            try:
+                self._cmdlines[pid] = tuple(psutil.Process(pid).cmdline())
+            except (psutil.Error, OSError):
+                self._cmdlines[pid] = ()
+        return self._cmdlines[pid]
+
+    def descendants(self, pid: int) -> list[int]:
+        out, stack = [], list(self.children.get(pid, ()))
+        while stack:
+            child = stack.pop()
+            out.append(child)
+            stack.extend(self.children.get(child, ()))
+        return out
+
+    def _id_trusted(self, ident: int | None, ref: RunRef) -> bool:
+        """Whether a recorded group/session id still names the run's group/session.
+
+        Linux keeps a pid reserved while a group or session of that id has a
+        member, so an id is only handed on after the group emptied and the pid
+        was reused; then its new holder is alive with another create_time (or
+        is newer than our leader, which started the group)."""
+        if not ident or ident <= 1:
+            return False
+        holder = self.rows.get(ident)
+        if holder is None:
+            return True
+        if ident == ref.pid:
+            return self.matches(ref.pid, ref.create_time)
+        if ident == ref.supervisor_pid:
+            return self.matches(ref.supervisor_pid, ref.supervisor_create_time)
+        # A session leader we did not record (the launcher's first fork): it
+        # must be older than the leader, which started inside its session.
+        return ref.create_time is not None and holder.create_time <= ref.create_time + CREATE_TIME_TOL_S
+
+    def owners(self, refs: Iterable[RunRef]) -> dict[int, ProcInfo]:
+        """pid -> ProcInfo for every live process tied to one of `refs`.
+
+        A process tied to two runs (it cannot be in both trees) goes to the
+        strongest tie; the supervisor itself is never counted as a stage process."""
+        refs = tuple(refs)
+        if refs in self._owners:
+            return self._owners[refs]
+        rank = {LEADER: 0, TREE: 1, PGID: 2, SESSION: 3, ENV: 4}
+        tied: dict[int, tuple[RunRef, str]] = {}
+
+        def tie(pid: int, ref: RunRef, how: str) -> None:
+            if pid in excluded:
+                return
+            current = tied.get(pid)
+            if current is None or rank[how] < rank[current[1]]:
+                tied[pid] = (ref, how)
+
+        # Never the supervisor (it must live to record the exit) nor ourselves.
+        excluded = {r.supervisor_pid for r in refs
+                    if self.matches(r.supervisor_pid, r.supervisor_create_time)}
+        excluded.add(os.getpid())
+        by_env: dict[str, RunRef] = {str(r.run_id): r for r in refs}
+        for ref in refs:
+            leader_ok = self.matches(ref.pid, ref.create_time)
+            if leader_ok:
+                tie(ref.pid, ref, LEADER)
+                for d in self.descendants(ref.pid):
+                    tie(d, ref, TREE)
+            pgid_ok = self._id_trusted(ref.pgid, ref)
+            sid_ok = self._id_trusted(ref.sid, ref)
+            for row in self.rows.values():
+                if ref.create_time is not None and row.create_time < ref.create_time - CREATE_TIME_TOL_S:
+                    continue    # older than the run: cannot have been started by it
+                if pgid_ok and row.pgid == ref.pgid:
+                    tie(row.pid, ref, PGID)
+                elif sid_ok and row.sid == ref.sid:
+                    tie(row.pid, ref, SESSION)
+        # Last resort: the environment, for processes nothing else tied.
+        if by_env:
+            oldest = min((r.create_time for r in refs if r.create_time is not None), default=None)
+            for row in self.rows.values():
+                if row.pid in tied or row.pid in excluded:
+                    continue
+                if oldest is not None and row.create_time < oldest - CREATE_TIME_TOL_S:
+                    continue
+                value = _run_id_from_environ(row)
+                if value is not None and value in by_env:
+                    tie(row.pid, by_env[value], ENV)
+        # Descendants of an orphan tied by group/session/env belong to it too.
+        for pid, (ref, how) in list(tied.items()):
+            if how in (PGID, SESSION, ENV):
+                for d in self.descendants(pid):
+                    tie(d, ref, TREE)
+        result = {}
+        for pid, (ref, how) in tied.items():
+            row = self.rows[pid]
+            result[pid] = ProcInfo(pid=pid, create_time=row.create_time, name=row.name,
+                                   cmdline=self.cmdline(pid), ppid=row.ppid, pgid=row.pgid,
+                                   sid=row.sid, status=row.status, how=how,
+                                   run_id=ref.run_id, stage=ref.stage)
+        self._owners[refs] = result
+        return result
+
+
+def run_processes(ref: RunRef, table: ProcessTable | None = None) -> list[ProcInfo]:
+    """Every live process of one run, leader first, then by pid."""
+    table = table or ProcessTable.snapshot()
+    procs = table.owners((ref,)).values()
+    return sorted(procs, key=lambda p: (p.how != LEADER, p.pid))
+
+
+def owner_of(pid: int, refs: Iterable[RunRef], table: ProcessTable | None = None
+             ) -> tuple[int, str, str] | None:
+    """(run_id, stage, how) of the run that owns `pid`, or None."""
+    table = table or ProcessTable.snapshot()
+    info = table.owners(refs).get(pid)
+    return None if info is None else (info.run_id, info.stage, info.how)
+
+
+def attach_owners(report: GpuReport, refs: Iterable[RunRef], table: ProcessTable | None = None) -> GpuReport:
+    """Fill each GPU process's name, create_time and owning run, in place.
+
+    NVML reports pids in the host's pid namespace; a pid not in our table
+    (another container, or already gone) keeps run_id None."""
+    if not report.available:
+        return report
+    table = table or ProcessTable.snapshot()
+    owners = table.owners(tuple(refs))
+    for gpu in report.gpus:
+        for gp in gpu.processes:
+            row = table.get(gp.pid)
+            if row is not None:
+                gp.name = gp.name or row.name
+                gp.create_time = row.create_time
+            info = owners.get(gp.pid)
+            if info is not None:
+                gp.run_id, gp.stage, gp.how = info.run_id, info.stage, info.how
+    return report

@@ -1,0 +1,215 @@
+"""monitor/procs.py with real process trees: a supervisor-like session leader,
+a stage leader in its own process group with EAGLE3_RUN_ID set, and workers
+that outlive the leader (reparented to init) after staying in its group,
+moving to a group of their own, or calling setsid."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from eagle3_console.model import GpuInfo, GpuProcess, GpuReport
+from eagle3_console.monitor.procs import (ProcessTable, RunRef, attach_owners, owner_of,
+                                          process_alive, run_processes)
+from eagle3_console.workspace import ENV_RUN_ID
+
+# Like supervise.py: stage leader in its own process group with the run id in
+# its environment; forwards the leader's report, then lives until stdin closes.
+SUPERVISOR = r"""
+import os, subprocess, sys
+import psutil
+env = dict(os.environ, EAGLE3_RUN_ID=sys.argv[1])
+leader = subprocess.Popen([sys.executable, '-c', sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]],
+                          env=env, process_group=0, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+print(leader.pid, psutil.Process(leader.pid).create_time(), flush=True)
+print(leader.stdout.readline().decode().strip(), flush=True)
+if sys.argv[4] == 'exit':
+    leader.wait()
+    print('leader-exited', flush=True)
+sys.stdin.read()
+"""
+
+# The stage: starts a worker and either exits at once (leaving it orphaned) or stays.
+LEADER = r"""
+import subprocess, sys, time
+w = subprocess.Popen([sys.executable, '-c', sys.argv[3], sys.argv[1]],
+                     stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+print(w.stdout.readline().decode().strip(), flush=True)
+if sys.argv[2] == 'stay':
+    time.sleep(120)
+"""
+
+# A GPU-worker stand-in: detaches as told, starts a grandchild, reports pids.
+WORKER = r"""
+import os, subprocess, sys, time
+if sys.argv[1] == 'session':
+    os.setpgid(0, 0)
+elif sys.argv[1] == 'setsid':
+    os.setsid()
+g = subprocess.Popen(['sleep', '120'], stdin=subprocess.DEVNULL)
+print(os.getpid(), g.pid, flush=True)
+time.sleep(120)
+"""
+
+
+class Tree:
+    def __init__(self, sup: subprocess.Popen, leader: int, worker: int, grand: int, run_id: int):
+        self.sup, self.leader, self.worker, self.grand, self.run_id = sup, leader, worker, grand, run_id
+
+    def ref(self) -> RunRef:
+        sup = psutil.Process(self.sup.pid)
+        return RunRef(run_id=self.run_id, stage="extract", pid=self.leader, create_time=self.leader_ct,
+                      pgid=self.leader, sid=os.getsid(self.sup.pid),
+                      supervisor_pid=sup.pid, supervisor_create_time=sup.create_time())
+
+
+@pytest.fixture
+def spawned():
+    """Processes started by a test; killed afterwards (psutil checks the create time)."""
+    procs: list[psutil.Process] = []
+    popens: list[subprocess.Popen] = []
+    yield procs, popens
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    for p in popens:
+        if p.stdin:
+            p.stdin.close()
+        p.kill()
+        p.wait()
+
+
+def start_tree(spawned, run_id: int, worker_mode: str, leader: str) -> Tree:
+    procs, popens = spawned
+    sup = subprocess.Popen([sys.executable, "-c", SUPERVISOR, str(run_id), LEADER, worker_mode, leader, WORKER],
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+    popens.append(sup)
+    pid, ct = sup.stdout.readline().split()
+    leader_pid, leader_ct = int(pid), float(ct)
+    worker_pid, grand_pid = map(int, sup.stdout.readline().split())
+    procs.extend(psutil.Process(p) for p in (worker_pid, grand_pid))
+    if leader == "stay":
+        procs.append(psutil.Process(leader_pid))
+    else:
+        assert sup.stdout.readline().strip() == b"leader-exited"
+    tree = Tree(sup, leader_pid, worker_pid, grand_pid, run_id)
+    tree.leader_ct = leader_ct      # as the supervisor recorded it
+    return tree
+
+
+def test_process_alive_trusts_pid_only_with_create_time():
+    me = psutil.Process()
+    assert process_alive(me.pid, me.create_time())
+    assert not process_alive(me.pid, me.create_time() + 1.0)
+    assert not process_alive(me.pid, None)
+    assert not process_alive(None, me.create_time())
+    child = subprocess.Popen(["sleep", "30"])
+    ct = psutil.Process(child.pid).create_time()
+    assert process_alive(child.pid, ct)
+    child.kill()
+    # Exited but not yet reaped: a zombie runs nothing.
+    deadline = time.monotonic() + 10
+    while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not process_alive(child.pid, ct)
+    child.wait()
+    assert not process_alive(child.pid, ct)
+
+
+def test_live_tree_is_tied_by_tree_and_supervisor_is_not(spawned):
+    tree = start_tree(spawned, 41, "plain", "stay")
+    procs = run_processes(tree.ref())
+    hows = {p.pid: p.how for p in procs}
+    assert hows == {tree.leader: "leader", tree.worker: "tree", tree.grand: "tree"}
+    assert procs[0].pid == tree.leader
+    assert all(p.run_id == 41 and p.stage == "extract" for p in procs)
+    worker = next(p for p in procs if p.pid == tree.worker)
+    assert worker.cmdline[:2] == (sys.executable, "-c")
+    assert worker.create_time == pytest.approx(psutil.Process(tree.worker).create_time(), abs=0.01)
+    assert tree.sup.pid not in hows
+
+
+@pytest.mark.parametrize("worker_mode, how", [("plain", "pgid"), ("session", "session"), ("setsid", "env")])
+def test_orphan_outliving_its_leader_stays_tied(spawned, worker_mode, how):
+    tree = start_tree(spawned, 42, worker_mode, "exit")
+    assert not psutil.pid_exists(tree.leader) or psutil.Process(tree.leader).ppid() != tree.sup.pid
+    assert psutil.Process(tree.worker).ppid() != tree.leader      # reparented
+    ref = tree.ref()
+    hows = {p.pid: p.how for p in run_processes(ref)}
+    # The grandchild is the orphan's descendant; it is also in the orphan's
+    # group/session, which ranks below the tree.
+    assert hows == {tree.worker: how, tree.grand: "tree"}
+    assert owner_of(tree.worker, [ref]) == (42, "extract", how)
+
+
+def test_unrelated_processes_are_not_tied(spawned):
+    procs, popens = spawned
+    tree = start_tree(spawned, 43, "setsid", "exit")
+    plain = subprocess.Popen(["sleep", "60"])
+    other_run = subprocess.Popen(["sleep", "60"], start_new_session=True,
+                                 env=dict(os.environ, **{ENV_RUN_ID: "430"}))
+    popens.extend([plain, other_run])
+    ref = tree.ref()
+    table = ProcessTable.snapshot()
+    tied = {p.pid for p in run_processes(ref, table)}
+    assert tied == {tree.worker, tree.grand}
+    for pid in (plain.pid, other_run.pid, os.getpid(), tree.sup.pid, 1):
+        assert owner_of(pid, [ref], table) is None
+    # With both runs known, each process goes to its own run.
+    ref430 = RunRef(run_id=430, stage="train", pid=None, create_time=None)
+    assert owner_of(other_run.pid, [ref, ref430], table) == (430, "train", "env")
+    assert owner_of(tree.worker, [ref, ref430], table) == (43, "extract", "env")
+
+
+def test_reused_pid_is_not_trusted(spawned):
+    procs, popens = spawned
+    # A process that happens to hold the recorded pid, group and session ids
+    # (what pid reuse looks like): a wrong create_time must make all of them void.
+    stranger = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    popens.append(stranger)
+    ct = psutil.Process(stranger.pid).create_time()
+    ref = RunRef(run_id=44, stage="extract", pid=stranger.pid, create_time=ct - 5.0,
+                 pgid=stranger.pid, sid=stranger.pid)
+    assert run_processes(ref) == []
+    ok = RunRef(run_id=44, stage="extract", pid=stranger.pid, create_time=ct,
+                pgid=stranger.pid, sid=stranger.pid)
+    assert [(p.pid, p.how) for p in run_processes(ok)] == [(stranger.pid, "leader")]
+
+
+def test_attach_owners_fills_gpu_processes(spawned):
+    procs, popens = spawned
+    tree = start_tree(spawned, 45, "plain", "exit")
+    plain = subprocess.Popen(["sleep", "60"])
+    popens.append(plain)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    report = GpuReport(available=True, gpus=[
+        GpuInfo(index=0, processes=[GpuProcess(pid=tree.worker, used_bytes=2 << 30),
+                                    GpuProcess(pid=plain.pid, used_bytes=1 << 20)]),
+        GpuInfo(index=1, processes=[GpuProcess(pid=tree.grand, used_bytes=None),
+                                    GpuProcess(pid=gone.pid, used_bytes=5)]),
+    ])
+    attach_owners(report, [tree.ref()])
+    w, p = report.gpus[0].processes
+    g, x = report.gpus[1].processes
+    assert (w.run_id, w.stage, w.how) == (45, "extract", "pgid")
+    assert w.name == "python3" or w.name.startswith("python")
+    assert w.create_time == pytest.approx(psutil.Process(tree.worker).create_time(), abs=0.01)
+    assert (g.run_id, g.how, g.name) == (45, "tree", "sleep")
+    assert (p.run_id, p.stage, p.how, p.name) == (None, None, None, "sleep")
+    assert (x.run_id, x.create_time) == (None, None)
+
+
+def test_run_ref_from_registry_row():
+    class Row:
+        id, stage, pid, create_time, pgid, sid = 7, "train", 123, 1.5, 123, 100
+        supervisor_pid, supervisor_create_time = 99, 1.0
+    ref = RunRef.from_run(Row())
+    assert ref == RunRef(7, "train", 123, 1.5, 123, 100, 99, 1.0)
