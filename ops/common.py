@@ -1,0 +1,114 @@
+"""Small helpers shared by the stage programs (ops/<stage>/__main__.py).
+
+Sits at the very start of the data flow: a stage program parses its flags,
+does its work and reports through its exit code and log lines, which the
+console's runs and log monitors read. Nothing here imports torch.
+
+- BadInput + run_main(): the exit-code contract (0 ok, 2 bad input with a
+  message that names the file/line/key, 1 any other failure);
+- write_json_atomic(): a file that exists is whole (temp name, then rename);
+- progress(): tqdm lines (`N/M [elapsed<eta, X it/s]`) the log monitor parses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
+TMP_SUFFIX = ".tmp"
+
+
+class BadInput(Exception):
+    """The operator's input is wrong (a file, a line, a key): exit 2 with this message."""
+
+
+def run_main(main: Callable[[Sequence[str] | None], int | None],
+             argv: Sequence[str] | None = None, prog: str = "op") -> int:
+    """Run a stage's main() under the exit-code contract and return the code.
+
+    BadInput -> 2 with its message on stderr; KeyboardInterrupt -> 130;
+    anything else -> 1 with the traceback (the log monitor recognises it).
+    """
+    try:
+        code = main(argv)
+    except BadInput as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr, flush=True)
+        return 130
+    except SystemExit as exc:  # argparse exits 2 on bad flags; keep its code
+        return exc.code if isinstance(exc.code, int) else EXIT_FAILURE
+    except Exception:  # noqa: BLE001 - the contract: any other failure is exit 1
+        traceback.print_exc()
+        return EXIT_FAILURE
+    return EXIT_OK if code is None else int(code)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON to `path` through a temp name so a reader never sees half a file."""
+    path = Path(path)
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    with open(tmp, "w") as fh:
+        json.dump(data, fh, indent=2, sort_keys=False)
+        fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> dict | None:
+    """The JSON object at `path`, or None when absent or unreadable."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def progress(iterable: Iterable | None = None, total: int | None = None,
+             desc: str = "", unit: str = "it", mininterval: float = 1.0):
+    """A tqdm bar writing plain ASCII lines to stdout (the run's log).
+
+    Each refresh ends with a newline rather than tqdm's carriage return, so
+    a log tail shows every update as its own `N/M [..., X it/s]` line.
+    """
+    from tqdm import tqdm  # a dependency of transformers; imported late to keep specs light
+
+    return tqdm(iterable, total=total, desc=desc, unit=unit, file=_LineWriter(sys.stdout),
+                ascii=True, mininterval=mininterval, dynamic_ncols=False, ncols=100)
+
+
+class _LineWriter:
+    """tqdm writes `\\r<line>`; turn each refresh into `<line>\\n` for log files."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        text = text.replace("\r", "")
+        if text.strip():
+            self._stream.write(text.rstrip("\n") + "\n")
+            self._stream.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+
+def resolve_target_vocab(target: str | None) -> int | None:
+    """vocab_size from `<target>/config.json` (or its text_config), None when absent."""
+    if not target:
+        return None
+    cfg = read_json(Path(target) / "config.json")
+    if not cfg:
+        return None
+    for holder in (cfg, cfg.get("text_config") or {}, cfg.get("language_config") or {}):
+        if isinstance(holder, dict) and isinstance(holder.get("vocab_size"), int):
+            return int(holder["vocab_size"])
+    return None

@@ -1,0 +1,207 @@
+"""`python -m ops.prepare`: conversations JSONL -> tokenized samples with a loss mask.
+
+First stage of the pipeline (prepare -> vocab -> extract -> ...). Reads the
+JSONL (reader.py), renders + tokenizes + masks in batches (mask.py, in
+worker processes when the input is large), truncates to max_seq_len and
+writes samples.safetensors + summary.json (output.py). Progress goes to
+stdout as tqdm lines; exit 0 ok, 2 bad input, 1 other failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from ops.common import BadInput, progress, run_main
+
+CHUNK = 256                 # conversations per tokenizer batch call / worker task
+PARALLEL_FROM = 4096        # below this many rows, worker start-up costs more than it saves
+
+_worker_tok = None
+_worker_specials: set[int] = set()
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m ops.prepare", description=__doc__.splitlines()[0])
+    p.add_argument("--input", required=True, help="conversations JSONL (ShareGPT or OpenAI rows)")
+    p.add_argument("--output", required=True, help="output directory")
+    p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: --target)")
+    p.add_argument("--target", default=None, help="the target model directory")
+    p.add_argument("--max-seq-len", type=int, default=4096)
+    p.add_argument("--workers", type=int, default=0, help="0 = auto")
+    p.add_argument("--limit", type=int, default=None, help="read only the first N rows")
+    p.add_argument("--trust-remote-code", action="store_true")
+    args = p.parse_args(argv)
+    if args.max_seq_len < 1:
+        raise BadInput(f"--max-seq-len must be >= 1, got {args.max_seq_len}")
+    if args.limit is not None and args.limit < 1:
+        raise BadInput(f"--limit must be >= 1, got {args.limit}")
+    if args.workers < 0:
+        raise BadInput(f"--workers must be >= 0, got {args.workers}")
+    return args
+
+
+def load_tokenizer(path: str, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    d = Path(path)
+    if not d.is_dir():
+        raise BadInput(f"tokenizer directory {d}: no such directory")
+    try:
+        tok = AutoTokenizer.from_pretrained(str(d), trust_remote_code=trust_remote_code)
+    except Exception as exc:  # noqa: BLE001 - any load failure is a bad tokenizer directory
+        raise BadInput(f"tokenizer directory {d}: cannot load a tokenizer ({type(exc).__name__}: {exc})") from exc
+    if not getattr(tok, "is_fast", False):
+        raise BadInput(f"tokenizer {d}: not a fast tokenizer (no tokenizer.json); "
+                       "the loss mask needs character offsets")
+    if not getattr(tok, "chat_template", None):
+        raise BadInput(f"tokenizer {d}: has no chat_template (tokenizer_config.json or chat_template.jinja)")
+    return tok
+
+
+def _init_worker(path: str, trust_remote_code: bool) -> None:
+    global _worker_tok, _worker_specials
+    from ops.prepare.mask import special_ids
+
+    _worker_tok = load_tokenizer(path, trust_remote_code)
+    _worker_specials = special_ids(_worker_tok)
+
+
+def _work(batch):
+    from ops.prepare.mask import encode_batch
+
+    return encode_batch(_worker_tok, batch, _worker_specials)
+
+
+def auto_workers(n_rows: int) -> int:
+    if n_rows < PARALLEL_FROM:
+        return 1
+    return max(1, min(os.cpu_count() or 1, 16, n_rows // CHUNK))
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import numpy as np
+
+    from ops.prepare import output as out
+    from ops.prepare.reader import read_conversations
+
+    t0 = time.time()
+    tok_path = args.tokenizer or args.target
+    if not tok_path:
+        raise BadInput("no tokenizer: pass --tokenizer DIR or --target DIR")
+    convs = read_conversations(Path(args.input), args.limit)
+    if not convs:
+        raise BadInput(f"input {args.input}: no rows")
+    dropped: dict[str, int] = {}
+    todo = []
+    for c in convs:
+        if c.drop:
+            dropped[c.drop] = dropped.get(c.drop, 0) + 1
+        else:
+            todo.append((c.line, c.messages))
+    workers = args.workers or auto_workers(len(todo))
+    print(f"prepare: {len(convs)} rows from {args.input}, {len(todo)} to tokenize, "
+          f"tokenizer {tok_path}, max_seq_len {args.max_seq_len}, workers {workers}", flush=True)
+    # Fail on a bad tokenizer before any worker starts (and before touching the output).
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true" if workers == 1 else "false")
+    _init_worker(tok_path, args.trust_remote_code)
+    output = Path(args.output)
+    out.start_output(output)
+
+    chunks = [todo[i:i + CHUNK] for i in range(0, len(todo), CHUNK)]
+    ids, masks, lines = [], [], []
+    before, after = [], []
+    truncated = tokens_cut = 0
+    template_error = None
+    bar = progress(total=len(todo), desc="prepare", unit="conv")
+    pool = None
+    try:
+        if workers > 1 and len(chunks) > 1:
+            import multiprocessing as mp
+
+            # fork: the parent already imported transformers, so workers start in ms.
+            ctx = mp.get_context("fork")
+            pool = ctx.Pool(workers, initializer=_init_worker, initargs=(tok_path, args.trust_remote_code))
+            results = pool.imap(_work, chunks)
+        else:
+            results = map(_work, chunks)
+        for res in results:
+            for item in res.items:
+                if item.drop:
+                    dropped[item.drop] = dropped.get(item.drop, 0) + 1
+                    template_error = template_error or item.error
+                    continue
+                n = len(item.ids)
+                n_masked = int(item.mask.sum())
+                if n_masked == 0:
+                    dropped["no_masked_tokens"] = dropped.get("no_masked_tokens", 0) + 1
+                    continue
+                before.append(n)
+                if n > args.max_seq_len:
+                    kept_mask = item.mask[:args.max_seq_len]
+                    if not kept_mask.any():
+                        before.pop()
+                        dropped["assistant_truncated_away"] = dropped.get("assistant_truncated_away", 0) + 1
+                        continue
+                    truncated += 1
+                    tokens_cut += n - args.max_seq_len
+                    item.ids, item.mask = item.ids[:args.max_seq_len], kept_mask
+                after.append(len(item.ids))
+                ids.append(item.ids)
+                masks.append(item.mask)
+                lines.append(item.line)
+            bar.update(len(res.items))
+    finally:
+        bar.close()
+        if pool is not None:
+            pool.close()
+            pool.join()
+
+    if not ids:
+        reasons = ", ".join(f"{k}: {v}" for k, v in sorted(dropped.items()))
+        detail = f" (first template error: {template_error})" if template_error else ""
+        raise BadInput(f"input {args.input}: all {len(convs)} conversations were dropped ({reasons}){detail}")
+
+    out.write_samples(output, ids, masks, lines)
+    before_a, after_a = np.asarray(before, np.int64), np.asarray(after, np.int64)
+    total_tokens = int(after_a.sum())
+    masked_tokens = int(sum(int(m.sum()) for m in masks))
+    edges = out.histogram_edges(args.max_seq_len)
+    summary = {
+        "status": "complete",
+        "format": "eagle3-prepare",
+        "format_version": out.FORMAT_VERSION,
+        "input": str(args.input),
+        "tokenizer": str(tok_path),
+        "max_seq_len": args.max_seq_len,
+        "rows": len(convs),
+        "samples": len(ids),
+        "dropped": {"count": sum(dropped.values()), "reasons": dict(sorted(dropped.items()))},
+        "truncated": truncated,
+        "tokens_cut": tokens_cut,
+        "total_tokens": total_tokens,
+        "tokens_before_truncation": int(before_a.sum()),
+        "masked_tokens": masked_tokens,
+        # counts[i]: edges[i-1] < length <= edges[i]; the last count: length > edges[-1]
+        "length_histogram": {"edges": edges, "before": out.histogram(before_a, edges),
+                             "after": out.histogram(after_a, edges)},
+        "length_stats": {"before": out.length_stats(before_a), "after": out.length_stats(after_a)},
+        "workers": workers,
+        "elapsed_s": round(time.time() - t0, 3),
+    }
+    if template_error:
+        summary["first_template_error"] = template_error
+    out.write_summary(output, summary)
+    reasons = ", ".join(f"{k} {v}" for k, v in sorted(dropped.items())) or "none"
+    print(f"prepare: {len(ids)} samples, {total_tokens} tokens ({masked_tokens} masked), "
+          f"dropped {sum(dropped.values())} ({reasons}), truncated {truncated} "
+          f"(-{tokens_cut} tokens) -> {output}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main, prog="prepare"))

@@ -1,0 +1,132 @@
+"""Chat template + tokenization + loss mask of a batch of conversations.
+
+The middle of prepare: reader.py gives message lists, this module renders
+each with the tokenizer's own chat template, tokenizes the batch with the
+fast tokenizer (offset mapping on), and marks the tokens of the assistant
+turns. __main__.py runs it in worker processes and writes the arrays.
+
+How the mask is found (no guessing from token ids):
+1. each assistant turn's content is located in the rendered text by
+   character offsets: the template is rendered up to that turn with the
+   generation prompt, and the content is searched from where that prefix
+   ends (so a content equal to a role name cannot match the header);
+2. a token is masked when its character span overlaps a content span;
+3. the end-of-turn token is the first special token right after the content
+   (only whitespace tokens between): `<|im_end|>`, `<|eot_id|>`, `</s>`...
+   The template's text after it (a newline) is not part of the turn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class Encoded:
+    """One conversation's tokens, or why it was dropped."""
+
+    line: int
+    ids: np.ndarray | None = None        # int32 [T] before truncation
+    mask: np.ndarray | None = None       # uint8 [T]
+    drop: str | None = None
+    error: str | None = None             # detail of a template error
+
+
+@dataclass
+class BatchResult:
+    items: list[Encoded] = field(default_factory=list)
+
+
+def special_ids(tokenizer) -> set[int]:
+    ids = set(int(i) for i in (tokenizer.all_special_ids or []))
+    for idx, tok in getattr(tokenizer, "added_tokens_decoder", {}).items():
+        if getattr(tok, "special", False):
+            ids.add(int(idx))
+    return ids
+
+
+def _render(tokenizer, messages, add_generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template(messages, tokenize=False,
+                                         add_generation_prompt=add_generation_prompt)
+
+
+def assistant_spans(tokenizer, messages: list[dict], rendered: str) -> list[tuple[int, int]]:
+    """Character spans [start, end) of each assistant turn's content in `rendered`.
+
+    ValueError when a turn's content cannot be found (a template that
+    rewrites the content beyond trimming).
+    """
+    spans = []
+    cursor = 0
+    for i, msg in enumerate(messages):
+        content = msg["content"]
+        search_from = cursor
+        if msg["role"] == "assistant":
+            try:
+                prefix = _render(tokenizer, messages[:i], True) if i else None
+            except Exception:  # noqa: BLE001 - some templates refuse a prefix; fall back to the cursor
+                prefix = None
+            if prefix and rendered.startswith(prefix) and len(prefix) >= cursor:
+                search_from = len(prefix)
+        found = rendered.find(content, search_from) if content else search_from
+        if found < 0 and content.strip():
+            content = content.strip()
+            found = rendered.find(content, search_from)
+        if found < 0:
+            if msg["role"] == "assistant":
+                raise ValueError(f"assistant turn {i} not found in the rendered chat template")
+            continue
+        if msg["role"] == "assistant":
+            spans.append((found, found + len(content)))
+        cursor = found + len(content)
+    return spans
+
+
+def mask_from_offsets(offsets: list[tuple[int, int]], ids: list[int], text: str,
+                      spans: list[tuple[int, int]], specials: set[int]) -> np.ndarray:
+    """1 on tokens overlapping a span, plus the end-of-turn special token after each."""
+    n = len(ids)
+    mask = np.zeros(n, dtype=np.uint8)
+    starts = np.fromiter((o[0] for o in offsets), dtype=np.int64, count=n)
+    ends = np.fromiter((o[1] for o in offsets), dtype=np.int64, count=n)
+    for s, e in spans:
+        if e > s:
+            mask[(starts < e) & (ends > s)] = 1
+        # the first token starting at or after the content end
+        j = int(np.searchsorted(starts, e, side="left"))
+        # zero-width tokens at the boundary (none in practice) are skipped with the whitespace
+        k = j
+        while k < n and ids[k] not in specials and not text[starts[k]:ends[k]].strip():
+            k += 1
+        if k < n and ids[k] in specials:
+            mask[j:k + 1] = 1
+    return mask
+
+
+def encode_batch(tokenizer, batch: list[tuple[int, list[dict]]], specials: set[int]) -> BatchResult:
+    """Render, tokenize (one batch call) and mask `batch` = [(line, messages)]."""
+    result = BatchResult()
+    texts, spans, todo = [], [], []
+    for line, messages in batch:
+        item = Encoded(line=line)
+        result.items.append(item)
+        try:
+            rendered = _render(tokenizer, messages, False)
+            sp = assistant_spans(tokenizer, messages, rendered)
+        except Exception as exc:  # noqa: BLE001 - a template refusing a row drops that row, with its reason
+            item.drop, item.error = "template_error", f"line {line}: {type(exc).__name__}: {exc}"
+            continue
+        texts.append(rendered)
+        spans.append(sp)
+        todo.append(item)
+    if not texts:
+        return result
+    # The template already holds BOS where the model wants it: add no specials.
+    enc = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True,
+                    return_attention_mask=False)
+    for item, text, sp, ids, offs in zip(todo, texts, spans, enc["input_ids"], enc["offset_mapping"]):
+        item.ids = np.asarray(ids, dtype=np.int32)
+        item.mask = mask_from_offsets(offs, ids, text, sp, specials)
+    return result

@@ -1,0 +1,95 @@
+"""Read a conversation JSONL into normalised message lists (prepare's first step).
+
+Accepts the ShareGPT form (`conversations: [{from, value}]`) and the OpenAI
+form (`messages: [{role, content}]`) on any line, and turns both into
+`[{"role": system|user|assistant, "content": str}]` for the chat template.
+A malformed line is the operator's error (BadInput naming file:line); a
+conversation that is empty or has no assistant turn is data, dropped and
+counted by the caller.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ops.common import BadInput
+
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant",
+                  "assistant": "assistant", "system": "system"}
+OPENAI_ROLES = {"user": "user", "assistant": "assistant", "system": "system"}
+
+
+@dataclass
+class Conversation:
+    line: int                        # 1-based line number in the input
+    messages: list[dict]             # [{"role", "content"}], roles normalised
+    drop: str | None = None          # why it cannot become a sample, if so
+
+
+def _text(value, where: str) -> str:
+    if isinstance(value, str):
+        return value
+    # OpenAI content may be a list of parts; only text parts carry tokens here.
+    if isinstance(value, list) and all(isinstance(p, dict) for p in value):
+        parts = [p.get("text") for p in value if p.get("type", "text") == "text"]
+        if all(isinstance(p, str) for p in parts):
+            return "".join(parts)
+    raise BadInput(f"{where}: expected a string (or a list of text parts), got {type(value).__name__}")
+
+
+def parse_row(row, where: str, line: int) -> Conversation:
+    """One JSONL object -> Conversation; BadInput when its shape is wrong."""
+    if not isinstance(row, dict):
+        raise BadInput(f"{where}: expected a JSON object, got {type(row).__name__}")
+    if "conversations" in row:
+        key, role_key, text_key, roles = "conversations", "from", "value", SHAREGPT_ROLES
+    elif "messages" in row:
+        key, role_key, text_key, roles = "messages", "role", "content", OPENAI_ROLES
+    else:
+        raise BadInput(f"{where}: expected a 'conversations' (ShareGPT) or 'messages' (OpenAI) "
+                       f"list, found keys {sorted(row)}")
+    turns = row[key]
+    if not isinstance(turns, list):
+        raise BadInput(f"{where}: '{key}' must be a list, got {type(turns).__name__}")
+    messages = []
+    for i, turn in enumerate(turns):
+        at = f"{where}: {key}[{i}]"
+        if not isinstance(turn, dict):
+            raise BadInput(f"{at}: expected an object with '{role_key}' and '{text_key}'")
+        if role_key not in turn or text_key not in turn:
+            raise BadInput(f"{at}: missing '{role_key if role_key not in turn else text_key}' "
+                           f"(has {sorted(turn)})")
+        role = roles.get(str(turn[role_key]).lower()) if isinstance(turn[role_key], str) else None
+        if role is None:
+            raise BadInput(f"{at}: unknown {role_key} {turn[role_key]!r}; expected one of {sorted(roles)}")
+        messages.append({"role": role, "content": _text(turn[text_key], f"{at}.{text_key}")})
+    conv = Conversation(line=line, messages=messages)
+    if not messages or all(not m["content"].strip() for m in messages):
+        conv.drop = "empty"
+    elif not any(m["role"] == "assistant" for m in messages):
+        conv.drop = "no_assistant_turn"
+    return conv
+
+
+def read_conversations(path: Path, limit: int | None = None) -> list[Conversation]:
+    """All rows of `path` (the first `limit` non-blank ones if given)."""
+    if not path.is_file():
+        raise BadInput(f"input {path}: no such file")
+    out: list[Conversation] = []
+    with open(path, "rb") as fh:
+        for line_no, raw in enumerate(fh, start=1):
+            if limit is not None and len(out) >= limit:
+                break
+            if not raw.strip():
+                continue
+            where = f"{path}:{line_no}"
+            try:
+                row = json.loads(raw)
+            except UnicodeDecodeError as exc:
+                raise BadInput(f"{where}: not UTF-8 ({exc.reason} at byte {exc.start})") from exc
+            except ValueError as exc:
+                raise BadInput(f"{where}: not valid JSON ({exc})") from exc
+            out.append(parse_row(row, where, line_no))
+    return out

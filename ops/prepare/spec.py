@@ -1,0 +1,80 @@
+"""Spec of the prepare stage: conversations JSONL -> tokenized samples + loss mask.
+
+Output (ops/prepare/output.py): <output>/samples.safetensors and
+<output>/summary.json (status "complete" last). No torch imported here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ops.spec import REQUIRED, EstimateContext, OpSpec
+
+# samples.safetensors holds 5 bytes a token (int32 id + uint8 mask); English
+# text runs ~4 bytes a token, JSON adds its keys: ~1.25 x the input, rounded up.
+BYTES_PER_INPUT_BYTE = 1.5
+SUMMARY = "summary.json"
+SAMPLES = "samples.safetensors"
+
+
+def estimate_bytes(ctx: EstimateContext) -> int | None:
+    path = ctx.path("input")
+    try:
+        size = path.stat().st_size if path else None
+    except OSError:
+        return None
+    return None if size is None else int(size * BYTES_PER_INPUT_BYTE)
+
+
+def expected_samples(ctx: EstimateContext) -> int | None:
+    summary = ctx.read_json("output", SUMMARY)
+    if summary and summary.get("status") == "complete" and "samples" in summary:
+        return int(summary["samples"])
+    if ctx.params.get("limit"):
+        return int(ctx.params["limit"])
+    return None
+
+
+def expected_tokens(ctx: EstimateContext) -> int | None:
+    summary = ctx.read_json("output", SUMMARY)
+    if summary and summary.get("status") == "complete" and "total_tokens" in summary:
+        return int(summary["total_tokens"])
+    return None
+
+
+def partial_files(root: Path) -> list[Path]:
+    """Temp files, and the samples file when no complete summary vouches for it."""
+    if not root.is_dir():
+        return []
+    out = sorted(p for p in root.iterdir() if p.name.endswith(".tmp") and p.is_file())
+    import json
+
+    try:
+        complete = json.loads((root / SUMMARY).read_text()).get("status") == "complete"
+    except (OSError, ValueError, AttributeError):
+        complete = False
+    if not complete and (root / SAMPLES).is_file():
+        out.append(root / SAMPLES)
+    return out
+
+
+SPEC = OpSpec(
+    name="prepare",
+    summary="tokenize conversations with the chat template; loss mask on assistant turns",
+    params={
+        "input": REQUIRED,          # JSONL: ShareGPT `conversations` or OpenAI `messages` rows
+        "output": REQUIRED,
+        "tokenizer": None,          # default: the target's directory
+        "max_seq_len": 4096,
+        "workers": 0,               # 0 = auto (1 below 4096 rows)
+        "limit": None,
+        "trust_remote_code": False,
+    },
+    output_params=("output",),
+    uses_target=True,
+    progress="log",
+    estimate_bytes=estimate_bytes,
+    expected_samples=expected_samples,
+    expected_tokens=expected_tokens,
+    partial_files=partial_files,
+)
