@@ -1,0 +1,383 @@
+"""Shard progress of a hidden-state output: samples and tokens done, rate, ETA.
+
+Where it sits: snapshot.collect() keeps one ShardMonitor per output of a stage
+whose spec says `progress = "shards"`, refreshes it, and puts the returned
+ShardProgress on the stage (its DiskMonitor shares `monitor.index`).
+to_state()/from_state() carry everything (the tree index included) so a
+one-shot `status` continues incrementally from .eagle3/cache/.
+
+Layouts (shared/DESIGN.md), told apart by where the sample files are:
+- eagle3:          rows_<a>-<b>/data_<i>.safetensors   (ours)
+- specforge:       rows_<a>-<b>/data_<i>.pt or .ckpt    (the seed's and SpecForge's)
+- speculators_pt:  data_<i>.pt in the root              (speculators)
+- speculators_hs:  hs_<i>.safetensors in the root        (speculators)
+A mix is counted in full and named after the layout holding most samples.
+
+Tokens: sample_lengths.json ({"idx": n_tokens}) when present, else the
+`input_ids` shape in the safetensors header of each sample, read once per new
+file (a few hundred bytes; tensor data is never read). `.pt` samples without
+sample_lengths.json have no known token count. A safetensors sample whose
+header cannot be read counts as done (it exists, like in `ls`) and as a bad
+file; it is retried when its size or mtime changes.
+
+Rate: samples/s and tokens/s over a sliding window of the observations this
+monitor made. With no earlier observation inside the window (a first refresh,
+a one-shot status long after the previous one), the rate comes from the mtimes
+of the sample files finished inside the window, so it is still a rate of the
+last `window_s` seconds. ETA = samples left / samples per second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter, deque
+from pathlib import Path
+
+from eagle3_console.model import ShardCount, ShardProgress
+from eagle3_console.monitor.tree import TreeIndex
+from ops.formats import (DATA_CONFIG, SAMPLE_LENGTHS, SAMPLE_RE, SHARD_DIR_RE, TMP_SUFFIX,
+                         BadSampleFile, read_safetensors_header, tokens_in_header)
+
+STATE_VERSION = 1
+EAGLE3, SPECFORGE, SPEC_PT, SPEC_HS, NONE = (
+    "eagle3", "specforge", "speculators_pt", "speculators_hs", "none")
+
+
+def _classify(rel_dir: str, name: str) -> tuple[str, int, str] | None:
+    """(layout, sample index, extension) of a sample file, None for other files."""
+    m = SAMPLE_RE.match(name)
+    if m is None:
+        return None
+    ext = m.group(2)
+    if rel_dir == "":
+        return (SPEC_HS if ext == "safetensors" else SPEC_PT), int(m.group(1)), ext
+    if "/" not in rel_dir and SHARD_DIR_RE.match(rel_dir):
+        return (EAGLE3 if ext == "safetensors" else SPECFORGE), int(m.group(1)), ext
+    return None
+
+
+class ShardMonitor:
+    def __init__(self, root: str | os.PathLike, expected_samples: int | None = None,
+                 expected_tokens: int | None = None, index: TreeIndex | None = None,
+                 window_s: float = 60.0) -> None:
+        self.root = Path(root)
+        self.expected_samples = expected_samples
+        self.expected_tokens = expected_tokens
+        self.index = index if index is not None else TreeIndex(self.root)
+        self.window_s = window_s
+        # relpath -> (shard dir rel, layout, sample idx)
+        self._samples: dict[str, tuple[str, str, int]] = {}
+        self._per_dir: Counter[str] = Counter()
+        self._per_layout: Counter[str] = Counter()
+        self._tmp: set[str] = set()
+        self._header_tokens: dict[str, int] = {}        # relpath -> tokens from its header
+        self._bad: dict[str, list[int]] = {}            # relpath -> [size, mtime_ns] when it failed
+        self._lengths: dict[int, int] = {}              # sample idx -> tokens (sample_lengths.json)
+        self._lengths_key: list[int] | None = None
+        self._config: dict = {}
+        self._config_key: list[int] | None = None
+        self._errors: dict[str, str] = {}               # file -> why it could not be read
+        self._obs: deque[tuple[float, int, int | None]] = deque()
+        self._synced = False
+        self._tokens_cache: tuple[int | None] | None = None   # (tokens done,) while valid
+
+    # ---- refresh -------------------------------------------------------
+    def refresh(self, now: float | None = None, refresh_index: bool = True) -> ShardProgress:
+        now = time.time() if now is None else now
+        if refresh_index:
+            stats = self.index.refresh()
+            new, removed = stats.new_files, stats.removed_files
+        else:
+            new, removed = self.index.last.new_files, self.index.last.removed_files
+        if not self._synced:
+            self._resync()
+        else:
+            for rel in removed:
+                self._forget(rel)
+            for rel in new:
+                self._add(rel)
+        self._retry_bad()
+        self._load_config()
+        self._load_lengths()
+        return self._progress(now)
+
+    def _resync(self) -> None:
+        """Rebuild the sample set from the index (a fresh monitor, or restored
+        state). A tight loop: this runs over every file once per process."""
+        self._samples.clear()
+        self._per_dir.clear()
+        self._per_layout.clear()
+        self._tmp.clear()
+        keep_tokens, keep_bad = self._header_tokens, self._bad
+        self._header_tokens, self._bad = {}, {}
+        match = SAMPLE_RE.match
+        for rel_dir in self.index.dirs():
+            if rel_dir == "":
+                layouts = {"safetensors": SPEC_HS, "pt": SPEC_PT, "ckpt": SPEC_PT}
+            elif "/" not in rel_dir and SHARD_DIR_RE.match(rel_dir):
+                layouts = {"safetensors": EAGLE3, "pt": SPECFORGE, "ckpt": SPECFORGE}
+            else:
+                layouts = None
+            prefix = f"{rel_dir}/" if rel_dir else ""
+            for name in self.index.files_in(rel_dir):
+                rel = prefix + name
+                if name.endswith(TMP_SUFFIX):
+                    self._tmp.add(rel)
+                    continue
+                if layouts is None:
+                    continue
+                m = match(name)
+                if m is None:
+                    continue
+                layout = layouts[m.group(2)]
+                self._samples[rel] = (rel_dir, layout, int(m.group(1)))
+                self._per_dir[rel_dir] += 1
+                self._per_layout[layout] += 1
+                if rel in keep_tokens:
+                    self._header_tokens[rel] = keep_tokens[rel]
+                elif rel in keep_bad:
+                    self._bad[rel] = keep_bad[rel]
+                elif layout in (EAGLE3, SPEC_HS):
+                    self._read_header(rel)
+        self._tokens_cache = None
+        self._synced = True
+
+    def _add(self, rel: str, read_header: bool = True) -> None:
+        rel_dir, _, name = rel.rpartition("/")
+        if name.endswith(TMP_SUFFIX):
+            self._tmp.add(rel)
+            return
+        cls = _classify(rel_dir, name)
+        if cls is None:
+            return
+        layout, idx, ext = cls
+        self._forget(rel)           # a file renamed over an existing sample
+        self._tokens_cache = None
+        self._samples[rel] = (rel_dir, layout, idx)
+        self._per_dir[rel_dir] += 1
+        self._per_layout[layout] += 1
+        if ext == "safetensors" and read_header:
+            self._read_header(rel)
+
+    def _forget(self, rel: str) -> None:
+        self._tmp.discard(rel)
+        info = self._samples.pop(rel, None)
+        if info is not None:
+            self._tokens_cache = None
+            self._per_dir[info[0]] -= 1
+            self._per_layout[info[1]] -= 1
+        self._header_tokens.pop(rel, None)
+        self._bad.pop(rel, None)
+
+    def _read_header(self, rel: str) -> None:
+        self._tokens_cache = None
+        try:
+            header, _size = read_safetensors_header(self.root / rel)
+        except BadSampleFile:
+            entry = self.index.entry(rel)
+            self._bad[rel] = [entry.size, entry.mtime_ns] if entry else [-1, -1]
+            self._header_tokens.pop(rel, None)
+            return
+        self._bad.pop(rel, None)
+        tokens = tokens_in_header(header)
+        if tokens is not None:
+            self._header_tokens[rel] = tokens
+
+    def _retry_bad(self) -> None:
+        for rel, key in list(self._bad.items()):
+            entry = self.index.entry(rel)
+            if entry is None:
+                self._bad.pop(rel, None)
+            elif [entry.size, entry.mtime_ns] != key:
+                self._read_header(rel)
+
+    def _root_file(self, name: str) -> tuple[Path, list[int] | None]:
+        entry = self.index.entry(name)
+        return self.root / name, (None if entry is None else [entry.size, entry.mtime_ns, entry.ino])
+
+    def _read_json(self, path: Path) -> dict | None:
+        try:
+            data = json.loads(path.read_text())
+        except OSError as exc:
+            self._errors[path.name] = f"{path}: unreadable ({exc.strerror})"
+            return None
+        except ValueError as exc:
+            self._errors[path.name] = f"{path}: not valid JSON ({exc})"
+            return None
+        if not isinstance(data, dict):
+            self._errors[path.name] = f"{path}: expected a JSON object, got {type(data).__name__}"
+            return None
+        self._errors.pop(path.name, None)
+        return data
+
+    def _load_config(self) -> None:
+        path, key = self._root_file(DATA_CONFIG)
+        if key == self._config_key:
+            return
+        self._config_key = key
+        self._config = {}
+        self._errors.pop(DATA_CONFIG, None)
+        if key is not None:
+            self._config = self._read_json(path) or {}
+
+    def _load_lengths(self) -> None:
+        path, key = self._root_file(SAMPLE_LENGTHS)
+        if key == self._lengths_key:
+            return
+        self._lengths_key = key
+        self._lengths = {}
+        self._tokens_cache = None
+        self._errors.pop(SAMPLE_LENGTHS, None)
+        data = self._read_json(path) if key is not None else None
+        if data:
+            try:
+                self._lengths = {int(k): int(v) for k, v in data.items()}
+            except (TypeError, ValueError):
+                self._errors[SAMPLE_LENGTHS] = (
+                    f"{path}: expected {{\"<sample idx>\": <n tokens>}} with integers")
+                self._lengths = {}
+
+    def _config_int(self, key: str) -> int | None:
+        value = self._config.get(key)
+        if value is None:
+            return None
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            self._errors[DATA_CONFIG + ":" + key] = (
+                f"{self.root / DATA_CONFIG}: {key} should be an integer, got {value!r}")
+            return None
+
+    def _tokens_done(self) -> int | None:
+        if self._tokens_cache is None:
+            self._tokens_cache = (self._sum_tokens(),)
+        return self._tokens_cache[0]
+
+    def _sum_tokens(self) -> int | None:
+        if not self._lengths:
+            return sum(self._header_tokens.values()) if self._header_tokens else None
+        total, known = 0, False
+        for rel, (_d, _l, idx) in self._samples.items():
+            n = self._lengths.get(idx)
+            if n is None:
+                n = self._header_tokens.get(rel)
+            if n is not None:
+                total += n
+                known = True
+        return total if known else None
+
+    def _sample_tokens(self, rel: str) -> int | None:
+        n = self._lengths.get(self._samples[rel][2]) if self._lengths else None
+        return n if n is not None else self._header_tokens.get(rel)
+
+    # ---- progress, rate, ETA ------------------------------------------
+    def _progress(self, now: float) -> ShardProgress:
+        done = len(self._samples)
+        expected = self.expected_samples
+        if expected is None:
+            expected = self._config_int("total_samples")
+        tokens_expected = self.expected_tokens
+        if tokens_expected is None:
+            tokens_expected = self._config_int("total_tokens")
+        tokens = self._tokens_done()
+        if "status" in self._config:
+            complete = self._config.get("status") == "complete"
+        else:       # the seed's data_config.json has no status: complete when all are there
+            total = self._config_int("total_samples")
+            complete = bool(self._config) and total is not None and done >= total
+        layout = NONE
+        if done:
+            layout = max(self._per_layout.items(), key=lambda kv: kv[1])[0]
+
+        shards: list[ShardCount] = []
+        for rel_dir, n in self._per_dir.items():
+            if n <= 0:
+                continue
+            if rel_dir == "":
+                shards.append(ShardCount(".", n, expected))
+                continue
+            m = SHARD_DIR_RE.match(rel_dir)
+            a, b = int(m.group(1)), int(m.group(2))
+            rows = (min(b, expected) if expected is not None else b) - a
+            shards.append(ShardCount(rel_dir, n, max(rows, 0)))
+        shards.sort(key=lambda s: (-1, 0) if s.name == "." else
+                    (int(SHARD_DIR_RE.match(s.name).group(1)), 0))
+
+        sps, tps = self._rate(now, done, tokens)
+        eta: float | None = None
+        if complete:
+            eta = 0.0
+        elif expected is not None and sps:
+            eta = max(0, expected - done) / sps
+        return ShardProgress(
+            root=str(self.root), layout=layout, samples_done=done, samples_expected=expected,
+            tokens_done=tokens, tokens_expected=tokens_expected, shards=shards,
+            tmp_files=len(self._tmp), samples_per_s=sps, tokens_per_s=tps, eta_s=eta,
+            complete=complete, bad_files=len(self._bad),
+            error="; ".join(self._errors[k] for k in sorted(self._errors)) or None)
+
+    def _rate(self, now: float, done: int, tokens: int | None) -> tuple[float | None, float | None]:
+        if self._obs and (done < self._obs[-1][1] or now < self._obs[-1][0]):
+            self._obs.clear()       # samples removed (clean, restart) or the clock went back
+        start = now - self.window_s
+        while self._obs and self._obs[0][0] < start:
+            self._obs.popleft()
+        self._obs.append((now, done, tokens))
+        if len(self._obs) >= 2 and now > self._obs[0][0]:
+            t0, d0, k0 = self._obs[0]
+            dt = now - t0
+            tps = (tokens - k0) / dt if tokens is not None and k0 is not None else None
+            return (done - d0) / dt, tps
+        return self._rate_from_mtimes(now, done)
+
+    def _rate_from_mtimes(self, now: float, done: int) -> tuple[float | None, float | None]:
+        if not done:
+            return None, None
+        start_ns = int((now - self.window_s) * 1e9)
+        recent: list[tuple[int, str]] = []
+        for rel in self._samples:
+            entry = self.index.entry(rel)
+            if entry is not None and entry.mtime_ns >= start_ns:
+                recent.append((entry.mtime_ns, rel))
+        if not recent:
+            return 0.0, 0.0 if self._header_tokens or self._lengths else None
+        recent.sort()
+        span = (recent[-1][0] - recent[0][0]) / 1e9
+        if len(recent) < 2 or span <= 0:
+            return None, None
+        # The first file marks the start of the span; the others finished inside it.
+        sps = (len(recent) - 1) / span
+        toks = [self._sample_tokens(rel) for _t, rel in recent[1:]]
+        tps = sum(toks) / span if all(t is not None for t in toks) else None
+        return sps, tps
+
+    # ---- persistence ---------------------------------------------------
+    def to_state(self) -> dict:
+        return {
+            "version": STATE_VERSION,
+            "root": os.fspath(self.root),
+            "index": self.index.to_state(),
+            "header_tokens": self._header_tokens,
+            "bad": self._bad,
+            "obs": list(self._obs),
+        }
+
+    @classmethod
+    def from_state(cls, state: dict, root: str | os.PathLike, expected_samples: int | None = None,
+                   expected_tokens: int | None = None, window_s: float = 60.0) -> "ShardMonitor":
+        """Rebuild from to_state(); another version or root gives a fresh monitor."""
+        mon = cls(root, expected_samples, expected_tokens, window_s=window_s)
+        if (not isinstance(state, dict) or state.get("version") != STATE_VERSION
+                or state.get("root") != os.fspath(mon.root)):
+            return mon
+        try:
+            mon.index = TreeIndex.from_state(state["index"], mon.root)
+            mon._header_tokens = {str(k): int(v) for k, v in state["header_tokens"].items()}
+            mon._bad = {str(k): [int(a), int(b)] for k, (a, b) in state["bad"].items()}
+            mon._obs = deque((float(t), int(d), None if k is None else int(k))
+                             for t, d, k in state["obs"])
+        except (KeyError, TypeError, ValueError):
+            return cls(root, expected_samples, expected_tokens, window_s=window_s)
+        return mon
