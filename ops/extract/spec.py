@@ -80,7 +80,9 @@ SPEC = OpSpec(
         "num_samples": None,
         "device": "auto",
         "dtype": "auto",
-        "writers": 4,
+        "writers": 4,               # writer threads
+        "queue_size": 32,           # samples queued for the writers before the forward waits
+        "progress_interval": 5.0,   # seconds between `progress:` lines
         "tokens": None,             # override for the estimate when no summary exists
         "force": False,
     },

@@ -1,0 +1,55 @@
+"""`python -m ops.extract --target MODEL --input PREPARED --output DIR [...]`
+
+The program of the extract stage (its spec: ops/extract/spec.py; the loop:
+ops/extract/run.py). Under torchrun each rank takes samples r::WORLD_SIZE.
+Exit codes: 0 complete, 1 failure or incomplete (re-run resumes), 2 bad input
+or the disk preflight refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from ops.common import run_main
+from ops.extract.spec import SPEC
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m ops.extract", description=SPEC.summary)
+    d = SPEC.params
+    p.add_argument("--target", required=True, help="local Hugging Face model directory")
+    p.add_argument("--input", required=True, help="prepare's output directory (samples.safetensors)")
+    p.add_argument("--output", required=True, help="hidden-state output directory")
+    p.add_argument("--layer-ids", default=d["layer_ids"],
+                   help="canonical aux layers (0-indexed layer whose OUTPUT is captured), "
+                        "e.g. 2,30,58; auto = [1, N//2-1, N-4]")
+    p.add_argument("--max-seq-len", type=int, default=d["max_seq_len"])
+    p.add_argument("--token-budget", type=int, default=d["token_budget"],
+                   help="padded tokens per forward batch; halved for a batch that runs out of memory")
+    p.add_argument("--num-samples", type=int, default=d["num_samples"], help="only the first N samples")
+    p.add_argument("--device", default=d["device"], help="auto, cpu, cuda, cuda:N, balanced (device_map=auto)")
+    p.add_argument("--dtype", default=d["dtype"], help="auto (the checkpoint's), bfloat16, float16, float32")
+    p.add_argument("--writers", type=int, default=d["writers"], help="writer threads")
+    p.add_argument("--queue-size", type=int, default=d["queue_size"],
+                   help="samples waiting for a writer before the forward loop waits")
+    p.add_argument("--progress-interval", type=float, default=d["progress_interval"],
+                   help="seconds between `progress:` lines")
+    p.add_argument("--tokens", type=int, default=d["tokens"],
+                   help="token count for the disk estimate (default: the input's)")
+    p.add_argument("--force", action="store_true", help="start even if the disk estimate exceeds free space")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+    from ops.extract.run import extract
+
+    return extract(args)
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main, prog="extract"))

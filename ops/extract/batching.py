@@ -1,0 +1,72 @@
+"""Forward batches of extract: a token budget over length-sorted samples, and
+the OOM retry that halves one batch's budget.
+
+Sits between the sample list (samples.py) and the forward pass (capture.py).
+The plan is a pure function of (indices, lengths, budget), so an interrupted
+run re-plans the same batches and recomputes a half-written batch with the
+same shapes: its files come out byte-identical to an uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+
+def plan_batches(indices: Sequence[int], lengths: Callable[[int], int] | Sequence[int],
+                 budget: int) -> list[list[int]]:
+    """Longest first (an OOM shows at the start, not at 90 %), ties by index;
+    a batch holds as many samples as fit `count x longest <= budget` (padded
+    tokens). A sample longer than the budget gets a batch of its own."""
+    if budget <= 0:
+        raise ValueError(f"token budget must be positive, got {budget}")
+    length = lengths if callable(lengths) else lengths.__getitem__
+    order = sorted(indices, key=lambda i: (-length(i), i))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for idx in order:
+        n = length(idx)
+        if current and (len(current) + 1) * max(longest, n) > budget:
+            batches.append(current)
+            current, longest = [], 0
+        current.append(idx)
+        longest = max(longest, n)
+    if current:
+        batches.append(current)
+    return batches
+
+
+class SampleTooLarge(RuntimeError):
+    """One sample alone does not fit in device memory."""
+
+    def __init__(self, idx: int, tokens: int, cause: BaseException) -> None:
+        super().__init__(f"OOM: sample {idx} ({tokens} tokens) alone does not fit in device memory; "
+                         f"lower max_seq_len or use more GPUs per replica. {cause}")
+        self.idx, self.tokens = idx, tokens
+
+
+def run_with_oom_retry(batch: list[int], lengths: Callable[[int], int], budget: int,
+                       forward: Callable[[list[int]], None], oom_types: tuple[type, ...],
+                       log: Callable[[str], None], on_oom: Callable[[], None] = lambda: None) -> None:
+    """forward(batch); on an out-of-memory error, halve this batch's budget,
+    re-plan it and run the pieces (recursively). Raises SampleTooLarge when
+    one sample alone runs out of memory."""
+    failure: BaseException | None = None
+    try:
+        forward(batch)
+        return
+    except oom_types as exc:
+        failure = exc
+    # Outside the except block: the traceback no longer pins the batch's tensors.
+    on_oom()
+    if len(batch) == 1:
+        raise SampleTooLarge(batch[0], lengths(batch[0]), failure)
+    padded = len(batch) * max(lengths(i) for i in batch)
+    half = max(1, min(budget, padded) // 2)
+    log(f"OOM: halving token budget to {half} (batch of {len(batch)} samples, {padded} padded tokens)")
+    pieces = plan_batches(batch, lengths, half)
+    if len(pieces) < 2:  # the halved budget still fits all: split by count instead
+        mid = len(batch) // 2
+        pieces = [batch[:mid], batch[mid:]]
+    for piece in pieces:
+        run_with_oom_retry(piece, lengths, half, forward, oom_types, log, on_oom)

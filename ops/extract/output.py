@@ -1,0 +1,81 @@
+"""The output directory of extract (layout: shared/DESIGN.md, ops/formats.py).
+
+Sits at the end of the extraction and the start of verify / train / the shard
+monitor: `data_config.json` (status "running" first, "complete" at the end),
+`sample_lengths.json`, `rows_<a>-<b>/data_<idx>.safetensors`. Also what a
+resumed run needs: which samples exist, which temp files are stale, and
+whether the existing output was made with the same layers and shapes.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from pathlib import Path
+
+from ops.common import BadInput, read_json, write_json_atomic
+from ops.formats import DATA_CONFIG, SAMPLE_LENGTHS, SAMPLE_RE, SHARD_DIR_RE, TMP_SUFFIX
+
+DATA_FORMAT_VERSION = 1
+# Keys that must match between a resumed run and the output it continues.
+_RESUME_KEYS = ("layer_ids", "hidden_size", "dtype", "max_seq_len", "total_samples",
+                "final_hidden_state", "data_format_version")
+
+
+def scan_existing(output: Path) -> tuple[set[int], list[Path]]:
+    """(indices whose sample file exists, stale *.tmp files) under the shard dirs."""
+    done: set[int] = set()
+    tmps: list[Path] = []
+    if not output.is_dir():
+        return done, tmps
+    with os.scandir(output) as top:
+        shard_dirs = [e.path for e in top if e.is_dir() and SHARD_DIR_RE.match(e.name)]
+    for shard in shard_dirs:
+        with os.scandir(shard) as entries:
+            for entry in entries:
+                if entry.name.endswith(TMP_SUFFIX):
+                    tmps.append(Path(entry.path))
+                    continue
+                m = SAMPLE_RE.match(entry.name)
+                if m and m.group(2) == "safetensors":
+                    done.add(int(m.group(1)))
+    return done, tmps
+
+
+def check_resumable(output: Path, planned: dict) -> dict | None:
+    """The existing data_config, or None; BadInput if it describes other data."""
+    path = output / DATA_CONFIG
+    existing = read_json(path)
+    if existing is None:
+        if path.exists():
+            raise BadInput(f"{path}: exists but is not a JSON object; move it away to start over")
+        return None
+    diffs = [f"{k}: {existing.get(k)!r} there, {planned.get(k)!r} now"
+             for k in _RESUME_KEYS if k in existing and existing.get(k) != planned.get(k)]
+    if diffs:
+        raise BadInput(f"{path}: the output holds other data than this run would write "
+                       f"({'; '.join(diffs)}); use another output directory or delete this one")
+    return existing
+
+
+def package_versions() -> dict:
+    out = {"python": platform.python_version()}
+    for name in ("torch", "transformers", "safetensors", "numpy"):
+        module = sys.modules.get(name)
+        if module is None:
+            try:
+                module = __import__(name)
+            except ImportError:
+                continue
+        out[name] = getattr(module, "__version__", "unknown")
+    return out
+
+
+def write_data_config(output: Path, config: dict) -> None:
+    output.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(output / DATA_CONFIG, config)
+
+
+def write_sample_lengths(output: Path, lengths: dict[int, int]) -> None:
+    write_json_atomic(output / SAMPLE_LENGTHS, {str(i): int(n) for i, n in sorted(lengths.items())})

@@ -1,0 +1,276 @@
+"""The extraction loop: prepare's samples in, the hidden-state layout out.
+
+Data flow: samples.py (prepare's output) -> batching.py (token-budget plan)
+-> capture.py (forward with hooks) -> writer.py (bounded queue, threads)
+-> output.py (data_config, sample_lengths); progress.py prints what the log
+monitor parses. Under torchrun rank r takes samples r::WORLD_SIZE; rank 0
+owns data_config.json and sample_lengths.json.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import sys
+import time
+from pathlib import Path
+
+from ops.common import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, BadInput
+from ops.extract import batching, output, preflight, target as target_mod
+from ops.extract.samples import load_samples
+from ops.formats import SAMPLE_RE, SHARD_ROWS, TMP_SUFFIX, sample_path
+from ops.layers import engine_ids, parse_layer_ids
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stdout, flush=True)
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _distributed() -> tuple[int, int, int]:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", str(rank)))
+    return rank, world, local
+
+
+def extract(args) -> int:
+    rank, world, local_rank = _distributed()
+    out_dir = Path(args.output)
+    info = target_mod.read_target(Path(args.target))
+    samples = load_samples(Path(args.input), max_seq_len=args.max_seq_len, limit=args.num_samples)
+    try:
+        layer_ids = parse_layer_ids(args.layer_ids, info.num_layers)
+    except ValueError as exc:
+        raise BadInput(f"target {info.path}: {exc}") from exc
+    dtype = target_mod.resolve_dtype(args.dtype, info)
+    if args.token_budget <= 0:
+        raise BadInput(f"token_budget must be positive, got {args.token_budget}")
+    lengths = samples.lengths()
+    total_samples, total_tokens = len(lengths), sum(lengths)
+
+    arch = info.architecture or info.model_type
+    config = {
+        "status": "running",
+        "data_format_version": output.DATA_FORMAT_VERSION,
+        "extraction_method": "hf_transformers_forward_hooks",
+        "target": str(info.path.absolute()),
+        "target_architecture": info.architecture,
+        "target_model_type": info.model_type,
+        "num_hidden_layers": info.num_layers,
+        **engine_ids(layer_ids, info.num_layers, arch),
+        "final_hidden_state": "post_norm",
+        "hidden_size": info.hidden_size,
+        "aux_hidden_size": info.hidden_size * len(layer_ids),
+        "dtype": dtype,
+        "max_seq_len": args.max_seq_len,
+        "total_samples": total_samples,
+        "total_tokens": total_tokens,
+        "shard_rows": SHARD_ROWS,
+        "input": str(Path(args.input).absolute()),
+        "token_budget": args.token_budget,
+        "world_size": world,
+        "command": [sys.executable, "-m", "ops.extract", *args.argv],
+        "versions": output.package_versions(),
+        "started_at": _now(),
+    }
+    output.check_resumable(out_dir, config)
+
+    done, tmps = output.scan_existing(out_dir)
+    for tmp in tmps:
+        m = SAMPLE_RE.match(tmp.name[: -len(TMP_SUFFIX)])
+        owner = int(m.group(1)) % world if m else 0
+        if owner == rank:
+            tmp.unlink(missing_ok=True)
+    done &= set(range(total_samples))
+    remaining = sum(n for i, n in enumerate(lengths) if i not in done)
+
+    params = {"input": args.input, "layer_ids": layer_ids, "dtype": dtype,
+              "tokens": args.tokens or total_tokens}
+    fits, disk_text = preflight.disk_check(
+        params, {"hidden_size": info.hidden_size, "dtype": dtype}, out_dir,
+        remaining / total_tokens if total_tokens else 0.0)
+    if rank == 0:
+        log(f"extract: {total_samples} samples, {total_tokens} tokens; aux layers {layer_ids} "
+            f"(HF hidden_states {config['hf_hidden_states_indices']}, SGLang capture "
+            f"{config['sglang_layers_to_capture']}) + final post-norm; {len(done)} already on disk")
+        log(disk_text)
+    if not fits:
+        if not args.force:
+            if rank == 0:
+                print(f"extract: refusing to start: not enough free disk space ({disk_text}). "
+                      f"Free space, choose another output, or pass --force.", file=sys.stderr, flush=True)
+            return EXIT_BAD_INPUT
+        if rank == 0:
+            log("extract: --force: starting although the estimate exceeds the free space")
+
+    import torch
+
+    if world > 1:
+        import torch.distributed as dist
+        dist.init_process_group(backend="gloo", timeout=_dt.timedelta(hours=24))
+    placement = target_mod.choose_placement(args.device, info, world, local_rank)
+
+    if rank == 0:
+        output.write_data_config(out_dir, config)
+        output.write_sample_lengths(out_dir, dict(enumerate(lengths)))
+    _barrier(world)
+
+    log(f"loading target {info.path} ({preflight.human(info.weight_bytes)}, {dtype}) "
+        f"on {placement.describe()}" + (f" [rank {rank}/{world}]" if world > 1 else ""))
+    t0 = time.monotonic()
+    model = target_mod.load_model(info, dtype, placement)
+    log(f"target loaded in {(time.monotonic() - t0) / 60:.1f} minutes")
+
+    mine = [i for i in range(total_samples) if i % world == rank]
+    loop = _Loop(model, layer_ids, samples, lengths, out_dir, done, args, rank, world)
+    stats = loop.run(mine)
+
+    totals = [stats["new_samples"], stats["new_tokens"], stats["errors"]]
+    elapsed = stats["elapsed"]
+    if world > 1:
+        import torch.distributed as dist
+        t = torch.tensor(totals, dtype=torch.float64)
+        dist.all_reduce(t)
+        e = torch.tensor([elapsed], dtype=torch.float64)
+        dist.all_reduce(e, op=dist.ReduceOp.MAX)
+        totals, elapsed = [int(v) for v in t.tolist()], float(e.item())
+    new_samples, new_tokens, errors = totals
+    code = EXIT_OK
+    if rank == 0:
+        on_disk, _ = output.scan_existing(out_dir)
+        missing = sorted(set(range(total_samples)) - on_disk)
+        minutes = elapsed / 60
+        log(f"{new_samples} samples, {new_tokens} tokens extracted in {minutes:.1f} minutes. "
+            f"{new_samples / max(elapsed, 1e-9):.1f} samples/s, {new_tokens / max(elapsed, 1e-9):.0f} tok/s."
+            + (f" ({len(done)} samples were already on disk.)" if done else ""))
+        if missing or errors:
+            config["status"] = "incomplete"
+            config["missing_samples"] = len(missing)
+            config["errors"] = errors
+            output.write_data_config(out_dir, config)
+            print(f"extract: incomplete: {len(missing)} samples missing (first: {missing[:10]}), "
+                  f"{errors} write errors; run again to resume", file=sys.stderr, flush=True)
+            code = EXIT_FAILURE
+        else:
+            config["status"] = "complete"
+            config["completed_at"] = _now()
+            output.write_data_config(out_dir, config)
+            log(f"extract: complete: {total_samples} samples, {total_tokens} tokens in {out_dir}")
+    if world > 1:
+        _barrier(world)
+        import torch.distributed as dist
+        dist.destroy_process_group()
+    return code
+
+
+def _barrier(world: int) -> None:
+    if world > 1:
+        import torch.distributed as dist
+        dist.barrier()
+
+
+class _Loop:
+    """Plans this rank's batches, runs them, hands each sample to the writers."""
+
+    def __init__(self, model, layer_ids, samples, lengths, out_dir, done, args, rank, world) -> None:
+        import torch
+
+        from ops.extract.capture import HiddenStateCapture
+        from ops.extract.progress import Progress
+        from ops.extract.writer import SampleWriter
+
+        self.torch = torch
+        self.capture = HiddenStateCapture(model, layer_ids)
+        self.input_device = self.capture.base.get_input_embeddings().weight.device
+        self.samples, self.lengths, self.out_dir, self.done = samples, lengths, out_dir, done
+        self.args, self.rank, self.world = args, rank, world
+        self._copy_streams: dict = {}
+        self._Progress, self._SampleWriter = Progress, SampleWriter
+
+    def run(self, mine: list[int]) -> dict:
+        torch = self.torch
+        done_mine = [i for i in mine if i in self.done]
+        writer_box: list = []
+        progress = self._Progress(total=len(mine), done=len(done_mine),
+                                  tokens=sum(self.lengths[i] for i in done_mine),
+                                  interval=self.args.progress_interval, rank=self.rank, world=self.world,
+                                  bar=self.rank == 0,
+                                  errors=lambda: writer_box[0].errors.count if writer_box else 0)
+        writer = self._SampleWriter(self.args.writers, self.args.queue_size,
+                                    on_written=lambda idx, n: progress.add(1, n))
+        writer_box.append(writer)
+        self.writer = writer
+        batches = batching.plan_batches(mine, self.lengths.__getitem__, self.args.token_budget)
+        oom_types = (torch.cuda.OutOfMemoryError,)
+        try:
+            for batch in batches:
+                if all(i in self.done for i in batch):
+                    continue
+                batching.run_with_oom_retry(batch, self.lengths.__getitem__, self.args.token_budget,
+                                            self._forward, oom_types, log, self._free_cache)
+        except batching.SampleTooLarge as exc:
+            writer.close()
+            progress.close()
+            self.capture.close()
+            print(str(exc), file=sys.stderr, flush=True)
+            raise SystemExit(EXIT_FAILURE) from None
+        writer.close()
+        progress.close()
+        self.capture.close()
+        for message in writer.errors.messages:
+            print(f"extract: write error: {message}", file=sys.stderr, flush=True)
+        return {"new_samples": progress.new_samples, "new_tokens": progress.new_tokens,
+                "errors": writer.errors.count, "elapsed": progress.elapsed()}
+
+    def _free_cache(self) -> None:
+        if self.torch.cuda.is_available():
+            self.torch.cuda.empty_cache()
+
+    def _forward(self, batch: list[int]) -> None:
+        import numpy as np
+
+        from ops.extract.writer import WriteJob
+
+        torch = self.torch
+        longest = max(self.lengths[i] for i in batch)
+        ids = torch.zeros((len(batch), longest), dtype=torch.long)
+        mask = torch.zeros((len(batch), longest), dtype=torch.long)
+        rows = []
+        for row, idx in enumerate(batch):
+            tok, loss = self.samples.get(idx)
+            n = len(tok)
+            ids[row, :n] = torch.from_numpy(tok.astype(np.int64))
+            mask[row, :n] = 1
+            rows.append((row, idx, tok, loss, n))
+        aux, final = self.capture(ids.to(self.input_device), mask.to(self.input_device))
+        ready = None
+        if aux.is_cuda:
+            # Copy on a side stream so the next forward starts at once; the
+            # writers wait on the event, the allocator on record_stream.
+            stream = self._copy_streams.get(aux.device)
+            if stream is None:
+                stream = self._copy_streams[aux.device] = torch.cuda.Stream(device=aux.device)
+            stream.wait_stream(torch.cuda.current_stream(aux.device))
+            with torch.cuda.stream(stream):
+                aux_host = aux.to("cpu", non_blocking=True)
+                final_host = final.to("cpu", non_blocking=True)
+            aux.record_stream(stream)
+            final.record_stream(stream)
+            ready = torch.cuda.Event()
+            ready.record(stream)
+        else:
+            aux_host, final_host = aux, final
+        for row, idx, tok, loss, n in rows:
+            if idx in self.done:
+                continue   # recomputed only to keep the batch's shapes (and bytes) as planned
+            tensors = {
+                "input_ids": torch.from_numpy(tok.astype(np.int64)),
+                "loss_mask": torch.from_numpy(loss.astype(np.uint8)),
+                "aux_hidden_states": aux_host[row, :n],
+                "final_hidden_states": final_host[row, :n],
+            }
+            self.writer.submit(WriteJob(idx, sample_path(self.out_dir, idx), tensors, ready, n))

@@ -1,0 +1,90 @@
+"""The writers of extract: sample files written off the forward loop.
+
+Sits after the forward pass (capture.py) and before the disk. The loop puts
+one job per sample into a bounded queue and goes on with the next forward;
+`writers` threads wait for the device-to-host copy (a CUDA event) and write
+`data_<idx>.safetensors.tmp`, then rename it: a file that exists is whole.
+The loop blocks only when the queue is full. No metadata goes into a sample
+file, so the bytes depend on the tensors alone (resume is byte-identical).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ops.formats import TMP_SUFFIX
+
+
+@dataclass
+class WriteJob:
+    idx: int
+    path: Path
+    tensors: dict                 # name -> CPU tensor (a view into the batch's host copy)
+    ready: object | None = None   # a torch.cuda.Event recorded after the copy, or None
+    tokens: int = 0
+
+
+@dataclass
+class WriterErrors:
+    count: int = 0
+    messages: list[str] = field(default_factory=list)
+
+
+def write_sample(path: Path, tensors: dict) -> None:
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
+    os.replace(tmp, path)
+
+
+class SampleWriter:
+    """A bounded queue feeding `threads` writer threads."""
+
+    def __init__(self, threads: int, queue_size: int,
+                 on_written: Callable[[int, int], None]) -> None:
+        if threads < 1:
+            raise ValueError(f"writers must be at least 1, got {threads}")
+        self._queue: queue.Queue[WriteJob | None] = queue.Queue(maxsize=max(1, queue_size))
+        self._on_written = on_written
+        self.errors = WriterErrors()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._work, name=f"extract-writer-{i}", daemon=True)
+                         for i in range(threads)]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, job: WriteJob) -> None:
+        self._queue.put(job)   # blocks only when the queue is full
+
+    def _work(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            try:
+                if job.ready is not None:
+                    job.ready.synchronize()
+                write_sample(job.path, job.tensors)
+            except Exception as exc:  # noqa: BLE001 - one bad write must not stop the others
+                with self._lock:
+                    self.errors.count += 1
+                    if len(self.errors.messages) < 20:
+                        self.errors.messages.append(f"{job.path}: {type(exc).__name__}: {exc}")
+            else:
+                self._on_written(job.idx, job.tokens)
+            finally:
+                job.tensors = {}
+
+    def close(self) -> None:
+        """Wait for every queued sample to be written."""
+        for _ in self._threads:
+            self._queue.put(None)
+        for t in self._threads:
+            t.join()

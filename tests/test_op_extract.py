@@ -1,0 +1,211 @@
+"""extract (ops/extract): real tiny Llama target, real files, real subprocesses.
+
+The helpers here (make_target, make_prepared, run_extract) are reused by
+tests/test_op_verify.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from safetensors.numpy import save_file as save_numpy  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+
+from ops.common import run_main  # noqa: E402
+from ops.extract import batching  # noqa: E402
+from ops.extract.__main__ import main as extract_main  # noqa: E402
+from ops.formats import DATA_CONFIG, sample_path  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+NUM_LAYERS = 8
+AUX = [1, 3, 4]   # default_aux_layers(8)
+
+
+def make_target(path: Path, hidden: int = 32, layers: int = NUM_LAYERS, seed: int = 0) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=100, hidden_size=hidden, intermediate_size=2 * hidden,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=512, tie_word_embeddings=False)
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
+def make_prepared(path: Path, n: int, min_len: int = 4, max_len: int = 60, seed: int = 0) -> Path:
+    """prepare's output contract, written directly: flat ids/mask + offsets + summary."""
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(min_len, max_len + 1, size=n)
+    offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    total = int(offsets[-1])
+    path.mkdir(parents=True, exist_ok=True)
+    save_numpy({"input_ids": rng.integers(0, 100, size=total).astype(np.int32),
+                "loss_mask": (rng.random(total) < 0.6).astype(np.uint8),
+                "offsets": offsets}, str(path / "samples.safetensors"))
+    (path / "summary.json").write_text(json.dumps({"samples": n, "total_tokens": total, "max_seq_len": max_len}))
+    return path
+
+
+def extract_argv(target: Path, prepared: Path, out: Path, *extra: str) -> list[str]:
+    return ["--target", str(target), "--input", str(prepared), "--output", str(out),
+            "--progress-interval", "0.5", *extra]
+
+
+def run_extract_subprocess(argv: list[str], **kw) -> subprocess.Popen:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, "-m", "ops.extract", *argv], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("extract")
+    return make_target(root / "target"), make_prepared(root / "prep", n=24)
+
+
+def test_captured_states_are_hf_hidden_states_at_canonical_layers(tiny, tmp_path, capsys):
+    target, prepared = tiny
+    out = tmp_path / "out"
+    # A budget of 150 padded tokens puts 2-3 samples in a batch: padding must not leak.
+    assert run_main(extract_main, extract_argv(target, prepared, out, "--token-budget", "150")) == 0
+    log = capsys.readouterr().out
+    assert "progress: samples 24/24 tokens" in log
+    assert "samples, " in log and "tok/s." in log
+
+    config = json.loads((out / DATA_CONFIG).read_text())
+    assert config["status"] == "complete"
+    assert config["layer_ids"] == AUX
+    assert config["hf_hidden_states_indices"] == [2, 4, 5]
+    assert config["sglang_layers_to_capture"] == [2, 4, 5]
+    assert config["vllm_eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
+    assert config["final_hidden_state"] == "post_norm"
+    assert (config["hidden_size"], config["dtype"], config["total_samples"]) == (32, "float32", 24)
+    lengths = json.loads((out / "sample_lengths.json").read_text())
+    assert config["total_tokens"] == sum(lengths.values())
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(target)).eval()
+    for idx in range(24):
+        data = load_file(str(sample_path(out, idx)))
+        ids = data["input_ids"]
+        assert ids.dtype == torch.int64 and data["loss_mask"].dtype == torch.uint8
+        assert data["aux_hidden_states"].shape == (len(ids), 3 * 32)
+        assert len(ids) == lengths[str(idx)]
+        with torch.no_grad():
+            ref = model(ids[None], output_hidden_states=True)
+        for j, k in enumerate(AUX):
+            torch.testing.assert_close(data["aux_hidden_states"][:, 32 * j:32 * (j + 1)],
+                                       ref.hidden_states[k + 1][0], atol=1e-5, rtol=1e-4)
+        with torch.no_grad():
+            logits = model.lm_head(data["final_hidden_states"])
+        torch.testing.assert_close(logits, ref.logits[0], atol=1e-5, rtol=1e-4)
+
+
+def test_kill_9_halfway_then_resume_is_byte_identical(tmp_path):
+    # hidden 64 and one sample a batch: slow enough on CPU to be killed halfway.
+    target = make_target(tmp_path / "target", hidden=64)
+    prepared = make_prepared(tmp_path / "prep", n=240, min_len=20, max_len=60, seed=1)
+    opts = ("--token-budget", "60", "--writers", "2")
+
+    ref = run_extract_subprocess(extract_argv(target, prepared, tmp_path / "ref", *opts))
+    ref_log, _ = ref.communicate(timeout=120)
+    assert ref.returncode == 0, ref_log
+
+    out = tmp_path / "out"
+    proc = run_extract_subprocess(extract_argv(target, prepared, out, *opts))
+    shard = out / "rows_0-2000"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if shard.is_dir() and len(os.listdir(shard)) >= 60:
+            break
+        time.sleep(0.005)
+    assert proc.poll() is None, "extraction ended before it could be killed halfway"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    killed_with = len([n for n in os.listdir(shard) if n.endswith(".safetensors")])
+    assert 0 < killed_with < 240
+    assert json.loads((out / DATA_CONFIG).read_text())["status"] == "running"
+
+    again = run_extract_subprocess(extract_argv(target, prepared, out, *opts))
+    log, _ = again.communicate(timeout=120)
+    assert again.returncode == 0, log
+    assert "samples were already on disk" in log
+    assert json.loads((out / DATA_CONFIG).read_text())["status"] == "complete"
+    names = sorted(os.listdir(shard))
+    assert not [n for n in names if n.endswith(".tmp")]
+    assert names == sorted(os.listdir(tmp_path / "ref" / "rows_0-2000"))
+    assert len(names) == 240
+    for name in names:
+        assert (shard / name).read_bytes() == (tmp_path / "ref" / "rows_0-2000" / name).read_bytes(), name
+
+
+def test_preflight_refuses_a_run_that_would_fill_the_disk(tiny, tmp_path, capsys):
+    target, prepared = tiny
+    out = tmp_path / "out"
+    code = run_main(extract_main, extract_argv(target, prepared, out, "--tokens", str(10 ** 15)))
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "refusing to start: not enough free disk space" in err and "--force" in err
+    assert not (out / DATA_CONFIG).exists()   # refused before anything was written or loaded
+
+
+def test_bad_inputs_get_clear_errors(tiny, tmp_path, capsys):
+    target, prepared = tiny
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert run_main(extract_main, extract_argv(target, empty, tmp_path / "o1")) == 2
+    assert f"{empty / 'samples.safetensors'}: not found" in capsys.readouterr().err
+
+    assert run_main(extract_main, extract_argv(target, prepared, tmp_path / "o2", "--layer-ids", "1,9")) == 2
+    assert "outside the target's layers 0..7" in capsys.readouterr().err
+
+    # An output made with other layers is not resumed into.
+    out = tmp_path / "o3"
+    assert run_main(extract_main, extract_argv(target, prepared, out, "--num-samples", "3")) == 0
+    capsys.readouterr()
+    assert run_main(extract_main, extract_argv(target, prepared, out, "--num-samples", "3",
+                                               "--layer-ids", "0,2,5")) == 2
+    assert "the output holds other data" in capsys.readouterr().err
+
+
+def test_oom_halves_the_batch_budget_and_gives_up_only_on_one_sample():
+    lengths = {i: n for i, n in enumerate([50, 40, 40, 30, 20, 10, 10, 5])}
+    seen: list[list[int]] = []
+    logs: list[str] = []
+
+    def forward(batch):   # a device with room for 60 padded tokens
+        if len(batch) * max(lengths[i] for i in batch) > 60:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 896.00 MiB.")
+        seen.append(batch)
+
+    for batch in batching.plan_batches(list(lengths), lengths.__getitem__, 200):
+        batching.run_with_oom_retry(batch, lengths.__getitem__, 200, forward,
+                                    (torch.cuda.OutOfMemoryError,), logs.append)
+    assert sorted(i for b in seen for i in b) == list(lengths)
+    assert logs and all(line.startswith("OOM: halving token budget to ") for line in logs)
+
+    with pytest.raises(batching.SampleTooLarge, match="sample 0 \\(50 tokens\\) alone does not fit"):
+        batching.run_with_oom_retry([0, 1], lengths.__getitem__, 200,
+                                    lambda b: (_ for _ in ()).throw(torch.cuda.OutOfMemoryError("oom")),
+                                    (torch.cuda.OutOfMemoryError,), logs.append)
+
+
+def test_plan_batches_is_length_sorted_and_within_budget():
+    lengths = [5, 70, 30, 30, 12, 200]
+    batches = batching.plan_batches(range(6), lengths.__getitem__, 100)
+    assert batches[0] == [5]             # longer than the budget: alone
+    flat = [i for b in batches for i in b]
+    assert sorted(flat) == list(range(6))
+    assert [lengths[i] for i in flat] == sorted(lengths, reverse=True)
+    assert all(len(b) * max(lengths[i] for i in b) <= 100 for b in batches[1:])
