@@ -149,6 +149,24 @@ def test_orphan_outliving_its_leader_stays_tied(spawned, worker_mode, how):
     assert owner_of(tree.worker, [ref]) == (42, "extract", how)
 
 
+def test_zombie_leader_is_not_listed_but_its_orphan_is(spawned):
+    procs, popens = spawned
+    # We are the leader's parent and do not reap it yet: it stays a zombie.
+    leader = subprocess.Popen([sys.executable, "-c", LEADER, "plain", "exit", WORKER],
+                              stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True)
+    popens.append(leader)
+    ct = psutil.Process(leader.pid).create_time()
+    worker, grand = map(int, leader.stdout.readline().split())
+    procs.extend(psutil.Process(p) for p in (worker, grand))
+    deadline = time.monotonic() + 30
+    while psutil.Process(leader.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert psutil.Process(leader.pid).status() == psutil.STATUS_ZOMBIE
+    ref = RunRef(run_id=46, stage="extract", pid=leader.pid, create_time=ct, pgid=leader.pid, sid=leader.pid)
+    assert not process_alive(leader.pid, ct)
+    assert {p.pid: p.how for p in run_processes(ref)} == {worker: "pgid", grand: "tree"}
+
+
 def test_unrelated_processes_are_not_tied(spawned):
     procs, popens = spawned
     tree = start_tree(spawned, 43, "setsid", "exit")

@@ -96,10 +96,6 @@ class ProcInfo:
     run_id: int
     stage: str
 
-    @property
-    def zombie(self) -> bool:
-        return self.status == psutil.STATUS_ZOMBIE
-
 
 @dataclass
 class _Row:
@@ -209,7 +205,8 @@ class ProcessTable:
         """pid -> ProcInfo for every live process tied to one of `refs`.
 
         A process tied to two runs (it cannot be in both trees) goes to the
-        strongest tie; the supervisor itself is never counted as a stage process."""
+        strongest tie; the supervisor itself is never counted as a stage
+        process, nor is a zombie (it has exited; only its parent's wait() is due)."""
         refs = tuple(refs)
         if refs in self._owners:
             return self._owners[refs]
@@ -262,6 +259,8 @@ class ProcessTable:
         result = {}
         for pid, (ref, how) in tied.items():
             row = self.rows[pid]
+            if row.status == psutil.STATUS_ZOMBIE:
+                continue    # exited, awaiting its parent's wait(): nothing to watch or signal
             result[pid] = ProcInfo(pid=pid, create_time=row.create_time, name=row.name,
                                    cmdline=self.cmdline(pid), ppid=row.ppid, pgid=row.pgid,
                                    sid=row.sid, status=row.status, how=how,
