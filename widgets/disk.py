@@ -1,0 +1,70 @@
+"""Disk pane of the selected stage's outputs: written vs estimate vs free
+space, the projected final size, and the alert when it will not fit.
+
+Renders the Snapshot.disk entries (DiskUsage) of one stage."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.padding import Padding
+from rich.progress_bar import ProgressBar
+from rich.text import Text
+from textual.containers import VerticalScroll
+from textual.widgets import Static
+
+from eagle3_console.model import DiskUsage
+from widgets import fmt
+
+
+def usage_lines(d: DiskUsage) -> list:
+    out: list = [Text(d.path, "cyan", overflow="ellipsis", no_wrap=True)]
+    t = Text()
+    t.append("written ", "dim")
+    t.append(fmt.nbytes(d.written_bytes), "bold")
+    t.append(f" ({fmt.count(d.files)} files)", "dim")
+    t.append("  estimate ", "dim")
+    t.append(fmt.nbytes(d.estimate_bytes))
+    t.append("  projected ", "dim")
+    t.append(fmt.nbytes(d.projected_bytes))
+    t.append("\nfree ", "dim")
+    t.append(fmt.nbytes(d.free_bytes), "bold")
+    t.append(f" of {fmt.nbytes(d.total_bytes)}", "dim")
+    out.append(t)
+    final = d.projected_bytes or d.estimate_bytes
+    if final:
+        # Padding ends the bar's line (a bare ProgressBar does not).
+        out.append(Padding(ProgressBar(total=1.0, completed=min(1.0, d.written_bytes / final), width=None,
+                                       complete_style="blue", finished_style="blue"), 0))
+    if d.fits is False:
+        need = (final or 0) - d.written_bytes
+        out.append(Text(f"WILL NOT FIT: needs {fmt.nbytes(need)} more, {fmt.nbytes(d.free_bytes)} free",
+                        "bold white on red"))
+    elif d.fits:
+        out.append(Text("fits", "green"))
+    return out
+
+
+class DiskPane(VerticalScroll, can_focus=False):
+    DEFAULT_CSS = """
+    DiskPane { border: round $primary-darken-1; padding: 0 1; }
+    DiskPane > Static { width: 1fr; }
+    """
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.border_title = "Disk"
+        self._body = Static("")
+
+    def compose(self):
+        yield self._body
+
+    def show(self, stage: str | None, usages: list[DiskUsage]) -> None:
+        mine = [d for d in usages if d.stage == stage]
+        self.border_title = f"Disk: {stage}" if stage else "Disk"
+        if not mine:
+            self._body.update(Text("no output tracked for this stage", "dim"))
+            return
+        parts: list = []
+        for d in mine:
+            parts.extend(usage_lines(d))
+        self._body.update(Group(*parts))

@@ -1,0 +1,153 @@
+"""GPU pane: one row per GPU with a memory bar, util, temperature, power, the
+runs whose processes sit on it and a short memory history; or why NVML is
+unavailable.
+
+Renders Snapshot.gpus (a GpuReport). The memory history is kept here, from the
+reports this pane was shown (one point per refresh): it is display state, not
+sampled data. Columns drop from the right-hand side on narrow terminals so
+that 8 or 16 GPUs still read one per line at 80 columns."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+from textual.containers import VerticalScroll
+from textual.renderables.sparkline import Sparkline
+from textual.widgets import Static
+
+from eagle3_console.model import GpuInfo, GpuReport
+from widgets import fmt
+
+HISTORY = 60
+
+
+def mem_fraction(g: GpuInfo) -> float | None:
+    if g.mem_used is None or not g.mem_total:
+        return None
+    return g.mem_used / g.mem_total
+
+
+def spark(points: list[float], width: int) -> str:
+    """Memory history on an absolute 0..100 % scale (a flat line at 91 % must
+    not look like an empty GPU, as a min..max-scaled sparkline would)."""
+    bars = Sparkline.BARS
+    pts = points[-width:]
+    return "".join(bars[min(len(bars) - 1, int(p * len(bars)))] for p in pts).rjust(width)
+
+
+def owners(g: GpuInfo) -> Text:
+    """Who holds memory on this GPU: `stage#run`, or the bare pid when no run owns it."""
+    t = Text(no_wrap=True, overflow="ellipsis")
+    seen: dict[str, int] = {}
+    for p in g.processes:
+        key = f"{p.stage}#{p.run_id}" if p.run_id is not None else f"pid {p.pid}?"
+        seen[key] = seen.get(key, 0) + (p.used_bytes or 0)
+    for i, (key, used) in enumerate(seen.items()):
+        if i:
+            t.append(" ")
+        t.append(key, "bold" if "#" in key else "bold yellow")
+        if used:
+            t.append(f" {fmt.nbytes(used)}", "dim")
+    return t
+
+
+def bar_style(f: float | None) -> str:
+    if f is None:
+        return "dim"
+    return "red" if f >= 0.95 else ("yellow" if f >= 0.8 else "green")
+
+
+class GpuPane(VerticalScroll, can_focus=False):
+    DEFAULT_CSS = """
+    GpuPane { height: auto; max-height: 20; border: round $primary-darken-1; padding: 0 1; }
+    GpuPane > Static { width: 1fr; }
+    """
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.border_title = "GPUs"
+        self._body = Static("sampling...")
+        self._history: dict[str, deque[float]] = {}
+        self._report: GpuReport | None = None
+
+    def compose(self):
+        yield self._body
+
+    def show(self, report: GpuReport) -> None:
+        self._report = report
+        if report.available:
+            live = set()
+            for g in report.gpus:
+                key = g.uuid or str(g.index)
+                live.add(key)
+                f = mem_fraction(g)
+                if f is not None:
+                    self._history.setdefault(key, deque(maxlen=HISTORY)).append(f)
+            for key in set(self._history) - live:
+                del self._history[key]
+        self._render_body()
+
+    def on_resize(self) -> None:
+        if self._report is not None:
+            self._render_body()
+
+    def _render_body(self) -> None:
+        report = self._report
+        if not report.available:
+            self.border_title = "GPUs"
+            self._body.update(Text.assemble(("NVML unavailable: ", "bold yellow"), report.reason or "unknown reason"))
+            return
+        used = sum(g.mem_used or 0 for g in report.gpus)
+        total = sum(g.mem_total or 0 for g in report.gpus)
+        self.border_title = f"GPUs ({len(report.gpus)}, {fmt.gib(used)}/{fmt.gib(total)} GiB)"
+        if report.driver:
+            self.border_subtitle = f"driver {report.driver}"
+        if not report.gpus:
+            self._body.update("NVML sees no GPU")
+            return
+        width = max(self.size.width - 4, 40)
+        wide = width >= 110
+        table = Table(box=None, show_header=True, header_style="bold", pad_edge=False, padding=(0, 1),
+                      expand=True)
+        table.add_column("#", justify="right", width=2, no_wrap=True)
+        if wide:
+            table.add_column("name", no_wrap=True, overflow="ellipsis", max_width=22)
+        table.add_column("memory", ratio=1, min_width=8, no_wrap=True)
+        table.add_column("used/total", justify="right", no_wrap=True)
+        table.add_column("util", justify="right", no_wrap=True)
+        table.add_column("temp", justify="right", no_wrap=True)
+        if wide:
+            table.add_column("power", justify="right", no_wrap=True)
+        table.add_column("runs", ratio=1, no_wrap=True, overflow="ellipsis")
+        if wide:
+            table.add_column("mem history", no_wrap=True, width=20)
+        for g in report.gpus:
+            table.add_row(*self._row(g, wide))
+        self._body.update(table)
+
+    def _row(self, g: GpuInfo, wide: bool) -> list:
+        name = g.name.removeprefix("NVIDIA ")
+        if g.lost or g.error and g.mem_total is None:
+            problem = Text(f"{'LOST: ' if g.lost else ''}{g.error or 'fell off the bus'}",
+                           "bold white on red" if g.lost else "yellow", no_wrap=True, overflow="ellipsis")
+            cells = [str(g.index)] + ([name] if wide else []) + [problem, "", "", ""]
+            cells += [""] if wide else []
+            cells += [owners(g)] + ([""] if wide else [])
+            return cells
+        f = mem_fraction(g)
+        bar = ProgressBar(total=1.0, completed=f or 0.0, width=None, complete_style=bar_style(f),
+                          finished_style=bar_style(f))
+        used = f"{fmt.gib(g.mem_used)}/{fmt.gib(g.mem_total)}G {fmt.pct(f):>4}"
+        util = "-" if g.util_pct is None else f"{g.util_pct}%"
+        temp = "-" if g.temp_c is None else f"{g.temp_c}C"
+        cells = [str(g.index)] + ([name] if wide else []) + [bar, used, util, temp]
+        if wide:
+            cells.append("-" if g.power_w is None else f"{g.power_w:.0f}W")
+        cells.append(owners(g))
+        if wide:
+            hist = list(self._history.get(g.uuid or str(g.index), ()))
+            cells.append(Text(spark(hist, 20), bar_style(f)))
+        return cells

@@ -1,0 +1,135 @@
+"""Log pane: the tail of the selected stage's log, following; lines with an
+error signature (out of memory, NCCL, traceback, error, killed) highlighted;
+`/` filters.
+
+Renders LogState.tail of one StageStatus. The tail is re-rendered only when it
+changed; the view follows the end unless the operator scrolled up."""
+
+from __future__ import annotations
+
+import re
+
+from rich.highlighter import Highlighter
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.widgets import Input, Log
+
+from eagle3_console.model import LogState
+
+# What an operator must not miss in a scrolling log (the scenario's OOM, NCCL
+# hangs, Python tracebacks); case-insensitive, whole line highlighted.
+ERROR_RE = re.compile(
+    r"out of memory|\bOOM\b|CUDA error|NCCL|Traceback \(most recent call last\)|"
+    r"\b\w*(Error|Exception)\b|\bKilled\b|\bFATAL\b|\bSIG(KILL|TERM|SEGV|ABRT)\b",
+    re.IGNORECASE)
+WARN_RE = re.compile(r"\bwarn(ing)?\b", re.IGNORECASE)
+
+
+def is_error_line(line: str) -> bool:
+    return ERROR_RE.search(line) is not None
+
+
+class ErrorHighlighter(Highlighter):
+    def highlight(self, text: Text) -> None:
+        plain = text.plain
+        if ERROR_RE.search(plain):
+            text.stylize("bold red")
+        elif WARN_RE.search(plain):
+            text.stylize("yellow")
+
+
+class LogView(Log):
+    DEFAULT_CSS = """
+    LogView { height: 1fr; border: none; }
+    """
+
+    def __init__(self, **kw) -> None:
+        super().__init__(highlight=True, auto_scroll=True, **kw)
+        self.highlighter = ErrorHighlighter()
+
+
+class LogPane(Vertical):
+    DEFAULT_CSS = """
+    LogPane { border: round $primary-darken-1; height: 1fr; min-height: 4; }
+    LogPane:focus-within { border: round $accent; }
+    LogPane > Input { display: none; height: 1; border: none; padding: 0 1; }
+    LogPane.-filtering > Input { display: block; }
+    """
+    BINDINGS = [Binding("escape", "close_filter", "clear filter", show=False)]
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.border_title = "Log"
+        self.view = LogView(id="log-view")
+        self.filter_input = Input(placeholder="filter (case-insensitive); enter: keep, esc: clear",
+                                  id="log-filter")
+        self.filter_text = ""
+        self._tail: list[str] = []
+        self._key: tuple | None = None
+        self._shown: list[str] | None = None
+
+    def compose(self) -> ComposeResult:
+        yield self.filter_input
+        yield self.view
+
+    def show(self, stage: str | None, run_id: int | None, log: LogState | None) -> None:
+        key = (stage, run_id, log.path if log else None)
+        if key != self._key:
+            self._key = key
+            self.view.auto_scroll = True
+        self._tail = list(log.tail) if log is not None else []
+        title = "Log"
+        if stage:
+            title += f": {stage}" + (f" (run {run_id})" if run_id else "")
+        if log is None:
+            self._tail = ["(no log yet: the stage has not run)"] if stage else []
+        self.border_title = title
+        self._refresh_lines()
+
+    def _refresh_lines(self) -> None:
+        lines = self._tail
+        if self.filter_text:
+            needle = self.filter_text.lower()
+            lines = [ln for ln in lines if needle in ln.lower()]
+        if lines == self._shown:
+            return
+        follow = self.view.is_vertical_scroll_end or self._shown is None
+        scroll_y = self.view.scroll_y
+        self._shown = list(lines)
+        self.view.clear()
+        self.view.write_lines(lines, scroll_end=False)
+        if follow:
+            self.view.scroll_end(animate=False, immediate=True, x_axis=False)
+        else:
+            self.view.scroll_to(y=scroll_y, animate=False, immediate=True)
+        n_err = sum(1 for ln in lines if is_error_line(ln))
+        sub = "following" if follow else "scrolled (end: follow)"
+        if self.filter_text:
+            sub = f"filter {self.filter_text!r}: {len(lines)} lines · " + sub
+        if n_err:
+            sub = f"{n_err} error lines · " + sub
+        self.border_subtitle = sub
+
+    def open_filter(self) -> None:
+        self.add_class("-filtering")
+        self.filter_input.focus()
+
+    def action_close_filter(self) -> None:
+        self.filter_input.value = ""
+        self.filter_text = ""
+        self.remove_class("-filtering")
+        self.view.focus()
+        self._refresh_lines()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        event.stop()
+        self.filter_text = event.value.strip()
+        self._refresh_lines()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        if not self.filter_text:
+            self.remove_class("-filtering")
+        self.view.focus()
