@@ -5,6 +5,7 @@ moving to a group of their own, or calling setsid."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -134,6 +135,10 @@ def test_live_tree_is_tied_by_tree_and_supervisor_is_not(spawned):
     assert worker.cmdline[:2] == (sys.executable, "-c")
     assert worker.create_time == pytest.approx(psutil.Process(tree.worker).create_time(), abs=0.01)
     assert tree.sup.pid not in hows
+    # Even unrecorded, the supervisor (in the run's session, but older than
+    # the leader) is no stage process.
+    bare = dataclasses.replace(tree.ref(), supervisor_pid=None, supervisor_create_time=None)
+    assert {p.pid for p in run_processes(bare)} == set(hows)
 
 
 @pytest.mark.parametrize("worker_mode, how", [("plain", "pgid"), ("session", "session"), ("setsid", "env")])

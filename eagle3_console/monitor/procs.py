@@ -132,8 +132,14 @@ class ProcessTable:
     def __init__(self, rows: Iterable[_Row] = ()) -> None:
         self.rows: dict[int, _Row] = {r.pid: r for r in rows}
         self.children: dict[int, list[int]] = {}
+        self.by_pgid: dict[int, list[_Row]] = {}
+        self.by_sid: dict[int, list[_Row]] = {}
         for r in self.rows.values():
             self.children.setdefault(r.ppid, []).append(r.pid)
+            if r.pgid is not None:
+                self.by_pgid.setdefault(r.pgid, []).append(r)
+            if r.sid is not None:
+                self.by_sid.setdefault(r.sid, []).append(r)
         self._cmdlines: dict[int, tuple[str, ...]] = {}
         self._owners: dict[tuple[RunRef, ...], dict[int, ProcInfo]] = {}
 
@@ -231,15 +237,13 @@ class ProcessTable:
                 tie(ref.pid, ref, LEADER)
                 for d in self.descendants(ref.pid):
                     tie(d, ref, TREE)
-            pgid_ok = self._id_trusted(ref.pgid, ref)
-            sid_ok = self._id_trusted(ref.sid, ref)
-            for row in self.rows.values():
-                if ref.create_time is not None and row.create_time < ref.create_time - CREATE_TIME_TOL_S:
-                    continue    # older than the run: cannot have been started by it
-                if pgid_ok and row.pgid == ref.pgid:
-                    tie(row.pid, ref, PGID)
-                elif sid_ok and row.sid == ref.sid:
-                    tie(row.pid, ref, SESSION)
+            for ident, index, how in ((ref.pgid, self.by_pgid, PGID), (ref.sid, self.by_sid, SESSION)):
+                if not self._id_trusted(ident, ref):
+                    continue
+                for row in index.get(ident, ()):
+                    if ref.create_time is not None and row.create_time < ref.create_time - CREATE_TIME_TOL_S:
+                        continue    # older than the run: cannot have been started by it
+                    tie(row.pid, ref, how)
         # Last resort: the environment, for processes nothing else tied.
         if by_env:
             oldest = min((r.create_time for r in refs if r.create_time is not None), default=None)
