@@ -1,0 +1,321 @@
+"""LogFollower on real log files appended, truncated and rotated during the test."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from eagle3_console.monitor.logs import LogFollower, scan_for_oom
+
+FIXTURES = Path(__file__).parent / "fixtures_logs"
+
+
+def append(path, data):
+    with open(path, "ab") as fh:
+        fh.write(data.encode() if isinstance(data, str) else data)
+
+
+def follow_text(tmp_path, text, **kw):
+    log = tmp_path / "run.log"
+    log.write_text(text)
+    return LogFollower(log, **kw).refresh()
+
+
+# ---- reading ---------------------------------------------------------------
+
+def test_missing_then_growing_with_partial_lines(tmp_path):
+    log = tmp_path / "run.log"
+    f = LogFollower(log)
+    st = f.refresh()
+    assert st.size == 0 and st.tail == [] and st.findings == {}
+    append(log, "starting\nerrors: 0\npartial li")
+    st = f.refresh()
+    assert st.tail == ["starting", "errors: 0"] and st.errors == 0
+    assert f.offset == len("starting\nerrors: 0\n")
+    append(log, "ne\nerrors: 3\n")
+    st = f.refresh()
+    assert st.tail == ["starting", "errors: 0", "partial line", "errors: 3"]
+    assert st.errors == 3 and st.findings["errors"].line == "errors: 3"
+    assert st.findings["errors"].at_offset == len("starting\nerrors: 0\npartial line\n")
+    # Nothing new: nothing changes, nothing is parsed twice.
+    before = f.offset
+    assert f.refresh().tail == st.tail and f.offset == before
+
+
+def test_real_tqdm_carriage_return_updates(tmp_path):
+    from tqdm import tqdm
+
+    log = tmp_path / "run.log"
+    f = LogFollower(log)
+    with open(log, "w") as fh:
+        bar = tqdm(total=1000, desc="extract", unit="sample", file=fh, mininterval=0,
+                   miniters=1, ascii=True, ncols=80)
+        bar.update(100)
+        fh.flush()
+        st = f.refresh()
+        # tqdm's latest state has no line end yet: progress is read from it at once.
+        assert st.progress_done == 100 and st.progress_total == 1000
+        assert st.rate_unit == "sample/s"
+        bar.update(872)
+        fh.flush()
+        st = f.refresh()
+        assert st.progress_done == 972
+        bar.close()
+    st = f.refresh()
+    assert st.progress_done == 972 and st.findings["progress"].kind == "progress"
+    # Each \r update replaced the previous one in the tail: one line, the last state.
+    assert len(st.tail) == 1 and "972/1000" in st.tail[0]
+
+
+def test_cr_split_across_refreshes_and_crlf(tmp_path):
+    log = tmp_path / "run.log"
+    f = LogFollower(log)
+    append(log, "\r  1%|| 10/1000 [00:01<01:39, 9.9it/s]\r  2%|| 20/1")
+    st = f.refresh()
+    assert st.progress_done == 10 and st.tail == ["  1%|| 10/1000 [00:01<01:39, 9.9it/s]"]
+    append(log, "000 [00:02<01:38, 10.0it/s]\r\nnext line\r\n")
+    st = f.refresh()
+    assert st.progress_done == 20 and st.rate == 10.0 and st.eta_s == 98
+    assert [line.strip() for line in st.tail] == ["2%|| 20/1000 [00:02<01:38, 10.0it/s]", "next line"]
+
+
+@pytest.mark.parametrize("line, done, total, rate, unit, eta", [
+    ("972/1000 [02:48<00:04, 5.80it/s]", 972, 1000, 5.80, "it/s", 4),
+    ("extract:  97%|#########7| 972/1000 [02:48<00:04, 5.80sample/s]", 972, 1000, 5.80, "sample/s", 4),
+    ("Epoch 3:  45%|####5     | 45/100 [01:00<01:13, 1.25s/it, loss=2.13]", 45, 100, 0.8, "it/s", 73),
+    ("972it [02:48, 5.80it/s]", 972, None, 5.80, "it/s", None),
+    ("train: 0/30 [00:00<?, ?it/s]", 0, 30, None, "it/s", None),
+    ("tokens: 1.20k/5.00k [1:02:03<3:00:00, 1.50kit/s]", 1200, 5000, 1500.0, "it/s", 10800),
+])
+def test_tqdm_variants(tmp_path, line, done, total, rate, unit, eta):
+    st = follow_text(tmp_path, line + "\n")
+    assert (st.progress_done, st.progress_total, st.rate_unit, st.eta_s) == (done, total, unit, eta)
+    assert st.rate == (pytest.approx(rate) if rate is not None else None)
+    assert st.findings["progress"].line == line
+
+
+def test_weight_loading_is_not_stage_progress(tmp_path):
+    st = follow_text(tmp_path,
+                     "Loading safetensors checkpoint shards:  86% Completed | 55/64 [24:45<04:03, 27.00s/it]\n")
+    assert st.load_pct == 86 and st.progress_done is None
+    assert st.findings["loading"].line.startswith("Loading safetensors checkpoint shards:  86%")
+    st = follow_text(tmp_path, "Loading checkpoint shards:  50%|#####     | 2/4 [00:01<00:01,  1.9it/s]\n")
+    assert st.load_pct == 50 and st.progress_done is None
+
+
+# ---- signatures ------------------------------------------------------------
+
+@pytest.mark.parametrize("line", [
+    "RuntimeError: Worker failed with error 'CUDA out of memory. Tried to allocate 896.00 MiB.",
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.75 GiB. GPU 5 has a total capacity of 94.97 GiB",
+    "torch.cuda.OutOfMemoryError: CUDA out of memory.",
+    "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.",
+    "[2025-06-02 14:25:03 TP0] Prefill out of memory. Try to lower your batch size.",
+    "ValueError: Out of memory. Try to lower your batch size.",
+    "RuntimeError: CUDA error: out of memory",
+])
+def test_out_of_memory_signatures(tmp_path, line):
+    st = follow_text(tmp_path, "ok\n" + line + "\nmore\n")
+    assert st.oom is not None and st.oom.kind == "oom" and st.oom.line == line.strip()
+    assert st.oom.at_offset == 3
+
+
+@pytest.mark.parametrize("line", [
+    "Killed",
+    "./extract.sh: line 12: 48211 Killed                  python -m ops.extract --batch-size 2000",
+    "Worker 3 exited with code -9",
+    "torch.distributed.elastic.multiprocessing.api: exitcode  : -9 (pid: 48213)",
+    "subprocess.CalledProcessError: Command died with return code -9.",
+    "[2025-06-02 14:25:04] Child process unexpectedly failed with exitcode=-9. pid=48219",
+    "Signal 9 (SIGKILL) received by PID 48211",
+    "ChildFailedError: worker died with <Signals.SIGKILL: 9>",
+])
+def test_worker_killed_with_9_counts_as_out_of_memory(tmp_path, line):
+    st = follow_text(tmp_path, line + "\n")
+    assert st.findings["killed"].line == line.strip()
+    assert st.oom is not None and st.oom.kind == "killed" and st.oom.line == line.strip()
+
+
+@pytest.mark.parametrize("line", [
+    "Killed 3 stale lock files",                         # not a process
+    "exit code -90",
+    "[eagle3-console] run 3 killed (signal SIGKILL) after 12.0 s",   # our supervisor's own records
+    "[eagle3-console] run 7 stage fake: ['python', 'tests/stages/oom.py', '--text', 'CUDA out of memory']",
+    "Tip: lower --mem-fraction-static to avoid running out of memory during prefill",
+])
+def test_lines_that_are_not_signatures(tmp_path, line):
+    st = follow_text(tmp_path, line + "\n")
+    assert "killed" not in st.findings and st.oom is None
+
+
+@pytest.mark.parametrize("line", [
+    "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:275, "
+    "internal error - please report this issue to the NCCL developers, NCCL version 2.21.5",
+    "RuntimeError: ncclInternalError: Internal check failed.",
+    "node01:48211:48290 [3] NCCL WARN Call to ibv_reg_mr failed with error Cannot allocate memory",
+    "[rank3]:[E602 16:50:00.123456 ProcessGroupNCCL.cpp:632] [Rank 3] Watchdog caught collective operation "
+    "timeout: WorkNCCL(SeqNum=88231, OpType=ALLREDUCE) ran for 600041 milliseconds before timing out.",
+    "ncclUnhandledCudaError: Call to CUDA function failed.",
+])
+def test_nccl_signatures(tmp_path, line):
+    st = follow_text(tmp_path, line + "\n")
+    assert st.findings["nccl"].line == line.strip()
+
+
+def test_traceback_keeps_the_final_exception_line(tmp_path):
+    log = tmp_path / "run.log"
+    f = LogFollower(log)
+    append(log, "Traceback (most recent call last):\n  File \"run.py\", line 3, in <module>\n")
+    st = f.refresh()
+    assert st.findings["traceback"].line == "Traceback (most recent call last):"
+    append(log, "    main()\n    ^^^^^^\nValueError: --layer-ids 70 is beyond the target's 61 layers\n"
+                "[eagle3-console] run 4 failed (exit code 1) after 2.0 s\n")
+    st = f.refresh()
+    assert st.findings["traceback"].line == "ValueError: --layer-ids 70 is beyond the target's 61 layers"
+    assert st.oom is None
+
+
+def test_chained_and_prefixed_tracebacks(tmp_path):
+    st = follow_text(tmp_path,
+                     "Traceback (most recent call last):\n  File \"a.py\", line 1, in f\n"
+                     "KeyError: 'input_ids'\n\nDuring handling of the above exception, another exception occurred:\n\n"
+                     "Traceback (most recent call last):\n  File \"a.py\", line 9, in g\n"
+                     "ops.formats.BadSampleFile: data_7.safetensors: truncated (10 of 400 bytes)\n")
+    assert st.findings["traceback"].line.startswith("ops.formats.BadSampleFile: data_7")
+
+
+def test_fixture_extract_run1_oom():
+    f = LogFollower(FIXTURES / "extract_run1_oom.log")
+    st = f.refresh()
+    assert st.load_pct == 100 and st.progress_done is None
+    assert st.oom.line.startswith("RuntimeError: Worker failed with error 'CUDA out of memory. Tried to allocate 896.00 MiB.")
+    assert st.findings["traceback"].line == st.oom.line
+    assert "killed" not in st.findings         # the supervisor's last line is not parsed
+    assert st.tail[-1].startswith("[eagle3-console] run 3 failed")
+
+
+def test_fixture_sglang_server_oom_and_nccl():
+    st = LogFollower(FIXTURES / "sglang_server_oom.log").refresh()
+    assert st.findings["traceback"].line.startswith("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.75 GiB")
+    assert st.findings["killed"].line == "Killed" and st.oom.line == "Killed"
+    st = LogFollower(FIXTURES / "sglang_nccl_timeout.log").refresh()
+    assert "Watchdog caught collective operation timeout" in st.findings["nccl"].line
+    assert st.oom is None and st.progress_done is None
+
+
+def test_our_summary_line_and_ranks(tmp_path):
+    st = follow_text(tmp_path, "progress: samples 972/1000 tokens 502983 errors 0 tok/s 2910.5\n")
+    assert (st.progress_done, st.progress_total, st.tokens_done, st.errors) == (972, 1000, 502983, 0)
+    assert st.tokens_per_s == 2910.5 and st.findings["progress"].line.startswith("progress: samples 972")
+    st = follow_text(tmp_path,
+                     "progress: samples 100/500 tokens 5000 errors 0 tok/s 100.0 rank 0/2\n"
+                     "progress: samples 120/500 tokens 6000 errors 2 tok/s 150.0 rank 1/2\n"
+                     "progress: samples 110/500 tokens 5500 errors 0 tok/s 110.0 rank 0/2\n"
+                     "progress: items 3/9 samples/s 1.5 eta_s 4\n")
+    # The last (single-process) line supersedes the per-rank ones.
+    assert (st.progress_done, st.progress_total, st.rate, st.rate_unit, st.eta_s) == (3, 9, 1.5, "samples/s", 4)
+    st = follow_text(tmp_path,
+                     "progress: samples 100/500 tokens 5000 errors 0 tok/s 100.0 rank 0/2\n"
+                     "progress: samples 120/500 tokens 6000 errors 2 tok/s 150.0 rank 1/2\n"
+                     "progress: samples 110/500 tokens 5500 errors 0 tok/s 110.0 rank 0/2\n")
+    assert (st.progress_done, st.progress_total, st.tokens_done, st.errors) == (230, 1000, 11500, 2)
+    assert st.tokens_per_s == 260.0
+
+
+# ---- truncation, rotation, big files, state ----------------------------------
+
+def test_truncation_restarts_from_zero(tmp_path):
+    log = tmp_path / "run.log"
+    append(log, "x" * 100 + "\nprogress: samples 50/100 tokens 10 errors 0 tok/s 1.0\n")
+    f = LogFollower(log)
+    assert f.refresh().progress_done == 50
+    with open(log, "w") as fh:           # `> run.log`, then the program goes on
+        fh.write("progress: samples 60/100 tokens 12 errors 0 tok/s 1.0\n")
+    st = f.refresh()
+    assert st.progress_done == 60 and st.findings["progress"].at_offset == 0
+    assert st.tail[-1].startswith("progress: samples 60/100")
+
+
+def test_rotation_follows_the_new_file(tmp_path):
+    log = tmp_path / "run.log"
+    append(log, "torch.OutOfMemoryError: CUDA out of memory.\n")
+    f = LogFollower(log)
+    f.refresh()
+    os.rename(log, tmp_path / "run.log.1")
+    # The new file is already longer than the old one: only the inode tells.
+    append(log, "Killed\n" + "y" * 60 + "\nerrors: 7\n")
+    st = f.refresh()
+    assert st.findings["killed"].line == "Killed" and st.findings["killed"].at_offset == 0
+    assert st.errors == 7 and st.tail[-2:] == ["y" * 60, "errors: 7"]
+    append(tmp_path / "run.log.1", "errors: 99\n")   # the old file is no longer followed
+    append(log, "errors: 8\n")
+    assert f.refresh().errors == 8
+
+
+def test_first_open_of_a_big_file_reads_only_its_end(tmp_path):
+    log = tmp_path / "big.log"
+    with open(log, "wb") as fh:
+        fh.write(b"CUDA out of memory long ago\n")
+        fh.write(b"filler line of a busy log\n" * 2000)   # 52 KB
+        fh.write(b"progress: samples 972/1000 tokens 502983 errors 0 tok/s 2910.5\n")
+    f = LogFollower(log, tail_lines=3, first_open_bytes=4096)
+    st = f.refresh()
+    assert st.progress_done == 972 and st.oom is None
+    size = log.stat().st_size
+    # Jumped to 4096 bytes before the end, then to the next line start (lines are 26 bytes).
+    assert size - 4096 <= st.skipped_bytes < size - 4096 + 26
+    assert f.offset == size
+    assert len(st.tail) == 3 and st.tail[0] == "filler line of a busy log"   # no cut line
+    # A burst larger than max_read_bytes is jumped over the same way.
+    f.max_read_bytes = 1000
+    append(log, b"torch.OutOfMemoryError: lost in the burst\n" + b"more filler here\n" * 500 + b"errors: 4\n")
+    st = f.refresh()
+    assert st.errors == 4 and st.oom is None and st.tail[-1] == "errors: 4"
+
+
+def test_very_long_line_is_cut_to_bound_memory(tmp_path):
+    from eagle3_console.monitor import logs
+
+    log = tmp_path / "run.log"
+    append(log, b"A" * (logs.MAX_LINE + 10))
+    f = LogFollower(log)
+    st = f.refresh()
+    assert f.offset == logs.MAX_LINE + 10 and len(st.tail) == 1
+    append(log, "errors: 1\n")
+    assert f.refresh().errors == 1
+
+
+def test_state_round_trip_resumes_at_the_offset(tmp_path):
+    log = tmp_path / "run.log"
+    lines = [f"line {i}" for i in range(50)]
+    append(log, "\n".join(lines) + "\nTraceback (most recent call last):\n  File \"x.py\", line 1\n    fo")
+    f = LogFollower(log, tail_lines=5)
+    f.refresh()
+    state = json.loads(json.dumps(f.to_state()))
+    # Rewrite already-read lines in place, same size: only a re-read would see `errors: 9`.
+    data = log.read_bytes()
+    log.write_bytes(data.replace(b"line 10\nline 11", b"errors: 9\nline1"))
+    assert log.stat().st_size == len(data)
+    g = LogFollower.from_state(state)
+    append(log, "o()\nRuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
+    st = g.refresh()
+    assert st.errors is None
+    # The open traceback carried over, and the partial frame line was read whole.
+    assert st.findings["traceback"].line == "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert st.oom.line == st.findings["traceback"].line
+    assert st.tail == ["line 49", "Traceback (most recent call last):", '  File "x.py", line 1',
+                       "    foo()", "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"]
+    assert g.offset == log.stat().st_size
+    with pytest.raises(ValueError, match="version"):
+        LogFollower.from_state({"version": 99})
+    with pytest.raises(ValueError, match="'offset'"):
+        LogFollower.from_state({"version": 1, "path": str(log)})
+
+
+def test_scan_for_oom(tmp_path):
+    assert scan_for_oom(FIXTURES / "extract_run1_oom.log").startswith("RuntimeError: Worker failed")
+    assert scan_for_oom(FIXTURES / "sglang_nccl_timeout.log") is None
+    assert scan_for_oom(tmp_path / "absent.log") is None
