@@ -1,0 +1,1 @@
+"""The verify stage: checks an extract output (see spec.py, __main__.py)."""

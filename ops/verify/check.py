@@ -1,0 +1,243 @@
+"""verify's header pass: every sample of an extract output, no tensor data read.
+
+Sits after extract (it reads the layout of shared/DESIGN.md through
+ops/formats.py) and before train and `clean` (which takes `bad_files`).
+Per file: the header parses, the file is as long as the header says, the
+keys, dtypes and shapes agree with each other and with data_config.json, the
+token count with sample_lengths.json. Over the directory: indices complete
+0..total-1, each file in its shard directory, no leftover temp files, totals
+equal data_config's.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ops.common import read_json, write_json_atomic
+from ops.formats import (DATA_CONFIG, SAMPLE_LENGTHS, SAMPLE_RE, SHARD_DIR_RE, SHARD_ROWS, TMP_SUFFIX,
+                         BadSampleFile, check_whole)
+
+SAFETENSORS_DTYPE = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
+SAMPLE_KEYS = ("input_ids", "loss_mask", "aux_hidden_states", "final_hidden_states")
+LOSS_MASK_DTYPES = ("U8", "I64", "BOOL")
+
+
+@dataclass
+class Expected:
+    hidden_size: int | None
+    aux_layers: int | None
+    dtype: str | None           # safetensors dtype code, e.g. "BF16"
+
+
+@dataclass
+class Report:
+    output: str
+    status: str | None = None
+    total_samples: int | None = None       # data_config's
+    expected_tokens: int | None = None     # data_config's
+    checked: int = 0
+    good: int = 0
+    tokens: int = 0                        # in the good files
+    bad_files: list[dict] = field(default_factory=list)   # {"path", "reason"}; `clean` removes these
+    missing: list[int] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)     # not tied to one file
+    sample_lengths: str = ""
+    deep: dict | None = None
+    seconds: float = 0.0
+    lengths: dict[int, int] = field(default_factory=dict, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.bad_files or self.missing or self.problems)
+
+    def bad(self, path: Path | str, reason: str) -> None:
+        self.bad_files.append({"path": str(path), "reason": reason})
+
+    def as_json(self) -> dict:
+        return {
+            "ok": self.ok, "output": self.output, "status": self.status,
+            "total_samples": self.total_samples, "expected_tokens": self.expected_tokens,
+            "checked": self.checked, "good": self.good, "tokens": self.tokens,
+            "bad_files": self.bad_files, "missing_indices": ranges(self.missing),
+            "missing_count": len(self.missing), "problems": self.problems,
+            "sample_lengths": self.sample_lengths, "deep": self.deep,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def ranges(indices: list[int]) -> list[str]:
+    """[1, 2, 3, 7] -> ["1-3", "7"]: a million missing indices stay readable."""
+    out: list[str] = []
+    start = prev = None
+    for i in sorted(indices):
+        if start is None:
+            start = prev = i
+        elif i == prev + 1:
+            prev = i
+        else:
+            out.append(f"{start}-{prev}" if prev != start else str(start))
+            start = prev = i
+    if start is not None:
+        out.append(f"{start}-{prev}" if prev != start else str(start))
+    return out
+
+
+def expected_from(config: dict | None) -> Expected:
+    if not config:
+        return Expected(None, None, None)
+    dtype = config.get("dtype")
+    ids = config.get("layer_ids")
+    return Expected(hidden_size=config.get("hidden_size"),
+                    aux_layers=len(ids) if isinstance(ids, list) else None,
+                    dtype=SAFETENSORS_DTYPE.get(str(dtype).replace("torch.", "")) if dtype else None)
+
+
+def check_header(header: dict, exp: Expected) -> tuple[int | None, str | None]:
+    """(tokens, None) for a sample whose header is consistent, else (None, reason)."""
+    missing = [k for k in SAMPLE_KEYS if k not in header]
+    if missing:
+        return None, f"missing tensor(s) {missing}"
+    extra = sorted(k for k in header if k not in SAMPLE_KEYS and k != "__metadata__")
+    if extra:
+        return None, f"unexpected tensor(s) {extra}"
+    shapes = {k: header[k].get("shape") for k in SAMPLE_KEYS}
+    dtypes = {k: header[k].get("dtype") for k in SAMPLE_KEYS}
+    ids = shapes["input_ids"]
+    if not isinstance(ids, list) or len(ids) != 1 or ids[0] < 1:
+        return None, f"input_ids shape {ids}, expected [T] with T >= 1"
+    t = ids[0]
+    if dtypes["input_ids"] != "I64":
+        return None, f"input_ids dtype {dtypes['input_ids']}, expected I64"
+    if shapes["loss_mask"] != [t]:
+        return None, f"loss_mask shape {shapes['loss_mask']}, expected [{t}] like input_ids"
+    if dtypes["loss_mask"] not in LOSS_MASK_DTYPES:
+        return None, f"loss_mask dtype {dtypes['loss_mask']}, expected one of {list(LOSS_MASK_DTYPES)}"
+    final, aux = shapes["final_hidden_states"], shapes["aux_hidden_states"]
+    h = exp.hidden_size or (final[1] if isinstance(final, list) and len(final) == 2 else None)
+    if final != [t, h]:
+        return None, f"final_hidden_states shape {final}, expected [{t}, {h}]"
+    if exp.aux_layers is not None:
+        if aux != [t, exp.aux_layers * h]:
+            return None, (f"aux_hidden_states shape {aux}, expected [{t}, {exp.aux_layers * h}] "
+                          f"({exp.aux_layers} layers x hidden {h})")
+    elif not (isinstance(aux, list) and len(aux) == 2 and aux[0] == t and aux[1] % h == 0):
+        return None, f"aux_hidden_states shape {aux}, expected [{t}, k x {h}]"
+    for key in ("aux_hidden_states", "final_hidden_states"):
+        if exp.dtype and dtypes[key] != exp.dtype:
+            return None, f"{key} dtype {dtypes[key]}, expected {exp.dtype} (data_config dtype)"
+    if dtypes["aux_hidden_states"] != dtypes["final_hidden_states"]:
+        return None, (f"aux_hidden_states is {dtypes['aux_hidden_states']} but final_hidden_states "
+                      f"{dtypes['final_hidden_states']}")
+    return t, None
+
+
+def _check_file(path: str, exp: Expected) -> tuple[int | None, str | None]:
+    try:
+        header = check_whole(Path(path))
+    except BadSampleFile as exc:
+        return None, str(exc).removeprefix(f"{path}: ")
+    return check_header(header, exp)
+
+
+def scan(output: Path, report: Report) -> dict[int, str]:
+    """idx -> path of every sample file; temp, misplaced and stray files are bad."""
+    found: dict[int, str] = {}
+    with os.scandir(output) as top:
+        entries = sorted(top, key=lambda e: e.name)
+    for entry in entries:
+        if entry.name.endswith(TMP_SUFFIX):
+            report.bad(entry.path, "leftover temp file")
+            continue
+        m = SHARD_DIR_RE.match(entry.name)
+        if not (m and entry.is_dir()):
+            continue
+        lo, hi = int(m.group(1)), int(m.group(2))
+        with os.scandir(entry.path) as shard:
+            for f in shard:
+                if f.name.endswith(TMP_SUFFIX):
+                    report.bad(f.path, "leftover temp file (an interrupted write)")
+                    continue
+                sm = SAMPLE_RE.match(f.name)
+                if not sm or sm.group(2) != "safetensors":
+                    report.bad(f.path, "not a sample file of this layout")
+                    continue
+                idx = int(sm.group(1))
+                if not lo <= idx < hi:
+                    report.bad(f.path, f"sample {idx} in shard directory {entry.name}")
+                    continue
+                found[idx] = f.path
+    return found
+
+
+def verify_headers(output: Path, workers: int = 8,
+                   on_progress: Callable[[Report, int], None] | None = None) -> Report:
+    start = time.monotonic()
+    output = Path(output)
+    report = Report(output=str(output))
+    if not output.is_dir():
+        report.problems.append(f"{output}: not a directory")
+        return report
+    config = read_json(output / DATA_CONFIG)
+    if config is None:
+        report.problems.append(f"{output / DATA_CONFIG}: missing or not JSON (was this written by extract?)")
+    else:
+        report.status = config.get("status")
+        report.total_samples = config.get("total_samples")
+        report.expected_tokens = config.get("total_tokens")
+        if report.status != "complete":
+            report.problems.append(f"{output / DATA_CONFIG}: status {report.status!r}, not 'complete' "
+                                   f"(the extraction did not finish; run it again to resume)")
+        if config.get("shard_rows", SHARD_ROWS) != SHARD_ROWS:
+            report.problems.append(f"{output / DATA_CONFIG}: shard_rows {config.get('shard_rows')}, "
+                                   f"this verify knows {SHARD_ROWS}")
+    exp = expected_from(config)
+    lengths_path = output / SAMPLE_LENGTHS
+    recorded = read_json(lengths_path)
+    found = scan(output, report)
+    order = sorted(found)
+    paths = [found[i] for i in order]
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        results = pool.map(lambda p: _check_file(p, exp), paths, chunksize=64)
+        for n, (idx, path, (tokens, reason)) in enumerate(zip(order, paths, results), 1):
+            report.checked += 1
+            if reason is None and recorded is not None and str(idx) in recorded \
+                    and int(recorded[str(idx)]) != tokens:
+                reason = f"{tokens} tokens, {SAMPLE_LENGTHS} says {recorded[str(idx)]}"
+            if reason is None:
+                report.good += 1
+                report.tokens += tokens
+                report.lengths[idx] = tokens
+            else:
+                report.bad(path, reason)
+            if on_progress is not None:
+                on_progress(report, n)
+
+    total = report.total_samples
+    if total is None and recorded is not None:
+        total = len(recorded)
+    if total is None:
+        total = max(found) + 1 if found else 0
+    report.missing = [i for i in range(total) if i not in found]
+    extra = [i for i in order if i >= total]
+    if extra:
+        report.problems.append(f"{len(extra)} sample(s) beyond total_samples={total}: {ranges(extra)[:10]}")
+    if not report.missing and not report.bad_files and report.expected_tokens is not None \
+            and report.tokens != report.expected_tokens:
+        report.problems.append(f"{report.tokens} tokens in the files, data_config total_tokens says "
+                               f"{report.expected_tokens}")
+
+    if recorded is None:
+        write_json_atomic(lengths_path, {str(i): n for i, n in sorted(report.lengths.items())})
+        report.sample_lengths = f"rebuilt from {len(report.lengths)} good files"
+    else:
+        stray = sorted(int(k) for k in recorded if k.isdigit() and int(k) >= total)
+        report.sample_lengths = "present" + (f"; {len(stray)} entries beyond total" if stray else "")
+        if len(recorded) != total:
+            report.problems.append(f"{lengths_path}: {len(recorded)} entries, expected {total}")
+    report.seconds = time.monotonic() - start
+    return report

@@ -1,0 +1,29 @@
+"""Spec of the verify stage: checks a hidden-state output from headers alone.
+
+Reads what extract wrote (shared/DESIGN.md "Hidden-state data format") and
+reports bad files; `--deep N` loads N samples, and with the target recomputes
+a few. It writes nothing into the output except a rebuilt sample_lengths.json
+when that is missing; the report goes to `--report PATH` or the log.
+"""
+
+from __future__ import annotations
+
+from ops.spec import REQUIRED, OpSpec
+
+SPEC = OpSpec(
+    name="verify",
+    summary="check every sample file of an extract output from its safetensors header; --deep loads some",
+    params={
+        "input": REQUIRED,      # extract's output directory
+        "deep": 0,              # samples loaded and checked for NaN/Inf (0: headers only)
+        "recompute": 2,         # of those, samples recomputed with the target (needs --target)
+        "report": None,         # JSON report path; printed to the log when unset
+        "seed": 0,              # which random samples --deep picks
+        "workers": 8,           # threads reading headers (helps on network filesystems)
+    },
+    output_params=(),
+    # The target is only read with --deep (to recompute samples).
+    uses_target=True,
+    uses_gpu=False,
+    progress="log",
+)
