@@ -116,6 +116,16 @@ def test_unknown_error_on_one_field_is_reported_on_that_gpu():
     assert all(g.error is None for g in report.gpus if g.index != 6)
 
 
+def test_gpu_without_a_handle_degrades_only_itself():
+    fake = FakeNvml(8)
+    fake.gpus[2].fail["handle"] = NVML_ERROR_UNKNOWN
+    report = Nvml(module=fake).sample()
+    gpu = report.gpus[2]
+    assert gpu.error == "handle: NVMLError_Unknown: Unknown Error" and not gpu.lost
+    assert gpu.mem_total is None and gpu.processes == []
+    assert all(g.error is None and g.mem_total for g in report.gpus if g.index != 2)
+
+
 def test_process_memory_unavailable_and_graphics_merge(procs):
     a, b = procs(), procs()
     fake = FakeNvml(2)

@@ -68,10 +68,17 @@ class MemoryRelease:
         return not self.held and not self.unreadable
 
 
-class _Lost(Exception):
-    def __init__(self, what: str, exc: Exception):
+class _GpuDown(Exception):
+    """This GPU cannot be sampled now: lost (needs a reset), or no handle."""
+
+    def __init__(self, what: str, exc: Exception, lost: bool = True):
         super().__init__(what)
-        self.what, self.exc = what, exc
+        self.what, self.exc, self.lost = what, exc, lost
+
+    def describe(self) -> str:
+        if self.lost:
+            return f"GPU is lost ({type(self.exc).__name__} on {self.what}); it needs a reset or a reboot"
+        return f"{self.what}: {type(self.exc).__name__}: {self.exc}"
 
 
 @dataclass
@@ -210,11 +217,10 @@ class Nvml:
             if power_mw is not None:
                 info.power_w = power_mw / 1000.0
             info.processes = self._processes(dev, errors)
-        except _Lost as lost:
-            info.lost = True
+        except _GpuDown as down:
+            info.lost = down.lost
             dev.handle = None       # ask for a fresh handle next time (after a reset it may work)
-            errors.append(f"GPU is lost ({type(lost.exc).__name__} on {lost.what}); "
-                          "it needs a reset or a reboot")
+            errors.append(down.describe())
         info.unsupported = sorted(dev.unsupported)
         info.error = "; ".join(errors) or None
         return info
@@ -225,7 +231,9 @@ class Nvml:
             try:
                 dev.handle = m.nvmlDeviceGetHandleByIndex(dev.index)
             except m.NVMLError_GpuIsLost as exc:
-                raise _Lost("handle", exc) from exc
+                raise _GpuDown("handle", exc) from exc
+            except m.NVMLError as exc:     # e.g. NoPermission, Unknown: nothing to sample on it
+                raise _GpuDown("handle", exc, lost=False) from exc
         for attr, fn in (("name", m.nvmlDeviceGetName), ("uuid", m.nvmlDeviceGetUUID)):
             if not getattr(dev, attr) and attr not in dev.unsupported:
                 value = self._field(dev, attr, [], fn, dev.handle)
@@ -239,7 +247,7 @@ class Nvml:
         try:
             return fn(*args)
         except m.NVMLError_GpuIsLost as exc:
-            raise _Lost(what, exc) from exc
+            raise _GpuDown(what, exc) from exc
         except m.NVMLError_NotSupported:
             dev.unsupported.add(what)   # a property of the board: do not ask again
             return None
@@ -281,7 +289,7 @@ class Nvml:
             except missing:
                 names.pop(0)     # the driver lacks this version: use the next, for every GPU
             except m.NVMLError_GpuIsLost as exc:
-                raise _Lost(what, exc) from exc
+                raise _GpuDown(what, exc) from exc
             except m.NVMLError_NotSupported:
                 dev.unsupported.add(what)
                 return []
@@ -306,9 +314,9 @@ class Nvml:
                 try:
                     self._open(dev)
                     procs = self._processes(dev, errors)
-                except _Lost as lost:
+                except _GpuDown as down:
                     dev.handle = None
-                    unreadable[dev.index] = f"GPU is lost ({type(lost.exc).__name__})"
+                    unreadable[dev.index] = down.describe()
                     continue
                 if errors:
                     unreadable[dev.index] = "; ".join(errors)
