@@ -9,6 +9,7 @@ Exit codes: 0 OK, 1 WARNING, 2 CRITICAL or refused, 3 UNKNOWN / bad input,
 from __future__ import annotations
 
 import json
+import sqlite3
 import os
 import sys
 import time
@@ -28,8 +29,9 @@ EXIT_OK, EXIT_WARNING, EXIT_CRITICAL, EXIT_UNKNOWN, EXIT_LOCKED = 0, 1, 2, 3, 75
 
 app = typer.Typer(add_completion=False, no_args_is_help=False, rich_markup_mode=None,
                   help="Operations console for training EAGLE-3 drafters. No command: open the console (TUI).")
-out = Console()
-err = Console(stderr=True)
+# soft_wrap: plans list paths that must stay greppable, never folded.
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
 
 
 class Ctx:
@@ -186,6 +188,142 @@ def logs(ctx: typer.Context, stage: str,
                 sys.stdout.flush()
         except KeyboardInterrupt:
             pass
+
+
+# ------------------------------------------------------------------ status
+def _collect(c: Ctx, no_gpus: bool = False):
+    from eagle3_console.snapshot import Collector
+    c.pipeline()
+    try:
+        col = Collector(c.ws, persist=True, gpus=not no_gpus)
+        try:
+            return col.collect()
+        finally:
+            col.close()
+    except cfg.ConfigError as exc:
+        err.print(f"error: {exc}", highlight=False, markup=False)
+        raise typer.Exit(EXIT_UNKNOWN)
+    except sqlite3.Error as exc:
+        err.print(f"error: state database {c.ws.db_path} is unreadable: {exc}", highlight=False, markup=False)
+        raise typer.Exit(EXIT_UNKNOWN)
+
+
+@app.command()
+def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="One JSON object (schema in README)."),
+           no_gpus: bool = typer.Option(False, "--no-gpus", help="Skip NVML.")) -> None:
+    """Stages, GPUs, disk and alerts. Exit: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN."""
+    snap = _collect(_ctx(ctx), no_gpus)
+    if as_json:
+        print(json.dumps(snap.to_dict(), indent=2, default=str))
+    else:
+        from eagle3_console.report import print_status
+        print_status(out, snap)
+    raise typer.Exit(snap.exit_code)
+
+
+# ------------------------------------------------------------------ actions
+def _show(lines: list[str]) -> None:
+    for line in lines:
+        out.print(line, highlight=False, markup=False)
+
+
+@app.command("kill-workers")
+def kill_workers(ctx: typer.Context, stage: str,
+                 yes: bool = typer.Option(False, "--yes", help="Act; without it only the plan is printed."),
+                 grace: float = typer.Option(10.0, "--grace"),
+                 wait: float = typer.Option(60.0, "--wait", help="Seconds to wait for GPU memory to come back.")) -> None:
+    """Kill every process of STAGE's run and every GPU process tied to it; prove the memory came back."""
+    from eagle3_console import actions
+    c = _ctx(ctx)
+    c.pipeline().stage(stage)
+    plan = actions.plan_kill(c.ws, stage, grace_s=grace)
+    _show(plan.lines())
+    if plan.refusal:
+        raise typer.Exit(EXIT_CRITICAL)
+    if not yes:
+        out.print("dry run: pass --yes to do this")
+        return
+    result = actions.execute_kill(c.ws, plan, progress=lambda m: out.print(m, highlight=False, markup=False),
+                                  release_timeout_s=wait)
+    raise typer.Exit(EXIT_OK if result.ok else EXIT_CRITICAL)
+
+
+@app.command()
+def clean(ctx: typer.Context, stage: str,
+          yes: bool = typer.Option(False, "--yes", help="Move the partial files to .eagle3/trash/."),
+          purge: bool = typer.Option(False, "--purge", help="Delete instead of moving to the trash (with --yes).")) -> None:
+    """Remove partial outputs of a failed or killed run (never a complete one)."""
+    from eagle3_console import actions, runs
+    c = _ctx(ctx)
+    c.pipeline().stage(stage)
+    plan = actions.plan_clean(c.ws, stage, purge=purge)
+    _show(plan.lines())
+    if plan.refusal:
+        raise typer.Exit(EXIT_CRITICAL)
+    if not yes:
+        out.print("dry run: pass --yes to do this")
+        return
+    try:
+        result = actions.execute_clean(c.ws, plan)
+    except runs.Refused as exc:
+        raise _refused(exc)
+    _show(result.lines())
+    raise typer.Exit(EXIT_OK if not result.failed else EXIT_CRITICAL)
+
+
+@app.command()
+def restart(ctx: typer.Context, stage: str,
+            set_: list[str] = typer.Option([], "--set", help="Param override name=value (repeatable)."),
+            kill: bool = typer.Option(False, "--kill", help="Kill the live run first (through kill-workers)."),
+            halve: bool = typer.Option(False, "--halve-batch", help="After an OOM, halve the stage's batch_param."),
+            force: bool = typer.Option(False, "--force", help="Skip the dependency and disk checks."),
+            yes: bool = typer.Option(False, "--yes", help="Act; without it only the plan is printed.")) -> None:
+    """A new run with the last run's params plus overrides, linked to it."""
+    from eagle3_console import actions, runs
+    c = _ctx(ctx)
+    c.pipeline().stage(stage)
+    try:
+        plan = actions.plan_restart(c.ws, stage, cfg.parse_overrides(set_), kill=kill, halve_batch=halve, force=force)
+    except (cfg.ConfigError, runs.Refused) as exc:
+        raise _refused(exc, EXIT_UNKNOWN)
+    _show(plan.lines())
+    if plan.refusal:
+        raise typer.Exit(EXIT_CRITICAL)
+    if not yes:
+        out.print("dry run: pass --yes to do this")
+        return
+    try:
+        r = actions.execute_restart(c.ws, plan, progress=lambda m: out.print(m, highlight=False, markup=False))
+    except runs.Refused as exc:
+        raise _refused(exc)
+    out.print(f"run {r.id} of {stage}: {r.status} (restart of {r.restart_of})", highlight=False)
+
+
+@app.command()
+def watch(ctx: typer.Context,
+          once: bool = typer.Option(False, "--once", help="One pass, then exit with the status code."),
+          interval: float = typer.Option(30.0, "--interval", help="Seconds between passes."),
+          no_gpus: bool = typer.Option(False, "--no-gpus")) -> None:
+    """Apply the policies (restart with backoff, halve the batch after an OOM) under an exclusive lock."""
+    from eagle3_console import policy
+    c = _ctx(ctx)
+    c.pipeline()
+    say = lambda m: out.print(f"{datetime.now():%H:%M:%S} {m}", highlight=False, markup=False)  # noqa: E731
+    try:
+        with policy.WatchLock(c.ws):
+            while True:
+                snap = _collect(c, no_gpus)
+                acted = policy.apply(c.ws, snap, say)
+                if acted:
+                    snap = _collect(c, no_gpus)
+                for a in snap.alerts:
+                    say(f"{a.level.upper()}: {a.message}")
+                if once:
+                    raise typer.Exit(snap.exit_code)
+                time.sleep(interval)
+    except policy.LockHeld as exc:
+        err.print(str(exc), highlight=False, markup=False)
+        raise typer.Exit(EXIT_LOCKED)
 
 
 def main() -> None:

@@ -1,0 +1,126 @@
+"""What headless `watch` does on failure: restart with backoff, halve the batch after an OOM.
+
+Data flow: snapshot.collect -> decide (pure: which stage, why, with what) ->
+actions.plan_restart/execute_restart -> events. Runs under an exclusive lock
+(.eagle3/watch.lock) so two crons never restart the same stage twice.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from eagle3_console import actions
+from eagle3_console import config as cfg
+from eagle3_console.model import Snapshot
+from eagle3_console.registry import Registry
+from eagle3_console.workspace import Workspace
+
+
+class LockHeld(Exception):
+    pass
+
+
+class WatchLock:
+    """An flock on .eagle3/watch.lock: released by the kernel if the holder dies."""
+
+    def __init__(self, ws: Workspace):
+        ws.ensure_state()
+        self.path = ws.watch_lock_path
+        self.fd: int | None = None
+
+    def __enter__(self) -> "WatchLock":
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+            os.close(fd)
+            raise LockHeld(f"another watch holds {self.path} (pid {holder or '?'})") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+@dataclass
+class Decision:
+    stage: str
+    run_id: int
+    reason: str
+    halve: bool
+    wait_s: float = 0.0       # > 0: backoff not yet elapsed
+
+
+def decide(pipe: cfg.Pipeline, snap: Snapshot, reg: Registry, now: float) -> list[Decision]:
+    out = []
+    for st in snap.stages:
+        if st.status not in ("failed", "lost") or st.run_id is None:
+            continue
+        if st.status == "lost" and _alive_lost(reg, st.run_id):
+            continue    # a lost run whose stage still runs is not a failure yet
+        stage = pipe.stages[st.name]
+        oom = st.log is not None and "oom" in st.log.findings
+        chain = list(reg.restart_chain(st.run_id))
+        restarts = sum(1 for r in chain if r.restart_of is not None)
+        limit = stage.restart.max if stage.restart else 0
+        halvable = oom and stage.batch_param and _can_halve(st.params.get(stage.batch_param))
+        if halvable and not stage.restart:
+            limit = 1_000_000    # bounded by the param reaching 1
+        if restarts >= limit or (not stage.restart and not halvable):
+            continue
+        backoff = (stage.restart.backoff_s if stage.restart else 0.0) * (2 ** restarts)
+        ended = chain[0].ended or chain[0].created
+        reason = ("out of memory" if oom else f"{st.status}") + f", restart {restarts + 1}"
+        out.append(Decision(st.name, st.run_id, reason, bool(halvable), max(0.0, ended + backoff - now)))
+    return out
+
+
+def _alive_lost(reg: Registry, run_id: int) -> bool:
+    from eagle3_console import runs
+    return runs.stage_alive(reg.get(run_id))
+
+
+def _can_halve(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 1
+
+
+def apply(ws: Workspace, snap: Snapshot, say: Callable[[str], None], nvml: Any = None) -> list[str]:
+    """One policy pass; returns what it did."""
+    pipe = cfg.load(ws.config_path)
+    done = []
+    with Registry(ws.db_path) as reg:
+        decisions = decide(pipe, snap, reg, time.time())
+    for d in decisions:
+        if d.wait_s > 0:
+            say(f"{d.stage}: run {d.run_id} {d.reason}: backoff, {d.wait_s:.0f} s left")
+            continue
+        kill = actions.plan_kill(ws, d.stage, nvml=nvml)
+        if not kill.refusal:
+            say(f"{d.stage}: killing leftover workers first")
+            for line in kill.lines():
+                say("  " + line)
+            actions.execute_kill(ws, kill, progress=lambda m: say("  " + m), nvml=nvml)
+        plan = actions.plan_restart(ws, d.stage, halve_batch=d.halve, force=True, nvml=nvml)
+        if plan.refusal:
+            say(f"{d.stage}: not restarted: {plan.refusal}")
+            with Registry(ws.db_path) as reg:
+                reg.record("watch-restart", f"refused: {plan.refusal}", stage=d.stage, run_id=d.run_id, actor="watch")
+            continue
+        run = actions.execute_restart(ws, plan, nvml=nvml)
+        halved = f" with {plan.halved[0]} {plan.halved[1]} -> {plan.halved[2]}" if plan.halved else ""
+        msg = f"{d.stage}: run {d.run_id} {d.reason}: restarted as run {run.id}{halved}"
+        say(msg)
+        with Registry(ws.db_path) as reg:
+            reg.record("watch-restart", "started", stage=d.stage, run_id=run.id, targets=plan.argv,
+                       detail=msg, actor="watch")
+        done.append(msg)
+    return done

@@ -1,0 +1,99 @@
+"""`status` as readable Rich tables (the headless twin of the TUI panes).
+
+Data flow: Snapshot -> Rich renderables. No Textual import: this runs from cron.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+
+from rich.console import Console
+from rich.table import Table
+
+from eagle3_console.model import Snapshot, StageStatus
+
+LEVEL_STYLE = {"ok": "green", "warning": "yellow", "critical": "bold red", "unknown": "magenta"}
+STATUS_STYLE = {"running": "cyan", "succeeded": "green", "failed": "bold red", "killed": "yellow",
+                "lost": "magenta", "pending": "cyan", "never": "dim"}
+
+
+def human_bytes(n: int | float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def human_duration(s: float | None) -> str:
+    if s is None:
+        return "-"
+    s = int(s)
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")
+
+
+def _exit(st: StageStatus) -> str:
+    if st.signal:
+        return f"sig {st.signal}"
+    return "-" if st.exit_code is None else str(st.exit_code)
+
+
+def _rate(st: StageStatus) -> str:
+    if st.rate is None:
+        return "-"
+    tok = f", {st.tokens_per_s:,.0f} tok/s" if st.tokens_per_s else ""
+    return f"{st.rate:.2f}/s{tok}"
+
+
+def print_status(console: Console, snap: Snapshot) -> None:
+    health = snap.health
+    console.print(f"[bold]{snap.workspace}[/] on {snap.host}  {datetime.fromtimestamp(snap.time):%Y-%m-%d %H:%M:%S}  "
+                  f"health: [{LEVEL_STYLE[health]}]{health.upper()}[/]", highlight=False)
+    t = Table("stage", "status", "run", "pid", "elapsed", "progress", "rate", "ETA", "exit", title="stages",
+              title_justify="left")
+    for st in snap.stages:
+        elapsed = ((st.ended or time.time()) - st.started) if st.started else None
+        prog = "-" if st.progress is None else f"{st.progress * 100:.1f}%"
+        if st.shards and st.shards.samples_expected:
+            prog += f" ({st.shards.samples_done}/{st.shards.samples_expected})"
+        style = STATUS_STYLE.get(st.status, "")
+        flag = " OOM" if st.log and "oom" in st.log.findings else ""
+        t.add_row(st.name, f"[{style}]{st.status}{flag}[/]", str(st.run_id or "-"), str(st.pid or "-"),
+                  human_duration(elapsed), prog, _rate(st), human_duration(st.eta_s), _exit(st))
+    console.print(t)
+    g = snap.gpus
+    if not g.available:
+        console.print(f"GPUs: unavailable ({g.reason})", highlight=False)
+    else:
+        gt = Table("gpu", "name", "memory", "util", "temp", "power", "processes", title="GPUs", title_justify="left")
+        for gpu in g.gpus:
+            if gpu.error and gpu.mem_total is None:
+                gt.add_row(str(gpu.index), gpu.name, f"[red]{gpu.error}[/]", "", "", "", "")
+                continue
+            mem = f"{human_bytes(gpu.mem_used)} / {human_bytes(gpu.mem_total)}"
+            procs = ", ".join(f"{p.pid}{'(' + p.stage + ')' if p.stage else ''} {human_bytes(p.used_bytes)}"
+                              for p in gpu.processes)
+            gt.add_row(str(gpu.index), gpu.name, mem, _opt(gpu.util_pct, "%"), _opt(gpu.temp_c, "C"),
+                       _opt(gpu.power_w, "W"), procs or "-")
+        console.print(gt)
+    if snap.disk:
+        dt = Table("stage", "path", "written", "estimate", "projected", "free", "fits", title="disk", title_justify="left")
+        for d in snap.disk:
+            fits = "-" if d.fits is None else ("yes" if d.fits else "[bold red]NO[/]")
+            dt.add_row(d.stage, d.path, human_bytes(d.written_bytes), human_bytes(d.estimate_bytes),
+                       human_bytes(d.projected_bytes), human_bytes(d.free_bytes), fits)
+        console.print(dt)
+    for a in snap.alerts:
+        console.print(f"[{LEVEL_STYLE.get(a.level, '')}]{a.level.upper()}[/] {a.message}"
+                      + (f"\n    {a.line.strip()[:160]}" if a.line else ""), highlight=False)
+
+
+def _opt(v: float | int | None, unit: str) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.0f}{unit}" if isinstance(v, float) else f"{v}{unit}"

@@ -1,0 +1,276 @@
+"""collect(workspace) -> Snapshot: the one truth that the TUI and `status --json` show.
+
+Data flow: config + registry (runs) -> monitors (gpus, procs, shards, disk,
+logs) -> alerts -> Snapshot. A Collector keeps its monitors between passes so
+that a refresh is incremental (no re-walk of a terabyte, no re-read of a
+gigabyte of log); with persist=True it saves their state under .eagle3/cache/
+so that one-shot `status` processes continue where the previous one stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from eagle3_console import config as cfg
+from eagle3_console import runs as runs_mod
+from eagle3_console.model import (CRITICAL, WARNING, Alert, DiskUsage, GpuReport, LogState, Snapshot,
+                                  StageStatus)
+from eagle3_console.monitor.disk import DiskMonitor
+from eagle3_console.monitor.logs import LogFollower
+from eagle3_console.monitor.procs import ProcessTable, RunRef, attach_owners
+from eagle3_console.monitor.shards import ShardMonitor
+from eagle3_console.registry import Registry, Run
+from eagle3_console.workspace import Workspace
+
+CACHE_NAME = "monitors.json"
+CACHE_VERSION = 1
+LOW_FREE_FRACTION = 0.05
+
+
+class Collector:
+    def __init__(self, ws: Workspace, nvml: Any = None, persist: bool = False, gpus: bool = True):
+        self.ws = ws
+        self.persist = persist
+        self._nvml = nvml
+        self._want_gpus = gpus
+        self._shards: dict[tuple[str, str], ShardMonitor] = {}
+        self._disks: dict[tuple[str, str], DiskMonitor] = {}
+        self._logs: dict[int, LogFollower] = {}
+        self._cache: dict[str, Any] = self._load_cache() if persist else {}
+
+    # -------------------------------------------------------------- cache
+    def _cache_path(self) -> Path:
+        return self.ws.cache_dir / CACHE_NAME
+
+    def _load_cache(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self._cache_path().read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if data.get("version") == CACHE_VERSION else {}
+
+    def _save_cache(self) -> None:
+        data = {"version": CACHE_VERSION,
+                "shards": {f"{k[0]}\0{k[1]}": m.to_state() for k, m in self._shards.items()},
+                "logs": {str(rid): f.to_state() for rid, f in self._logs.items()}}
+        self.ws.cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self._cache_path().with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, self._cache_path())
+
+    # -------------------------------------------------------------- monitors
+    def _shard_monitor(self, stage: str, root: str, expected: int | None, tokens: int | None) -> ShardMonitor:
+        key = (stage, root)
+        mon = self._shards.get(key)
+        if mon is None:
+            state = self._cache.get("shards", {}).get(f"{stage}\0{root}")
+            mon = None
+            if state:
+                try:
+                    mon = ShardMonitor.from_state(state, root, expected_samples=expected, expected_tokens=tokens)
+                except (KeyError, TypeError, ValueError):
+                    mon = None
+            mon = mon or ShardMonitor(root, expected_samples=expected, expected_tokens=tokens)
+            self._shards[key] = mon
+        mon.expected_samples = expected if expected is not None else mon.expected_samples
+        return mon
+
+    def _log_follower(self, run: Run) -> LogFollower:
+        f = self._logs.get(run.id)
+        if f is None:
+            state = self._cache.get("logs", {}).get(str(run.id))
+            f = None
+            if state:
+                try:
+                    f = LogFollower.from_state(state)
+                except (KeyError, TypeError, ValueError):
+                    f = None
+            f = f or LogFollower(run.log_path)
+            self._logs[run.id] = f
+        return f
+
+    def _nvml_instance(self) -> Any:
+        if self._nvml is None:
+            from eagle3_console.monitor.gpus import Nvml
+            self._nvml = Nvml()
+        return self._nvml
+
+    def close(self) -> None:
+        if self._nvml is not None and hasattr(self._nvml, "shutdown"):
+            self._nvml.shutdown()
+
+    # -------------------------------------------------------------- collect
+    def collect(self) -> Snapshot:
+        now = time.time()
+        snap = Snapshot(workspace=str(self.ws.root), host=socket.gethostname(), time=now)
+        pipe = cfg.load(self.ws.config_path)
+        latest: dict[str, Run | None] = {}
+        refs: list[RunRef] = []
+        if self.ws.db_path.exists():
+            with Registry(self.ws.db_path) as reg:
+                runs_mod.reconcile(reg)
+                for name in pipe.order():
+                    latest[name] = reg.latest(name)
+                recent = reg.runs(limit=50)
+            refs = [RunRef.from_run(r) for r in recent if r.pid is not None]
+        live_logs: set[int] = set()
+        for name in pipe.order():
+            stage = pipe.stages[name]
+            st, disks = self._stage_status(pipe, stage, latest.get(name), now)
+            if st.run_id is not None:
+                live_logs.add(st.run_id)
+            snap.stages.append(st)
+            snap.disk.extend(disks)
+        for rid in list(self._logs):
+            if rid not in live_logs:
+                del self._logs[rid]
+        snap.gpus = self._sample_gpus(refs)
+        snap.alerts = self._alerts(snap, latest)
+        if self.persist:
+            self._save_cache()
+        return snap
+
+    def _sample_gpus(self, refs: list[RunRef]) -> GpuReport:
+        if not self._want_gpus:
+            return GpuReport(available=False, reason="GPU sampling disabled (--no-gpus)")
+        report = self._nvml_instance().sample()
+        if report.available and any(g.processes for g in report.gpus):
+            attach_owners(report, refs, ProcessTable.snapshot())
+        return report
+
+    def _stage_status(self, pipe: cfg.Pipeline, stage: cfg.Stage, run: Run | None,
+                      now: float) -> tuple[StageStatus, list[DiskUsage]]:
+        params = dict(run.params) if run else dict(stage.params)
+        st = StageStatus(name=stage.name, op=stage.op, status=run.status if run else "never",
+                         depends_on=list(stage.depends_on), params=params, batch_param=stage.batch_param)
+        outs = runs_mod.output_paths(self.ws, stage, params)
+        st.outputs = outs
+        if run:
+            st.run_id, st.pid, st.started, st.ended = run.id, run.pid, run.started, run.ended
+            st.exit_code, st.signal = run.exit_code, run.signal
+            if run.status == "lost" and runs_mod.stage_alive(run):
+                st.status = "lost"
+            st.log = self._log_follower(run).refresh()
+        spec = stage.spec
+        ctx = runs_mod.estimate_context(self.ws, pipe, params)
+        expected = stage.expected_samples
+        if expected is None and spec:
+            expected = spec.expected_samples(ctx)
+        estimate = runs_mod.estimate_bytes(self.ws, pipe, stage, params)
+        disks: list[DiskUsage] = []
+        uses_shards = (spec is not None and spec.progress == "shards") or (spec is None and expected is not None)
+        fraction: float | None = None
+        if outs and uses_shards and (run or Path(outs[0]).exists()):
+            tokens = spec.expected_tokens(ctx) if spec else None
+            mon = self._shard_monitor(stage.name, outs[0], expected, tokens)
+            sp = mon.refresh(now=now)
+            st.shards = sp
+            if sp.samples_expected:
+                fraction = min(1.0, sp.samples_done / sp.samples_expected)
+            st.rate, st.tokens_per_s, st.eta_s = sp.samples_per_s, sp.tokens_per_s, sp.eta_s
+            disk_mon = self._disks.get((stage.name, outs[0]))
+            if disk_mon is None or disk_mon.index is not mon.index:
+                disk_mon = DiskMonitor(stage.name, outs[0], estimate, index=mon.index)
+                self._disks[(stage.name, outs[0])] = disk_mon
+            disk_mon.estimate_bytes = estimate
+            disks.append(disk_mon.refresh(fraction_done=fraction, refresh_index=False))
+        elif outs and run:
+            for out in outs:
+                disk_mon = self._disks.get((stage.name, out))
+                if disk_mon is None:
+                    disk_mon = DiskMonitor(stage.name, out, estimate if out == outs[0] else None)
+                    self._disks[(stage.name, out)] = disk_mon
+                disks.append(disk_mon.refresh())
+        log = st.log
+        if fraction is None and log and log.progress_total:
+            fraction = min(1.0, (log.progress_done or 0) / log.progress_total)
+            st.rate, st.eta_s = log.rate, log.eta_s
+        if st.status == "succeeded":
+            fraction = 1.0
+            st.eta_s = None
+        st.progress = fraction
+        if stage.op == "bench" and outs:
+            st.result = _read_json(Path(outs[0]) / "bench.json")
+        return st, disks
+
+    # -------------------------------------------------------------- alerts
+    def _alerts(self, snap: Snapshot, latest: dict[str, Run | None]) -> list[Alert]:
+        alerts: list[Alert] = []
+        for st in snap.stages:
+            a: list[Alert] = []
+            log = st.log
+            findings = log.findings if log else {}
+            if st.status == "failed":
+                why = f"exit code {st.exit_code}" if st.signal is None else f"signal {st.signal}"
+                last = findings.get("traceback")
+                a.append(Alert(CRITICAL, "stage_failed", f"{st.name} failed ({why})", st.name,
+                               last.line if last else None))
+            if st.status == "lost":
+                a.append(Alert(CRITICAL, "lost", f"{st.name}: supervisor of run {st.run_id} is gone; "
+                                                 f"the stage's processes are still watched", st.name))
+            if "oom" in findings:
+                a.append(Alert(CRITICAL, "oom", f"{st.name}: out of memory", st.name, findings["oom"].line))
+            if "killed" in findings and st.status != "killed":
+                a.append(Alert(CRITICAL, "worker_killed", f"{st.name}: a worker was killed", st.name,
+                               findings["killed"].line))
+            if "nccl" in findings:
+                a.append(Alert(CRITICAL, "nccl", f"{st.name}: NCCL error", st.name, findings["nccl"].line))
+            if "traceback" in findings and st.status in ("running", "lost"):
+                a.append(Alert(WARNING, "traceback", f"{st.name}: a Python traceback in the log", st.name,
+                               findings["traceback"].line))
+            if log and log.errors:
+                a.append(Alert(WARNING, "errors", f"{st.name}: errors: {log.errors}", st.name,
+                               findings.get("errors").line if findings.get("errors") else None))
+            st.alerts = a
+            alerts.extend(a)
+        for d in snap.disk:
+            if d.fits is False:
+                need = (d.projected_bytes or d.estimate_bytes or 0) - d.written_bytes
+                alerts.append(Alert(WARNING, "disk_short",
+                                    f"{d.stage}: output projected to need {_gib(need)} more but "
+                                    f"{_gib(d.free_bytes)} is free at {d.path}", d.stage))
+            elif d.free_bytes is not None and d.total_bytes and d.free_bytes < LOW_FREE_FRACTION * d.total_bytes:
+                alerts.append(Alert(WARNING, "disk_low", f"{d.stage}: only {_gib(d.free_bytes)} free at {d.path}",
+                                    d.stage))
+        for stage_alert in alerts:
+            st = snap.stage(stage_alert.stage) if stage_alert.stage else None
+            if st is not None and stage_alert not in st.alerts:
+                st.alerts.append(stage_alert)
+        g = snap.gpus
+        if g.available:
+            finished = {s.run_id for s in snap.stages if s.status not in ("running", "pending", "lost")}
+            for gpu in g.gpus:
+                if gpu.error:
+                    lost = "lost" in gpu.error.lower()
+                    alerts.append(Alert(CRITICAL if lost else WARNING, "gpu_lost" if lost else "gpu_degraded",
+                                        f"GPU {gpu.index}: {gpu.error}"))
+                for p in gpu.processes:
+                    if p.run_id is not None and p.run_id in finished:
+                        alerts.append(Alert(WARNING, "orphan_gpu_memory",
+                                            f"GPU {gpu.index}: pid {p.pid} of finished run {p.run_id} ({p.stage}) "
+                                            f"still holds {_gib(p.used_bytes)}", p.stage))
+        return alerts
+
+
+def _gib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**30:.1f} GiB"
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def collect(ws: Workspace, nvml: Any = None, persist: bool = False) -> Snapshot:
+    c = Collector(ws, nvml=nvml, persist=persist)
+    try:
+        return c.collect()
+    finally:
+        c.close()

@@ -1,0 +1,127 @@
+"""Guarded actions with real processes and files: kill-workers, clean, restart."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import psutil
+
+from eagle3_console.monitor.procs import process_alive
+from tests.conftest import PY, stage_cmd, wait_for
+
+
+def pipe(tmp) -> str:
+    return f"""
+[stages.orphan]
+argv = {stage_cmd("orphan.py", "--pidfile", str(tmp / "child.pid"), "--exit", "1")}
+
+[stages.slow]
+argv = {stage_cmd("sleeper.py", "--seconds", "60")}
+
+[stages.extract]
+argv = {stage_cmd("shards.py", "--output", "out/hs", "--n", "30", "--rows", "10", "--crash-at", "{crash}")}
+params = {{ crash = 12 }}
+outputs = ["out/hs"]
+expected_samples = 30
+batch_param = "crash"
+
+[stages.custom]
+argv = ["python", "-c", "import pathlib; p = pathlib.Path('out/custom'); p.mkdir(parents=True, exist_ok=True); (p / 'new.bin').write_bytes(b'x' * 100); (p / 'w.tmp').write_bytes(b'y'); raise SystemExit(2)"]
+outputs = ["out/custom"]
+"""
+
+
+def test_kill_workers_plans_then_kills_orphan_and_never_a_stranger(ws, tmp_path):
+    ws.write(pipe(tmp_path))
+    stranger = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"])
+    try:
+        ws.cli("run", "orphan", check=0)
+        ws.wait_status("orphan", ("failed",))
+        child = int(wait_for(lambda: (tmp_path / "child.pid").exists() and (tmp_path / "child.pid").read_text()))
+        assert psutil.pid_exists(child)
+        dry = ws.cli("kill-workers", "orphan")
+        assert dry.returncode == 0 and f"pid {child:>7}" in dry.stdout and "dry run" in dry.stdout
+        assert psutil.pid_exists(child)          # a plan touches nothing
+        proc = ws.cli("kill-workers", "orphan", "--yes", "--grace", "2")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        wait_for(lambda: not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE)
+        assert stranger.poll() is None
+        with ws.registry() as reg:
+            ev = [e for e in reg.events("orphan") if e.action == "kill-workers"]
+        assert ev and ev[0].targets[0]["pid"] == child
+    finally:
+        stranger.kill()
+    again = ws.cli("kill-workers", "orphan")
+    assert again.returncode == 2 and "no live process" in again.stdout
+
+
+def test_clean_refused_while_alive_then_moves_partials_to_trash(ws, tmp_path):
+    ws.write(pipe(tmp_path))
+    ws.cli("run", "slow", check=0)
+    assert ws.cli("clean", "slow").returncode == 2
+    ws.cli("stop", "slow", "--grace", "1", check=0)
+
+    ws.cli("run", "extract", check=0)
+    ws.wait_status("extract", ("failed",))
+    hs = ws.root / "out" / "hs"
+    complete = sorted(hs.rglob("data_*.safetensors"))
+    plan = ws.cli("clean", "extract")
+    assert plan.returncode == 0 and "2 partial file(s)" in plan.stdout, plan.stdout
+    assert "data_12.safetensors.tmp" in plan.stdout and "data_13.safetensors" in plan.stdout
+    proc = ws.cli("clean", "extract", "--yes")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not list(hs.rglob("*.tmp")) and not (hs / "rows_10-20" / "data_13.safetensors").exists()
+    kept = sorted(hs.rglob("data_*.safetensors"))
+    assert len(kept) == len(complete) - 1 == 12        # whole samples are kept for the resume
+    trash = list((ws.root / ".eagle3" / "trash").rglob("data_13.safetensors"))
+    assert len(trash) == 1
+
+
+def test_clean_never_touches_a_succeeded_run_nor_follows_symlinks(ws, tmp_path):
+    ws.write(pipe(tmp_path).replace("crash = 12", "crash = -1"))
+    ws.cli("run", "extract", check=0)
+    ws.wait_status("extract", ("succeeded",))
+    proc = ws.cli("clean", "extract", "--yes")
+    assert proc.returncode == 2 and "succeeded" in proc.stdout
+    assert len(list((ws.root / "out" / "hs").rglob("data_*.safetensors"))) == 30
+
+    outside = tmp_path / "precious"
+    outside.mkdir()
+    (outside / "keep.tmp").write_text("mine")
+    ws.cli("run", "custom", check=0)
+    ws.wait_status("custom", ("failed",))
+    os.symlink(outside, ws.root / "out" / "custom" / "link")
+    proc = ws.cli("clean", "custom", "--yes", "--purge")
+    assert proc.returncode == 0, proc.stdout
+    assert (outside / "keep.tmp").read_text() == "mine"
+    assert not (ws.root / "out" / "custom" / "new.bin").exists()
+    assert (ws.root / "out" / "custom" / "link").is_symlink()
+
+
+def test_restart_refused_while_alive_then_with_kill(ws, tmp_path):
+    ws.write(pipe(tmp_path))
+    ws.cli("run", "slow", check=0)
+    first = ws.latest("slow")
+    proc = ws.cli("restart", "slow", "--yes")
+    assert proc.returncode == 2 and "still alive" in proc.stdout
+    proc = ws.cli("restart", "slow", "--kill", "--yes")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not process_alive(first.pid, first.create_time)
+    new = ws.latest("slow")
+    assert new.id != first.id and new.restart_of == first.id and new.status == "running"
+    ws.cli("stop", "slow", "--grace", "1", check=0)
+
+
+def test_restart_after_oom_offers_and_applies_halved_batch(ws, tmp_path):
+    ws.write(pipe(tmp_path))
+    ws.cli("run", "extract", check=0)
+    ws.wait_status("extract", ("failed",))
+    dry = ws.cli("restart", "extract")
+    assert "suggested: --set crash=6" in dry.stdout and "argv:" in dry.stdout
+    proc = ws.cli("restart", "extract", "--halve-batch", "--yes")
+    assert proc.returncode == 0 and "crash: 12 -> 6" in proc.stdout
+    r = ws.latest("extract")
+    assert r.params["crash"] == 6 and r.argv[-1] == "6" and r.restart_of is not None
