@@ -1,0 +1,181 @@
+"""Training data: the extract op's hidden-state shards, batched by a token budget.
+
+Reads the DESIGN.md layout (data_config.json, sample_lengths.json,
+rows_<a>-<b>/data_<idx>.safetensors). Samples are length-sorted into batches of
+similar lengths whose padded size stays within the token budget; a
+DistributedSampler then deals whole batches to ranks (rank r gets batches
+r, r+W, ... of the epoch's shuffled order), so a step on W ranks sees the same
+batches as W accumulated micro-batches on one rank. Sample files are opened
+with safetensors' safe_open (memory-mapped) inside DataLoader workers.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ops.formats import DATA_CONFIG, SAMPLE_LENGTHS, SAMPLE_RE, SHARD_DIR_RE, BadSampleFile, \
+    read_safetensors_header, tokens_in_header
+
+KEYS = ("input_ids", "loss_mask", "aux_hidden_states", "final_hidden_states")
+
+
+class DataError(ValueError):
+    pass
+
+
+@dataclass
+class DataInfo:
+    root: Path
+    hidden_size: int
+    layer_ids: list[int]
+    final_post_norm: bool
+    config: dict
+    samples: dict[int, Path]        # idx -> file
+    lengths: dict[int, int]         # idx -> tokens
+
+
+def read_data(root: Path, require_complete: bool = True) -> DataInfo:
+    root = Path(root)
+    cfg_path = root / DATA_CONFIG
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except FileNotFoundError:
+        raise DataError(f"{cfg_path}: missing; --data must be the extract op's output directory") from None
+    except ValueError as exc:
+        raise DataError(f"{cfg_path}: not JSON ({exc})") from None
+    for key in ("hidden_size", "layer_ids"):
+        if key not in cfg:
+            raise DataError(f"{cfg_path}: key {key!r} missing")
+    if require_complete and cfg.get("status", "complete") != "complete":
+        raise DataError(f"{cfg_path}: status is {cfg.get('status')!r}, not 'complete'; "
+                        "finish (or verify) the extraction first")
+    layer_ids = [int(k) for k in cfg["layer_ids"]]
+    # Some writers list the final layer after the aux layers (e.g. [2, 30, 58, 60]).
+    if len(layer_ids) == 4 and cfg.get("num_layers_captured") == 4:
+        layer_ids = layer_ids[:3]
+    if len(layer_ids) != 3:
+        raise DataError(f"{cfg_path}: layer_ids {cfg['layer_ids']} must name 3 aux layers")
+    final = str(cfg.get("final_hidden_state", "post_norm")).lower()
+    if final not in ("post_norm", "pre_norm"):
+        raise DataError(f"{cfg_path}: final_hidden_state is {final!r}; expected 'post_norm' or 'pre_norm'")
+    samples: dict[int, Path] = {}
+    for shard in sorted(p for p in root.iterdir() if p.is_dir() and SHARD_DIR_RE.match(p.name)):
+        for f in shard.iterdir():
+            m = SAMPLE_RE.match(f.name)
+            if m and m.group(2) == "safetensors":
+                samples[int(m.group(1))] = f
+    if not samples:
+        raise DataError(f"{root}: no rows_<a>-<b>/data_<idx>.safetensors sample files")
+    lengths: dict[int, int] = {}
+    try:
+        recorded = json.loads((root / SAMPLE_LENGTHS).read_text())
+        lengths = {int(k): int(v) for k, v in recorded.items() if int(k) in samples}
+    except (OSError, ValueError):
+        pass
+    for idx, path in samples.items():
+        if idx not in lengths:
+            try:
+                n = tokens_in_header(read_safetensors_header(path)[0])
+            except BadSampleFile as exc:
+                raise DataError(str(exc)) from None
+            if n is None:
+                raise DataError(f"{path}: no 'input_ids' tensor")
+            lengths[idx] = n
+    return DataInfo(root=root, hidden_size=int(cfg["hidden_size"]), layer_ids=layer_ids,
+                    final_post_norm=final == "post_norm", config=cfg, samples=samples, lengths=lengths)
+
+
+def make_batches(lengths: dict[int, int], token_budget: int, max_len: int) -> list[list[int]]:
+    """Length-sorted batches whose count x longest (capped at max_len) <= token_budget."""
+    order = sorted(lengths, key=lambda i: (min(lengths[i], max_len), i))
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    for idx in order:
+        n = min(lengths[idx], max_len)
+        if cur and (len(cur) + 1) * n > token_budget:
+            batches.append(cur)
+            cur = []
+        cur.append(idx)
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+def load_sample(path: Path, hidden: int, max_len: int) -> dict:
+    import torch
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            keys = set(fh.keys())
+            missing = [k for k in KEYS if k not in keys]
+            if missing:
+                raise DataError(f"{path}: tensors {missing} missing (has {sorted(keys)})")
+            out = {k: fh.get_slice(k)[:max_len] for k in KEYS}
+    except DataError:
+        raise
+    except Exception as exc:
+        raise DataError(f"{path}: unreadable ({exc})") from None
+    t = out["input_ids"].shape[0]
+    expect = {"input_ids": (t,), "loss_mask": (t,), "aux_hidden_states": (t, 3 * hidden),
+              "final_hidden_states": (t, hidden)}
+    for k, shape in expect.items():
+        if tuple(out[k].shape) != shape:
+            raise DataError(f"{path}: tensor {k!r} has shape {tuple(out[k].shape)}, expected {shape}")
+    out["input_ids"] = out["input_ids"].to(torch.long)
+    out["loss_mask"] = out["loss_mask"].to(torch.bool)
+    return out
+
+
+def collate(samples: list[dict]) -> dict:
+    """Right-padded batch; causal attention never looks at the padding."""
+    import torch
+
+    lengths = torch.tensor([s["input_ids"].shape[0] for s in samples])
+    t = int(lengths.max())
+    b = len(samples)
+
+    def pad(key, fill_shape, dtype):
+        out = torch.zeros((b, t) + fill_shape, dtype=dtype)
+        for i, s in enumerate(samples):
+            out[i, : s[key].shape[0]] = s[key]
+        return out
+
+    aux0, fin0 = samples[0]["aux_hidden_states"], samples[0]["final_hidden_states"]
+    return {
+        "input_ids": pad("input_ids", (), torch.long),
+        "loss_mask": pad("loss_mask", (), torch.bool),
+        "aux": pad("aux_hidden_states", aux0.shape[1:], aux0.dtype),
+        "final": pad("final_hidden_states", fin0.shape[1:], fin0.dtype),
+        "lengths": lengths,
+    }
+
+
+class BatchDataset:
+    """Item i = batch i, loaded and collated (a torch Dataset by duck typing)."""
+
+    def __init__(self, info: DataInfo, batches: list[list[int]], max_len: int):
+        self.info, self.batches, self.max_len = info, batches, max_len
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, i: int) -> dict:
+        return collate([load_sample(self.info.samples[idx], self.info.hidden_size, self.max_len)
+                        for idx in self.batches[i]])
+
+
+def holdout_split(indices: list[int], n: int, seed: int) -> tuple[list[int], list[int]]:
+    """(train, held out): n samples drawn by seed, kept out of training for bench."""
+    import random
+
+    ordered = sorted(indices)
+    if n <= 0:
+        return ordered, []
+    if n >= len(ordered):
+        raise DataError(f"--holdout {n} leaves no training samples (only {len(ordered)} exist)")
+    held = sorted(random.Random(seed).sample(ordered, n))
+    hs = set(held)
+    return [i for i in ordered if i not in hs], held

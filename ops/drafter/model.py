@@ -1,0 +1,235 @@
+"""The EAGLE-3 drafter module (torch), as SGLang's LlamaForCausalLMEagle3 lays it out.
+
+Parameter names are SGLang's (fc, midlayer.*, norm, lm_head) so that export
+writes the state dict as it is. The layer: residual = the fused state h;
+attention over concat(input_layernorm(token embedding), hidden_norm(h)) (2H
+into q/k/v); residual += o_proj(attn); out = residual + mlp(post_attention_
+layernorm(residual)). Logits = lm_head(norm(out)); `out` (pre-norm) is the
+state the next draft step takes, as SGLang's `hidden_states_to_aux` and
+speculators' first layer do (norm_before_residual = False).
+
+Two ways through the same weights:
+- `forward(...)`: the training-time-test unroll (used by ops.train under DDP):
+  step k feeds the previous step's output state and the token k+1 places
+  ahead, at positions t+k; its queries attend causally to step 0's keys and to
+  their own chain's keys of steps 1..k (a diagonal per step). The mask is built
+  explicitly over the concatenated keys: simple and exact, at (k+1)x the
+  attention cost of a causal pass.
+- `extend(...)`: incremental decoding against a DraftCache (ops.bench, export --check).
+
+The target's embedding is not a parameter here: it is frozen and passed in, so
+that neither DDP nor the checkpoint carries a vocab x hidden copy of it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ops.drafter.config import DrafterConfig
+
+
+def _norm_class():
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    return LlamaRMSNorm
+
+
+class Eagle3Attention(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv = cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        self.q_proj = nn.Linear(2 * cfg.hidden_size, self.n_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(2 * cfg.hidden_size, self.n_kv * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(2 * cfg.hidden_size, self.n_kv * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=False)
+
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        return q, k, v
+
+    def attend(self, q, k, v, mask: torch.Tensor | None, causal: bool = False) -> torch.Tensor:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                             enable_gqa=self.n_kv != self.n_heads)
+        b, _, t, _ = out.shape
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
+
+
+class Eagle3DecoderLayer(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        from transformers.models.llama.modeling_llama import LlamaMLP
+
+        norm = _norm_class()
+        self.self_attn = Eagle3Attention(cfg)
+        self.mlp = LlamaMLP(cfg.llama_config())
+        self.input_layernorm = norm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.hidden_norm = norm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.post_attention_layernorm = norm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+
+    def qkv(self, embeds, hidden, cos, sin):
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        return self.self_attn.qkv(x, cos, sin)
+
+    def finish(self, hidden: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        residual = hidden + attn_out
+        return residual + self.mlp(self.post_attention_layernorm(residual))
+
+
+def ttt_mask(t: int, step: int, device) -> torch.Tensor:
+    """[t, (step+1)*t] bool, True = may attend: causal over step 0's keys, then
+    for each later step only the same index (the query's own chain)."""
+    causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+    eye = torch.eye(t, dtype=torch.bool, device=device)
+    return torch.cat([causal] + [eye] * step, dim=1)
+
+
+class DraftCache:
+    """Keys/values of the drafter's one layer for incremental decoding."""
+
+    def __init__(self):
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else int(self.k.shape[2])
+
+    def truncate(self, n: int) -> None:
+        if self.k is not None:
+            self.k, self.v = self.k[:, :, :n], self.v[:, :, :n]
+
+
+class Eagle3Drafter(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+        self.cfg = cfg
+        self.fc = nn.Linear(3 * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.midlayer = Eagle3DecoderLayer(cfg)
+        self.norm = _norm_class()(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+        self.rotary = LlamaRotaryEmbedding(cfg.llama_config())
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(cfg.target_vocab_size, dtype=torch.bool))
+
+    # -- weights ---------------------------------------------------------
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        """The state dict without the rotary cache: what checkpoints and exports hold."""
+        return {k: v for k, v in self.state_dict().items() if not k.startswith("rotary.")}
+
+    def load_trainable_state(self, state: dict[str, torch.Tensor], where: str = "checkpoint") -> None:
+        own = self.trainable_state()
+        missing = sorted(set(own) - set(state))
+        unexpected = sorted(set(state) - set(own))
+        if missing or unexpected:
+            raise ValueError(f"{where}: missing tensors {missing}, unexpected tensors {unexpected}")
+        for k, v in state.items():
+            if tuple(v.shape) != tuple(own[k].shape):
+                raise ValueError(f"{where}: tensor {k!r} has shape {tuple(v.shape)}, expected {tuple(own[k].shape)}")
+        self.load_state_dict(state, strict=False)
+
+    def init_from_target(self, lm_head: torch.Tensor, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
+        """Head rows of the draft ids from the target's LM head; the vocab mapping."""
+        with torch.no_grad():
+            ids = d2t + torch.arange(d2t.shape[0], device=d2t.device)
+            self.lm_head.weight.copy_(lm_head[ids.to(lm_head.device)].to(self.lm_head.weight.dtype))
+            self.d2t.copy_(d2t)
+            self.t2d.copy_(t2d)
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+    # -- training-time test ----------------------------------------------
+    def _cos_sin(self, x: torch.Tensor, positions: torch.Tensor):
+        return self.rotary(x, positions.unsqueeze(0) if positions.dim() == 1 else positions)
+
+    def unroll(self, input_ids: torch.Tensor, aux: torch.Tensor, embed_weight: torch.Tensor,
+               steps: int):
+        """Yield (k, logits [B,T,Vd]) for k = 0..steps-1. Step k at index t reads
+        token t+k+1 at position t+k and predicts token t+k+2."""
+        b, t = input_ids.shape
+        hidden = self.fc(aux)
+        pad_ids = F.pad(input_ids, (0, steps + 1))
+        keys, values = [], []
+        for k in range(steps):
+            with torch.no_grad():
+                embeds = F.embedding(pad_ids[:, k + 1:k + 1 + t], embed_weight).to(hidden.dtype)
+            positions = torch.arange(k, k + t, device=aux.device)
+            cos, sin = self._cos_sin(hidden, positions)
+            q, kk, vv = self.midlayer.qkv(embeds, hidden, cos, sin)
+            keys.append(kk)
+            values.append(vv)
+            if k == 0:
+                attn = self.midlayer.self_attn.attend(q, kk, vv, None, causal=True)
+            else:
+                attn = self.midlayer.self_attn.attend(q, torch.cat(keys, 2), torch.cat(values, 2),
+                                                      ttt_mask(t, k, aux.device))
+            hidden = self.midlayer.finish(hidden, attn)
+            yield k, self.lm_head(self.norm(hidden))
+
+    def forward(self, input_ids: torch.Tensor, aux: torch.Tensor, embed_weight: torch.Tensor,
+                target_logits: torch.Tensor, target_ok: torch.Tensor, steps: int,
+                decay: float = 0.8):
+        """The K-step unroll with its loss (what DDP wraps).
+
+        target_logits [B,T,Vd]: the target's logits at position j over the draft
+        ids (they predict token j+1); target_ok [B,T]: position j's prediction
+        counts (loss mask of token j+1, token j+1 exists, the target's argmax lies
+        in the draft vocab). Step k at index t is scored against position t+k+1.
+        Soft cross-entropy per step, averaged over its counted positions,
+        weighted decay**k. Returns (loss, per-step loss [K], correct [K], count [K]).
+        """
+        t = input_ids.shape[1]
+        pad_logits = F.pad(target_logits, (0, 0, 0, steps + 1))
+        pad_ok = F.pad(target_ok, (0, steps + 1))
+        total = aux.new_zeros((), dtype=torch.float32)
+        losses, correct, counts = [], [], []
+        for k, logits in self.unroll(input_ids, aux, embed_weight, steps):
+            logits = logits.float()
+            tgt = pad_logits[:, k + 1:k + 1 + t].float()
+            ok = pad_ok[:, k + 1:k + 1 + t]
+            okf = ok.float()
+            n = okf.sum()
+            ce = -(torch.softmax(tgt, -1) * torch.log_softmax(logits, -1)).sum(-1)
+            loss_k = (ce * okf).sum() / n.clamp(min=1.0)
+            total = total + (decay ** k) * loss_k
+            losses.append(loss_k.detach())
+            correct.append(((logits.argmax(-1) == tgt.argmax(-1)) & ok).sum().float())
+            counts.append(n.detach())
+        return total, torch.stack(losses), torch.stack(correct), torch.stack(counts)
+
+    # -- incremental decoding --------------------------------------------
+    def extend(self, embeds: torch.Tensor, hidden: torch.Tensor, start: int, cache: DraftCache,
+               fuse: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the layer over n new positions start..start+n-1 (batch 1) that
+        attend to everything in `cache` and causally to each other; append
+        their keys/values. `hidden` is the target's aux states [1,n,3H] when
+        fuse, else the drafter's own previous output [1,n,H].
+        Returns (output state [1,n,H] pre-norm, logits [1,n,Vd])."""
+        if fuse:
+            hidden = self.fc(hidden)
+        n = embeds.shape[1]
+        positions = torch.arange(start, start + n, device=embeds.device)
+        cos, sin = self._cos_sin(hidden, positions)
+        q, k, v = self.midlayer.qkv(embeds, hidden, cos, sin)
+        if cache.k is not None:
+            k = torch.cat([cache.k, k], 2)
+            v = torch.cat([cache.v, v], 2)
+        past = k.shape[2] - n
+        mask = torch.ones(n, k.shape[2], dtype=torch.bool, device=embeds.device)
+        mask[:, past:] = torch.ones(n, n, dtype=torch.bool, device=embeds.device).tril()
+        attn = self.midlayer.self_attn.attend(q, k, v, mask)
+        cache.k, cache.v = k, v
+        out = self.midlayer.finish(hidden, attn)
+        return out, self.lm_head(self.norm(out))

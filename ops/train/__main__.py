@@ -1,0 +1,312 @@
+"""python -m ops.train: fit the EAGLE-3 drafter on the extract op's hidden states.
+
+Data flow: extract's shards (+ vocab's vocab.safetensors, + the target's
+embedding / final norm / LM head, read tensor by tensor) -> this program ->
+<output>/checkpoints/step_<N>/ (read by export) and <output>/metrics.jsonl;
+its log lines (`progress: step S/T loss L acc [..] tok/s X lr Y`, tqdm) are
+parsed by the console's log monitor.
+
+Multi-GPU / multi-node: launch under torchrun; DDP with NCCL on GPU, gloo on
+CPU. One optimizer step = W ranks x --grad-accum micro-batches, so the global
+batch of W ranks with accumulation A equals 1 rank with accumulation W*A.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m ops.train", description=__doc__.splitlines()[0])
+    p.add_argument("--data", required=True, help="extract output directory (hidden states)")
+    p.add_argument("--vocab", required=True, help="vocab output directory (vocab.safetensors)")
+    p.add_argument("--target", required=True, help="the target's Hugging Face checkpoint directory")
+    p.add_argument("--output", required=True)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: epochs decide)")
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--min-lr-ratio", type=float, default=0.0)
+    p.add_argument("--warmup-ratio", type=float, default=0.02)
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--grad-clip", type=float, default=0.5)
+    p.add_argument("--token-budget", type=int, default=16384, help="padded tokens per micro-batch per rank")
+    p.add_argument("--max-len", type=int, default=4096)
+    p.add_argument("--grad-accum", type=int, default=1)
+    p.add_argument("--ttt-steps", type=int, default=7)
+    p.add_argument("--decay", type=float, default=0.8)
+    p.add_argument("--save-every", type=int, default=500)
+    p.add_argument("--keep", type=int, default=3, help="checkpoints kept (0: all)")
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--holdout", type=int, default=0, help="samples kept out of training (for bench)")
+    p.add_argument("--stop-at", type=int, default=0,
+                   help="leave after this step with a checkpoint, the schedule still spanning the whole run "
+                        "(train in slices; --resume continues)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --output")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--num-heads", type=int, default=None, help="override the target's num_attention_heads")
+    p.add_argument("--num-kv-heads", type=int, default=None)
+    p.add_argument("--intermediate-size", type=int, default=None)
+    return p.parse_args(argv)
+
+
+def lr_lambda(total: int, warmup: int, min_ratio: float):
+    def f(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        frac = (step - warmup) / max(1, total - warmup)
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
+    return f
+
+
+class TargetView:
+    """The frozen target pieces on the training device, and the per-batch targets."""
+
+    def __init__(self, head, vocab, device, dtype, post_norm: bool):
+        import torch
+
+        self.embed = head.embed.to(device=device, dtype=dtype)
+        self.lm_head = head.lm_head.to(device=device, dtype=dtype)
+        self.norm = head.norm.to(device=device, dtype=torch.float32)
+        self.eps = head.eps
+        self.post_norm = post_norm
+        self.draft_ids = vocab.draft_to_target.to(device)
+        self.t2d = vocab.t2d.to(device)
+
+    def targets(self, final, loss_mask, lengths):
+        """(logits over the draft ids [B,T,Vd], counted [B,T]) from the target's final states."""
+        import torch
+
+        with torch.no_grad():
+            if not self.post_norm:
+                x = final.float()
+                x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm
+                final = x
+            b, t, h = final.shape
+            flat = final.reshape(-1, h).to(self.lm_head.dtype)
+            rows = max(1, (1 << 27) // self.lm_head.shape[0])
+            restricted, in_vocab = [], []
+            for i in range(0, flat.shape[0], rows):
+                logits = flat[i:i + rows] @ self.lm_head.T
+                in_vocab.append(self.t2d[logits.argmax(-1)])
+                restricted.append(logits[:, self.draft_ids])
+            restricted = torch.cat(restricted).view(b, t, -1)
+            in_vocab = torch.cat(in_vocab).view(b, t)
+            pos = torch.arange(t, device=final.device)
+            next_exists = (pos + 1).unsqueeze(0) < lengths.to(final.device).unsqueeze(1)
+            next_masked = torch.nn.functional.pad(loss_mask[:, 1:], (0, 1))
+            return restricted, in_vocab & next_exists & next_masked
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader
+    from torch.utils.data.distributed import DistributedSampler
+    from tqdm import tqdm
+
+    from ops.drafter import checkpoint as ck
+    from ops.drafter.config import from_target
+    from ops.drafter.data import BatchDataset, DataError, holdout_split, make_batches, read_data
+    from ops.drafter.model import Eagle3Drafter
+    from ops.drafter.target_head import load_target_head
+    from ops.drafter.vocab import load_vocab
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    device = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    if world > 1:
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+    is_main = rank == 0
+
+    def log(msg: str) -> None:
+        if is_main:
+            print(msg, flush=True)
+
+    output = Path(args.output)
+    try:
+        info = read_data(Path(args.data))
+        head = load_target_head(Path(args.target))
+        vocab = load_vocab(Path(args.vocab), target_vocab_size=head.lm_head.shape[0])
+        cfg = from_target(Path(args.target), vocab.size, info.layer_ids,
+                          {"num_attention_heads": args.num_heads, "num_key_value_heads": args.num_kv_heads,
+                           "intermediate_size": args.intermediate_size})
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    if info.hidden_size != cfg.hidden_size:
+        print(f"error: {info.root / 'data_config.json'}: hidden_size {info.hidden_size} != the target's "
+              f"{cfg.hidden_size} ({args.target}/config.json)", file=sys.stderr, flush=True)
+        return 2
+
+    torch.manual_seed(args.seed)
+    model = Eagle3Drafter(cfg)
+    model.init_from_target(head.lm_head, vocab.d2t, vocab.t2d)
+    model.to(device)
+    dtype = torch.bfloat16 if use_cuda else torch.float32
+    view = TargetView(head, vocab, device, dtype, info.final_post_norm)
+    del head
+
+    train_ids, held = holdout_split(sorted(info.samples), args.holdout, args.seed)
+    batches = make_batches({i: info.lengths[i] for i in train_ids}, args.token_budget, args.max_len)
+    dataset = BatchDataset(info, batches, args.max_len)
+    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True,
+                                 seed=args.seed, drop_last=True)
+    per_epoch = len(sampler)                 # micro-batches per rank per epoch
+    steps_per_epoch = per_epoch // args.grad_accum
+    if steps_per_epoch == 0:
+        print(f"error: {len(batches)} batches cannot feed {world} rank(s) x {args.grad_accum} "
+              f"accumulation; lower --token-budget or --grad-accum", file=sys.stderr, flush=True)
+        return 2
+    total = args.max_steps or args.epochs * steps_per_epoch
+    warmup = math.ceil(total * args.warmup_ratio)
+
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (no_decay if p.dim() < 2 else decay).append(p)
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(total, warmup, args.min_lr_ratio))
+
+    step = 0
+    meta_base = {"drafter_config": cfg.to_dict(), "target": str(Path(args.target).resolve()),
+                 "data": str(Path(args.data).resolve()), "vocab": str(Path(args.vocab).resolve()),
+                 "holdout": held, "world_size": world, "grad_accum": args.grad_accum,
+                 "ttt_steps": args.ttt_steps, "total_steps": total}
+    if args.resume:
+        found = ck.newest(output)
+        if found is None:
+            log(f"resume: no checkpoint under {output / ck.CKPT_DIR}; starting from step 0")
+        else:
+            meta = ck.load_meta(found)
+            if meta.get("drafter_config") != cfg.to_dict():
+                print(f"error: {found}: its drafter config differs from this run's "
+                      f"(target/vocab/data changed?)", file=sys.stderr, flush=True)
+                return 2
+            model.load_trainable_state(ck.load_model_state(found), where=str(found))
+            state = torch.load(found / ck.TRAINER_FILE, map_location=device, weights_only=False)
+            opt.load_state_dict(state["optimizer"])
+            sched.load_state_dict(state["scheduler"])
+            step = int(meta["step"])
+            log(f"resume: continuing from {found} (step {step})")
+
+    ddp = DDP(model, device_ids=[local_rank] if use_cuda else None, broadcast_buffers=False) \
+        if world > 1 else model
+
+    if is_main:
+        output.mkdir(parents=True, exist_ok=True)
+        (output / "train_config.json").write_text(json.dumps(dict(meta_base, args=vars(args)), indent=1))
+
+    def stream(consumed: int):
+        """Micro-batches from position `consumed` (per rank) onwards, across epochs."""
+        epoch, skip = divmod(consumed, per_epoch)
+        while True:
+            sampler.set_epoch(epoch)
+            order = list(iter(sampler))[skip:]
+            loader = DataLoader(dataset, batch_size=None, sampler=order, num_workers=args.workers,
+                                pin_memory=use_cuda, persistent_workers=False)
+            for batch in loader:
+                yield epoch, batch
+            epoch, skip = epoch + 1, 0
+
+    it = stream(step * args.grad_accum)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if use_cuda else contextlib.nullcontext()
+    bar = tqdm(total=total, initial=step, disable=not is_main, desc="train", unit="step",
+               file=sys.stderr, mininterval=2.0, dynamic_ncols=False, ncols=100)
+    log(f"train: {len(info.samples)} samples ({len(train_ids)} train, {len(held)} held out), "
+        f"{len(batches)} batches, {world} rank(s) x accum {args.grad_accum}, {total} steps, "
+        f"ttt {args.ttt_steps}, device {device}")
+    metrics_path = output / "metrics.jsonl"
+    window_tokens, window_t0 = 0, time.monotonic()
+    epoch = step * args.grad_accum // per_epoch
+    exit_code = 0
+    while step < total:
+        model.train()
+        sums = torch.zeros(3 * args.ttt_steps + 2, device=device)   # loss_k, correct_k, count_k, loss, tokens
+        for micro in range(args.grad_accum):
+            epoch, batch = next(it)
+            input_ids = batch["input_ids"].to(device, non_blocking=True)
+            aux = batch["aux"].to(device, dtype=dtype, non_blocking=True)
+            final = batch["final"].to(device, dtype=dtype, non_blocking=True)
+            mask = batch["loss_mask"].to(device)
+            tgt, ok = view.targets(final, mask, batch["lengths"])
+            sync = contextlib.nullcontext() if (world == 1 or micro == args.grad_accum - 1) else ddp.no_sync()
+            with sync, autocast:
+                loss, losses, correct, counts = ddp(input_ids, aux, view.embed, tgt, ok,
+                                                    args.ttt_steps, args.decay)
+                (loss / args.grad_accum).backward()
+            k = args.ttt_steps
+            sums[:k] += losses / args.grad_accum
+            sums[k:2 * k] += correct
+            sums[2 * k:3 * k] += counts
+            sums[3 * k] += loss.detach() / args.grad_accum
+            sums[3 * k + 1] += batch["lengths"].sum()
+        if not math.isfinite(float(sums[3 * args.ttt_steps])):
+            print(f"error: loss is not finite at step {step + 1}", file=sys.stderr, flush=True)
+            exit_code = 3
+            break
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        step += 1
+        if world > 1:
+            dist.all_reduce(sums)
+            sums[:args.ttt_steps] /= world
+            sums[3 * args.ttt_steps] /= world
+        k = args.ttt_steps
+        window_tokens += int(sums[3 * k + 1])
+        bar.update(1)
+        if step % args.log_every == 0 or step == total:
+            elapsed = max(1e-9, time.monotonic() - window_t0)
+            acc = (sums[k:2 * k] / sums[2 * k:3 * k].clamp(min=1)).tolist()
+            rec = {"step": step, "total": total, "epoch": epoch, "loss": float(sums[3 * k]),
+                   "step_loss": [round(float(x), 5) for x in sums[:k]],
+                   "acc": [round(a, 4) for a in acc], "counted": [int(c) for c in sums[2 * k:3 * k]],
+                   "tok_s": window_tokens / elapsed, "lr": sched.get_last_lr()[0],
+                   "grad_norm": float(grad_norm)}
+            if is_main:
+                bar.clear()
+                print(f"progress: step {step}/{total} loss {rec['loss']:.4f} "
+                      f"acc [{','.join(f'{a:.3f}' for a in acc)}] tok/s {rec['tok_s']:.0f} "
+                      f"lr {rec['lr']:.3e} epoch {epoch}", flush=True)
+                with open(metrics_path, "a") as fh:
+                    fh.write(json.dumps(rec) + "\n")
+            window_tokens, window_t0 = 0, time.monotonic()
+        stopping = step == args.stop_at
+        if step % args.save_every == 0 or step == total or stopping:
+            if is_main:
+                path = ck.save(output, step, model.trainable_state(),
+                               {"optimizer": opt.state_dict(), "scheduler": sched.state_dict()},
+                               dict(meta_base, loss=float(sums[3 * k])), args.keep)
+                bar.clear()
+                print(f"checkpoint: {path}", flush=True)
+            if world > 1:
+                dist.barrier()
+        if stopping:
+            log(f"stop-at: leaving after step {step} of {total}")
+            break
+    bar.close()
+    if exit_code == 0:
+        log(f"done: {step} steps; newest checkpoint {ck.newest(output)}")
+    if world > 1:
+        dist.destroy_process_group()
+    return exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""Spec of the train stage: the EAGLE-3 drafter fitted on extracted hidden states.
+
+Output: <output>/checkpoints/step_<N>/ (model.safetensors, trainer.pt,
+meta.json), metrics.jsonl, train_config.json. Progress comes from the log's
+`progress: step S/TOTAL loss L acc [..] tok/s X lr Y` lines (and tqdm).
+Disk estimate: kept checkpoints x params x 12 bytes (fp32 weights + AdamW's
+two fp32 moments).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ops.drafter.sizes import drafter_params
+from ops.spec import REQUIRED, EstimateContext, OpSpec
+
+CHECKPOINT_BYTES_PER_PARAM = 12
+
+
+def estimate_bytes(ctx: EstimateContext) -> int | None:
+    params = drafter_params(ctx)
+    if params is None:
+        return None
+    keep = int(ctx.params.get("keep", 3) or 0) or 1
+    return params * CHECKPOINT_BYTES_PER_PARAM * keep
+
+
+def partial_files(root: Path) -> list[Path]:
+    """Checkpoint directories left half-written (step_<N>.tmp-<pid>)."""
+    ckpts = Path(root) / "checkpoints"
+    if not ckpts.is_dir():
+        return []
+    return sorted(p for p in ckpts.iterdir() if ".tmp-" in p.name)
+
+
+SPEC = OpSpec(
+    name="train",
+    summary="fit the EAGLE-3 drafter (fc + one decoder layer, training-time test over K steps)",
+    params={
+        "data": REQUIRED,           # extract's output directory
+        "vocab": REQUIRED,          # vocab's output directory
+        "output": REQUIRED,
+        "epochs": 1,
+        "max_steps": 0,
+        "stop_at": 0,
+        "lr": 1e-4,
+        "min_lr_ratio": 0.0,
+        "warmup_ratio": 0.02,
+        "weight_decay": 0.0,
+        "grad_clip": 0.5,
+        "token_budget": 16384,      # padded tokens per micro-batch per rank; halved on OOM
+        "max_len": 4096,
+        "grad_accum": 1,
+        "ttt_steps": 7,
+        "decay": 0.8,
+        "save_every": 500,
+        "keep": 3,
+        "log_every": 10,
+        "seed": 0,
+        "workers": 2,
+        "holdout": 0,
+        "resume": False,
+        "device": "auto",
+        "num_heads": None,
+        "num_kv_heads": None,
+        "intermediate_size": None,
+    },
+    output_params=("output",),
+    uses_target=True,
+    uses_gpu=True,
+    batch_param="token_budget",
+    progress="log",
+    estimate_bytes=estimate_bytes,
+    partial_files=partial_files,
+)

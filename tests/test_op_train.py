@@ -1,0 +1,186 @@
+"""ops.train on a tiny learnable target: the drafter learns, the TTT unroll
+equals incremental decoding, DDP over 2 gloo ranks matches 1 rank at the same
+global batch, resume continues the loss curve, bad inputs get clear errors."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from ops.drafter import toy  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+torch.set_num_threads(1)     # the test machine's cores are shared; threads only contend
+
+
+@pytest.fixture(scope="module")
+def assets(request):
+    digest = hashlib.sha1(Path(toy.__file__).read_bytes()).hexdigest()[:12]
+    return toy.toy_assets(request.config.cache.mkdir(f"eagle3-toy-{digest}"))
+
+
+def train_argv(assets, out, *extra):
+    return ["--data", str(assets["data"]), "--vocab", str(assets["vocab"]), "--target", str(assets["target"]),
+            "--output", str(out), "--workers", "0", "--lr", "3e-3", "--token-budget", "256",
+            "--ttt-steps", "3", "--log-every", "1", "--warmup-ratio", "0", *extra]
+
+
+def run_train(argv) -> int:
+    from ops.train.__main__ import main
+
+    return main(argv)
+
+
+def metrics(out: Path) -> dict[int, dict]:
+    """step -> the last record written for it."""
+    recs = {}
+    for line in (out / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        recs[rec["step"]] = rec
+    return recs
+
+
+def test_loss_decreases_and_progress_lines(assets, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert run_train(train_argv(assets, out, "--epochs", "3", "--save-every", "1000")) == 0
+    recs = metrics(out)
+    steps = sorted(recs)
+    # 64 samples of 12..40 tokens in 256-token batches: 8 batches an epoch.
+    assert steps == list(range(1, 25)) and recs[24]["total"] == 24
+    first = sum(recs[s]["loss"] for s in steps[:3]) / 3
+    last = sum(recs[s]["loss"] for s in steps[-3:]) / 3
+    assert last < 0.7 * first, (first, last)
+    assert recs[steps[-1]]["acc"][0] > recs[steps[0]]["acc"][0] + 0.2
+    printed = capsys.readouterr().out
+    line = re.compile(r"^progress: step (\d+)/24 loss [\d.]+ acc \[[\d.]+,[\d.]+,[\d.]+\] tok/s \d+ lr [\d.e+-]+",
+                      re.M)
+    assert len(line.findall(printed)) == 24
+    ck = out / "checkpoints" / "step_00000024"
+    assert (ck / "model.safetensors").exists() and (ck / "meta.json").exists()
+    assert not list((out / "checkpoints").glob("*.tmp-*"))
+
+
+def test_ttt_unroll_equals_incremental_chain(assets):
+    """Step k of the training unroll at index t = drafting k+1 tokens after
+    position t with a KV cache (prefix from the target's states, then own states)."""
+    from ops.drafter.config import from_target
+    from ops.drafter.data import collate, load_sample, read_data
+    from ops.drafter.model import DraftCache, Eagle3Drafter
+    from ops.drafter.target_head import load_target_head
+    from ops.drafter.vocab import load_vocab
+
+    info = read_data(assets["data"])
+    head = load_target_head(assets["target"])
+    vocab = load_vocab(assets["vocab"])
+    torch.manual_seed(0)
+    model = Eagle3Drafter(from_target(assets["target"], vocab.size, info.layer_ids)).eval()
+    model.init_from_target(head.lm_head, vocab.d2t, vocab.t2d)
+    batch = collate([load_sample(info.samples[0], info.hidden_size, 64)])
+    ids, aux = batch["input_ids"], batch["aux"]
+    steps = 4
+    with torch.no_grad():
+        ttt = [lg for _, lg in model.unroll(ids, aux, head.embed, steps)]
+        for t in (0, 5, ids.shape[1] - steps - 2):
+            cache = DraftCache()
+            emb = torch.nn.functional.embedding(ids[:, 1:t + 2], head.embed)
+            out, logits = model.extend(emb, aux[:, :t + 1], 0, cache, fuse=True)
+            hidden = out[:, -1:]
+            torch.testing.assert_close(logits[:, -1], ttt[0][:, t], atol=1e-4, rtol=1e-4)
+            for k in range(1, steps):
+                emb = torch.nn.functional.embedding(ids[:, t + k + 1:t + k + 2], head.embed)
+                hidden, logits = model.extend(emb, hidden, t + k, cache, fuse=False)
+                torch.testing.assert_close(logits[:, -1], ttt[k][:, t], atol=1e-4, rtol=1e-4)
+
+
+def test_target_head_sharded_and_tied(tmp_path):
+    """Only embed / final norm / lm_head are read, through the index of a sharded
+    checkpoint; tied embeddings give lm_head = embed."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from ops.drafter.target_head import load_target_head
+
+    for tie in (False, True):
+        cfg = LlamaConfig(hidden_size=32, num_attention_heads=2, num_hidden_layers=2, intermediate_size=64,
+                          vocab_size=50, tie_word_embeddings=tie)
+        model = LlamaForCausalLM(cfg)
+        d = tmp_path / f"tie{tie}"
+        model.save_pretrained(d, max_shard_size="20KB")
+        assert (d / "model.safetensors.index.json").exists()
+        head = load_target_head(d)
+        assert head.tied is tie
+        torch.testing.assert_close(head.embed, model.model.embed_tokens.weight.detach())
+        torch.testing.assert_close(head.lm_head, model.lm_head.weight.detach())
+        torch.testing.assert_close(head.norm, model.model.norm.weight.detach())
+
+
+def test_bad_inputs_get_specific_errors(assets, tmp_path, capsys):
+    data = tmp_path / "hs"
+    shutil.copytree(assets["data"], data)
+    cfg = json.loads((data / "data_config.json").read_text())
+    (data / "data_config.json").write_text(json.dumps(dict(cfg, status="running")))
+    argv = train_argv(assets, tmp_path / "out")
+    argv[argv.index("--data") + 1] = str(data)
+    assert run_train(argv) == 2
+    err = capsys.readouterr().err
+    assert "data_config.json" in err and "'running'" in err
+
+    vocab = tmp_path / "vocab"
+    vocab.mkdir()
+    from safetensors.torch import save_file
+    save_file({"d2t": torch.zeros(4, dtype=torch.long), "t2d": torch.zeros(10, dtype=torch.bool)},
+              str(vocab / "vocab.safetensors"))
+    argv = train_argv(assets, tmp_path / "out")
+    argv[argv.index("--vocab") + 1] = str(vocab)
+    assert run_train(argv) == 2
+    err = capsys.readouterr().err
+    assert "vocab.safetensors" in err and "t2d covers 10 ids" in err and "96" in err
+
+
+def test_resume_continues_the_loss_curve(assets, tmp_path):
+    whole, sliced = tmp_path / "whole", tmp_path / "sliced"
+    common = ("--max-steps", "10", "--save-every", "1000")
+    assert run_train(train_argv(assets, whole, *common)) == 0
+    assert run_train(train_argv(assets, sliced, *common, "--stop-at", "4")) == 0
+    assert [s for s, _ in __import__("ops.drafter.checkpoint", fromlist=["x"]).list_checkpoints(sliced)] == [4]
+    # A torn checkpoint (crash mid-write) is never picked up.
+    (sliced / "checkpoints" / "step_00000009.tmp-1").mkdir()
+    assert run_train(train_argv(assets, sliced, *common, "--resume")) == 0
+    a, b = metrics(whole), metrics(sliced)
+    assert sorted(b) == list(range(1, 11))
+    for step in range(1, 11):
+        assert b[step]["loss"] == pytest.approx(a[step]["loss"], rel=1e-4, abs=1e-5), step
+
+
+def test_two_gloo_ranks_match_one_rank_at_the_same_global_batch(assets, tmp_path):
+    """2 ranks x 1 micro-batch (torchrun, DDP over gloo) vs 1 rank x 2
+    accumulated micro-batches: same batches per step, so the same losses up to
+    float reduction order. Tolerance: 1e-3 relative per step over 6 steps."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    common = ("--max-steps", "6", "--save-every", "1000")
+    assert run_train(train_argv(assets, one, *common, "--grad-accum", "2")) == 0
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "ops.train", *train_argv(assets, two, *common)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 rank(s) x accum 1" in proc.stdout
+    a, b = metrics(one), metrics(two)
+    assert sorted(a) == sorted(b) == list(range(1, 7))
+    for step in a:
+        assert b[step]["loss"] == pytest.approx(a[step]["loss"], rel=1e-3), step
+        assert b[step]["counted"] == a[step]["counted"]
+    from safetensors.torch import load_file
+    wa = load_file(str(one / "checkpoints" / "step_00000006" / "model.safetensors"))
+    wb = load_file(str(two / "checkpoints" / "step_00000006" / "model.safetensors"))
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], atol=2e-4, rtol=1e-3)
