@@ -83,7 +83,8 @@ def test_worker_memory_is_seen_owned_and_released(nvml):
         assert (proc.run_id, proc.stage, proc.how) == (9001, "gpu-test", "leader")
         assert proc.create_time == pytest.approx(ct, abs=0.01)
         # An orphan whose leader record is gone is still found by its environment.
-        attach_owners(report := nvml.sample(), [RunRef(run_id=9001, stage="gpu-test", pid=None, create_time=None)])
+        report = nvml.sample()
+        attach_owners(report, [RunRef(run_id=9001, stage="gpu-test", pid=None, create_time=None)])
         assert [(p.run_id, p.how) for _, p in _find(report, worker.pid)] == [(9001, "env")]
 
         held = nvml.wait_memory_released([worker.pid], timeout_s=0, poll_s=0.1)
