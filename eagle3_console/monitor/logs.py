@@ -55,7 +55,9 @@ from __future__ import annotations
 
 import os
 import re
+from bisect import bisect_right
 from collections import deque
+from itertools import accumulate
 from dataclasses import replace
 from pathlib import Path
 
@@ -94,7 +96,11 @@ _TRACEBACK = "Traceback (most recent call last):"
 _ERRORS = re.compile(r"\berrors?\s*[:=]\s*(\d+)")
 _SUMMARY = re.compile(r"\bprogress:\s+(.*)$")
 _PAIR = re.compile(r"(\S+)\s+(\S+)")
-# One cheap search per line before the specific parsers run.
+# Every line a parser can match holds one of these (found chunk-wide, see _hits);
+# tqdm's rate is `X<unit>/s]`, `X<unit>/s, <postfix>]` or, below 1/s, `Xs/<unit>`.
+_KEYS = (b"/s]", b"/s,", b"s/it", b"s/sample", b"s/step", b"s/batch", b"checkpoint shards", b"memory", b"Memory", b"Killed", b"-9", b"ignal",
+         b"SIGKILL", b"NCCL", b"nccl", b"Watchdog", b"Traceback", b"rror", b"progress:")
+# Then one search per such line before the specific parsers run.
 _ANY = re.compile(
     r"\[[\d:]+[<,]|checkpoint shards|out of memory|OutOfMemory|Not enough memory|Out of memory"
     r"|Killed|-9\b|[Ss]ignal\s*9|SIGKILL|NCCL|nccl|Traceback|errors?\s*[:=]|progress:")
@@ -221,15 +227,31 @@ class LogFollower:
             self._partial = last
         else:
             self._partial = b""
-        pos = base
-        for seg in segs:
-            self._line(seg, pos)
-            pos += len(seg)
-        self._offset = pos
+        starts = list(accumulate(map(len, segs), initial=base))
+        hits = self._hits(data, starts, base)
+        for i, seg in enumerate(segs):
+            text = self._text(seg)
+            self._to_tail(seg, text)
+            if text and (i in hits or self._tb is not None):
+                self._parse(text, starts[i])
+        self._offset = starts[-1]
         if len(self._partial) > MAX_LINE:   # no line end in sight: cut it, keep memory bounded
-            self._line(self._partial, pos)
+            self._line(self._partial, self._offset)
             self._offset += len(self._partial)
             self._partial = b""
+
+    @staticmethod
+    def _hits(data: bytes, starts: list[int], base: int) -> set[int]:
+        """Indexes of the lines holding a keyword: bytes.find over the whole
+        chunk is C speed, so most lines of a busy log never meet a regex."""
+        end = starts[-1] - base
+        hits: set[int] = set()
+        for key in _KEYS:
+            i = data.find(key, 0, end)
+            while i >= 0:
+                hits.add(bisect_right(starts, base + i) - 1)
+                i = data.find(key, i + 1, end)
+        return hits
 
     @staticmethod
     def _text(seg: bytes) -> str:
