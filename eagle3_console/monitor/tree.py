@@ -60,7 +60,7 @@ class TreeStats:
 
 
 class _Dir:
-    __slots__ = ("mtime_ns", "racy", "files", "subdirs", "bytes")
+    __slots__ = ("mtime_ns", "racy", "files", "subdirs", "bytes", "hot")
 
     def __init__(self, mtime_ns: int, racy: bool, files: dict[str, FileEntry],
                  subdirs: list[str]) -> None:
@@ -69,6 +69,8 @@ class _Dir:
         self.files = files
         self.subdirs = subdirs
         self.bytes = sum(f.size for f in files.values())
+        # Names to re-stat at each refresh, so an unchanged directory costs O(hot), not O(files).
+        self.hot = {n for n, f in files.items() if f.hot}
 
 
 def _join(rel: str, name: str) -> str:
@@ -137,7 +139,7 @@ class TreeIndex:
                 d = self._list(rel, path, d, dst, now_ns, stats)
                 if d is None:       # vanished between lstat and scandir
                     continue
-            elif d.files:
+            elif d.hot:
                 self._restat_hot(rel, path, d, now_ns, stats)
             seen.add(rel)
             for sub in d.subdirs:
@@ -210,10 +212,8 @@ class TreeIndex:
         return d
 
     def _restat_hot(self, rel: str, path: str, d: _Dir, now_ns: int, stats: TreeStats) -> None:
-        changed = False
-        for name, prev in list(d.files.items()):
-            if not prev.hot:
-                continue
+        for name in list(d.hot):
+            prev = d.files[name]
             try:
                 s = os.lstat(os.path.join(path, name))
             except OSError:
@@ -228,9 +228,9 @@ class TreeIndex:
                               self._hot(name, s.st_size, s.st_mtime_ns, now_ns, prev))
             if entry != prev:
                 d.files[name] = entry
-                changed = True
-        if changed:
-            d.bytes = sum(f.size for f in d.files.values())
+                d.bytes += entry.size - prev.size
+            if not entry.hot:
+                d.hot.discard(name)
 
     def _drop(self, rel: str, stats: TreeStats) -> None:
         d = self._dirs.pop(rel, None)
