@@ -209,3 +209,66 @@ def test_plan_batches_is_length_sorted_and_within_budget():
     assert sorted(flat) == list(range(6))
     assert [lengths[i] for i in flat] == sorted(lengths, reverse=True)
     assert all(len(b) * max(lengths[i] for i in b) <= 100 for b in batches[1:])
+
+
+@pytest.mark.slow
+def test_torchrun_two_ranks_split_the_samples(tiny, tmp_path):
+    """Two CPU ranks (gloo): each takes r::2, rank 0 finalises; same states as one process."""
+    target, prepared = tiny
+    single, multi = tmp_path / "single", tmp_path / "multi"
+    assert run_main(extract_main, extract_argv(target, prepared, single, "--token-budget", "150")) == 0
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                           "--master_port", str(29500 + os.getpid() % 1000), "-m", "ops.extract",
+                           *extract_argv(target, prepared, multi, "--token-budget", "150", "--device", "cpu")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "rank 0/2" in proc.stdout and "rank 1/2" in proc.stdout
+    config = json.loads((multi / DATA_CONFIG).read_text())
+    assert config["status"] == "complete" and config["world_size"] == 2
+    for idx in range(24):
+        a, b = load_file(str(sample_path(single, idx))), load_file(str(sample_path(multi, idx)))
+        assert a.keys() == b.keys()
+        for key in a:
+            torch.testing.assert_close(a[key], b[key], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_extraction_halves_the_budget_on_a_real_oom(tmp_path):
+    """On a GPU: a per-process memory cap makes the first batches run out of
+    memory for real; extraction halves their budget, completes, and the bf16
+    states are HF's at the canonical layers (checked by verify --deep too)."""
+    target = tmp_path / "target"
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=1000, hidden_size=512, intermediate_size=1024, num_hidden_layers=8,
+                      num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=2048)
+    LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(target)
+    prepared = make_prepared(tmp_path / "prep", n=64, min_len=100, max_len=1000, seed=5)
+    weights = sum(p.stat().st_size for p in target.glob("*.safetensors"))
+    fraction = (weights + 48 * 2**20) / torch.cuda.get_device_properties(0).total_memory
+    out = tmp_path / "out"
+    proc = run_extract_subprocess(extract_argv(target, prepared, out, "--token-budget", "65536",
+                                               "--memory-fraction", f"{fraction:.6f}"))
+    log, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, log
+    assert "OOM: halving token budget to" in log
+    assert "on cuda:0" in log
+    config = json.loads((out / DATA_CONFIG).read_text())
+    assert config["status"] == "complete" and config["dtype"] == "bfloat16"
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.bfloat16).cuda().eval()
+    for idx in (0, 17, 63):
+        data = load_file(str(sample_path(out, idx)))
+        with torch.no_grad():
+            ref = model(data["input_ids"][None].cuda(), output_hidden_states=True)
+        for j, k in enumerate([1, 3, 4]):
+            block = data["aux_hidden_states"][:, 512 * j:512 * (j + 1)].float()
+            errs = [float(torch.linalg.norm(block - h[0].float().cpu()) / torch.linalg.norm(h[0].float().cpu()))
+                    for h in ref.hidden_states]
+            assert errs.index(min(errs)) == k + 1 and errs[k + 1] < 2e-2, (idx, k, errs)
+    verify = subprocess.run([sys.executable, "-m", "ops.verify", "--input", str(out), "--deep", "4",
+                             "--recompute", "2", "--target", str(target)],
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert verify.returncode == 0, verify.stdout + verify.stderr

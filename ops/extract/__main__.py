@@ -36,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="samples waiting for a writer before the forward loop waits")
     p.add_argument("--progress-interval", type=float, default=d["progress_interval"],
                    help="seconds between `progress:` lines")
+    p.add_argument("--memory-fraction", type=float, default=d["memory_fraction"],
+                   help="cap on the share of each GPU's memory this process takes (leaves room for others)")
     p.add_argument("--tokens", type=int, default=d["tokens"],
                    help="token count for the disk estimate (default: the input's)")
     p.add_argument("--force", action="store_true", help="start even if the disk estimate exceeds free space")

@@ -113,6 +113,8 @@ def extract(args) -> int:
         import torch.distributed as dist
         dist.init_process_group(backend="gloo", timeout=_dt.timedelta(hours=24))
     placement = target_mod.choose_placement(args.device, info, world, local_rank)
+    if args.memory_fraction is not None:
+        target_mod.cap_memory(placement, args.memory_fraction)
 
     if rank == 0:
         output.write_data_config(out_dir, config)

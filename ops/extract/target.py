@@ -83,14 +83,13 @@ def choose_placement(device: str, info: TargetInfo, world: int, local_rank: int)
 
     device = str(device or "auto").lower()
     if device == "cpu":
-        if world > 1:
-            raise BadInput("device cpu under torchrun (WORLD_SIZE > 1): run one process on CPU")
+        # Under torchrun on CPU each rank still takes its share (gloo does the barriers).
         return Placement("cpu", None)
     has_cuda = torch.cuda.is_available()
     if device not in ("auto", "cuda", "balanced") and not device.startswith("cuda:"):
         raise BadInput(f"device {device!r}: expected auto, cpu, cuda, cuda:N or balanced")
     if not has_cuda:
-        if device == "auto" and world == 1:
+        if device == "auto":
             return Placement("cpu", None)
         raise BadInput(f"device {device!r}: CUDA is not available on this machine")
     if world > 1:
@@ -103,6 +102,20 @@ def choose_placement(device: str, info: TargetInfo, world: int, local_rank: int)
     if device == "balanced" or (torch.cuda.device_count() > 1 and not _fits_one_gpu(info, 0)):
         return Placement("cuda:0", "auto")
     return Placement("cuda:0", None)
+
+
+def cap_memory(placement: Placement, fraction: float) -> None:
+    """torch's per-process cap: allocations past it raise OutOfMemoryError
+    (and so take the halving path) instead of crowding other processes."""
+    import torch
+
+    if not 0 < fraction <= 1:
+        raise BadInput(f"memory_fraction {fraction}: expected a number in (0, 1]")
+    if placement.device == "cpu":
+        return
+    devices = range(torch.cuda.device_count()) if placement.device_map else [torch.device(placement.device).index or 0]
+    for index in devices:
+        torch.cuda.set_per_process_memory_fraction(fraction, index)
 
 
 def _fits_one_gpu(info: TargetInfo, index: int) -> bool:
