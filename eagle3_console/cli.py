@@ -157,11 +157,15 @@ def runs_cmd(ctx: typer.Context, stage: Optional[str] = typer.Argument(None),
     if as_json:
         print(json.dumps([r.__dict__ for r in rows], indent=2))
         return
-    t = Table("run", "stage", "status", "pid", "started", "ended", "exit", "restart of", "reason", "argv")
+    t = Table("run", "stage", "status", "pid", "started", "ended", "exit", "restart of", "reason")
+    for col in t.columns[:-1]:
+        col.no_wrap = True
     for r in rows:
         t.add_row(str(r.id), r.stage, r.status, str(r.pid or "-"), _when(r.started), _when(r.ended), _ended(r),
-                  str(r.restart_of or "-"), r.reason or "", " ".join(r.argv)[-60:])
+                  str(r.restart_of or "-"), r.reason or "")
     out.print(t)
+    if rows:
+        out.print("argv of each run: `runs --json`", highlight=False, markup=False)
 
 
 @app.command()

@@ -14,7 +14,7 @@ import pytest
 
 from eagle3_console.monitor.gpus import MemoryRelease, Nvml, NvmlUnavailable
 from eagle3_console.monitor.procs import RunRef, attach_owners
-from eagle3_console.workspace import ENV_RUN_ID
+from eagle3_console.workspace import ENV_RUN_ID, ENV_WORKSPACE
 from tests.fake_pynvml import (GiB, NVML_ERROR_DRIVER_NOT_LOADED, NVML_ERROR_LIB_RM_VERSION_MISMATCH,
                                NVML_ERROR_LIBRARY_NOT_FOUND, NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_UNKNOWN,
                                FakeGpu, FakeNvml)
@@ -28,6 +28,7 @@ def procs():
         env = dict(os.environ)
         if env_run_id is not None:
             env[ENV_RUN_ID] = env_run_id
+            env[ENV_WORKSPACE] = "/ws/gpu-test"
         p = subprocess.Popen(["sleep", "60"], env=env, start_new_session=env_run_id is not None)
         started.append(p)
         return p
@@ -210,7 +211,7 @@ def test_wait_memory_released_after_real_kill(procs):
         fake.gpus[i].compute[worker.pid] = 91 * GiB
     fake.gpus[0].compute[other.pid] = 1 * GiB
     nvml = Nvml(module=fake)
-    ref = RunRef(run_id=7, stage="extract", pid=None, create_time=None)
+    ref = RunRef(run_id=7, stage="extract", pid=None, create_time=None, workspace="/ws/gpu-test")
     report = attach_owners(nvml.sample(), [ref])
     mine = [p for g in report.gpus for p in g.processes if p.run_id == 7]
     assert len(mine) == 8 and {p.how for p in mine} == {"env"}

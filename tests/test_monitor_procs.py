@@ -17,14 +17,16 @@ import pytest
 from eagle3_console.model import GpuInfo, GpuProcess, GpuReport
 from eagle3_console.monitor.procs import (ProcessTable, RunRef, attach_owners, owner_of,
                                           process_alive, run_processes)
-from eagle3_console.workspace import ENV_RUN_ID
+from eagle3_console.workspace import ENV_RUN_ID, ENV_WORKSPACE
+
+WS = "/ws/test"
 
 # Like supervise.py: stage leader in its own process group with the run id in
 # its environment; forwards the leader's report, then lives until stdin closes.
 SUPERVISOR = r"""
 import os, subprocess, sys
 import psutil
-env = dict(os.environ, EAGLE3_RUN_ID=sys.argv[1])
+env = dict(os.environ, EAGLE3_RUN_ID=sys.argv[1], EAGLE3_WORKSPACE='/ws/test')
 leader = subprocess.Popen([sys.executable, '-c', sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]],
                           env=env, process_group=0, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
 print(leader.pid, psutil.Process(leader.pid).create_time(), flush=True)
@@ -66,7 +68,7 @@ class Tree:
         sup = psutil.Process(self.sup.pid)
         return RunRef(run_id=self.run_id, stage="extract", pid=self.leader, create_time=self.leader_ct,
                       pgid=self.leader, sid=os.getsid(self.sup.pid),
-                      supervisor_pid=sup.pid, supervisor_create_time=sup.create_time())
+                      supervisor_pid=sup.pid, supervisor_create_time=sup.create_time(), workspace=WS)
 
 
 @pytest.fixture
@@ -177,16 +179,19 @@ def test_unrelated_processes_are_not_tied(spawned):
     tree = start_tree(spawned, 43, "setsid", "exit")
     plain = subprocess.Popen(["sleep", "60"])
     other_run = subprocess.Popen(["sleep", "60"], start_new_session=True,
-                                 env=dict(os.environ, **{ENV_RUN_ID: "430"}))
-    popens.extend([plain, other_run])
+                                 env=dict(os.environ, **{ENV_RUN_ID: "430", ENV_WORKSPACE: WS}))
+    # Same run id, another workspace: run ids repeat across workspaces.
+    other_ws = subprocess.Popen(["sleep", "60"], start_new_session=True,
+                                env=dict(os.environ, **{ENV_RUN_ID: "43", ENV_WORKSPACE: "/ws/other"}))
+    popens.extend([plain, other_run, other_ws])
     ref = tree.ref()
     table = ProcessTable.snapshot()
     tied = {p.pid for p in run_processes(ref, table)}
     assert tied == {tree.worker, tree.grand}
-    for pid in (plain.pid, other_run.pid, os.getpid(), tree.sup.pid, 1):
+    for pid in (plain.pid, other_run.pid, other_ws.pid, os.getpid(), tree.sup.pid, 1):
         assert owner_of(pid, [ref], table) is None
     # With both runs known, each process goes to its own run.
-    ref430 = RunRef(run_id=430, stage="train", pid=None, create_time=None)
+    ref430 = RunRef(run_id=430, stage="train", pid=None, create_time=None, workspace=WS)
     assert owner_of(other_run.pid, [ref, ref430], table) == (430, "train", "env")
     assert owner_of(tree.worker, [ref, ref430], table) == (43, "extract", "env")
 
@@ -233,6 +238,6 @@ def test_attach_owners_fills_gpu_processes(spawned):
 def test_run_ref_from_registry_row():
     class Row:
         id, stage, pid, create_time, pgid, sid = 7, "train", 123, 1.5, 123, 100
-        supervisor_pid, supervisor_create_time = 99, 1.0
+        supervisor_pid, supervisor_create_time, cwd = 99, 1.0, "/ws"
     ref = RunRef.from_run(Row())
-    assert ref == RunRef(7, "train", 123, 1.5, 123, 100, 99, 1.0)
+    assert ref == RunRef(7, "train", 123, 1.5, 123, 100, 99, 1.0, "/ws")

@@ -32,7 +32,7 @@ from typing import Any, Iterable
 import psutil
 
 from eagle3_console.model import GpuReport
-from eagle3_console.workspace import ENV_RUN_ID
+from eagle3_console.workspace import ENV_RUN_ID, ENV_WORKSPACE
 
 # psutil derives create_time from /proc/<pid>/stat start ticks (1/100 s) plus
 # the boot time; two readings of one process agree far inside this.
@@ -70,6 +70,7 @@ class RunRef:
     sid: int | None = None
     supervisor_pid: int | None = None
     supervisor_create_time: float | None = None
+    workspace: str | None = None    # EAGLE3_WORKSPACE of its processes (the run's cwd)
 
     @classmethod
     def from_run(cls, run: Any) -> "RunRef":
@@ -77,7 +78,8 @@ class RunRef:
         return cls(run_id=run.id, stage=run.stage, pid=run.pid, create_time=run.create_time,
                    pgid=getattr(run, "pgid", None), sid=getattr(run, "sid", None),
                    supervisor_pid=getattr(run, "supervisor_pid", None),
-                   supervisor_create_time=getattr(run, "supervisor_create_time", None))
+                   supervisor_create_time=getattr(run, "supervisor_create_time", None),
+                   workspace=getattr(run, "cwd", None))
 
 
 @dataclass(frozen=True)
@@ -108,9 +110,15 @@ class _Row:
     sid: int | None
 
 
-# (pid, create_time) -> EAGLE3_RUN_ID value or None. /proc/<pid>/environ is the
-# environment the process started with, so it never changes for a process.
+# (pid, create_time) -> "<EAGLE3_WORKSPACE>\0<EAGLE3_RUN_ID>" or None.
+# /proc/<pid>/environ is the environment the process started with, so it never
+# changes for a process. Run ids are small integers repeated in every
+# workspace: an id alone would tie another workspace's workers to this run.
 _ENV_CACHE: dict[tuple[int, float], str | None] = {}
+
+
+def env_key(workspace: str | None, run_id: int | str) -> str:
+    return f"{workspace}\0{run_id}"
 
 
 def _run_id_from_environ(row: _Row) -> str | None:
@@ -119,7 +127,9 @@ def _run_id_from_environ(row: _Row) -> str | None:
         return _ENV_CACHE[key]
     value: str | None
     try:
-        value = psutil.Process(row.pid).environ().get(ENV_RUN_ID)
+        env = psutil.Process(row.pid).environ()
+        rid, ws = env.get(ENV_RUN_ID), env.get(ENV_WORKSPACE)
+        value = env_key(ws, rid) if rid is not None and ws is not None else None
     except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess, OSError):
         value = None    # another user's process, or gone: cannot be ours by env
     _ENV_CACHE[key] = value
@@ -230,7 +240,7 @@ class ProcessTable:
         excluded = {r.supervisor_pid for r in refs
                     if self.matches(r.supervisor_pid, r.supervisor_create_time)}
         excluded.add(os.getpid())
-        by_env: dict[str, RunRef] = {str(r.run_id): r for r in refs}
+        by_env: dict[str, RunRef] = {env_key(r.workspace, r.run_id): r for r in refs if r.workspace}
         for ref in refs:
             leader_ok = self.matches(ref.pid, ref.create_time)
             if leader_ok:

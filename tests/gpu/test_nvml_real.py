@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from eagle3_console.monitor.procs import RunRef, attach_owners
-from eagle3_console.workspace import ENV_RUN_ID
+from eagle3_console.workspace import ENV_RUN_ID, ENV_WORKSPACE
 
 GiB = 1 << 30
 HOLD = 2 * GiB
@@ -49,7 +49,7 @@ def test_worker_memory_is_seen_owned_and_released(nvml):
     gpu = max(usable, key=lambda g: g.mem_total - g.mem_used)
     # NVML ignores CUDA_VISIBLE_DEVICES; pinning the worker by UUID makes
     # "the right GPU" unambiguous whatever the enumeration order.
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu.uuid, **{ENV_RUN_ID: "9001"})
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu.uuid, **{ENV_RUN_ID: "9001", ENV_WORKSPACE: "/ws/gpu-test"})
     worker = subprocess.Popen([sys.executable, "-c", WORKER, str(HOLD)], env=env, start_new_session=True,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -84,7 +84,7 @@ def test_worker_memory_is_seen_owned_and_released(nvml):
         assert proc.create_time == pytest.approx(ct, abs=0.01)
         # An orphan whose leader record is gone is still found by its environment.
         report = nvml.sample()
-        attach_owners(report, [RunRef(run_id=9001, stage="gpu-test", pid=None, create_time=None)])
+        attach_owners(report, [RunRef(run_id=9001, stage="gpu-test", pid=None, create_time=None, workspace="/ws/gpu-test")])
         assert [(p.run_id, p.how) for _, p in _find(report, worker.pid)] == [(9001, "env")]
 
         held = nvml.wait_memory_released([worker.pid], timeout_s=0, poll_s=0.1)
