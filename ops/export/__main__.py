@@ -1,0 +1,160 @@
+"""python -m ops.export: write a trained drafter for SGLang and for speculators/vLLM.
+
+Data flow: train's checkpoint (newest under --checkpoint, or the one named) ->
+<output>/sglang/{config.json, model.safetensors} and
+<output>/speculators/{config.json, model.safetensors}, plus
+<output>/export_info.json (layer ids in every convention, source step, the
+--check result). bench reads either directory back. Formats and the loader
+code they were checked against: ops/export/formats.py.
+
+--check reloads what was written (shapes against config.json, the aux ids back
+through each engine's rule to the canonical ids) and compares the reloaded
+drafter's logits with the training checkpoint's over a few samples and all
+draft steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+DTYPES = ("bfloat16", "float16", "float32")
+# Relative logit error allowed after casting the weights (fp32 must round-trip exactly).
+CHECK_TOL = {"float32": 1e-5, "bfloat16": 3e-2, "float16": 5e-3}
+MIN_TOP1_AGREEMENT = 0.97
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m ops.export", description=__doc__.splitlines()[0])
+    p.add_argument("--checkpoint", required=True, help="train output directory (newest checkpoint) or a step_<N> dir")
+    p.add_argument("--output", required=True)
+    p.add_argument("--format", default="both", choices=("both", "sglang", "speculators"))
+    p.add_argument("--dtype", default="bfloat16", choices=DTYPES)
+    p.add_argument("--speculative-tokens", type=int, default=0, help="written into the speculators config "
+                   "(0: the training unroll depth)")
+    p.add_argument("--target", default=None, help="the target's checkpoint (default: the one training used)")
+    p.add_argument("--check", action="store_true")
+    p.add_argument("--check-samples", type=int, default=4)
+    p.add_argument("--data", default=None, help="hidden states for --check (default: training's)")
+    return p.parse_args(argv)
+
+
+def write_format(out: Path, fmt: str, config: dict, state: dict) -> Path:
+    from safetensors.torch import save_file
+
+    final = out / fmt
+    tmp = out / f"{fmt}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"),
+              metadata={"format": "pt"})
+    if final.exists():
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    return final
+
+
+def check(ref_model, written: dict[str, Path], meta: dict, args, target: Path) -> dict:
+    import torch
+
+    from ops.drafter.data import collate, load_sample, read_data
+    from ops.drafter.target_head import load_target_head
+    from ops.export.formats import read_export
+
+    data = read_data(Path(args.data or meta["data"]))
+    ids = list(meta.get("holdout") or []) or sorted(data.samples)
+    ids = ids[: args.check_samples]
+    embed = load_target_head(target).embed.float()
+    steps = int(meta.get("ttt_steps", 3))
+    ref_model.eval()
+    report = {"samples": ids, "steps": steps, "formats": {}}
+    for fmt, path in written.items():
+        model, cfg, _, _ = read_export(path, ref_model.cfg.target_architecture)
+        model.eval()
+        ids_ok = cfg.aux_layer_ids == ref_model.cfg.aux_layer_ids
+        worst, agree, total = 0.0, 0, 0
+        with torch.no_grad():
+            for idx in ids:
+                batch = collate([load_sample(data.samples[idx], data.hidden_size, 4096)])
+                aux = batch["aux"].float()
+                ref = [lg for _, lg in ref_model.unroll(batch["input_ids"], aux, embed, steps)]
+                got = [lg for _, lg in model.unroll(batch["input_ids"], aux, embed, steps)]
+                for a, b in zip(ref, got):
+                    worst = max(worst, float((a - b).norm() / a.norm().clamp(min=1e-12)))
+                    agree += int((a.argmax(-1) == b.argmax(-1)).sum())
+                    total += a.shape[1]
+        top1 = agree / max(1, total)
+        ok = ids_ok and worst <= CHECK_TOL[args.dtype] and top1 >= MIN_TOP1_AGREEMENT
+        report["formats"][fmt] = {"ok": ok, "aux_ids_roundtrip": ids_ok, "rel_logit_err": worst,
+                                  "top1_agreement": top1, "positions": total}
+        print(f"check: {fmt}: rel logit error {worst:.2e} (tol {CHECK_TOL[args.dtype]:.0e}), top-1 agreement "
+              f"{top1:.4f} over {total} positions ({len(ids)} samples, {steps} steps), aux ids "
+              f"{'round-trip' if ids_ok else 'DO NOT round-trip: ' + str(cfg.aux_layer_ids)} -> "
+              f"{'ok' if ok else 'FAILED'}", flush=True)
+    report["ok"] = all(f["ok"] for f in report["formats"].values())
+    return report
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    from ops import layers
+    from ops.drafter import checkpoint as ck
+    from ops.export import formats as fm
+
+    try:
+        ckpt = ck.resolve(Path(args.checkpoint))
+        model, meta = ck.load_drafter(ckpt)
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    cfg = model.cfg
+    target = Path(args.target or meta.get("target", ""))
+    dtype = getattr(torch, args.dtype)
+    state = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in model.trainable_state().items()}
+    fmts = ("sglang", "speculators") if args.format == "both" else (args.format,)
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        configs = {"sglang": lambda: fm.sglang_config(cfg, args.dtype),
+                   "speculators": lambda: fm.speculators_config(
+                       cfg, args.dtype, args.speculative_tokens or int(meta.get("ttt_steps", 7)), str(target))}
+        written = {}
+        for fmt in fmts:
+            written[fmt] = write_format(out, fmt, configs[fmt](), fm.to_format(state, fmt))
+            print(f"export: {fmt} -> {written[fmt]}", flush=True)
+    except ValueError as exc:          # e.g. no SGLang config ids reach the canonical layers
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    info = {
+        "checkpoint": str(ckpt), "step": meta.get("step"), "dtype": args.dtype,
+        "target": str(target), "target_architecture": cfg.target_architecture,
+        "target_model_type": cfg.target_model_type, "target_num_layers": cfg.target_num_layers,
+        "draft_vocab_size": cfg.draft_vocab_size, "formats": {k: str(v) for k, v in written.items()},
+        "holdout": meta.get("holdout", []), "data": meta.get("data"),
+        **layers.engine_ids(cfg.aux_layer_ids, cfg.target_num_layers or max(cfg.aux_layer_ids) + 1,
+                            cfg.target_architecture),
+    }
+    code = 0
+    if args.check:
+        try:
+            info["check"] = check(model, written, meta, args, target)
+        except (ValueError, OSError, KeyError) as exc:
+            print(f"error: --check could not run: {exc}", file=sys.stderr, flush=True)
+            return 2
+        code = 0 if info["check"]["ok"] else 1
+    (out / fm.INFO_FILE).write_text(json.dumps(info, indent=1) + "\n")
+    print(f"done: step {meta.get('step')} exported as {', '.join(fmts)} ({args.dtype}) to {out}"
+          + ("" if not args.check else f"; check {'ok' if code == 0 else 'FAILED'}"), flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""Spec of the export stage: the trained drafter in SGLang's and speculators/vLLM's formats.
+
+Output: <output>/sglang/, <output>/speculators/ (config.json + model.safetensors
+each) and <output>/export_info.json. Disk estimate: drafter params x dtype
+bytes x formats written.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ops.drafter.sizes import drafter_params
+from ops.spec import REQUIRED, EstimateContext, OpSpec, dtype_bytes
+
+
+def estimate_bytes(ctx: EstimateContext) -> int | None:
+    params = drafter_params(ctx)
+    if params is None:
+        return None
+    n_formats = 2 if ctx.params.get("format", "both") == "both" else 1
+    return params * dtype_bytes(ctx.params.get("dtype", "bfloat16")) * n_formats
+
+
+def partial_files(root: Path) -> list[Path]:
+    """Format directories left half-written (<format>.tmp-<pid>)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if ".tmp-" in p.name)
+
+
+SPEC = OpSpec(
+    name="export",
+    summary="write the drafter for SGLang (LlamaForCausalLMEagle3) and speculators/vLLM (Eagle3Speculator)",
+    params={
+        "checkpoint": REQUIRED,     # train's output directory (newest checkpoint) or a step_<N> directory
+        "output": REQUIRED,
+        "format": "both",
+        "dtype": "bfloat16",
+        "speculative_tokens": 0,
+        "check": True,
+        "check_samples": 4,
+        "data": None,
+    },
+    output_params=("output",),
+    uses_target=True,
+    uses_gpu=False,
+    progress="log",
+    estimate_bytes=estimate_bytes,
+    partial_files=partial_files,
+)
