@@ -30,8 +30,10 @@ EXIT_OK, EXIT_WARNING, EXIT_CRITICAL, EXIT_UNKNOWN, EXIT_LOCKED = 0, 1, 2, 3, 75
 app = typer.Typer(add_completion=False, no_args_is_help=False, rich_markup_mode=None,
                   help="Operations console for training EAGLE-3 drafters. No command: open the console (TUI).")
 # soft_wrap: plans list paths that must stay greppable, never folded.
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+# Piped (cron, grep) output is not folded to 80 columns.
+_PIPE_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
+out = Console(soft_wrap=True, width=_PIPE_WIDTH)
+err = Console(stderr=True, soft_wrap=True, width=_PIPE_WIDTH)
 
 
 class Ctx:
