@@ -35,6 +35,10 @@ def summary(st: StageStatus, now: float) -> Text:
                 t.append(f"/{fmt.count(sp.tokens_expected)}")
         if sp.tmp_files:
             t.append(f"  {sp.tmp_files} .tmp", "yellow")
+        if sp.bad_files:
+            t.append(f"  {sp.bad_files} unreadable", "bold red")
+        if sp.error:
+            t.append(f"\n{sp.error}", "red")
     elif log is not None and log.progress_done is not None:
         t.append("done ", "dim")
         t.append(f"{fmt.count(log.progress_done)}/{fmt.count(log.progress_total)}", "bold")
