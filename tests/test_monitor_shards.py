@@ -208,3 +208,30 @@ def test_state_round_trip_does_not_reread_headers(tmp_path):
     assert p.samples_done == 4 and p.tokens_done == 38
     # A fresh monitor reads every header, and so sees the damage.
     assert ShardMonitor(tmp_path).refresh().bad_files == 1
+
+
+def test_restored_monitor_reads_sample_lengths_only_when_needed(tmp_path):
+    old = time.time() - 3600
+    for i, t in enumerate([10, 11]):
+        sample(tmp_path / "rows_0-2000" / f"data_{i}.safetensors", t, mtime=old)
+    lengths = tmp_path / "sample_lengths.json"
+    lengths.write_text(json.dumps({"0": 100, "1": 200}))
+    for p in (lengths, tmp_path / "rows_0-2000", tmp_path):
+        os.utime(p, (old, old))
+    mon = ShardMonitor(tmp_path)
+    assert mon.refresh().tokens_done == 300      # sample_lengths.json wins over the headers
+    state = json.loads(json.dumps(mon.to_state()))
+    # Same size, same mtime, other content: a restored monitor that re-read it would say 1100.
+    lengths.write_text(json.dumps({"0": 900, "1": 200}))
+    os.utime(lengths, (old, old))
+    again = ShardMonitor.from_state(state, tmp_path)
+    assert again.refresh().tokens_done == 300
+    # A new sample changes the set: the sum is rebuilt, reading the file now.
+    sample(tmp_path / "rows_0-2000" / "data_2.safetensors", 5)
+    assert again.refresh().tokens_done == 900 + 200 + 5
+    # A damaged sample_lengths.json is reported, and still reported after a restore.
+    lengths.write_text("{broken")
+    p = again.refresh()
+    assert "sample_lengths.json" in p.error and p.tokens_done == 10 + 11 + 5
+    restored = ShardMonitor.from_state(json.loads(json.dumps(again.to_state())), tmp_path)
+    assert "sample_lengths.json" in restored.refresh().error

@@ -74,7 +74,7 @@ class ShardMonitor:
         self._tmp: set[str] = set()
         self._header_tokens: dict[str, int] = {}        # relpath -> tokens from its header
         self._bad: dict[str, list[int]] = {}            # relpath -> [size, mtime_ns] when it failed
-        self._lengths: dict[int, int] = {}              # sample idx -> tokens (sample_lengths.json)
+        self._lengths: dict[int, int] | None = None     # sample idx -> tokens; None: not read yet
         self._lengths_key: list[int] | None = None
         self._config: dict = {}
         self._config_key: list[int] | None = None
@@ -82,6 +82,9 @@ class ShardMonitor:
         self._obs: deque[tuple[float, int, int | None]] = deque()
         self._synced = False
         self._tokens_cache: tuple[int | None] | None = None   # (tokens done,) while valid
+        self._idx_sum = 0                               # with the count: a fingerprint of the sample set
+        self._restored_tokens: tuple[list, int | None] | None = None
+        self._restored_lengths_error: str | None = None
 
     # ---- refresh -------------------------------------------------------
     def refresh(self, now: float | None = None, refresh_index: bool = True) -> ShardProgress:
@@ -101,12 +104,26 @@ class ShardMonitor:
         self._retry_bad()
         self._load_config()
         self._load_lengths()
+        if self._restored_tokens is not None:
+            # A restored monitor whose samples and sample_lengths.json did not
+            # change keeps its token sum: no 20,000-entry JSON to read again.
+            fp, value = self._restored_tokens
+            self._restored_tokens = None
+            if fp == self._fingerprint():
+                self._tokens_cache = (value,)
+                if self._restored_lengths_error:
+                    self._errors[SAMPLE_LENGTHS] = self._restored_lengths_error
         return self._progress(now)
+
+    def _fingerprint(self) -> list:
+        return [self._lengths_key, len(self._samples), self._idx_sum,
+                sum(self._header_tokens.values())]
 
     def _resync(self) -> None:
         """Rebuild the sample set from the index (a fresh monitor, or restored
         state). A tight loop: this runs over every file once per process."""
         self._samples.clear()
+        self._idx_sum = 0
         self._per_dir.clear()
         self._per_layout.clear()
         self._tmp.clear()
@@ -132,7 +149,9 @@ class ShardMonitor:
                 if m is None:
                     continue
                 layout = layouts[m.group(2)]
-                self._samples[rel] = (rel_dir, layout, int(m.group(1)))
+                idx = int(m.group(1))
+                self._samples[rel] = (rel_dir, layout, idx)
+                self._idx_sum += idx
                 self._per_dir[rel_dir] += 1
                 self._per_layout[layout] += 1
                 if rel in keep_tokens:
@@ -156,6 +175,7 @@ class ShardMonitor:
         self._forget(rel)           # a file renamed over an existing sample
         self._tokens_cache = None
         self._samples[rel] = (rel_dir, layout, idx)
+        self._idx_sum += idx
         self._per_dir[rel_dir] += 1
         self._per_layout[layout] += 1
         if ext == "safetensors" and read_header:
@@ -166,6 +186,7 @@ class ShardMonitor:
         info = self._samples.pop(rel, None)
         if info is not None:
             self._tokens_cache = None
+            self._idx_sum -= info[2]
             self._per_dir[info[0]] -= 1
             self._per_layout[info[1]] -= 1
         self._header_tokens.pop(rel, None)
@@ -194,8 +215,14 @@ class ShardMonitor:
                 self._read_header(rel)
 
     def _root_file(self, name: str) -> tuple[Path, list[int] | None]:
-        entry = self.index.entry(name)
-        return self.root / name, (None if entry is None else [entry.size, entry.mtime_ns, entry.ino])
+        # Stat'ed every time rather than taken from the index: other tools
+        # rewrite these small files in place, which no directory mtime shows.
+        path = self.root / name
+        try:
+            st = os.stat(path)
+        except OSError:
+            return path, None
+        return path, [st.st_size, st.st_mtime_ns, st.st_ino]
 
     def _read_json(self, path: Path) -> dict | None:
         try:
@@ -227,17 +254,25 @@ class ShardMonitor:
         if key == self._lengths_key:
             return
         self._lengths_key = key
-        self._lengths = {}
+        self._lengths = None        # read when a token count needs it
         self._tokens_cache = None
         self._errors.pop(SAMPLE_LENGTHS, None)
-        data = self._read_json(path) if key is not None else None
+
+    def _get_lengths(self) -> dict[int, int]:
+        if self._lengths is not None:
+            return self._lengths
+        self._lengths = {}
+        if self._lengths_key is None:
+            return self._lengths
+        path = self.root / SAMPLE_LENGTHS
+        data = self._read_json(path)
         if data:
             try:
                 self._lengths = {int(k): int(v) for k, v in data.items()}
             except (TypeError, ValueError):
                 self._errors[SAMPLE_LENGTHS] = (
                     f"{path}: expected {{\"<sample idx>\": <n tokens>}} with integers")
-                self._lengths = {}
+        return self._lengths
 
     def _config_int(self, key: str) -> int | None:
         value = self._config.get(key)
@@ -256,11 +291,12 @@ class ShardMonitor:
         return self._tokens_cache[0]
 
     def _sum_tokens(self) -> int | None:
-        if not self._lengths:
+        lengths = self._get_lengths()
+        if not lengths:
             return sum(self._header_tokens.values()) if self._header_tokens else None
         total, known = 0, False
         for rel, (_d, _l, idx) in self._samples.items():
-            n = self._lengths.get(idx)
+            n = lengths.get(idx)
             if n is None:
                 n = self._header_tokens.get(rel)
             if n is not None:
@@ -269,7 +305,7 @@ class ShardMonitor:
         return total if known else None
 
     def _sample_tokens(self, rel: str) -> int | None:
-        n = self._lengths.get(self._samples[rel][2]) if self._lengths else None
+        n = self._get_lengths().get(self._samples[rel][2])
         return n if n is not None else self._header_tokens.get(rel)
 
     # ---- progress, rate, ETA ------------------------------------------
@@ -342,7 +378,7 @@ class ShardMonitor:
             if entry is not None and entry.mtime_ns >= start_ns:
                 recent.append((entry.mtime_ns, rel))
         if not recent:
-            return 0.0, 0.0 if self._header_tokens or self._lengths else None
+            return 0.0, 0.0 if self._header_tokens or self._lengths_key else None
         recent.sort()
         span = (recent[-1][0] - recent[0][0]) / 1e9
         if len(recent) < 2 or span <= 0:
@@ -362,6 +398,8 @@ class ShardMonitor:
             "header_tokens": self._header_tokens,
             "bad": self._bad,
             "obs": list(self._obs),
+            "tokens": [self._fingerprint(), self._tokens_done()] if self._synced else None,
+            "errors": self._errors,
         }
 
     @classmethod
@@ -378,6 +416,12 @@ class ShardMonitor:
             mon._bad = {str(k): [int(a), int(b)] for k, (a, b) in state["bad"].items()}
             mon._obs = deque((float(t), int(d), None if k is None else int(k))
                              for t, d, k in state["obs"])
+            tokens = state.get("tokens")
+            if tokens is not None:
+                fp, value = tokens
+                mon._restored_tokens = (list(fp), None if value is None else int(value))
+            mon._errors = {str(k): str(v) for k, v in (state.get("errors") or {}).items()}
+            mon._restored_lengths_error = mon._errors.get(SAMPLE_LENGTHS)
         except (KeyError, TypeError, ValueError):
             return cls(root, expected_samples, expected_tokens, window_s=window_s)
         return mon
