@@ -236,3 +236,17 @@ def test_room_for_before_a_run(tmp_path):
     fits, _ = room_for(tmp_path / "out", free + 10 * GiB, written_bytes=11 * GiB)
     assert fits is True
     assert room_for(tmp_path, None)[0] is None
+
+
+def test_disk_monitor_state_round_trip(tmp_path):
+    out = tmp_path / "ckpt"
+    write(out / "epoch_0" / "model.safetensors", 1234)
+    backdate(out)
+    mon = DiskMonitor("train", out, estimate_bytes=5000)
+    assert mon.refresh().written_bytes == 1234
+    again = DiskMonitor.from_state(json.loads(json.dumps(mon.to_state())))
+    du = again.refresh()
+    assert du.written_bytes == 1234 and du.estimate_bytes == 5000 and du.stage == "train"
+    assert again.index.last.dirs_listed == 0
+    with pytest.raises(ValueError, match="path"):
+        DiskMonitor.from_state({"stage": "train"})
