@@ -104,6 +104,10 @@ def test_weight_loading_is_not_stage_progress(tmp_path):
     assert st.findings["loading"].line.startswith("Loading safetensors checkpoint shards:  86%")
     st = follow_text(tmp_path, "Loading checkpoint shards:  50%|#####     | 2/4 [00:01<00:01,  1.9it/s]\n")
     assert st.load_pct == 50 and st.progress_done is None
+    # A \r-updated loading bar shows its latest percentage before the line ends.
+    st = follow_text(tmp_path, "\rLoading checkpoint shards:  25%|##| 1/4 [00:01<00:03,  1.0it/s]"
+                               "\rLoading checkpoint shards:  75%|######| 3/4 [00:03<00:01,  1.0it/s]")
+    assert st.load_pct == 75 and st.progress_done is None
 
 
 # ---- signatures ------------------------------------------------------------

@@ -19,7 +19,8 @@ Reading: only bytes not read before, in chunks of CHUNK; never the whole file.
 - Lines end at `\\n`, `\\r\\n` or a lone `\\r` (tqdm rewrites its line with
   `\\r`); in the tail a `\\r` update replaces the line it rewrote. A partial
   last line waits for its end, except that progress is read from it at once
-  (tqdm's latest update has no terminator yet). Memory is bounded: a deque of
+  (tqdm's latest update has no terminator yet), and so is a loading percentage.
+  Memory is bounded: a deque of
   `tail_lines` lines, a partial line of at most MAX_LINE bytes.
 
 Parsers (each finding keeps the line it matched; LogState.findings holds the
@@ -320,7 +321,10 @@ class LogFollower:
 
     def _peek_progress(self, partial: bytes) -> None:
         text = self._text(partial)
-        if not _LOADING.search(text):
+        m = _LOADING.search(text)
+        if m:
+            self._state.load_pct = float(m.group(1))
+        else:
             self._progress(text)
 
     def _progress(self, text: str) -> str | None:
