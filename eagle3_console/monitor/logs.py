@@ -73,7 +73,7 @@ STATE_VERSION = 1
 SUPERVISOR_PREFIX = "[eagle3-console]"
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
-_SCALE = {"": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
+_SCALE = {"k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
 
 _TQDM = re.compile(
     r"(?P<n>\d+(?:\.\d+)?[kMGTP]?)(?:/(?P<total>\d+(?:\.\d+)?[kMGTP]?))?[A-Za-z]*\s*"
@@ -99,8 +99,9 @@ _SUMMARY = re.compile(r"\bprogress:\s+(.*)$")
 _PAIR = re.compile(r"(\S+)\s+(\S+)")
 # Every line a parser can match holds one of these (found chunk-wide, see _hits);
 # tqdm's rate is `X<unit>/s]`, `X<unit>/s, <postfix>]` or, below 1/s, `Xs/<unit>`.
-_KEYS = (b"/s]", b"/s,", b"s/it", b"s/sample", b"s/step", b"s/batch", b"checkpoint shards", b"memory", b"Memory", b"Killed", b"-9", b"ignal",
-         b"SIGKILL", b"NCCL", b"nccl", b"Watchdog", b"Traceback", b"rror", b"progress:")
+_KEYS = (b"/s]", b"/s,", b"s/it", b"s/sample", b"s/step", b"s/batch", b"checkpoint shards",
+         b"memory", b"Memory", b"Killed", b"-9", b"ignal", b"SIGKILL", b"NCCL", b"nccl",
+         b"Watchdog", b"Traceback", b"rror", b"progress:")
 # Then one search per such line before the specific parsers run.
 _ANY = re.compile(
     r"\[[\d:]+[<,]|checkpoint shards|out of memory|OutOfMemory|Not enough memory|Out of memory"
@@ -108,8 +109,10 @@ _ANY = re.compile(
 
 
 def _num(text: str) -> float:
-    scale = _SCALE.get(text[-1:], None) if text and not text[-1].isdigit() else 1
-    return float(text[:-1] if scale != 1 else text) * (scale or 1)
+    """tqdm's numbers, with unit_scale suffixes: `972`, `5.80`, `1.20k`."""
+    if text and text[-1] in _SCALE:
+        return float(text[:-1]) * _SCALE[text[-1]]
+    return float(text)
 
 
 def _clock(text: str | None) -> float | None:
