@@ -135,13 +135,49 @@ def test_second_refresh_of_unchanged_20000_file_tree_lists_nothing(fast_tmp):
 
 
 def test_recently_listed_directory_is_listed_again(tmp_path):
-    write(tmp_path / "a", 1)
+    racy, settled = tmp_path / "racy", tmp_path / "settled"
+    write(racy / "a", 1)
+    write(settled / "a", 1)
+    # `racy` changed in the very tick it is listed (its mtime is not older than
+    # the listing); `settled` changed an hour ago.
+    tick = time.time_ns() + 5_000_000
+    os.utime(racy, ns=(tick, tick))
+    os.utime(settled, ns=(int(OLD * 1e9), int(OLD * 1e9)))
+    os.utime(tmp_path, ns=(int(OLD * 1e9), int(OLD * 1e9)))
     idx = TreeIndex(tmp_path)
     idx.refresh()
-    # Same kernel tick as the listing: the mtime may not change, so re-list anyway.
-    write(tmp_path / "b", 2)
+    # A second file lands within the same tick: the directory mtime does not move.
+    write(racy / "b", 2)
+    write(settled / "b", 2)
+    os.utime(racy, ns=(tick, tick))
+    os.utime(settled, ns=(int(OLD * 1e9), int(OLD * 1e9)))
     st = idx.refresh()
-    assert st.new_files == ["b"] and st.total_bytes == 3
+    assert st.new_files == ["racy/b"]          # listed again because it was racy
+    assert "settled/b" not in st.new_files      # an mtime-based index cannot see this one
+
+
+def test_whole_second_mtimes_get_a_wider_racy_window(tmp_path):
+    from eagle3_console.monitor.tree import _racy
+
+    now = 1_700_000_000_500_000_000
+    assert _racy(now - 100_000_000, now) is False                  # 100 ms ago, ns precision
+    assert _racy(1_700_000_000_000_000_000, now) is True           # whole second, 0.5 s ago
+    assert _racy(1_699_999_997_000_000_000, now) is False          # whole second, 3.5 s ago
+
+
+def test_a_fresh_tree_of_whole_files_is_not_restated_in_full(fast_tmp):
+    d = fast_tmp / "rows_0-2000"
+    d.mkdir()
+    for i in range(300):
+        (d / f"data_{i}.safetensors").write_bytes(b"x")
+    idx = TreeIndex(fast_tmp)
+    assert idx.refresh().files_stated == 300
+    # Just written, so maybe still growing: only the newest few are looked at again.
+    newest = max(d.iterdir(), key=lambda p: (p.stat().st_mtime_ns, p.name))
+    with open(newest, "ab") as fh:
+        fh.write(b"more")
+    st = idx.refresh()
+    assert 1 <= st.files_stated <= 8 and st.total_bytes == 304
 
 
 def test_symlinks_are_neither_followed_nor_counted(tmp_path):

@@ -9,10 +9,11 @@ file was created, renamed or removed in it); an unchanged directory costs one
 lstat. Inside a re-listed directory only names that are new, or whose inode
 changed (renamed over), are stat'ed. Files that may still grow in place are
 re-stat'ed on every refresh: names ending in `.tmp`, files seen growing at the
-last refresh, and files whose mtime was within `hot_s` of the moment they were
-stat'ed. A file that stops growing for longer than that and later grows in
-place without any change to its directory is not seen until the directory
-changes; the pipeline writes `*.tmp` then renames, so its outputs are exact.
+last refresh, and the newest few files (HOT_RECENT_PER_DIR) of a directory
+whose mtime was within `hot_s` of the moment they were stat'ed. A file that
+stops growing for longer than that and later grows in place without any
+change to its directory is not seen until the directory changes; the pipeline
+writes `*.tmp` then renames, so its outputs are exact.
 
 Symlinks inside the tree are never followed nor counted (the root itself may
 be a symlink: the operator named it). Sizes are apparent sizes (st_size), the
@@ -20,8 +21,9 @@ unit of the disk estimate. The root may not exist yet: the index is empty.
 
 Directory mtimes have coarse granularity (a kernel tick), so a directory
 listed in the same tick as a later change would look unchanged forever; like
-git's "racy" entries, a directory whose mtime is within RACY_NS of the moment
-it was listed is listed again at the next refresh.
+git's "racy" entries, a directory whose mtime is within RACY_NS (50 ms; 2 s
+on whole-second filesystems) of the moment it was listed is listed again at
+the next refresh.
 """
 
 from __future__ import annotations
@@ -34,7 +36,12 @@ from pathlib import Path
 from typing import Iterator, NamedTuple
 
 TMP_SUFFIX = ".tmp"
-RACY_NS = 1_000_000_000
+# A directory's mtime ticks with the kernel clock (a few ms); on filesystems
+# that keep whole seconds (mtime with no sub-second part), a whole second or two.
+RACY_NS = 50_000_000
+RACY_COARSE_NS = 2_000_000_000
+HOT_RECENT_PER_DIR = 8
+RECENT, ALWAYS = 1, 2
 STATE_VERSION = 2
 
 
@@ -71,6 +78,12 @@ class _Dir:
         self.bytes = sum(f.size for f in files.values())
         # Names to re-stat at each refresh, so an unchanged directory costs O(hot), not O(files).
         self.hot = {n for n, f in files.items() if f.hot}
+
+
+def _racy(mtime_ns: int, now_ns: int) -> bool:
+    """Listed so soon after its last change that a later change may keep the same mtime."""
+    window = RACY_COARSE_NS if mtime_ns % 1_000_000_000 == 0 else RACY_NS
+    return now_ns - mtime_ns < window
 
 
 def _join(rel: str, name: str) -> str:
@@ -158,18 +171,20 @@ class TreeIndex:
         self.last = stats
         return stats
 
-    def _hot(self, name: str, size: int, mtime_ns: int, now_ns: int, prev: FileEntry | None) -> bool:
+    def _hot(self, name: str, size: int, mtime_ns: int, now_ns: int, prev: FileEntry | None) -> int:
+        """0: settled; RECENT: written just now, may still grow; ALWAYS: a .tmp, or seen growing."""
         if name.endswith(TMP_SUFFIX):
-            return True
+            return ALWAYS
         if prev is not None and (prev.size != size or prev.mtime_ns != mtime_ns):
-            return True     # seen growing
-        return now_ns - mtime_ns < self.hot_ns
+            return ALWAYS
+        return RECENT if now_ns - mtime_ns < self.hot_ns else 0
 
     def _list(self, rel: str, path: str, old: _Dir | None, dst: os.stat_result,
               now_ns: int, stats: TreeStats) -> _Dir | None:
         old_files = old.files if old else {}
         files: dict[str, FileEntry] = {}
         subdirs: list[str] = []
+        recent: list[tuple[int, str]] = []
         try:
             it = os.scandir(path)
         except OSError:
@@ -199,15 +214,22 @@ class TreeIndex:
                     continue
                 stats.files_stated += 1
                 same = prev is not None and prev.ino == ino
-                files[name] = FileEntry(s.st_size, s.st_mtime_ns, ino,
-                                        self._hot(name, s.st_size, s.st_mtime_ns, now_ns,
-                                                  prev if same else None))
+                hot = self._hot(name, s.st_size, s.st_mtime_ns, now_ns, prev if same else None)
+                if hot == RECENT:
+                    recent.append((s.st_mtime_ns, name))
+                files[name] = FileEntry(s.st_size, s.st_mtime_ns, ino, hot == ALWAYS)
                 if not same:
                     stats.new_files.append(_join(rel, name))
+        # Of the files written just now, only the newest few can still be
+        # growing in place (one per writer); a freshly built tree of
+        # thousands of whole files must not be re-stat'ed in full.
+        recent.sort(reverse=True)
+        for _mtime, name in recent[:HOT_RECENT_PER_DIR]:
+            files[name] = files[name]._replace(hot=True)
         for name in old_files:
             if name not in files:
                 stats.removed_files.append(_join(rel, name))
-        d = _Dir(dst.st_mtime_ns, now_ns - dst.st_mtime_ns < RACY_NS, files, subdirs)
+        d = _Dir(dst.st_mtime_ns, _racy(dst.st_mtime_ns, now_ns), files, subdirs)
         self._dirs[rel] = d
         return d
 
@@ -225,7 +247,7 @@ class TreeIndex:
                 d.racy = True       # replaced: let the next listing sort it out
                 continue
             entry = FileEntry(s.st_size, s.st_mtime_ns, prev.ino,
-                              self._hot(name, s.st_size, s.st_mtime_ns, now_ns, prev))
+                              self._hot(name, s.st_size, s.st_mtime_ns, now_ns, prev) > 0)
             if entry != prev:
                 d.files[name] = entry
                 d.bytes += entry.size - prev.size
