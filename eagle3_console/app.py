@@ -93,6 +93,7 @@ class ConsoleApp(App[int]):
     Screen { layout: vertical; }
     #main { height: 1fr; }
     #middle { height: 18; }
+    LogPane { min-height: 6; }
     #middle > StageTable { width: 1fr; max-height: 100%; height: 1fr; }
     #middle > #side { width: 1fr; }
     #side > ProgressPane { height: 1fr; }

@@ -60,6 +60,11 @@ def bar_style(f: float | None) -> str:
     return "red" if f >= 0.95 else ("yellow" if f >= 0.8 else "green")
 
 
+def memory_bar(f: float | None) -> ProgressBar:
+    return ProgressBar(total=1.0, completed=f or 0.0, width=None, complete_style=bar_style(f),
+                       finished_style=bar_style(f))
+
+
 class GpuPane(VerticalScroll, can_focus=False):
     DEFAULT_CSS = """
     GpuPane { height: auto; max-height: 20; border: round $primary-darken-1; padding: 0 1; }
@@ -109,7 +114,23 @@ class GpuPane(VerticalScroll, can_focus=False):
             self._body.update("NVML sees no GPU")
             return
         width = max(self.size.width - 4, 40)
-        wide = width >= 110
+        if self.app.size.height < 32:
+            # Short terminal: several GPUs a line, so that 8 show in 4 lines at 80 columns.
+            self._body.update(self._compact(report.gpus, width))
+            return
+        halves = 2 if len(report.gpus) > 8 and width >= 150 else 1
+        if halves == 1:
+            self._body.update(self._table(report.gpus, width >= 110))
+            return
+        # 16 GPUs on a wide terminal: two tables side by side, 8 rows each.
+        n = (len(report.gpus) + 1) // 2
+        grid = Table.grid(padding=(0, 2), expand=True)
+        grid.add_column(ratio=1)
+        grid.add_column(ratio=1)
+        grid.add_row(self._table(report.gpus[:n], False), self._table(report.gpus[n:], False))
+        self._body.update(grid)
+
+    def _table(self, gpus: list[GpuInfo], wide: bool) -> Table:
         table = Table(box=None, show_header=True, header_style="bold", pad_edge=False, padding=(0, 1),
                       expand=True)
         table.add_column("#", justify="right", width=2, no_wrap=True)
@@ -119,33 +140,59 @@ class GpuPane(VerticalScroll, can_focus=False):
         table.add_column("used/total", justify="right", no_wrap=True)
         table.add_column("util", justify="right", no_wrap=True)
         table.add_column("temp", justify="right", no_wrap=True)
-        if wide:
-            table.add_column("power", justify="right", no_wrap=True)
+        table.add_column("power", justify="right", no_wrap=True)
         table.add_column("runs", ratio=1, no_wrap=True, overflow="ellipsis")
         if wide:
             table.add_column("mem history", no_wrap=True, width=20)
-        for g in report.gpus:
+        for g in gpus:
             table.add_row(*self._row(g, wide))
-        self._body.update(table)
+        return table
+
+    def _compact(self, gpus: list[GpuInfo], width: int) -> Table:
+        per_line = max(1, min(4, width // 38))
+        grid = Table.grid(padding=(0, 2), expand=True)
+        for _ in range(per_line):
+            grid.add_column(ratio=1)
+        cells = []
+        for g in gpus:
+            cell = Table.grid(padding=(0, 1), expand=True)
+            cell.add_column(width=2, justify="right", no_wrap=True)
+            cell.add_column(ratio=1, min_width=4, no_wrap=True)
+            cell.add_column(no_wrap=True)
+            f = mem_fraction(g)
+            if g.lost or (g.error and g.mem_total is None):
+                cell.add_row(str(g.index), Text("LOST" if g.lost else "error", "bold white on red"),
+                             Text((g.error or "")[:24], "yellow"))
+            else:
+                stats = Text(f"{fmt.pct(f):>4} ")
+                stats.append("u" + ("-" if g.util_pct is None else f"{g.util_pct}%"), "dim")
+                who = owners(g)
+                if who.plain:
+                    stats.append(" ")
+                    stats.append_text(who)
+                cell.add_row(str(g.index), memory_bar(f), stats)
+            cells.append(cell)
+        while len(cells) % per_line:
+            cells.append("")
+        for i in range(0, len(cells), per_line):
+            grid.add_row(*cells[i:i + per_line])
+        return grid
 
     def _row(self, g: GpuInfo, wide: bool) -> list:
         name = g.name.removeprefix("NVIDIA ")
         if g.lost or g.error and g.mem_total is None:
             problem = Text(f"{'LOST: ' if g.lost else ''}{g.error or 'fell off the bus'}",
                            "bold white on red" if g.lost else "yellow", no_wrap=True, overflow="ellipsis")
-            cells = [str(g.index)] + ([name] if wide else []) + [problem, "", "", ""]
-            cells += [""] if wide else []
+            cells = [str(g.index)] + ([name] if wide else []) + [problem, "", "", "", ""]
             cells += [owners(g)] + ([""] if wide else [])
             return cells
         f = mem_fraction(g)
-        bar = ProgressBar(total=1.0, completed=f or 0.0, width=None, complete_style=bar_style(f),
-                          finished_style=bar_style(f))
+        bar = memory_bar(f)
         used = f"{fmt.gib(g.mem_used)}/{fmt.gib(g.mem_total)}G {fmt.pct(f):>4}"
         util = "-" if g.util_pct is None else f"{g.util_pct}%"
         temp = "-" if g.temp_c is None else f"{g.temp_c}C"
         cells = [str(g.index)] + ([name] if wide else []) + [bar, used, util, temp]
-        if wide:
-            cells.append("-" if g.power_w is None else f"{g.power_w:.0f}W")
+        cells.append("-" if g.power_w is None else f"{g.power_w:.0f}W")
         cells.append(owners(g))
         if wide:
             hist = list(self._history.get(g.uuid or str(g.index), ()))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
@@ -32,27 +33,32 @@ class HeaderBar(Static):
 
     def show(self, snap: Snapshot | None, *, workspace: str, host: str, now: float,
              readonly: bool = False, sampler_error: str | None = None) -> None:
-        t = Text(no_wrap=True, overflow="ellipsis")
-        t.append("eagle3-console", "bold")
-        if readonly:
-            t.append(" [read-only]", "bold cyan")
-        t.append(f"  {workspace}", "cyan")
-        t.append(f"  {host}  ")
-        t.append(datetime.fromtimestamp(now).strftime("%Y-%m-%d %H:%M:%S"))
-        t.append("  ")
+        # Health first: at 80 columns the alert text is what gets cut, never the state.
+        left = Text(no_wrap=True, overflow="ellipsis")
+        left.append("eagle3-console ", "bold")
         if sampler_error:
-            t.append(" SAMPLER ERROR ", "bold white on red")
-            t.append(f" {sampler_error}", "red")
+            left.append(" SAMPLER ERROR ", "bold white on red")
+            left.append(f" {sampler_error}", "red")
         elif snap is None:
-            t.append("sampling...", "dim")
+            left.append("sampling...", "dim")
         else:
             health = snap.health
-            t.append(f" {health.upper()} ", HEALTH_STYLE.get(health, "bold"))
+            left.append(f" {health.upper()} ", HEALTH_STYLE.get(health, "bold"))
             alert = worst_alert(snap)
             if alert is not None:
                 more = len(snap.alerts) - 1
-                where = f"{alert.stage}: " if alert.stage else ""
-                t.append(f" {where}{alert.message}")
+                left.append(f" {alert.message}")
                 if more:
-                    t.append(f" (+{more} more)", "dim")
-        self.update(t)
+                    left.append(f" (+{more})", "dim")
+        right = Text(no_wrap=True, overflow="ellipsis", justify="right")
+        if readonly:
+            right.append("read-only ", "bold cyan")
+        right.append(workspace, "cyan")
+        right.append(f"  {host}  ")
+        fmt_ = "%Y-%m-%d %H:%M:%S" if self.size.width >= 120 else "%H:%M:%S"
+        right.append(datetime.fromtimestamp(now).strftime(fmt_))
+        grid = Table.grid(expand=True)
+        grid.add_column(ratio=1, no_wrap=True, overflow="ellipsis")
+        grid.add_column(no_wrap=True, justify="right", max_width=max(20, self.size.width // 2))
+        grid.add_row(left, right)
+        self.update(grid)

@@ -48,6 +48,21 @@ class LogView(Log):
     def __init__(self, **kw) -> None:
         super().__init__(highlight=True, auto_scroll=True, **kw)
         self.highlighter = ErrorHighlighter()
+        # Following the end until the operator scrolls up; End (or scrolling
+        # back down) follows again.
+        self.following = True
+
+    def watch_scroll_y(self, old: float, new: float) -> None:
+        super().watch_scroll_y(old, new)
+        self.following = new >= self.max_scroll_y
+
+    def on_resize(self) -> None:
+        if self.following:
+            self.call_after_refresh(self.follow)
+
+    def follow(self) -> None:
+        self.following = True
+        self.scroll_end(animate=False, immediate=True, x_axis=False)
 
 
 class LogPane(Vertical):
@@ -78,7 +93,7 @@ class LogPane(Vertical):
         key = (stage, run_id, log.path if log else None)
         if key != self._key:
             self._key = key
-            self.view.auto_scroll = True
+            self.view.following = True
         self._tail = list(log.tail) if log is not None else []
         title = "Log"
         if stage:
@@ -95,15 +110,16 @@ class LogPane(Vertical):
             lines = [ln for ln in lines if needle in ln.lower()]
         if lines == self._shown:
             return
-        follow = self.view.is_vertical_scroll_end or self._shown is None
+        follow = self.view.following
         scroll_y = self.view.scroll_y
         self._shown = list(lines)
         self.view.clear()
         self.view.write_lines(lines, scroll_end=False)
         if follow:
-            self.view.scroll_end(animate=False, immediate=True, x_axis=False)
+            self.view.follow()
         else:
             self.view.scroll_to(y=scroll_y, animate=False, immediate=True)
+            self.view.following = False
         n_err = sum(1 for ln in lines if is_error_line(ln))
         sub = "following" if follow else "scrolled (end: follow)"
         if self.filter_text:
