@@ -1,0 +1,181 @@
+"""python -m ops.bench: acceptance and speed-up of an exported drafter on held-out prompts.
+
+Data flow: export's directory (SGLang or speculators format, read back by
+ops.export.formats) + the Hugging Face target + prompts (the held-out samples
+of the hidden-state data: each sample's tokens before its first loss-masked
+token, i.e. the conversation up to the assistant's answer; or --prompts-file
+JSONL with "input_ids") -> ops.bench.speculative -> <output>/bench.json and a
+`bench:` summary line the console shows next to the stage.
+
+Reports the mean acceptance length (tokens per verifying target forward, the
+bonus token included), the acceptance rate per draft position (conditional:
+draft i accepted given drafts 1..i-1 were), and the speed-up against plain
+greedy decoding timed in the same process on the same prompts. Exits 1 when
+the speculative output differs from plain greedy output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m ops.bench", description=__doc__.splitlines()[0])
+    p.add_argument("--drafter", required=True, help="export output directory (or its sglang/ or speculators/)")
+    p.add_argument("--target", required=True)
+    p.add_argument("--output", required=True)
+    p.add_argument("--data", default=None, help="hidden-state data for prompts (default: the export's)")
+    p.add_argument("--prompts-file", default=None, help='JSONL lines with "input_ids" (instead of --data)')
+    p.add_argument("--num-prompts", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--draft-tokens", type=int, default=5, help="K: drafts per target forward")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto", help="auto (the target's), bfloat16, float16, float32")
+    return p.parse_args(argv)
+
+
+def prompts_from_data(data_dir: Path, indices: list[int], n: int) -> list[tuple[int, list[int]]]:
+    from safetensors import safe_open
+
+    from ops.drafter.data import read_data
+
+    info = read_data(data_dir)
+    chosen = [i for i in indices if i in info.samples] or sorted(info.samples)[-n:]
+    out = []
+    for idx in chosen:
+        with safe_open(str(info.samples[idx]), framework="pt") as fh:
+            ids = fh.get_tensor("input_ids").tolist()
+            mask = fh.get_tensor("loss_mask").tolist()
+        first = next((i for i, m in enumerate(mask) if m), len(ids))
+        if first >= 2:
+            out.append((idx, ids[:first]))
+        if len(out) == n:
+            break
+    return out
+
+
+def prompts_from_file(path: Path, n: int) -> list[tuple[int, list[int]]]:
+    out = []
+    for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            ids = json.loads(line)["input_ids"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}:{lineno}: expected a JSON object with 'input_ids' ({exc})") from None
+        if not isinstance(ids, list) or len(ids) < 2 or not all(isinstance(i, int) for i in ids):
+            raise ValueError(f"{path}:{lineno}: 'input_ids' must be a list of at least 2 integers")
+        out.append((lineno, ids))
+        if len(out) == n:
+            break
+    return out
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ops import layers
+    from ops.bench.speculative import SpecStats, TargetRunner, greedy, speculative
+    from ops.drafter.config import read_target_config
+    from ops.export.formats import INFO_FILE, read_export
+
+    out_dir = Path(args.output)
+    try:
+        tcfg = read_target_config(Path(args.target))
+        arch = (tcfg.get("architectures") or ["LlamaForCausalLM"])[0]
+        drafter, dcfg, fmt, ddir = read_export(Path(args.drafter), arch)
+        info_path = ddir.parent / INFO_FILE
+        info = json.loads(info_path.read_text()) if info_path.exists() else {}
+        if args.prompts_file:
+            prompts = prompts_from_file(Path(args.prompts_file), args.num_prompts)
+        else:
+            data = args.data or info.get("data")
+            if not data:
+                raise ValueError(f"no prompts: pass --data or --prompts-file ({info_path} names no data)")
+            prompts = prompts_from_data(Path(data), list(info.get("holdout") or []), args.num_prompts)
+        if not prompts:
+            raise ValueError("no usable prompts (each needs >= 2 tokens before the answer)")
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    if dcfg.target_vocab_size != int(tcfg.get("vocab_size", dcfg.target_vocab_size)):
+        print(f"error: drafter's vocab_size {dcfg.target_vocab_size} != the target's {tcfg.get('vocab_size')} "
+              f"({args.target}/config.json)", file=sys.stderr, flush=True)
+        return 2
+
+    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda" if use_cuda else "cpu")
+    if args.dtype == "auto":
+        dtype = torch.bfloat16 if use_cuda else torch.float32
+    else:
+        dtype = getattr(torch, args.dtype)
+    model = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).to(device).eval()
+    drafter = drafter.to(device=device, dtype=dtype).eval()
+    embed = model.get_input_embeddings().weight
+    runner = TargetRunner(model, layers.hf_hidden_states_indices(dcfg.aux_layer_ids))
+    eos_cfg = tcfg.get("eos_token_id")
+    eos = set(eos_cfg if isinstance(eos_cfg, list) else [eos_cfg] if eos_cfg is not None else [])
+    k = args.draft_tokens
+    print(f"bench: {len(prompts)} prompts, {args.max_new_tokens} new tokens, K={k}, drafter {ddir} ({fmt}), "
+          f"aux layers {dcfg.aux_layer_ids}, device {device}, {str(dtype).replace('torch.', '')}", flush=True)
+
+    greedy(runner, prompts[0][1], 4, eos)               # warm-up: first-call allocations out of the timing
+    stats = SpecStats()
+    t_plain = t_spec = 0.0
+    fw_plain = fw_spec = tokens = 0
+    mismatches = []
+    for i, (idx, prompt) in enumerate(prompts):
+        t0 = time.perf_counter()
+        ref, f1 = greedy(runner, prompt, args.max_new_tokens, eos)
+        t1 = time.perf_counter()
+        got, f2 = speculative(runner, drafter, embed, prompt, args.max_new_tokens, k, eos, stats)
+        t2 = time.perf_counter()
+        t_plain += t1 - t0
+        t_spec += t2 - t1
+        fw_plain += f1
+        fw_spec += f2
+        tokens += len(ref)
+        if got != ref:
+            first = next((j for j, (a, b) in enumerate(zip(got, ref)) if a != b), min(len(got), len(ref)))
+            mismatches.append({"prompt": idx, "first_diff": first, "greedy": ref, "speculative": got})
+        print(f"progress: prompt {i + 1}/{len(prompts)} accept length "
+              f"{stats.tokens_from_verify / max(1, stats.verify_forwards):.2f}", flush=True)
+    acc_len = stats.tokens_from_verify / max(1, stats.verify_forwards)
+    per_pos = [a / r if r else 0.0 for a, r in zip(stats.accepted_at, stats.reached)]
+    frac_pos = [a / max(1, stats.verify_forwards) for a in stats.accepted_at]
+    result = {
+        "drafter": str(ddir), "format": fmt, "target": str(args.target), "device": str(device),
+        "dtype": str(dtype).replace("torch.", ""), "aux_layer_ids": dcfg.aux_layer_ids,
+        "prompts": [idx for idx, _ in prompts], "max_new_tokens": args.max_new_tokens, "draft_tokens": k,
+        "acceptance_length": acc_len, "accept_rate_per_position": per_pos,
+        "accepted_fraction_per_position": frac_pos, "verify_forwards": stats.verify_forwards,
+        "target_forwards_plain": fw_plain, "target_forwards_speculative": fw_spec, "tokens": tokens,
+        "time_plain_s": t_plain, "time_speculative_s": t_spec,
+        "tok_s_plain": tokens / max(t_plain, 1e-9), "tok_s_speculative": tokens / max(t_spec, 1e-9),
+        "speedup": t_plain / max(t_spec, 1e-9),
+        "outputs_match": not mismatches, "mismatches": mismatches,
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / f"bench.json.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    os.replace(tmp, out_dir / "bench.json")
+    print(f"bench: acceptance length {acc_len:.2f} (K={k}) | accept/pos "
+          f"[{','.join(f'{p:.2f}' for p in per_pos)}] | speed-up {result['speedup']:.2f}x "
+          f"(plain {result['tok_s_plain']:.1f} tok/s, speculative {result['tok_s_speculative']:.1f} tok/s) | "
+          f"greedy match {len(prompts) - len(mismatches)}/{len(prompts)}", flush=True)
+    if mismatches:
+        print(f"error: speculative output differs from greedy on prompts "
+              f"{[m['prompt'] for m in mismatches]}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""Spec of the bench stage: speculative decoding with the exported drafter vs plain greedy.
+
+Output: <output>/bench.json (acceptance length, acceptance per draft position,
+speed-up, whether outputs matched greedy); the log's `bench:` line is the
+summary the console shows next to the stage.
+"""
+
+from __future__ import annotations
+
+from ops.spec import REQUIRED, OpSpec
+
+SPEC = OpSpec(
+    name="bench",
+    summary="reference EAGLE-3 speculative decoding (chain, top-1) vs greedy: acceptance length, speed-up",
+    params={
+        "drafter": REQUIRED,        # export's output directory
+        "output": REQUIRED,
+        "data": None,
+        "prompts_file": None,
+        "num_prompts": 8,
+        "max_new_tokens": 64,
+        "draft_tokens": 5,
+        "device": "auto",
+        "dtype": "auto",
+    },
+    output_params=("output",),
+    uses_target=True,
+    uses_gpu=True,
+    progress="log",
+    estimate_bytes=lambda ctx: 64 * 1024,
+)
