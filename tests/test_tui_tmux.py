@@ -85,8 +85,7 @@ def test_console_in_tmux_shows_the_run_and_quit_says_it_keeps_running(live_ws):
     tmux = Tmux(ws.root, f"e3tui{os.getpid()}")
     try:
         tmux.start(console_cmd(ws.root) + "; echo CONSOLE-EXITED $?; sleep 60", (100, 30))
-        screen = tmux.wait_screen("Stages", "slow", "running", "NVML unavailable")
-        assert "s start" in screen and "q quit" in screen
+        tmux.wait_screen("Stages", "slow", "running", "NVML unavailable", "s start", "q quit")
         tmux.keys("q")
         screen = tmux.wait_screen("keep running")
         assert f"slow (run {r.id}, pid {r.pid}, running)" in screen
