@@ -184,3 +184,22 @@ def test_two_gloo_ranks_match_one_rank_at_the_same_global_batch(assets, tmp_path
     wb = load_file(str(two / "checkpoints" / "step_00000006" / "model.safetensors"))
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], atol=2e-4, rtol=1e-3)
+
+
+@pytest.mark.parametrize("stage", ["train", "export", "bench"])
+def test_spec_params_are_the_programs_flags(stage):
+    """Every param the console may pass (defaults included) parses as a flag of
+    the program, and importing the spec pulls in no torch."""
+    import importlib
+
+    from ops import get_spec
+
+    spec = get_spec(stage)
+    required = {k: f"/x/{k}" for k in spec.missing_params({})}
+    argv = spec.argv(required, target_path="/x/target")
+    main_mod = importlib.import_module(f"ops.{stage}.__main__")
+    args = main_mod.parse_args(argv[3:])
+    for key, value in required.items():
+        assert getattr(args, key) == value
+    code = f"import sys, ops.{stage}.spec; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
