@@ -259,25 +259,53 @@ def test_rotation_follows_the_new_file(tmp_path):
     assert f.refresh().errors == 8
 
 
-def test_first_open_of_a_big_file_reads_only_its_end(tmp_path):
+def big_log(path):
+    """An old OOM, traceback, progress and errors counter, then 52 KB of filler."""
+    with open(path, "wb") as fh:
+        fh.write(b"CUDA out of memory long ago\n"
+                 b"progress: samples 5/1000 tokens 900 errors 2 tok/s 10.0\n"
+                 b"Traceback (most recent call last):\n  File \"w.py\", line 3, in run\n"
+                 b"    step()\nKeyError: 'input_ids'\n")
+        fh.write(b"filler line of a busy log\n" * 2000)
+    return path.stat().st_size
+
+
+def test_first_open_of_a_big_file_parses_its_end_and_scans_before_it(tmp_path):
     log = tmp_path / "big.log"
-    with open(log, "wb") as fh:
-        fh.write(b"CUDA out of memory long ago\n")
-        fh.write(b"filler line of a busy log\n" * 2000)   # 52 KB
-        fh.write(b"progress: samples 972/1000 tokens 502983 errors 0 tok/s 2910.5\n")
+    size = big_log(log)
     f = LogFollower(log, tail_lines=3, first_open_bytes=4096)
     st = f.refresh()
-    assert st.progress_done == 972 and st.oom is None
-    size = log.stat().st_size
-    # Jumped to 4096 bytes before the end, then to the next line start (lines are 26 bytes).
-    assert size - 4096 <= st.skipped_bytes < size - 4096 + 26
-    assert f.offset == size
-    assert len(st.tail) == 3 and st.tail[0] == "filler line of a busy log"   # no cut line
-    # A burst larger than max_read_bytes is jumped over the same way.
-    f.max_read_bytes = 1000
-    append(log, b"torch.OutOfMemoryError: lost in the burst\n" + b"more filler here\n" * 500 + b"errors: 4\n")
+    # Signatures before the parsed end are found by the scan ...
+    assert st.oom.line == "CUDA out of memory long ago" and st.oom.at_offset == 0
+    assert st.findings["traceback"].line == "KeyError: 'input_ids'"
+    # ... but old progress is not parsed, and the tail holds the end only.
+    assert st.progress_done is None and "progress" not in st.findings
+    assert st.tail == ["filler line of a busy log"] * 3
+    assert f.offset == size and st.skipped_bytes < 26      # at most the rest of a cut line
+
+    # With a small scan window the oldest lines are skipped, and counted.
+    st = LogFollower(log, first_open_bytes=4096, max_scan_bytes=8192).refresh()
+    assert st.oom is None and "traceback" not in st.findings
+    assert size - 4096 - 8192 <= st.skipped_bytes < size - 4096 - 8192 + 26
+
+
+def test_a_burst_is_parsed_at_its_end_and_scanned_before(tmp_path):
+    log = tmp_path / "run.log"
+    append(log, "starting\n")
+    f = LogFollower(log, tail_lines=2, max_read_bytes=1000)
+    f.refresh()
+    append(log, b"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+                + b"progress: samples 1/9 tokens 1 errors 0 tok/s 1.0\n" + b"more filler here\n" * 500
+                + b"errors: 4\n")
     st = f.refresh()
-    assert st.errors == 4 and st.oom is None and st.tail[-1] == "errors: 4"
+    assert st.errors == 4 and st.tail == ["more filler here", "errors: 4"]
+    assert st.oom.line.startswith("torch.OutOfMemoryError") and st.progress_done is None
+    # Without a scan window, what the burst held before its end is skipped.
+    g = LogFollower(log, max_read_bytes=1000, max_scan_bytes=0)
+    g.refresh()
+    append(log, b"NCCL error: unhandled system error\n" + b"more filler here\n" * 500)
+    st = g.refresh()
+    assert "nccl" not in st.findings and 35 + 8500 - 1000 <= st.skipped_bytes < 35 + 8500 - 1000 + 17
 
 
 def test_very_long_line_is_cut_to_bound_memory(tmp_path):

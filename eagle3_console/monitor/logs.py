@@ -6,13 +6,14 @@ puts the LogState on the stage; alerts and the watch policy read its findings.
 to_state()/from_state() let a one-shot `status` continue from the last offset.
 
 Reading: only bytes not read before, in chunks of CHUNK; never the whole file.
-- The first open of a file larger than `first_open_bytes` (4 MiB) starts that
-  far from the end, not at the beginning: on a 1 GB log the signatures of
-  older lines are not seen (the parsers want the current state; a dying
-  program prints its OOM and traceback last). The bytes jumped over are
-  counted in LogState.skipped_bytes.
-- More than `max_read_bytes` (32 MiB) of new bytes since the last refresh:
-  the same jump, to the last `max_read_bytes`.
+- The first open of a file larger than `first_open_bytes` (1 MiB) parses
+  only that much of its end, not the file from the beginning; more than
+  `max_read_bytes` (4 MiB) of new bytes since the last refresh is treated the
+  same way. Before that part, up to `max_scan_bytes` (16 MiB) are scanned for
+  error signatures only (keywords found with bytes.find, the parsers run on
+  those lines alone), so an old OOM is still seen but old progress lines are
+  not parsed. Bytes beyond that, on a 1 GB log, are neither: they are counted
+  in LogState.skipped_bytes.
 - Rotation (another inode at the path) and truncation (size below what was
   read) restart from byte 0 of the file now at the path; findings and
   counters are kept: they are the history of what the program printed.
@@ -65,8 +66,9 @@ from pathlib import Path
 from eagle3_console.model import LogFinding, LogState
 
 CHUNK = 1 << 20
-FIRST_OPEN_BYTES = 4 << 20
-MAX_READ_BYTES = 32 << 20
+FIRST_OPEN_BYTES = 1 << 20
+MAX_READ_BYTES = 4 << 20
+MAX_SCAN_BYTES = 16 << 20
 TAIL_PRIME_BYTES = 64 << 10
 MAX_LINE = 256 << 10
 STATE_VERSION = 1
@@ -102,17 +104,22 @@ _PAIR = re.compile(r"(\S+)\s+(\S+)")
 _KEYS = (b"/s]", b"/s,", b"s/it", b"s/sample", b"s/step", b"s/batch", b"checkpoint shards",
          b"memory", b"Memory", b"Killed", b"-9", b"ignal", b"SIGKILL", b"NCCL", b"nccl",
          b"Watchdog", b"Traceback", b"rror", b"progress:")
-# Then one search per such line before the specific parsers run.
-_ANY = re.compile(
-    r"\[[\d:]+[<,]|checkpoint shards|out of memory|OutOfMemory|Not enough memory|Out of memory"
-    r"|Killed|-9\b|[Ss]ignal\s*9|SIGKILL|NCCL|nccl|Traceback|errors?\s*[:=]|progress:")
-
+# For the signature-only scan: no progress, and no `errors` counter (a busy
+# progress line carries one; the latest value comes from the parsed end).
+_SIGNATURE_KEYS = (b"memory", b"Memory", b"Killed", b"-9", b"ignal", b"SIGKILL", b"NCCL", b"nccl",
+                   b"Watchdog", b"Traceback")
 
 def _num(text: str) -> float:
     """tqdm's numbers, with unit_scale suffixes: `972`, `5.80`, `1.20k`."""
     if text and text[-1] in _SCALE:
         return float(text[:-1]) * _SCALE[text[-1]]
     return float(text)
+
+
+def _line_end(data: bytes, i: int, cut: int) -> int:
+    """The index just past the line end at or after i (or cut)."""
+    ends = [e for e in (data.find(b"\n", i, cut), data.find(b"\r", i, cut)) if e >= 0]
+    return min(ends) + 1 if ends else cut
 
 
 def _clock(text: str | None) -> float | None:
@@ -129,10 +136,12 @@ def _clock(text: str | None) -> float | None:
 class LogFollower:
     def __init__(self, path: str | os.PathLike, tail_lines: int = 200,
                  first_open_bytes: int = FIRST_OPEN_BYTES,
-                 max_read_bytes: int = MAX_READ_BYTES) -> None:
+                 max_read_bytes: int = MAX_READ_BYTES,
+                 max_scan_bytes: int = MAX_SCAN_BYTES) -> None:
         self.path = Path(path)
         self.first_open_bytes = first_open_bytes
         self.max_read_bytes = max_read_bytes
+        self.max_scan_bytes = max_scan_bytes
         self._tail: deque[str] = deque(maxlen=tail_lines)
         self._cr_last = False           # the last tail line ended with a lone \r: replace it next
         self._offset = 0                # bytes consumed: the start of the partial line
@@ -174,7 +183,12 @@ class LogFollower:
             start = self._offset + len(self._partial)
             limit = self.first_open_bytes if first else self.max_read_bytes
             if info.st_size - start > limit:
-                self._jump(fh, info.st_size - limit)
+                parse_from = info.st_size - limit
+                scan_from = max(start, parse_from - self.max_scan_bytes)
+                st.skipped_bytes += scan_from - start
+                if scan_from < parse_from:
+                    self._scan(fh, scan_from, parse_from)
+                self._jump(fh, parse_from)
                 start = self._offset
             fh.seek(start)
             remaining = info.st_size - start
@@ -189,10 +203,11 @@ class LogFollower:
         return self._snapshot()
 
     def _jump(self, fh, pos: int) -> None:
-        """Skip to `pos`, then to the start of the next line (unless pos is one)."""
+        """Go to `pos`, then to the start of the next line (unless pos is one);
+        the bytes before `pos` were scanned or counted as skipped already."""
         fh.seek(pos - 1)
         before = fh.read(1)
-        skipped = pos - (self._offset + len(self._partial))
+        skipped = 0
         self._partial, self._cr_last, self._tb = b"", False, None
         self._offset = pos
         if before not in (b"\n", b"\r"):
@@ -208,6 +223,42 @@ class LogFollower:
                 self._offset += len(chunk)
                 skipped += len(chunk)
         self._state.skipped_bytes += skipped
+
+    def _scan(self, fh, begin: int, end: int) -> None:
+        """Signatures only over [begin, end): their keywords are found with
+        bytes.find (C speed, no line splitting), the parsers run on those lines
+        alone (plus the frames of a traceback); no progress, no tail. So a
+        burst or a first open skips the progress of old lines but not an OOM,
+        NCCL error or traceback in them."""
+        fh.seek(begin)
+        pos, carry = begin, b""
+        while pos < end:
+            chunk = fh.read(min(CHUNK, end - pos))
+            if not chunk:
+                break
+            data, base = carry + chunk, pos - len(carry)
+            pos += len(chunk)
+            cut = len(data) if pos >= end else max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
+            carry = data[cut:] if len(data) - cut <= MAX_LINE else b""
+            if cut <= 0:
+                continue
+            hits: set[int] = set()
+            for key in _SIGNATURE_KEYS:
+                i = data.find(key, 0, cut)
+                while i >= 0:
+                    hits.add(i)
+                    i = data.find(key, i + 1, cut)
+            free = 0                # lines before this were parsed already
+            for h in sorted(hits):
+                if h < free:
+                    continue
+                start = max(data.rfind(b"\n", 0, h), data.rfind(b"\r", 0, h)) + 1
+                free = _line_end(data, h, cut)
+                self._parse(self._text(data[start:free]), base + start, signatures_only=True)
+                while self._tb is not None and free < cut:
+                    nxt = _line_end(data, free, cut)
+                    self._parse(self._text(data[free:nxt]), base + free, signatures_only=True)
+                    free = nxt
 
     def _prime(self, fh) -> None:
         """Restored from state: rebuild the tail from the bytes before the offset, unparsed."""
@@ -245,12 +296,12 @@ class LogFollower:
             self._partial = b""
 
     @staticmethod
-    def _hits(data: bytes, starts: list[int], base: int) -> set[int]:
+    def _hits(data: bytes, starts: list[int], base: int, keys: tuple[bytes, ...] = ()) -> set[int]:
         """Indexes of the lines holding a keyword: bytes.find over the whole
         chunk is C speed, so most lines of a busy log never meet a regex."""
         end = starts[-1] - base
         hits: set[int] = set()
-        for key in _KEYS:
+        for key in keys or _KEYS:
             i = data.find(key, 0, end)
             while i >= 0:
                 hits.add(bisect_right(starts, base + i) - 1)
@@ -282,7 +333,7 @@ class LogFollower:
     def _find(self, kind: str, line: str, offset: int, key: str | None = None) -> None:
         self._state.findings[key or kind] = LogFinding(kind=kind, line=line, at_offset=offset)
 
-    def _parse(self, text: str, offset: int) -> None:
+    def _parse(self, text: str, offset: int, signatures_only: bool = False) -> None:
         if text.startswith(SUPERVISOR_PREFIX):
             return
         if self._tb is not None:
@@ -292,15 +343,17 @@ class LogFollower:
                 return          # a frame, its source line, a caret line
             self._tb = None     # the final exception line
             self._find("traceback", text.strip(), offset)
-        if not _ANY.search(text):
-            return
+        # Each parser runs behind a substring test: most lines pay a few `in`s.
         stripped = text.strip()
-        idx = text.find(_TRACEBACK)
-        if idx >= 0:
-            self._tb = {"prefix": text[:idx]}
-            self._find("traceback", stripped, offset)
-        m = _LOADING.search(text)
-        if m:
+        if "Traceback" in text:
+            idx = text.find(_TRACEBACK)
+            if idx >= 0:
+                self._tb = {"prefix": text[:idx]}
+                self._find("traceback", stripped, offset)
+        m = _LOADING.search(text) if "checkpoint shards" in text else None
+        if signatures_only:
+            how = None
+        elif m:
             self._state.load_pct = float(m.group(1))
             self._find("loading", stripped, offset)
             how = None
@@ -308,19 +361,22 @@ class LogFollower:
             how = self._progress(text)
             if how:
                 self._find("progress", stripped, offset)
-        if _OOM.search(text):
+        if ("emory" in text or "out of memory" in text) and _OOM.search(text):
             self._find("oom", stripped, offset)
-        if _KILLED.search(text):
+        if ("Killed" in text or "-9" in text or "ignal" in text or "SIGKILL" in text) \
+                and _KILLED.search(text):
             self._find("killed", stripped, offset)
             self._find("killed", stripped, offset, key="oom")
-        if _NCCL.search(text):
+        if ("NCCL" in text or "nccl" in text or "Watchdog" in text) and _NCCL.search(text):
             self._find("nccl", stripped, offset)
-        m = _ERRORS.search(text)
-        if m and how != "summary":     # a summary line's errors are summed over ranks
-            self._state.errors = int(m.group(1))
-            self._find("errors", stripped, offset)
-        elif how == "summary" and " errors " in text:
-            self._find("errors", stripped, offset)
+        if how == "summary":            # a summary line's errors are summed over ranks
+            if " errors " in text:
+                self._find("errors", stripped, offset)
+        elif "rror" in text:
+            m = _ERRORS.search(text)
+            if m:
+                self._state.errors = int(m.group(1))
+                self._find("errors", stripped, offset)
 
     def _peek_progress(self, partial: bytes) -> None:
         text = self._text(partial)
@@ -332,10 +388,10 @@ class LogFollower:
 
     def _progress(self, text: str) -> str | None:
         """Update progress from a summary or tqdm line: which one matched, or None."""
-        m = _SUMMARY.search(text)
+        m = _SUMMARY.search(text) if "progress:" in text else None
         if m:
             return "summary" if self._summary(m.group(1)) else None
-        m = _TQDM.search(text)
+        m = _TQDM.search(text) if "[" in text else None
         if not m:
             return None
         st = self._state
@@ -388,8 +444,10 @@ class LogFollower:
         parts = list(self._ranks.values())
 
         def total(key):
+            if len(parts) == 1:
+                return parts[0].get(key)
             vals = [p.get(key) for p in parts]
-            return sum(vals) if vals and all(v is not None for v in vals) else None
+            return sum(vals) if all(v is not None for v in vals) else None
 
         st = self._state
         if "done" in fields:
