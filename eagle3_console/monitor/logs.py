@@ -59,8 +59,8 @@ import os
 import re
 from bisect import bisect_right
 from collections import deque
-from itertools import accumulate
 from dataclasses import replace
+from itertools import accumulate
 from pathlib import Path
 
 from eagle3_console.model import LogFinding, LogState
@@ -108,6 +108,7 @@ _KEYS = (b"/s]", b"/s,", b"s/it", b"s/sample", b"s/step", b"s/batch", b"checkpoi
 # progress line carries one; the latest value comes from the parsed end).
 _SIGNATURE_KEYS = (b"memory", b"Memory", b"Killed", b"-9", b"ignal", b"SIGKILL", b"NCCL", b"nccl",
                    b"Watchdog", b"Traceback")
+
 
 def _num(text: str) -> float:
     """tqdm's numbers, with unit_scale suffixes: `972`, `5.80`, `1.20k`."""
