@@ -39,7 +39,7 @@ def plan_batches(indices: Sequence[int], lengths: Callable[[int], int] | Sequenc
 class SampleTooLarge(RuntimeError):
     """One sample alone does not fit in device memory."""
 
-    def __init__(self, idx: int, tokens: int, cause: BaseException) -> None:
+    def __init__(self, idx: int, tokens: int, cause: str) -> None:
         super().__init__(f"OOM: sample {idx} ({tokens} tokens) alone does not fit in device memory; "
                          f"lower max_seq_len or use more GPUs per replica. {cause}")
         self.idx, self.tokens = idx, tokens
@@ -51,13 +51,15 @@ def run_with_oom_retry(batch: list[int], lengths: Callable[[int], int], budget: 
     """forward(batch); on an out-of-memory error, halve this batch's budget,
     re-plan it and run the pieces (recursively). Raises SampleTooLarge when
     one sample alone runs out of memory."""
-    failure: BaseException | None = None
     try:
         forward(batch)
         return
     except oom_types as exc:
-        failure = exc
-    # Outside the except block: the traceback no longer pins the batch's tensors.
+        # Keep only the text: the exception's traceback pins the failed
+        # forward's frames and so its device tensors (seen on an H200: the
+        # halved retries ran out of memory on the leftovers).
+        failure = str(exc)
+    # Outside the except block, so the memory can actually be released.
     on_oom()
     if len(batch) == 1:
         raise SampleTooLarge(batch[0], lengths(batch[0]), failure)
