@@ -174,6 +174,11 @@ def test_bad_inputs_get_clear_errors(tiny, tmp_path, capsys):
     out = tmp_path / "o3"
     assert run_main(extract_main, extract_argv(target, prepared, out, "--num-samples", "3")) == 0
     capsys.readouterr()
+    # Re-running a finished output is a no-op that does not load the target.
+    assert run_main(extract_main, extract_argv(target, prepared, out, "--num-samples", "3")) == 0
+    log = capsys.readouterr().out
+    assert "nothing to extract" in log and "loading target" not in log
+    assert json.loads((out / DATA_CONFIG).read_text())["status"] == "complete"
     assert run_main(extract_main, extract_argv(target, prepared, out, "--num-samples", "3",
                                                "--layer-ids", "0,2,5")) == 2
     assert "the output holds other data" in capsys.readouterr().err
@@ -272,3 +277,16 @@ def test_cuda_extraction_halves_the_budget_on_a_real_oom(tmp_path):
                              "--recompute", "2", "--target", str(target)],
                             cwd=REPO, capture_output=True, text=True, timeout=300)
     assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+def test_spec_argv_is_what_the_program_parses():
+    from ops.extract.__main__ import build_parser
+    from ops.extract.spec import SPEC
+
+    argv = SPEC.argv({"input": "p", "output": "o", "layer_ids": [2, 30, 58], "force": True,
+                      "memory_fraction": 0.9}, target_path="t")
+    args = build_parser().parse_args(argv[3:])
+    assert (args.target, args.layer_ids, args.force, args.memory_fraction) == ("t", "2,30,58", True, 0.9)
+    for key, default in SPEC.params.items():
+        if default is not None and not isinstance(default, bool) and key not in ("input", "output"):
+            assert str(getattr(args, key)) == str(default) or key == "layer_ids", key

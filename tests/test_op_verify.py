@@ -132,3 +132,11 @@ def test_deep_recompute_catches_a_wrong_layer_record(extracted, out, tmp_path, c
     [bad] = report["bad_files"]
     assert "aux block 0 (layer_ids[0]=2) differs from hidden_states[3]" in bad["reason"]
     assert "it matches hidden_states[2], i.e. canonical layer 1" in bad["reason"]
+
+
+def test_spec_argv_is_what_the_program_parses():
+    from ops.verify.__main__ import build_parser
+    from ops.verify.spec import SPEC
+
+    args = build_parser().parse_args(SPEC.argv({"input": "out", "deep": 5}, target_path="t")[3:])
+    assert (args.input, args.deep, args.target, args.recompute) == ("out", 5, "t", SPEC.params["recompute"])

@@ -121,15 +121,20 @@ def extract(args) -> int:
         output.write_sample_lengths(out_dir, dict(enumerate(lengths)))
     _barrier(world)
 
-    log(f"loading target {info.path} ({preflight.human(info.weight_bytes)}, {dtype}) "
-        f"on {placement.describe()}" + (f" [rank {rank}/{world}]" if world > 1 else ""))
-    t0 = time.monotonic()
-    model = target_mod.load_model(info, dtype, placement)
-    log(f"target loaded in {(time.monotonic() - t0) / 60:.1f} minutes")
-
     mine = [i for i in range(total_samples) if i % world == rank]
-    loop = _Loop(model, layer_ids, samples, lengths, out_dir, done, args, rank, world)
-    stats = loop.run(mine)
+    if all(i in done for i in mine):
+        # A re-run over a finished share must not pay for the model load.
+        log("extract: every sample of this share is on disk; nothing to extract"
+            + (f" [rank {rank}/{world}]" if world > 1 else ""))
+        stats = {"new_samples": 0, "new_tokens": 0, "errors": 0, "elapsed": 0.0}
+    else:
+        log(f"loading target {info.path} ({preflight.human(info.weight_bytes)}, {dtype}) "
+            f"on {placement.describe()}" + (f" [rank {rank}/{world}]" if world > 1 else ""))
+        t0 = time.monotonic()
+        model = target_mod.load_model(info, dtype, placement)
+        log(f"target loaded in {(time.monotonic() - t0) / 60:.1f} minutes")
+        loop = _Loop(model, layer_ids, samples, lengths, out_dir, done, args, rank, world)
+        stats = loop.run(mine)
 
     totals = [stats["new_samples"], stats["new_tokens"], stats["errors"]]
     elapsed = stats["elapsed"]

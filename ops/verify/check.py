@@ -198,6 +198,9 @@ def verify_headers(output: Path, workers: int = 8,
     exp = expected_from(config)
     lengths_path = output / SAMPLE_LENGTHS
     recorded = read_json(lengths_path)
+    if recorded is not None and not all(isinstance(v, int) for v in recorded.values()):
+        report.problems.append(f"{lengths_path}: values must be integer token counts; rebuilding it")
+        recorded = None
     found = scan(output, report)
     order = sorted(found)
     paths = [found[i] for i in order]
