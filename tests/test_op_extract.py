@@ -54,7 +54,8 @@ def make_prepared(path: Path, n: int, min_len: int = 4, max_len: int = 60, seed:
     save_numpy({"input_ids": rng.integers(0, 100, size=total).astype(np.int32),
                 "loss_mask": (rng.random(total) < 0.6).astype(np.uint8),
                 "offsets": offsets}, str(path / "samples.safetensors"))
-    (path / "summary.json").write_text(json.dumps({"samples": n, "total_tokens": total, "max_seq_len": max_len}))
+    (path / "summary.json").write_text(json.dumps({"status": "complete", "samples": n, "total_tokens": total,
+                                                   "max_seq_len": max_len}))
     return path
 
 
@@ -166,6 +167,11 @@ def test_bad_inputs_get_clear_errors(tiny, tmp_path, capsys):
     empty.mkdir()
     assert run_main(extract_main, extract_argv(target, empty, tmp_path / "o1")) == 2
     assert f"{empty / 'samples.safetensors'}: not found" in capsys.readouterr().err
+
+    unfinished = make_prepared(tmp_path / "unfinished", n=2)
+    (unfinished / "summary.json").write_text(json.dumps({"status": "running"}))
+    assert run_main(extract_main, extract_argv(target, unfinished, tmp_path / "o0")) == 2
+    assert "status 'running', not 'complete'; prepare did not finish" in capsys.readouterr().err
 
     assert run_main(extract_main, extract_argv(target, prepared, tmp_path / "o2", "--layer-ids", "1,9")) == 2
     assert "outside the target's layers 0..7" in capsys.readouterr().err

@@ -4,7 +4,8 @@ Data flow: samples.py (prepare's output) -> batching.py (token-budget plan)
 -> capture.py (forward with hooks) -> writer.py (bounded queue, threads)
 -> output.py (data_config, sample_lengths); progress.py prints what the log
 monitor parses. Under torchrun rank r takes samples r::WORLD_SIZE; rank 0
-owns data_config.json and sample_lengths.json.
+owns data_config.json and sample_lengths.json. Imported by __main__.main()
+only, so torch stays out of the spec's imports.
 """
 
 from __future__ import annotations
@@ -15,9 +16,15 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+import torch
+
 from ops.common import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, BadInput
 from ops.extract import batching, output, preflight, target as target_mod
+from ops.extract.capture import HiddenStateCapture
+from ops.extract.progress import Progress
 from ops.extract.samples import load_samples
+from ops.extract.writer import SampleWriter, WriteJob
 from ops.formats import SAMPLE_RE, SHARD_ROWS, TMP_SUFFIX, sample_path
 from ops.layers import engine_ids, parse_layer_ids
 
@@ -107,8 +114,6 @@ def extract(args) -> int:
         if rank == 0:
             log("extract: --force: starting although the estimate exceeds the free space")
 
-    import torch
-
     if world > 1:
         import torch.distributed as dist
         dist.init_process_group(backend="gloo", timeout=_dt.timedelta(hours=24))
@@ -140,6 +145,7 @@ def extract(args) -> int:
     elapsed = stats["elapsed"]
     if world > 1:
         import torch.distributed as dist
+
         t = torch.tensor(totals, dtype=torch.float64)
         dist.all_reduce(t)
         e = torch.tensor([elapsed], dtype=torch.float64)
@@ -184,30 +190,21 @@ class _Loop:
     """Plans this rank's batches, runs them, hands each sample to the writers."""
 
     def __init__(self, model, layer_ids, samples, lengths, out_dir, done, args, rank, world) -> None:
-        import torch
-
-        from ops.extract.capture import HiddenStateCapture
-        from ops.extract.progress import Progress
-        from ops.extract.writer import SampleWriter
-
-        self.torch = torch
         self.capture = HiddenStateCapture(model, layer_ids)
         self.input_device = self.capture.base.get_input_embeddings().weight.device
         self.samples, self.lengths, self.out_dir, self.done = samples, lengths, out_dir, done
         self.args, self.rank, self.world = args, rank, world
         self._copy_streams: dict = {}
-        self._Progress, self._SampleWriter = Progress, SampleWriter
 
     def run(self, mine: list[int]) -> dict:
-        torch = self.torch
         done_mine = [i for i in mine if i in self.done]
         writer_box: list = []
-        progress = self._Progress(total=len(mine), done=len(done_mine),
+        progress = Progress(total=len(mine), done=len(done_mine),
                                   tokens=sum(self.lengths[i] for i in done_mine),
                                   interval=self.args.progress_interval, rank=self.rank, world=self.world,
                                   bar=self.rank == 0,
                                   errors=lambda: writer_box[0].errors.count if writer_box else 0)
-        writer = self._SampleWriter(self.args.writers, self.args.queue_size,
+        writer = SampleWriter(self.args.writers, self.args.queue_size,
                                     on_written=lambda idx, n: progress.add(1, n))
         writer_box.append(writer)
         self.writer = writer
@@ -234,15 +231,10 @@ class _Loop:
                 "errors": writer.errors.count, "elapsed": progress.elapsed()}
 
     def _free_cache(self) -> None:
-        if self.torch.cuda.is_available():
-            self.torch.cuda.empty_cache()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     def _forward(self, batch: list[int]) -> None:
-        import numpy as np
-
-        from ops.extract.writer import WriteJob
-
-        torch = self.torch
         longest = max(self.lengths[i] for i in batch)
         ids = torch.zeros((len(batch), longest), dtype=torch.long)
         mask = torch.zeros((len(batch), longest), dtype=torch.long)

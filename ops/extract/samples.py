@@ -13,9 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ops.common import BadInput
+from ops.common import BadInput, read_json
 
 SAMPLES_FILE = "samples.safetensors"
+SUMMARY_FILE = "summary.json"
 _KEYS = {"input_ids": ("int32", "int64"), "loss_mask": ("uint8", "int64", "bool"), "offsets": ("int64",)}
 
 
@@ -58,6 +59,12 @@ def load_samples(directory: Path, max_seq_len: int | None = None,
         raise BadInput(f"input {directory}: not a directory (the output of prepare expected)")
     if not path.is_file():
         raise BadInput(f"{path}: not found (prepare writes it; run prepare first)")
+    summary = Path(directory) / SUMMARY_FILE
+    if not summary.is_file():
+        raise BadInput(f"{summary}: not found; prepare writes it last, so its output is unfinished")
+    status = (read_json(summary) or {}).get("status", "complete")
+    if status != "complete":
+        raise BadInput(f"{summary}: status {status!r}, not 'complete'; prepare did not finish")
     try:
         arrays = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as exc:
