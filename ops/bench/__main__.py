@@ -126,7 +126,9 @@ def main(argv=None) -> int:
     print(f"bench: {len(prompts)} prompts, {args.max_new_tokens} new tokens, K={k}, drafter {ddir} ({fmt}), "
           f"aux layers {dcfg.aux_layer_ids}, device {device}, {str(dtype).replace('torch.', '')}", flush=True)
 
-    greedy(runner, prompts[0][1], 4, eos)               # warm-up: first-call allocations out of the timing
+    # Warm-up of both paths: first-call allocations and kernel selection stay out of the timing.
+    greedy(runner, prompts[0][1], 4, eos)
+    speculative(runner, drafter, embed, prompts[0][1], 4, k, eos, SpecStats())
     stats = SpecStats()
     t_plain = t_spec = 0.0
     fw_plain = fw_spec = tokens = 0
