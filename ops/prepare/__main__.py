@@ -20,10 +20,6 @@ from ops.common import BadInput, progress, run_main
 CHUNK = 256                 # conversations per tokenizer batch call / worker task
 PARALLEL_FROM = 4096        # below this many rows, worker start-up costs more than it saves
 
-_worker_tok = None
-_worker_specials: set[int] = set()
-
-
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m ops.prepare", description=__doc__.splitlines()[0])
     p.add_argument("--input", required=True, help="conversations JSONL (ShareGPT or OpenAI rows)")
@@ -44,38 +40,6 @@ def parse_args(argv):
     return args
 
 
-def load_tokenizer(path: str, trust_remote_code: bool = False):
-    from transformers import AutoTokenizer
-
-    d = Path(path)
-    if not d.is_dir():
-        raise BadInput(f"tokenizer directory {d}: no such directory")
-    try:
-        tok = AutoTokenizer.from_pretrained(str(d), trust_remote_code=trust_remote_code)
-    except Exception as exc:  # noqa: BLE001 - any load failure is a bad tokenizer directory
-        raise BadInput(f"tokenizer directory {d}: cannot load a tokenizer ({type(exc).__name__}: {exc})") from exc
-    if not getattr(tok, "is_fast", False):
-        raise BadInput(f"tokenizer {d}: not a fast tokenizer (no tokenizer.json); "
-                       "the loss mask needs character offsets")
-    if not getattr(tok, "chat_template", None):
-        raise BadInput(f"tokenizer {d}: has no chat_template (tokenizer_config.json or chat_template.jinja)")
-    return tok
-
-
-def _init_worker(path: str, trust_remote_code: bool) -> None:
-    global _worker_tok, _worker_specials
-    from ops.prepare.mask import special_ids
-
-    _worker_tok = load_tokenizer(path, trust_remote_code)
-    _worker_specials = special_ids(_worker_tok)
-
-
-def _work(batch):
-    from ops.prepare.mask import encode_batch
-
-    return encode_batch(_worker_tok, batch, _worker_specials)
-
-
 def auto_workers(n_rows: int) -> int:
     if n_rows < PARALLEL_FROM:
         return 1
@@ -87,6 +51,7 @@ def main(argv=None) -> int:
     import numpy as np
 
     from ops.prepare import output as out
+    from ops.prepare.mask import encode_in_worker, init_worker
     from ops.prepare.reader import read_conversations
 
     t0 = time.time()
@@ -107,8 +72,7 @@ def main(argv=None) -> int:
     print(f"prepare: {len(convs)} rows from {args.input}, {len(todo)} to tokenize, "
           f"tokenizer {tok_path}, max_seq_len {args.max_seq_len}, workers {workers}", flush=True)
     # Fail on a bad tokenizer before any worker starts (and before touching the output).
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true" if workers == 1 else "false")
-    _init_worker(tok_path, args.trust_remote_code)
+    init_worker(tok_path, args.trust_remote_code)
     output = Path(args.output)
     out.start_output(output)
 
@@ -123,12 +87,15 @@ def main(argv=None) -> int:
         if workers > 1 and len(chunks) > 1:
             import multiprocessing as mp
 
-            # fork: the parent already imported transformers, so workers start in ms.
-            ctx = mp.get_context("fork")
-            pool = ctx.Pool(workers, initializer=_init_worker, initargs=(tok_path, args.trust_remote_code))
-            results = pool.imap(_work, chunks)
+            # spawn, not fork: forking after the tokenizer's Rust thread pool
+            # has run deadlocks the children. Each worker tokenizes one batch
+            # at a time single-threaded; the processes are the parallelism.
+            ctx = mp.get_context("spawn")
+            pool = ctx.Pool(workers, initializer=init_worker,
+                            initargs=(tok_path, args.trust_remote_code, False))
+            results = pool.imap(encode_in_worker, chunks)
         else:
-            results = map(_work, chunks)
+            results = map(encode_in_worker, chunks)
         for res in results:
             for item in res.items:
                 if item.drop:

@@ -14,13 +14,24 @@ How the mask is found (no guessing from token ids):
 3. the end-of-turn token is the first special token right after the content
    (only whitespace tokens between): `<|im_end|>`, `<|eot_id|>`, `</s>`...
    The template's text after it (a newline) is not part of the turn.
+
+init_worker() loads the tokenizer once per process (the main one, or each
+worker of the spawn pool) and encode_in_worker() runs a batch with it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
+
+from ops.common import BadInput
+
+
+# The tokenizer of this process (the main one or a pool worker), set by init_worker.
+_tokenizer = None
+_specials: set[int] = set()
 
 
 @dataclass
@@ -130,3 +141,36 @@ def encode_batch(tokenizer, batch: list[tuple[int, list[dict]]], specials: set[i
         item.ids = np.asarray(ids, dtype=np.int32)
         item.mask = mask_from_offsets(offs, ids, text, sp, specials)
     return result
+
+
+def load_tokenizer(path: str, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    d = Path(path)
+    if not d.is_dir():
+        raise BadInput(f"tokenizer directory {d}: no such directory")
+    try:
+        tok = AutoTokenizer.from_pretrained(str(d), trust_remote_code=trust_remote_code)
+    except Exception as exc:  # noqa: BLE001 - any load failure is a bad tokenizer directory
+        raise BadInput(f"tokenizer directory {d}: cannot load a tokenizer ({type(exc).__name__}: {exc})") from exc
+    if not getattr(tok, "is_fast", False):
+        raise BadInput(f"tokenizer {d}: not a fast tokenizer (no tokenizer.json); "
+                       "the loss mask needs character offsets")
+    if not getattr(tok, "chat_template", None):
+        raise BadInput(f"tokenizer {d}: has no chat_template (tokenizer_config.json or chat_template.jinja)")
+    return tok
+
+
+def init_worker(path: str, trust_remote_code: bool = False, threads: bool = True) -> None:
+    """Load the tokenizer into this process (the pool's initializer, or in-process)."""
+    global _tokenizer, _specials
+    import os
+
+    if not threads:
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _tokenizer = load_tokenizer(path, trust_remote_code)
+    _specials = special_ids(_tokenizer)
+
+
+def encode_in_worker(batch: list[tuple[int, list[dict]]]) -> BatchResult:
+    return encode_batch(_tokenizer, batch, _specials)

@@ -70,8 +70,9 @@ def write_samples(output: Path, ids: list[np.ndarray], masks: list[np.ndarray],
         "source_line": np.asarray(lines, dtype=np.int64),
     }
     tmp = output / (SAMPLES + TMP_SUFFIX)
-    save_file(tensors, str(tmp), metadata={"format": "eagle3-prepare",
-                                            "format_version": str(FORMAT_VERSION)})
+    # One metadata key: safetensors keeps metadata in a hash map, so several
+    # keys would land in a random order and identical runs would differ in bytes.
+    save_file(tensors, str(tmp), metadata={"format": f"eagle3-prepare/{FORMAT_VERSION}"})
     with open(tmp, "rb") as fh:
         os.fsync(fh.fileno())
     os.replace(tmp, output / SAMPLES)
