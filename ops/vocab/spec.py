@@ -1,0 +1,70 @@
+"""Spec of the vocab stage: the draft vocabulary (d2t / t2d) from prepare's samples.
+
+Output: <output>/vocab.safetensors (d2t int64 [draft], t2d bool [target]) and
+<output>/vocab.json (status "complete", written last). No torch imported here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ops.spec import REQUIRED, EstimateContext, OpSpec
+
+VOCAB = "vocab.safetensors"
+VOCAB_JSON = "vocab.json"
+HEADER_BYTES = 256   # the safetensors header of two tensors, rounded up
+
+
+def _target_vocab(ctx: EstimateContext) -> int | None:
+    if ctx.params.get("target_vocab_size"):
+        return int(ctx.params["target_vocab_size"])
+    if ctx.target.get("vocab_size"):
+        return int(ctx.target["vocab_size"])
+    path = ctx.target.get("path")
+    if path:
+        p = Path(str(path)).expanduser()
+        p = p if p.is_absolute() else ctx.root / p
+        try:
+            return int(json.loads((p / "config.json").read_text())["vocab_size"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+    return None
+
+
+def estimate_bytes(ctx: EstimateContext) -> int | None:
+    target = _target_vocab(ctx)
+    if not target:
+        return None
+    draft = min(int(ctx.params.get("draft_vocab_size") or 32000), target)
+    return draft * 8 + target + HEADER_BYTES
+
+
+def partial_files(root: Path) -> list[Path]:
+    if not root.is_dir():
+        return []
+    out = sorted(p for p in root.iterdir() if p.name.endswith(".tmp") and p.is_file())
+    try:
+        complete = json.loads((root / VOCAB_JSON).read_text()).get("status") == "complete"
+    except (OSError, ValueError, AttributeError):
+        complete = False
+    if not complete and (root / VOCAB).is_file():
+        out.append(root / VOCAB)
+    return out
+
+
+SPEC = OpSpec(
+    name="vocab",
+    summary="draft vocabulary: the most frequent token ids under the loss mask (d2t, t2d)",
+    params={
+        "input": REQUIRED,              # prepare's output directory
+        "output": REQUIRED,
+        "draft_vocab_size": 32000,
+        "target_vocab_size": None,      # default: the target's config.json vocab_size
+    },
+    output_params=("output",),
+    uses_target=True,
+    progress="log",
+    estimate_bytes=estimate_bytes,
+    partial_files=partial_files,
+)
