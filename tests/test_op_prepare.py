@@ -122,6 +122,26 @@ def test_mask_with_another_template_end_of_turn_and_trimmed_content(tmp_path, to
     assert [tokenizer.decode(r) for r in masked_runs(ids, mask)] == ["assistant<|im_end|>", "1, 2, 3.<|im_end|>"]
 
 
+def test_a_template_that_refuses_a_row_drops_it_with_the_reason(tmp_path, tok_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
+    tokenizer.chat_template = (
+        "{% if messages[0]['role'] == 'assistant' %}{{ raise_exception('Conversations must not start with the assistant') }}"
+        "{% endif %}" + tokenizer.chat_template)
+    strict = tmp_path / "strict"
+    tokenizer.save_pretrained(str(strict))
+    rows = generate_rows(seed=3, n=4, long_every=0, no_assistant_every=0)
+    rows.insert(2, {"messages": [{"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Hi."},
+                                 {"role": "assistant", "content": "Bye."}]})
+    inp = write_jsonl(tmp_path / "in.jsonl", rows)
+    assert run(["--input", inp, "--output", tmp_path / "out", "--tokenizer", strict]) == 0
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["samples"] == 4 and summary["dropped"]["reasons"] == {"template_error": 1}
+    assert summary["first_template_error"].startswith("line 3: ")
+    assert "Conversations must not start with the assistant" in summary["first_template_error"]
+
+
 def test_truncation_counts_and_histograms(tmp_path, tok_dir):
     rows = generate_rows(seed=5, n=40, long_every=4, no_assistant_every=0)
     inp = write_jsonl(tmp_path / "in.jsonl", rows)
