@@ -20,6 +20,7 @@ import json
 import shutil
 import time
 from pathlib import Path
+from typing import Callable
 
 DEMO_VERSION = 1
 MARKER = "demo_assets.json"
@@ -62,7 +63,8 @@ def _conversation_messages(row: dict) -> list[dict]:
 
 
 def build_demo_assets(dest: Path, seed: int = 0, train_steps: int = TRAIN_STEPS,
-                      n_conversations: int = N_CONVERSATIONS) -> dict:
+                      n_conversations: int = N_CONVERSATIONS,
+                      log: Callable[[str], None] | None = None) -> dict:
     """Build (or reuse) the demo assets under `dest` and describe them.
 
     Returns: root, corpus and target (paths relative to `dest`), corpus_path
@@ -70,12 +72,14 @@ def build_demo_assets(dest: Path, seed: int = 0, train_steps: int = TRAIN_STEPS,
     max_seq_len and draft_vocab_size (suggested stage params), layer_ids (the
     default canonical aux layers), conversations, train (loss and accuracy
     before/after, steps, seconds), build_seconds, seed, version, cached.
+    `log`, when given, receives one line per step of the build (e.g. print).
     """
     dest = Path(dest)
     hit = cached_assets(dest, seed, train_steps, n_conversations)
     if hit is not None:
         return hit
     t0 = time.time()
+    say = log or (lambda _m: None)
     from ops.demo.corpus import generate_rows, row_texts, write_corpus
     from ops.demo.target import HIDDEN, NUM_LAYERS, train_target
     from ops.demo.tokenizer import build_tokenizer, save_tokenizer
@@ -87,15 +91,17 @@ def build_demo_assets(dest: Path, seed: int = 0, train_steps: int = TRAIN_STEPS,
         pass
     rows = generate_rows(seed=seed, n=n_conversations)
     write_corpus(dest / CORPUS, rows)
+    say(f"corpus: {len(rows)} conversations (seed {seed}) -> {dest / CORPUS}")
     # Role names are in the template, not the corpus: teach them to the BPE too.
     texts = [t for r in rows for t in row_texts(r)] + ["system\nuser\nassistant\n"] * 50
     tokenizer = build_tokenizer(texts, vocab_size=TOKENIZER_VOCAB)
+    say(f"tokenizer: byte-level BPE, {len(tokenizer)} tokens, chat template with <|im_end|>")
     rendered = [tokenizer.apply_chat_template(m, tokenize=False)
                 for m in map(_conversation_messages, rows) if any(x["role"] == "assistant" for x in m)]
 
     building = dest / (TARGET + ".building")
     shutil.rmtree(building, ignore_errors=True)
-    report = train_target(tokenizer, rendered, building, seed=seed, steps=train_steps)
+    report = train_target(tokenizer, rendered, building, seed=seed, steps=train_steps, log=say)
     save_tokenizer(tokenizer, building)
     shutil.rmtree(dest / TARGET, ignore_errors=True)
     building.rename(dest / TARGET)
@@ -122,6 +128,7 @@ def build_demo_assets(dest: Path, seed: int = 0, train_steps: int = TRAIN_STEPS,
                                "sizes": _sizes(train_steps, n_conversations),
                                "result": result}, indent=2) + "\n")
     tmp.replace(dest / MARKER)
+    say(f"demo assets built in {result['build_seconds']:.1f} s -> {dest}")
     result.update(cached=False, corpus_path=str(dest.resolve() / CORPUS),
                   target_path=str(dest.resolve() / TARGET))
     return result

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 # 8 layers so that the default aux layers [1, N//2 - 1, N - 4] = [1, 3, 4] are distinct.
 NUM_LAYERS = 8
@@ -79,7 +80,8 @@ def _evaluate(model, batches) -> tuple[float, float]:
 
 
 def train_target(tokenizer, texts: list[str], out_dir: Path, seed: int = 0, steps: int = 300,
-                 batch: int = 16, max_len: int = 192, lr: float = 3e-3) -> TrainReport:
+                 batch: int = 16, max_len: int = 192, lr: float = 3e-3,
+                 log: Callable[[str], None] | None = None) -> TrainReport:
     """Train a fresh tiny Llama on the rendered conversations `texts`; save it to `out_dir`."""
     import torch
 
@@ -89,12 +91,12 @@ def train_target(tokenizer, texts: list[str], out_dir: Path, seed: int = 0, step
     # contend (measured 0.09 s a step on 1 thread, 1.0 s on 2 busy cores).
     torch.set_num_threads(1)
     try:
-        return _train(tokenizer, texts, out_dir, seed, steps, batch, max_len, lr, t0)
+        return _train(tokenizer, texts, out_dir, seed, steps, batch, max_len, lr, t0, log or (lambda _m: None))
     finally:
         torch.set_num_threads(threads)
 
 
-def _train(tokenizer, texts, out_dir, seed, steps, batch, max_len, lr, t0) -> TrainReport:
+def _train(tokenizer, texts, out_dir, seed, steps, batch, max_len, lr, t0, log) -> TrainReport:
     import torch
     from transformers import LlamaForCausalLM
 
@@ -107,6 +109,8 @@ def _train(tokenizer, texts, out_dir, seed, steps, batch, max_len, lr, t0) -> Tr
 
     model = LlamaForCausalLM(model_config(tokenizer))
     loss_before, acc_before = _evaluate(model, eval_batches)
+    log(f"target: {NUM_LAYERS} layers, hidden {HIDDEN}, vocab {len(tokenizer)}; "
+        f"held-out loss {loss_before:.3f} before training")
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
     step = 0
@@ -128,11 +132,22 @@ def _train(tokenizer, texts, out_dir, seed, steps, batch, max_len, lr, t0) -> Tr
             sched.step()
             opt.zero_grad(set_to_none=True)
             step += 1
+            if step % 50 == 0 or step == steps:
+                log(f"target: step {step}/{steps} loss {loss.item():.3f}")
             if step >= steps:
                 break
     loss_after, acc_after = _evaluate(model, eval_batches)
+    log(f"target: held-out loss {loss_after:.3f}, next-token accuracy {acc_before:.1%} -> {acc_after:.1%}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out_dir))
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()   # no "Writing model shards" bar in the demo's output
+    try:
+        model.save_pretrained(str(out_dir))
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     return TrainReport(steps=steps, loss_before=round(loss_before, 4), loss_after=round(loss_after, 4),
                        accuracy_before=round(acc_before, 4), accuracy_after=round(acc_after, 4),
                        seconds=round(time.time() - t0, 2))
