@@ -16,6 +16,7 @@ package imports no torch.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import shutil
 import time
@@ -24,6 +25,7 @@ from typing import Callable
 
 DEMO_VERSION = 1
 MARKER = "demo_assets.json"
+LOCK = ".demo_assets.lock"
 CORPUS = "data/conversations.jsonl"
 TARGET = "target"
 N_CONVERSATIONS = 400
@@ -78,13 +80,24 @@ def build_demo_assets(dest: Path, seed: int = 0, train_steps: int = TRAIN_STEPS,
     hit = cached_assets(dest, seed, train_steps, n_conversations)
     if hit is not None:
         return hit
+    dest.mkdir(parents=True, exist_ok=True)
+    # Two `demo` commands on one directory: the second waits, then reuses the build.
+    with open(dest / LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        hit = cached_assets(dest, seed, train_steps, n_conversations)
+        if hit is not None:
+            return hit
+        return _build(dest, seed, train_steps, n_conversations, log)
+
+
+def _build(dest: Path, seed: int, train_steps: int, n_conversations: int,
+           log: Callable[[str], None] | None) -> dict:
     t0 = time.time()
     say = log or (lambda _m: None)
     from ops.demo.corpus import generate_rows, row_texts, write_corpus
     from ops.demo.target import HIDDEN, NUM_LAYERS, train_target
     from ops.demo.tokenizer import build_tokenizer, save_tokenizer
 
-    dest.mkdir(parents=True, exist_ok=True)
     try:
         (dest / MARKER).unlink()
     except FileNotFoundError:
