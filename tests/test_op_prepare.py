@@ -242,6 +242,11 @@ def test_as_a_program_through_the_spec_argv(tmp_path, tok_dir):
     assert SPEC.partial_files(tmp_path / "out") == []
     ctx = EstimateContext(root=tmp_path, params={"input": "in.jsonl", "output": "out"}, target={})
     assert SPEC.expected_samples(ctx) == summary["samples"]
+    # with --limit the estimate scales with the share of rows read
+    limited = EstimateContext(root=tmp_path, params={"input": "in.jsonl", "output": "new", "limit": 20}, target={})
+    assert SPEC.expected_samples(limited) == 20
+    assert SPEC.estimate_bytes(limited) == pytest.approx(SPEC.estimate_bytes(ctx) * 20 / 50, rel=0.01)
+    assert SPEC.estimate_bytes(limited) >= (tmp_path / "out" / "samples.safetensors").stat().st_size
     # an interrupted rerun: summary gone, samples left behind -> partial
     (tmp_path / "out" / "summary.json").unlink()
     (tmp_path / "out" / "samples.safetensors.tmp").write_bytes(b"x")

@@ -17,13 +17,24 @@ SUMMARY = "summary.json"
 SAMPLES = "samples.safetensors"
 
 
+SAMPLE_BYTES = 1 << 20   # the head read to guess the line length when --limit is set
+
+
 def estimate_bytes(ctx: EstimateContext) -> int | None:
     path = ctx.path("input")
     try:
         size = path.stat().st_size if path else None
+        if size is None:
+            return None
+        if ctx.params.get("limit"):
+            # scale by the share of rows kept, guessing rows from the file's head
+            with open(path, "rb") as fh:
+                head = fh.read(SAMPLE_BYTES)
+            rows = max(1, head.count(b"\n")) * size / max(1, len(head))
+            size = int(size * min(1.0, int(ctx.params["limit"]) / rows))
     except OSError:
         return None
-    return None if size is None else int(size * BYTES_PER_INPUT_BYTE)
+    return int(size * BYTES_PER_INPUT_BYTE)
 
 
 def expected_samples(ctx: EstimateContext) -> int | None:
