@@ -20,6 +20,7 @@ from ops.common import BadInput, progress, run_main
 CHUNK = 256                 # conversations per tokenizer batch call / worker task
 PARALLEL_FROM = 4096        # below this many rows, worker start-up costs more than it saves
 
+
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m ops.prepare", description=__doc__.splitlines()[0])
     p.add_argument("--input", required=True, help="conversations JSONL (ShareGPT or OpenAI rows)")

@@ -70,7 +70,7 @@ def main(argv=None) -> int:
                        "\"complete\"); run prepare first")
     try:
         arrays = load_file(str(src / "samples.safetensors"))
-    except (OSError, Exception) as exc:  # noqa: BLE001 - safetensors raises its own error types
+    except Exception as exc:  # noqa: BLE001 - OSError, or safetensors' own error types
         raise BadInput(f"input {src / 'samples.safetensors'}: unreadable ({exc})") from exc
     for key in ("input_ids", "loss_mask"):
         if key not in arrays:
