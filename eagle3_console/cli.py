@@ -196,6 +196,33 @@ def logs(ctx: typer.Context, stage: str,
             pass
 
 
+
+@app.command()
+def demo(ctx: typer.Context, directory: Path = typer.Argument(Path("demo-workspace"), help="Where to build it."),
+         no_open: bool = typer.Option(False, "--no-open", help="Build only; do not open the console."),
+         run_all: bool = typer.Option(False, "--run", help="Start the whole pipeline, each stage when its dependencies succeed.")) -> None:
+    """Build the demo workspace (synthetic corpus, tiny target; cached) and open the console on it."""
+    from eagle3_console.demo import write_demo_workspace
+    ws = Workspace.at(directory)
+    t0 = time.time()
+    try:
+        config, assets = write_demo_workspace(ws.root, log=lambda m: out.print(m, highlight=False, markup=False))
+    except Exception as exc:   # a broken build must say what broke, not open an empty console
+        err.print(f"error: building the demo workspace failed: {exc}", highlight=False, markup=False)
+        raise typer.Exit(EXIT_UNKNOWN)
+    how = "cached" if assets.get("cached") else f"built in {time.time() - t0:.0f} s"
+    out.print(f"demo workspace {ws.root} ({how}); pipeline: {config}", highlight=False)
+    ws.ensure_state()
+    if run_all:
+        from eagle3_console.policy import start_driver
+        pid = start_driver(ws)
+        out.print(f"pipeline driver started (pid {pid}): stages start as their dependencies succeed", highlight=False)
+    if no_open:
+        out.print(f"open it with: eagle3-console -w {ws.root}", highlight=False)
+        return
+    ctx.obj = Ctx(ws.root)
+    _open_tui(ctx.obj, readonly=False)
+
 # ------------------------------------------------------------------ status
 def _collect(c: Ctx, no_gpus: bool = False):
     from eagle3_console.snapshot import Collector
@@ -309,7 +336,9 @@ def restart(ctx: typer.Context, stage: str,
 def watch(ctx: typer.Context,
           once: bool = typer.Option(False, "--once", help="One pass, then exit with the status code."),
           interval: float = typer.Option(30.0, "--interval", help="Seconds between passes."),
-          no_gpus: bool = typer.Option(False, "--no-gpus")) -> None:
+          no_gpus: bool = typer.Option(False, "--no-gpus"),
+          advance: bool = typer.Option(False, "--advance", help="Also start each stage that never ran once its dependencies succeeded."),
+          until_done: bool = typer.Option(False, "--until-done", help="Exit once every stage succeeded (or nothing more can start).")) -> None:
     """Apply the policies (restart with backoff, halve the batch after an OOM) under an exclusive lock."""
     from eagle3_console import policy
     c = _ctx(ctx)
@@ -320,11 +349,16 @@ def watch(ctx: typer.Context,
             while True:
                 snap = _collect(c, no_gpus)
                 acted = policy.apply(c.ws, snap, say)
+                if advance:
+                    acted += policy.advance(c.ws, snap, say)
                 if acted:
                     snap = _collect(c, no_gpus)
                 for a in snap.alerts:
                     say(f"{a.level.upper()}: {a.message}")
                 if once:
+                    raise typer.Exit(snap.exit_code)
+                if until_done and policy.settled(snap):
+                    say("pipeline settled: " + ", ".join(f"{s.name} {s.status}" for s in snap.stages))
                     raise typer.Exit(snap.exit_code)
                 time.sleep(interval)
     except policy.LockHeld as exc:

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import fcntl
 import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from eagle3_console import actions
 from eagle3_console import config as cfg
+from eagle3_console import runs
 from eagle3_console.model import Snapshot
 from eagle3_console.registry import Registry
 from eagle3_console.workspace import Workspace
@@ -124,3 +127,52 @@ def apply(ws: Workspace, snap: Snapshot, say: Callable[[str], None], nvml: Any =
                        detail=msg, actor="watch")
         done.append(msg)
     return done
+
+
+def ready(pipe: cfg.Pipeline, snap: Snapshot) -> list[str]:
+    """Stages that never ran and whose dependencies all succeeded, in pipeline order."""
+    status = {s.name: s.status for s in snap.stages}
+    return [name for name in pipe.order()
+            if status.get(name) == "never"
+            and all(status.get(dep) == "succeeded" for dep in pipe.stages[name].depends_on)]
+
+
+def advance(ws: Workspace, snap: Snapshot, say: Callable[[str], None]) -> list[str]:
+    """Start the stages that are ready (`watch --advance`): the pipeline runs itself."""
+    pipe = cfg.load(ws.config_path)
+    done = []
+    for name in ready(pipe, snap):
+        try:
+            run = runs.launch(ws, pipe, name, reason="advance")
+        except runs.Refused as exc:
+            say(f"{name}: not started: {exc}")
+            continue
+        msg = f"{name}: dependencies succeeded; started run {run.id}"
+        say(msg)
+        done.append(msg)
+    return done
+
+
+def settled(snap: Snapshot) -> bool:
+    """Nothing runs and nothing more will start: all succeeded, or a failure blocks the rest."""
+    if any(s.status in ("pending", "running") for s in snap.stages):
+        return False
+    if all(s.status == "succeeded" for s in snap.stages):
+        return True
+    status = {s.name: s.status for s in snap.stages}
+    startable = [s for s in snap.stages if s.status == "never"
+                 and all(status.get(d) == "succeeded" for d in s.depends_on)]
+    return not startable and any(s.status in ("failed", "killed", "lost") for s in snap.stages)
+
+
+def start_driver(ws: Workspace, interval_s: float = 1.0) -> int:
+    """`watch --advance --until-done` detached (new session, its own log), so the
+    pipeline advances after the console or the SSH session is gone."""
+    ws.ensure_state()
+    log = open(ws.logs_dir / "watch.log", "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "eagle3_console.cli", "-w", str(ws.root), "watch", "--advance",
+                             "--until-done", "--interval", str(interval_s)],
+                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True, cwd=str(ws.root))
+    log.close()
+    return proc.pid
