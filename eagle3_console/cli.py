@@ -260,6 +260,16 @@ def _show(lines: list[str]) -> None:
         out.print(line, highlight=False, markup=False)
 
 
+def _go_ahead(plan, yes: bool) -> bool:
+    """Print the plan; exit 2 on a refusal; act only with --yes."""
+    _show(plan.lines())
+    if plan.refusal:
+        raise typer.Exit(EXIT_CRITICAL)
+    if not yes:
+        out.print("dry run: pass --yes to do this")
+    return yes
+
+
 @app.command("kill-workers")
 def kill_workers(ctx: typer.Context, stage: str,
                  yes: bool = typer.Option(False, "--yes", help="Act; without it only the plan is printed."),
@@ -270,11 +280,7 @@ def kill_workers(ctx: typer.Context, stage: str,
     c = _ctx(ctx)
     c.pipeline().stage(stage)
     plan = actions.plan_kill(c.ws, stage, grace_s=grace)
-    _show(plan.lines())
-    if plan.refusal:
-        raise typer.Exit(EXIT_CRITICAL)
-    if not yes:
-        out.print("dry run: pass --yes to do this")
+    if not _go_ahead(plan, yes):
         return
     result = actions.execute_kill(c.ws, plan, progress=lambda m: out.print(m, highlight=False, markup=False),
                                   release_timeout_s=wait)
@@ -290,11 +296,7 @@ def clean(ctx: typer.Context, stage: str,
     c = _ctx(ctx)
     c.pipeline().stage(stage)
     plan = actions.plan_clean(c.ws, stage, purge=purge)
-    _show(plan.lines())
-    if plan.refusal:
-        raise typer.Exit(EXIT_CRITICAL)
-    if not yes:
-        out.print("dry run: pass --yes to do this")
+    if not _go_ahead(plan, yes):
         return
     try:
         result = actions.execute_clean(c.ws, plan)
@@ -319,11 +321,7 @@ def restart(ctx: typer.Context, stage: str,
         plan = actions.plan_restart(c.ws, stage, cfg.parse_overrides(set_), kill=kill, halve_batch=halve, force=force)
     except (cfg.ConfigError, runs.Refused) as exc:
         raise _refused(exc, EXIT_UNKNOWN)
-    _show(plan.lines())
-    if plan.refusal:
-        raise typer.Exit(EXIT_CRITICAL)
-    if not yes:
-        out.print("dry run: pass --yes to do this")
+    if not _go_ahead(plan, yes):
         return
     try:
         r = actions.execute_restart(c.ws, plan, progress=lambda m: out.print(m, highlight=False, markup=False))

@@ -245,8 +245,8 @@ class Collector:
         if g.available:
             finished = {s.run_id for s in snap.stages if s.status not in ("running", "pending", "lost")}
             for gpu in g.gpus:
-                if gpu.error:
-                    lost = "lost" in gpu.error.lower()
+                if gpu.error or gpu.lost:
+                    lost = gpu.lost
                     alerts.append(Alert(CRITICAL if lost else WARNING, "gpu_lost" if lost else "gpu_degraded",
                                         f"GPU {gpu.index}: {gpu.error}"))
                 for p in gpu.processes:

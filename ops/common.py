@@ -71,6 +71,16 @@ def read_json(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+def load_json_file(path: Path, error: type[Exception], missing_hint: str) -> Any:
+    """The JSON at `path`, or `error` naming the file and saying what was expected."""
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise error(f"{path}: missing; {missing_hint}") from None
+    except ValueError as exc:
+        raise error(f"{path}: not JSON ({exc})") from None
+
+
 def progress(iterable: Iterable | None = None, total: int | None = None,
              desc: str = "", unit: str = "it", mininterval: float = 1.0):
     """A tqdm bar writing plain ASCII lines to stdout (the run's log).

@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ops.common import load_json_file
+
 
 class TargetConfigError(ValueError):
     """The target's config.json lacks what the drafter needs."""
@@ -71,12 +73,7 @@ class DrafterConfig:
 
 def read_target_config(target: Path) -> dict[str, Any]:
     path = Path(target) / "config.json"
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise TargetConfigError(f"{path}: missing; --target must be a Hugging Face checkpoint directory") from None
-    except ValueError as exc:
-        raise TargetConfigError(f"{path}: not JSON ({exc})") from None
+    data = load_json_file(path, TargetConfigError, "--target must be a Hugging Face checkpoint directory")
     # Multimodal checkpoints keep the language model's sizes in text_config.
     if isinstance(data.get("text_config"), dict) and "hidden_size" not in data:
         merged = dict(data["text_config"])

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ops.formats import DATA_CONFIG, SAMPLE_LENGTHS, SAMPLE_RE, SHARD_DIR_RE, BadSampleFile, \
     read_safetensors_header, tokens_in_header
+from ops.common import load_json_file
 
 KEYS = ("input_ids", "loss_mask", "aux_hidden_states", "final_hidden_states")
 
@@ -39,12 +40,7 @@ class DataInfo:
 def read_data(root: Path, require_complete: bool = True) -> DataInfo:
     root = Path(root)
     cfg_path = root / DATA_CONFIG
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except FileNotFoundError:
-        raise DataError(f"{cfg_path}: missing; --data must be the extract op's output directory") from None
-    except ValueError as exc:
-        raise DataError(f"{cfg_path}: not JSON ({exc})") from None
+    cfg = load_json_file(cfg_path, DataError, "--data must be the extract op's output directory")
     for key in ("hidden_size", "layer_ids"):
         if key not in cfg:
             raise DataError(f"{cfg_path}: key {key!r} missing")

@@ -57,6 +57,7 @@ from typing import Any
 
 from ops.drafter.config import DrafterConfig, rope_parameters_of
 from ops import layers
+from ops.common import load_json_file
 
 SGLANG_ARCH = "LlamaForCausalLMEagle3"
 SPECULATORS_ARCH = "Eagle3Speculator"
@@ -179,12 +180,7 @@ def detect_format(path: Path) -> tuple[Path, str]:
             path = path / sub
             break
     cfg_path = path / "config.json"
-    try:
-        config = json.loads(cfg_path.read_text())
-    except FileNotFoundError:
-        raise ExportFormatError(f"{cfg_path}: missing; expected an export directory") from None
-    except ValueError as exc:
-        raise ExportFormatError(f"{cfg_path}: not JSON ({exc})") from None
+    config = load_json_file(cfg_path, ExportFormatError, "expected an export directory")
     if config.get("speculators_model_type") == "eagle3":
         return path, SPECULATORS_DIR
     if SGLANG_ARCH in (config.get("architectures") or []):
