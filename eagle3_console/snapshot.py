@@ -209,7 +209,7 @@ class Collector:
                 why = f"exit code {st.exit_code}" if st.signal is None else f"signal {st.signal}"
                 last = findings.get("traceback")
                 a.append(Alert(CRITICAL, "stage_failed", f"{st.name} failed ({why})", st.name,
-                               last.line if last else None))
+                               last.line if last else _last_program_line(log)))
             if st.status == "lost":
                 a.append(Alert(CRITICAL, "lost", f"{st.name}: supervisor of run {st.run_id} is gone; "
                                                  f"the stage's processes are still watched", st.name))
@@ -255,6 +255,14 @@ class Collector:
                                             f"GPU {gpu.index}: pid {p.pid} of finished run {p.run_id} ({p.stage}) "
                                             f"still holds {_gib(p.used_bytes)}", p.stage))
         return alerts
+
+
+def _last_program_line(log: LogState | None) -> str | None:
+    """The program's last words (an op's `error: ...`), skipping the supervisor's own lines."""
+    for line in reversed(log.tail if log else []):
+        if line.strip() and not line.startswith("[eagle3-console]"):
+            return line
+    return None
 
 
 def _gib(n: int | None) -> str:

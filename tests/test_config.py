@@ -90,3 +90,27 @@ def test_set_values_parse_as_toml_scalars():
         {"n": 4, "u": 0.85, "f": True, "s": "hello", "l": [1, 2]}
     with pytest.raises(cfg.ConfigError):
         cfg.parse_overrides(["novalue"])
+
+
+def test_init_writes_a_template_that_loads_and_never_overwrites(ws):
+    target = ws.root / "new"
+    proc = ws.cli("init", str(target), check=0)
+    assert "wrote" in proc.stdout
+    pipe = cfg.load(target / "eagle3.toml")
+    assert pipe.order() == ["prepare", "vocab", "extract", "verify"]
+    assert pipe.stage("extract").environment()["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"
+    before = (target / "eagle3.toml").read_text()
+    again = ws.cli("init", str(target))
+    assert again.returncode == 2 and "not overwriting" in again.stderr
+    assert (target / "eagle3.toml").read_text() == before
+
+
+def test_logs_prints_the_tail_of_the_latest_run(ws):
+    from tests.conftest import stage_cmd
+    ws.write(f"[stages.p]\nargv = {stage_cmd('progress.py', '--n', '5', '--sleep', '0.01')}\n")
+    assert ws.cli("logs", "p").returncode == 2          # no runs yet
+    ws.cli("run", "p", check=0)
+    ws.wait_status("p", ("succeeded",))
+    proc = ws.cli("logs", "p", "-n", "2", check=0)
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("progress: samples 5/5") and "succeeded" in lines[1]
