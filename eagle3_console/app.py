@@ -164,6 +164,7 @@ class ConsoleApp(App[int]):
         self._wake = threading.Event()
         self._sampler: threading.Thread | None = None
         self.exit_note: str | None = None
+        self._header_at = 0.0
 
     # ------------------------------------------------------------------ layout
     def compose(self) -> ComposeResult:
@@ -193,6 +194,11 @@ class ConsoleApp(App[int]):
     def _terminal_gone(self) -> None:
         self.exit_note = "terminal went away"
         self.exit(0)
+        # Restoring a terminal that no longer exists can block in the driver;
+        # nothing is left to show, so do not linger (supervised runs are not ours).
+        watchdog = threading.Timer(5.0, os._exit, args=(0,))
+        watchdog.daemon = True
+        watchdog.start()
 
     # ------------------------------------------------------------------ sampling
     def _sample_loop(self) -> None:
@@ -241,10 +247,15 @@ class ConsoleApp(App[int]):
         return time.time()
 
     def _tick(self) -> None:
-        if not (self.frozen and self.frozen.time is not None):
+        # The clock moves with each snapshot (one repaint a second, not two);
+        # it ticks on its own only while the sampler is slow.
+        if self.frozen and self.frozen.time is not None:
+            return
+        if time.monotonic() - self._header_at > 1.5:
             self._render_header()
 
     def _render_header(self) -> None:
+        self._header_at = time.monotonic()
         snap = self.snapshot
         f = self.frozen
         self.query_one(HeaderBar).show(

@@ -160,4 +160,4 @@ def rendered(static) -> str:
 
 def pane_text(app, pane_id: str) -> str:
     from textual.widgets import Static
-    return rendered(app.query_one(f"#{pane_id}").query_one(Static))
+    return "\n".join(rendered(s) for s in app.query_one(f"#{pane_id}").query(Static))

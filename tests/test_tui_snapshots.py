@@ -19,6 +19,7 @@ from eagle3_console.monitor.gpus import Nvml
 from eagle3_console.snapshot import Collector
 from eagle3_console.workspace import Workspace
 from tests import fake_pynvml
+from widgets.body import Body
 from tests.test_tui_helpers import busy_gpus, frozen, seed_runs, seeded_pipeline, wait_until
 
 
@@ -47,6 +48,9 @@ def console(tmp_path, gpus: int | None) -> ConsoleApp:
 def first_pass(app: ConsoleApp):
     async def run_before(pilot) -> None:
         await wait_until(pilot, lambda: app.passes >= 1)
+        await pilot.pause()
+        # Panes check their height after a repaint; let those settle.
+        await wait_until(pilot, lambda: not any(b.pending_fit for b in app.query(Body)))
         await pilot.pause()
     return run_before
 

@@ -10,10 +10,10 @@ from rich.padding import Padding
 from rich.progress_bar import ProgressBar
 from rich.text import Text
 from textual.containers import VerticalScroll
-from textual.widgets import Static
 
 from eagle3_console.model import DiskUsage
 from widgets import fmt
+from widgets.body import Body
 
 
 def usage_lines(d: DiskUsage) -> list:
@@ -47,24 +47,25 @@ def usage_lines(d: DiskUsage) -> list:
 class DiskPane(VerticalScroll, can_focus=False):
     DEFAULT_CSS = """
     DiskPane { border: round $primary-darken-1; padding: 0 1; }
-    DiskPane > Static { width: 1fr; }
     """
 
     def __init__(self, **kw) -> None:
         super().__init__(**kw)
         self.border_title = "Disk"
-        self._body = Static("")
+        self._body = Body("")
 
     def compose(self):
         yield self._body
 
     def show(self, stage: str | None, usages: list[DiskUsage]) -> None:
         mine = [d for d in usages if d.stage == stage]
-        self.border_title = f"Disk: {stage}" if stage else "Disk"
+        title = f"Disk: {stage}" if stage else "Disk"
+        if self.border_title != title:
+            self.border_title = title
         if not mine:
-            self._body.update(Text("no output tracked for this stage", "dim"))
+            self._body.paint("none", Text("no output tracked for this stage", "dim"))
             return
         parts: list = []
         for d in mine:
             parts.extend(usage_lines(d))
-        self._body.update(Group(*parts))
+        self._body.paint(mine, Group(*parts))

@@ -28,15 +28,15 @@ def gib(n: int | None) -> str:
     return DASH if n is None else f"{n / 2**30:.1f}"
 
 
-def duration(s: float | None) -> str:
-    """Seconds as 45s, 12m05s, 2h03m, 3d04h."""
+def duration(s: float | None, coarse: bool = False) -> str:
+    """Seconds as 45s, 12m05s (coarse: 12m), 2h03m, 3d04h."""
     if s is None or s < 0:
         return DASH
     s = int(s)
     if s < 60:
         return f"{s}s"
     if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
+        return f"{s // 60}m" if coarse else f"{s // 60}m{s % 60:02d}s"
     if s < 86400:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"

@@ -16,10 +16,10 @@ from rich.table import Table
 from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.renderables.sparkline import Sparkline
-from textual.widgets import Static
 
 from eagle3_console.model import GpuInfo, GpuReport
 from widgets import fmt
+from widgets.body import Body
 
 HISTORY = 60
 
@@ -68,13 +68,12 @@ def memory_bar(f: float | None) -> ProgressBar:
 class GpuPane(VerticalScroll, can_focus=False):
     DEFAULT_CSS = """
     GpuPane { height: auto; max-height: 20; border: round $primary-darken-1; padding: 0 1; }
-    GpuPane > Static { width: 1fr; }
     """
 
     def __init__(self, **kw) -> None:
         super().__init__(**kw)
         self.border_title = "GPUs"
-        self._body = Static("sampling...")
+        self._body = Body("sampling...")
         self._history: dict[str, deque[float]] = {}
         self._report: GpuReport | None = None
 
@@ -99,36 +98,48 @@ class GpuPane(VerticalScroll, can_focus=False):
         if self._report is not None:
             self._render_body()
 
+    def _title(self, title: str, subtitle: str | None = None) -> None:
+        if self.border_title != title:
+            self.border_title = title
+        if subtitle is not None and self.border_subtitle != subtitle:
+            self.border_subtitle = subtitle
+
     def _render_body(self) -> None:
         report = self._report
         if not report.available:
-            self.border_title = "GPUs"
-            self._body.update(Text.assemble(("NVML unavailable: ", "bold yellow"), report.reason or "unknown reason"))
+            self._title("GPUs")
+            self._body.paint(("unavailable", report.reason),
+                             Text.assemble(("NVML unavailable: ", "bold yellow"), report.reason or "unknown reason"))
             return
         used = sum(g.mem_used or 0 for g in report.gpus)
         total = sum(g.mem_total or 0 for g in report.gpus)
-        self.border_title = f"GPUs ({len(report.gpus)}, {fmt.gib(used)}/{fmt.gib(total)} GiB)"
-        if report.driver:
-            self.border_subtitle = f"driver {report.driver}"
+        self._title(f"GPUs ({len(report.gpus)}, {fmt.gib(used)}/{fmt.gib(total)} GiB)",
+                    f"driver {report.driver}" if report.driver else None)
         if not report.gpus:
-            self._body.update("NVML sees no GPU")
+            self._body.paint("none", "NVML sees no GPU")
             return
         width = max(self.size.width - 4, 40)
-        if self.app.size.height < 32:
+        short = self.app.size.height < 32
+        history = tuple(tuple(h) for h in self._history.values())
+        key = (report.gpus, width, short, history)
+        if short:
             # Short terminal: several GPUs a line, so that 8 show in 4 lines at 80 columns.
-            self._body.update(self._compact(report.gpus, width))
+            per_line = max(1, min(4, width // 38))
+            self._body.paint(key, lambda: self._compact(report.gpus, per_line))
             return
-        halves = 2 if len(report.gpus) > 8 and width >= 150 else 1
-        if halves == 1:
-            self._body.update(self._table(report.gpus, width >= 110))
+        if len(report.gpus) > 8 and width >= 150:
+            # 16 GPUs on a wide terminal: two tables side by side, 8 rows each.
+            n = (len(report.gpus) + 1) // 2
+
+            def two() -> Table:
+                grid = Table.grid(padding=(0, 2), expand=True)
+                grid.add_column(ratio=1)
+                grid.add_column(ratio=1)
+                grid.add_row(self._table(report.gpus[:n], False), self._table(report.gpus[n:], False))
+                return grid
+            self._body.paint(key, two)
             return
-        # 16 GPUs on a wide terminal: two tables side by side, 8 rows each.
-        n = (len(report.gpus) + 1) // 2
-        grid = Table.grid(padding=(0, 2), expand=True)
-        grid.add_column(ratio=1)
-        grid.add_column(ratio=1)
-        grid.add_row(self._table(report.gpus[:n], False), self._table(report.gpus[n:], False))
-        self._body.update(grid)
+        self._body.paint(key, lambda: self._table(report.gpus, width >= 110))
 
     def _table(self, gpus: list[GpuInfo], wide: bool) -> Table:
         table = Table(box=None, show_header=True, header_style="bold", pad_edge=False, padding=(0, 1),
@@ -148,8 +159,7 @@ class GpuPane(VerticalScroll, can_focus=False):
             table.add_row(*self._row(g, wide))
         return table
 
-    def _compact(self, gpus: list[GpuInfo], width: int) -> Table:
-        per_line = max(1, min(4, width // 38))
+    def _compact(self, gpus: list[GpuInfo], per_line: int) -> Table:
         grid = Table.grid(padding=(0, 2), expand=True)
         for _ in range(per_line):
             grid.add_column(ratio=1)

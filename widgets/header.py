@@ -30,9 +30,18 @@ class HeaderBar(Static):
 
     def __init__(self, **kw) -> None:
         super().__init__("eagle3-console  (sampling...)", **kw)
+        self._key: tuple | None = None
+        self._args: tuple | None = None
+
+    def on_resize(self) -> None:
+        # What fits depends on the width (the date, how much of the alert shows).
+        if self._args is not None:
+            self.show(*self._args[0], **self._args[1])
 
     def show(self, snap: Snapshot | None, *, workspace: str, host: str, now: float,
              readonly: bool = False, sampler_error: str | None = None) -> None:
+        self._args = ((snap,), dict(workspace=workspace, host=host, now=now, readonly=readonly,
+                                    sampler_error=sampler_error))
         # Health first: at 80 columns the alert text is what gets cut, never the state.
         left = Text(no_wrap=True, overflow="ellipsis")
         left.append("eagle3-console ", "bold")
@@ -57,8 +66,13 @@ class HeaderBar(Static):
         right.append(f"  {host}  ")
         fmt_ = "%Y-%m-%d %H:%M:%S" if self.size.width >= 120 else "%H:%M:%S"
         right.append(datetime.fromtimestamp(now).strftime(fmt_))
+        key = (left, right, self.size.width)
+        if key == self._key:
+            return
+        self._key = key
         grid = Table.grid(expand=True)
         grid.add_column(ratio=1, no_wrap=True, overflow="ellipsis")
         grid.add_column(no_wrap=True, justify="right", max_width=max(20, self.size.width // 2))
         grid.add_row(left, right)
-        self.update(grid)
+        # One fixed line: never worth a relayout of the screen.
+        self.update(grid, layout=False)

@@ -27,6 +27,19 @@ ERROR_RE = re.compile(
 WARN_RE = re.compile(r"\bwarn(ing)?\b", re.IGNORECASE)
 
 
+def appended(old: list[str], new: list[str]) -> list[str] | None:
+    """The lines `new` adds to `old` when `new` is `old` with lines dropped
+    from the front (the tail window moved) and lines added at the end; None
+    when it is not (a rewritten line, another file): then redraw everything."""
+    n = len(old)
+    if n == 0:
+        return list(new)
+    for k in range(n):
+        if new[:n - k] == old[k:]:
+            return new[n - k:]
+    return None
+
+
 def is_error_line(line: str) -> bool:
     return ERROR_RE.search(line) is not None
 
@@ -112,9 +125,16 @@ class LogPane(Vertical):
             return
         follow = self.view.following
         scroll_y = self.view.scroll_y
+        new = appended(self._shown, lines) if self._shown is not None else None
         self._shown = list(lines)
-        self.view.clear()
-        self.view.write_lines(lines, scroll_end=False)
+        # The view holds as many lines as the tail: appending prunes the front.
+        self.view.max_lines = max(len(lines), 1)
+        if new is not None:
+            # The common case of a growing log: only the new lines are written.
+            self.view.write_lines(new, scroll_end=False)
+        else:
+            self.view.clear()
+            self.view.write_lines(lines, scroll_end=False)
         if follow:
             self.view.follow()
         else:

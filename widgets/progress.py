@@ -11,10 +11,10 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 from textual.containers import VerticalScroll
-from textual.widgets import Static
 
 from eagle3_console.model import ShardProgress, StageStatus
 from widgets import fmt
+from widgets.body import Body
 
 
 def bar(fraction: float | None, style: str = "green") -> ProgressBar:
@@ -62,55 +62,76 @@ def summary(st: StageStatus, now: float) -> Text:
         t.append(fmt.duration(st.eta_s))
     else:
         t.append(st.status, "dim")
-    if st.started is not None:
-        t.append("  elapsed ", "dim")
-        t.append(fmt.duration((st.ended or now) - st.started))
     return t
 
 
-def bars_table(st: StageStatus) -> Table | None:
-    """Loading, overall and per-shard bars in one grid, so labels and bars align."""
+def bar_rows(st: StageStatus) -> list[tuple[str, str, float | None, str]]:
+    """(label, style, fraction, count) of the loading, overall and per-shard bars."""
+    rows = []
+    log, sp = st.log, st.shards
+    if log is not None and log.load_pct is not None and st.status == "running" and not st.progress:
+        rows.append(("loading weights", "bold cyan", log.load_pct / 100, f"{log.load_pct:.0f}%"))
+    if st.progress is not None:
+        rows.append(("overall", "bold", st.progress, fmt.pct(st.progress)))
+    if sp is not None:
+        for sh in sp.shards:
+            rows.append((sh.name, "", sh.done / sh.expected if sh.expected else None,
+                         f"{sh.done}/{sh.expected if sh.expected else '?'}"))
+    return rows
+
+
+def bars_table(rows: list[tuple[str, str, float | None, str]]) -> Table:
+    """All bars in one grid, so that labels and bars align."""
     table = Table.grid(padding=(0, 1), expand=True)
     table.add_column("what", no_wrap=True)
     table.add_column("bar", ratio=1, min_width=6)
     table.add_column("n", justify="right", no_wrap=True)
-    log, sp = st.log, st.shards
-    if log is not None and log.load_pct is not None and st.status == "running" and not st.progress:
-        table.add_row(Text("loading weights", "bold cyan"), bar(log.load_pct / 100, "cyan"), f"{log.load_pct:.0f}%")
-    if st.progress is not None:
-        table.add_row(Text("overall", "bold"), bar(st.progress), fmt.pct(st.progress))
-    if sp is not None:
-        for sh in sp.shards:
-            f = sh.done / sh.expected if sh.expected else None
-            table.add_row(sh.name, bar(f) if f is not None else Text("?", "dim"),
-                          f"{sh.done}/{sh.expected if sh.expected else '?'}")
-    return table if table.row_count else None
+    for label, style, f, n in rows:
+        colour = "cyan" if label == "loading weights" else "green"
+        table.add_row(Text(label, style), bar(f, colour) if f is not None else Text("?", "dim"), n)
+    return table
 
 
 class ProgressPane(VerticalScroll, can_focus=False):
     DEFAULT_CSS = """
     ProgressPane { border: round $primary-darken-1; padding: 0 1; }
-    ProgressPane > Static { width: 1fr; }
     """
 
     def __init__(self, **kw) -> None:
         super().__init__(**kw)
         self.border_title = "Progress"
-        self._body = Static("select a stage")
+        # Two bodies: the counts change every second while running, the bars
+        # far less often, and a repaint costs what the body holds.
+        self._body = Body("select a stage")
+        self._bars = Body("")
 
     def compose(self):
         yield self._body
+        yield self._bars
 
     def show(self, st: StageStatus | None, now: float) -> None:
+        title = "Progress" if st is None else (
+            f"Progress: {st.name}" + (f" (run {st.run_id})" if st.run_id else ""))
+        if self.border_title != title:
+            self.border_title = title
         if st is None:
-            self.border_title = "Progress"
-            self._body.update("select a stage")
+            self._body.paint(None, "select a stage")
+            self._bars.paint(None, "")
             return
-        self.border_title = f"Progress: {st.name}" + (f" (run {st.run_id})" if st.run_id else "")
-        parts: list = [summary(st, now)]
-        bars = bars_table(st)
-        if bars is not None:
-            if st.shards is not None and st.shards.shards:
-                parts.append(Text(f"{len(st.shards.shards)} shards ({st.shards.layout})", "dim"))
-            parts.append(bars)
-        self._body.update(Group(*parts))
+        text = summary(st, now)
+        self._body.paint(text, text)
+        rows = bar_rows(st)
+        label = None
+        if st.shards is not None and st.shards.shards:
+            label = f"{len(st.shards.shards)} shards ({st.shards.layout})"
+        # Fractions rounded to what a bar can show: a sample more is not a repaint.
+        key = (label, [(r[0], r[1], None if r[2] is None else round(r[2], 3), r[3]) for r in rows])
+
+        def build() -> Group:
+            parts: list = []
+            if label:
+                parts.append(Text(label, "dim"))
+            if rows:
+                parts.append(bars_table(rows))
+            return Group(*parts)
+        self._bars.paint(key, build)

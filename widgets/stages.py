@@ -54,7 +54,8 @@ def row(st: StageStatus, now: float) -> tuple:
         status_text(st),
         "-" if st.run_id is None else str(st.run_id),
         fmt.clock(st.started, now),
-        fmt.duration(elapsed(st, now)),
+        # Minutes once past the first one: the table repaints once a minute, not every second.
+        fmt.duration(elapsed(st, now), coarse=running),
         fmt.pct(st.progress),
         rate_s,
         fmt.duration(st.eta_s) if running else "-",
@@ -107,7 +108,9 @@ class StageTable(DataTable):
                 new, old = row(st, now), self._rows.get(st.name, ())
                 for i, (col, value) in enumerate(zip(COLUMNS, new)):
                     if i >= len(old) or old[i] != value:
-                        self.update_cell(st.name, col, value, update_width=True)
+                        # Re-measuring the column repaints the whole table: only when the text got longer.
+                        longer = i >= len(old) or len(str(value)) > len(str(old[i]))
+                        self.update_cell(st.name, col, value, update_width=longer)
                 self._rows[st.name] = new
         failed = sum(1 for s in stages if s.status in ("failed", "lost"))
         running = sum(1 for s in stages if s.status == "running")
