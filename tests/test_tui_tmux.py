@@ -106,6 +106,10 @@ def test_console_exits_when_its_terminal_goes_away(live_ws):
         console = console_process(tmux.pane_pid())
     finally:
         tmux.kill()
-    # Gone, not spinning on a dead terminal.
-    wait_for(lambda: not console.is_running() or console.status() == psutil.STATUS_ZOMBIE, timeout=15)
+    try:
+        # Gone, not spinning on a dead terminal.
+        wait_for(lambda: not console.is_running() or console.status() == psutil.STATUS_ZOMBIE, timeout=15)
+    finally:
+        if console.is_running() and console.status() != psutil.STATUS_ZOMBIE:
+            console.kill()
     assert process_alive(r.pid, r.create_time)
