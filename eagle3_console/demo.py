@@ -36,7 +36,7 @@ params = {{ input = "data/prepared", output = "data/vocab", draft_vocab_size = {
 op = "extract"
 depends_on = ["prepare"]
 description = "hidden states of the aux layers + the final state, one safetensors file a sample"
-params = {{ input = "data/prepared", output = "data/hidden_states", token_budget = 4096, device = "cpu", writers = 2 }}
+params = {{ input = "data/prepared", output = "data/hidden_states", max_seq_len = {max_seq_len}, token_budget = 4096, device = "cpu", writers = 2 }}
 restart = {{ max = 2, backoff_s = 5 }}
 
 [stages.verify]

@@ -66,6 +66,10 @@ def print_status(console: Console, snap: Snapshot) -> None:
         t.add_row(st.name, f"[{style}]{st.status}{flag}[/]", str(st.run_id or "-"), str(st.pid or "-"),
                   human_duration(elapsed), prog, _rate(st), human_duration(st.eta_s), _exit(st))
     console.print(t)
+    for st in snap.stages:
+        line = result_line(st)
+        if line:
+            console.print(f"{st.name}: {line}", highlight=False)
     g = snap.gpus
     if not g.available:
         console.print(f"GPUs: unavailable ({g.reason})", highlight=False)
@@ -91,6 +95,18 @@ def print_status(console: Console, snap: Snapshot) -> None:
     for a in snap.alerts:
         console.print(f"[{LEVEL_STYLE.get(a.level, '')}]{a.level.upper()}[/] {a.message}"
                       + (f"\n    {a.line.strip()[:160]}" if a.line else ""), highlight=False)
+
+
+def result_line(st: StageStatus) -> str | None:
+    """bench's result in one line: what the whole pipeline was for."""
+    r = st.result or {}
+    if "acceptance_length" not in r:
+        return None
+    per_pos = ", ".join(f"{a:.2f}" for a in r.get("accept_rate_per_position") or [])
+    match = "speculative output == greedy" if r.get("outputs_match") else "OUTPUT DIFFERS FROM GREEDY"
+    speed = f", speed-up {r['speedup']:.2f}x" if isinstance(r.get("speedup"), (int, float)) else ""
+    return (f"acceptance length {r['acceptance_length']:.2f} (K={r.get('draft_tokens', '?')}; "
+            f"per position {per_pos}){speed}; {match}")
 
 
 def _opt(v: float | int | None, unit: str) -> str:

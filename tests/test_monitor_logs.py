@@ -351,3 +351,14 @@ def test_scan_for_oom(tmp_path):
     assert scan_for_oom(FIXTURES / "extract_run1_oom.log").startswith("RuntimeError: Worker failed")
     assert scan_for_oom(FIXTURES / "sglang_nccl_timeout.log") is None
     assert scan_for_oom(tmp_path / "absent.log") is None
+
+
+def test_transformers_weight_loading_bar_is_loading_not_progress(tmp_path):
+    from eagle3_console.monitor.logs import LogFollower
+    log = tmp_path / "bench.log"
+    log.write_text("Loading weights:  40%|####      | 30/75 [00:00<00:00, 18787.00it/s]\n"
+                   "Loading weights: 100%|##########| 75/75 [00:00<00:00, 18787.00it/s]\n"
+                   "progress: prompt 3/8 accept length 2.71\n")
+    st = LogFollower(log).refresh()
+    assert st.load_pct == 100.0
+    assert (st.progress_done, st.progress_total) == (3, 8)

@@ -81,7 +81,9 @@ _TQDM = re.compile(
     r"(?P<n>\d+(?:\.\d+)?[kMGTP]?)(?:/(?P<total>\d+(?:\.\d+)?[kMGTP]?))?[A-Za-z]*\s*"
     r"\[(?P<elapsed>[\d:]+)(?:<(?P<remaining>[\d:]+|\?))?,\s*"
     r"(?P<rate>\?|\d+(?:\.\d+)?[kMGTP]?)(?P<unit>[A-Za-z]*/[A-Za-z]+)")
-_LOADING = re.compile(r"Loading \w*\s*checkpoint shards:\s*(\d+(?:\.\d+)?)%")
+# Weight loading: vLLM/SGLang ("Loading safetensors checkpoint shards:  86% Completed")
+# and transformers 5 ("Loading weights:  86%|...| 64/75").
+_LOADING = re.compile(r"Loading (?:\w*\s*checkpoint shards|weights):\s*(\d+(?:\.\d+)?)%")
 _OOM = re.compile(
     r"CUDA out of memory|CUDA error: out of memory|OutOfMemoryError|Not enough memory"
     r"|Prefill out of memory|Out of memory\. Try to lower your batch size"
@@ -351,7 +353,7 @@ class LogFollower:
             if idx >= 0:
                 self._tb = {"prefix": text[:idx]}
                 self._find("traceback", stripped, offset)
-        m = _LOADING.search(text) if "checkpoint shards" in text else None
+        m = _LOADING.search(text) if ("checkpoint shards" in text or "Loading weights" in text) else None
         if signatures_only:
             how = None
         elif m:
@@ -418,7 +420,7 @@ class LogFollower:
             try:
                 if key == "rank":
                     rank = value.split("/")[0]
-                elif key in ("samples", "items", "steps"):
+                elif key in ("samples", "items", "steps", "prompt", "prompts"):
                     done, _, total = value.partition("/")
                     fields["unit"] = key
                     fields["done"] = int(done)

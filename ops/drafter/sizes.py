@@ -6,7 +6,14 @@ from ops.spec import EstimateContext
 
 
 def draft_vocab_size(ctx: EstimateContext, default: int = 32000) -> int:
-    info = ctx.read_json("vocab", "vocab.json") or {}
+    info = ctx.read_json("vocab", "vocab.json")
+    if info is None:
+        # export and bench name no vocab: the checkpoint's train_config.json says which.
+        trained = ctx.read_json("checkpoint", "train_config.json") or {}
+        vocab = (trained.get("drafter_config") or {}).get("draft_vocab_size")
+        if isinstance(vocab, int):
+            return vocab
+        info = {}
     for key in ("draft_vocab_size", "size", "draft_vocab"):
         if isinstance(info.get(key), int):
             return int(info[key])
