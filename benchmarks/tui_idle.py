@@ -11,6 +11,11 @@ psutil from outside over the measurement window.
     python benchmarks/tui_idle.py [--seconds 60] [--size 160x48] [--keep]
 
 Prints one line per figure; the last one is the result in % of one core.
+
+Measured (2 shared cores, textual 8.2.8, 160x48): 3.28-3.50 % before the
+repaint work of the panes (whole stage table and log redrawn every second);
+1.62-1.75 % after (a changed row, cached log lines, titles set only when
+changed, a minute clock); 1.27 % at 80x24.
 """
 
 from __future__ import annotations

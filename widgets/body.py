@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from rich.console import RenderableType
+from textual.widget import Widget
 from textual.widgets import Static
 
 _UNSET = object()
@@ -52,3 +53,13 @@ class Body(Static):
         if not width or self.visual.get_height(self.styles, width) != self.content_region.height:
             self.relayouts += 1
             self.refresh(layout=True)
+
+
+def retitle(widget: Widget, title: str | None = None, subtitle: str | None = None) -> None:
+    """Set a pane's border title/subtitle only when it changed: Textual repaints
+    the whole widget on every assignment, even of the same text."""
+    last = widget.__dict__.setdefault("_eagle3_titles", {})
+    for name, value in (("border_title", title), ("border_subtitle", subtitle)):
+        if value is not None and last.get(name) != value:
+            last[name] = value
+            setattr(widget, name, value)

@@ -13,7 +13,7 @@ from textual.containers import VerticalScroll
 
 from eagle3_console.model import DiskUsage
 from widgets import fmt
-from widgets.body import Body
+from widgets.body import Body, retitle
 
 
 def usage_lines(d: DiskUsage) -> list:
@@ -60,8 +60,7 @@ class DiskPane(VerticalScroll, can_focus=False):
     def show(self, stage: str | None, usages: list[DiskUsage]) -> None:
         mine = [d for d in usages if d.stage == stage]
         title = f"Disk: {stage}" if stage else "Disk"
-        if self.border_title != title:
-            self.border_title = title
+        retitle(self, title)
         if not mine:
             self._body.paint("none", Text("no output tracked for this stage", "dim"))
             return

@@ -19,7 +19,7 @@ from textual.renderables.sparkline import Sparkline
 
 from eagle3_console.model import GpuInfo, GpuReport
 from widgets import fmt
-from widgets.body import Body
+from widgets.body import Body, retitle
 
 HISTORY = 60
 
@@ -99,10 +99,7 @@ class GpuPane(VerticalScroll, can_focus=False):
             self._render_body()
 
     def _title(self, title: str, subtitle: str | None = None) -> None:
-        if self.border_title != title:
-            self.border_title = title
-        if subtitle is not None and self.border_subtitle != subtitle:
-            self.border_subtitle = subtitle
+        retitle(self, title, subtitle)
 
     def _render_body(self) -> None:
         report = self._report

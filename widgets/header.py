@@ -64,7 +64,9 @@ class HeaderBar(Static):
             right.append("read-only ", "bold cyan")
         right.append(workspace, "cyan")
         right.append(f"  {host}  ")
-        fmt_ = "%Y-%m-%d %H:%M:%S" if self.size.width >= 120 else "%H:%M:%S"
+        # Minutes: a seconds clock would repaint the header every second for
+        # nothing an operator reads (elapsed times and the log show liveness).
+        fmt_ = "%Y-%m-%d %H:%M" if self.size.width >= 120 else "%H:%M"
         right.append(datetime.fromtimestamp(now).strftime(fmt_))
         key = (left, right, self.size.width)
         if key == self._key:

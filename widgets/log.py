@@ -8,15 +8,18 @@ changed; the view follows the end unless the operator scrolled up."""
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 from rich.highlighter import Highlighter
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
+from textual.strip import Strip
 from textual.widgets import Input, Log
 
 from eagle3_console.model import LogState
+from widgets.body import retitle
 
 # What an operator must not miss in a scrolling log (the scenario's OOM, NCCL
 # hangs, Python tracebacks); case-insensitive, whole line highlighted.
@@ -40,7 +43,9 @@ def appended(old: list[str], new: list[str]) -> list[str] | None:
     return None
 
 
+@lru_cache(maxsize=4096)
 def is_error_line(line: str) -> bool:
+    # Cached: the pane counts the error lines of its whole tail on every pass.
     return ERROR_RE.search(line) is not None
 
 
@@ -57,13 +62,47 @@ class LogView(Log):
     DEFAULT_CSS = """
     LogView { height: 1fr; border: none; }
     """
+    STRIP_CACHE = 2048
 
     def __init__(self, **kw) -> None:
+        # A following log scrolls (or loses its first lines) on every append,
+        # so every visible line is asked for again each second. Textual's Log
+        # (8.2) renders each one anew (its line cache is kept only while text
+        # is selected, and is keyed by position, which pruning moves): here
+        # lines are cached by content, and the style by widget until the
+        # styles change.
+        self._strips: dict[str, Strip] = {}
+        self._style = None
+        self.strips_rendered = 0
         super().__init__(highlight=True, auto_scroll=True, **kw)
         self.highlighter = ErrorHighlighter()
         # Following the end until the operator scrolls up; End (or scrolling
         # back down) follows again.
         self.following = True
+
+    def render_line(self, y: int) -> Strip:
+        scroll_x, scroll_y = self.scroll_offset
+        index = scroll_y + y
+        if self.text_selection is not None or index >= len(self.lines):
+            return super().render_line(y)
+        if self._style is None:
+            self._style = self.rich_style
+        text = self.lines[index]
+        strip = self._strips.get(text)
+        if strip is None:
+            if len(self._strips) >= self.STRIP_CACHE:
+                self._strips.clear()
+            strip = self._strips[text] = self._render_line_strip(index, self._style)
+            self.strips_rendered += 1
+        width = self.size.width
+        # What Log._render_line does with its strip: crop to the view, and the
+        # offsets that map a screen cell back to the text (mouse selection).
+        return strip.crop_extend(scroll_x, scroll_x + width, self._style).apply_offsets(scroll_x, index)
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._strips.clear()
+        self._style = None
 
     def watch_scroll_y(self, old: float, new: float) -> None:
         super().watch_scroll_y(old, new)
@@ -97,6 +136,7 @@ class LogPane(Vertical):
         self._tail: list[str] = []
         self._key: tuple | None = None
         self._shown: list[str] | None = None
+        self._shown_filter = ""
 
     def compose(self) -> ComposeResult:
         yield self.filter_input
@@ -107,13 +147,14 @@ class LogPane(Vertical):
         if key != self._key:
             self._key = key
             self.view.following = True
+            self._shown = None          # another log: redraw, never append
         self._tail = list(log.tail) if log is not None else []
         title = "Log"
         if stage:
             title += f": {stage}" + (f" (run {run_id})" if run_id else "")
         if log is None:
             self._tail = ["(no log yet: the stage has not run)"] if stage else []
-        self.border_title = title
+        retitle(self, title)
         self._refresh_lines()
 
     def _refresh_lines(self) -> None:
@@ -125,9 +166,14 @@ class LogPane(Vertical):
             return
         follow = self.view.following
         scroll_y = self.view.scroll_y
-        new = appended(self._shown, lines) if self._shown is not None else None
-        self._shown = list(lines)
-        # The view holds as many lines as the tail: appending prunes the front.
+        # Appending is only right for the same filter (a new filter may keep a
+        # suffix of the old lines, and the lines above it must go).
+        same = self._shown is not None and self._shown_filter == self.filter_text
+        new = appended(self._shown, lines) if same else None
+        self._shown, self._shown_filter = list(lines), self.filter_text
+        # The view holds as many lines as the tail: appending prunes the front,
+        # so that the number of lines, the scroll offset and the scrollbar stay
+        # put (a growing view would relayout the screen on every append).
         self.view.max_lines = max(len(lines), 1)
         if new is not None:
             # The common case of a growing log: only the new lines are written.
@@ -146,7 +192,7 @@ class LogPane(Vertical):
             sub = f"filter {self.filter_text!r}: {len(lines)} lines · " + sub
         if n_err:
             sub = f"{n_err} error lines · " + sub
-        self.border_subtitle = sub
+        retitle(self, subtitle=sub)
 
     def open_filter(self) -> None:
         self.add_class("-filtering")

@@ -14,7 +14,7 @@ from textual.containers import VerticalScroll
 
 from eagle3_console.model import ShardProgress, StageStatus
 from widgets import fmt
-from widgets.body import Body
+from widgets.body import Body, retitle
 
 
 def bar(fraction: float | None, style: str = "green") -> ProgressBar:
@@ -112,8 +112,7 @@ class ProgressPane(VerticalScroll, can_focus=False):
     def show(self, st: StageStatus | None, now: float) -> None:
         title = "Progress" if st is None else (
             f"Progress: {st.name}" + (f" (run {st.run_id})" if st.run_id else ""))
-        if self.border_title != title:
-            self.border_title = title
+        retitle(self, title)
         if st is None:
             self._body.paint(None, "select a stage")
             self._bars.paint(None, "")

@@ -15,6 +15,7 @@ from textual.widgets import DataTable
 
 from eagle3_console.model import StageStatus
 from widgets import fmt
+from widgets.body import retitle
 
 COLUMNS = ("stage", "status", "run", "started", "elapsed", "progress", "rate", "ETA", "exit")
 STATUS_STYLE = {"running": "bold green", "pending": "cyan", "succeeded": "green", "failed": "bold red",
@@ -74,10 +75,20 @@ class StageTable(DataTable):
         stage: str
 
     def __init__(self, **kw) -> None:
+        self._cells_only = False       # set before DataTable's __init__, which refreshes
         super().__init__(cursor_type="row", zebra_stripes=False, **kw)
         self.border_title = "Stages"
         self._names: list[str] = []
         self._rows: dict[str, tuple] = {}
+        self.row_repaints = 0
+
+    def refresh(self, *regions, repaint: bool = True, layout: bool = False, recompose: bool = False):
+        # DataTable.update_cell repaints the whole table; while show() updates
+        # cells it repaints only the rows it changed (refresh_row), so a ticking
+        # ETA costs one row a second, not the table.
+        if self._cells_only and not regions and not layout and not recompose:
+            return self
+        return super().refresh(*regions, repaint=repaint, layout=layout, recompose=recompose)
 
     def on_mount(self) -> None:
         for c in COLUMNS:
@@ -104,17 +115,26 @@ class StageTable(DataTable):
                 self.post_message(self.Selected(self.selected))
         else:
             # Only changed cells: an idle console must not repaint the table every second.
-            for st in stages:
+            for index, st in enumerate(stages):
                 new, old = row(st, now), self._rows.get(st.name, ())
+                changed = False
                 for i, (col, value) in enumerate(zip(COLUMNS, new)):
                     if i >= len(old) or old[i] != value:
                         # Re-measuring the column repaints the whole table: only when the text got longer.
                         longer = i >= len(old) or len(str(value)) > len(str(old[i]))
-                        self.update_cell(st.name, col, value, update_width=longer)
+                        self._cells_only = not longer
+                        try:
+                            self.update_cell(st.name, col, value, update_width=longer)
+                        finally:
+                            self._cells_only = False
+                        changed = True
+                if changed:
+                    self.row_repaints += 1
+                    self.refresh_row(index)
                 self._rows[st.name] = new
         failed = sum(1 for s in stages if s.status in ("failed", "lost"))
         running = sum(1 for s in stages if s.status == "running")
-        self.border_subtitle = f"{running} running" + (f", {failed} failed/lost" if failed else "")
+        retitle(self, subtitle=f"{running} running" + (f", {failed} failed/lost" if failed else ""))
 
     def select(self, stage: str) -> None:
         if stage in self._names:
