@@ -27,6 +27,7 @@ from textual import on
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Footer
@@ -94,8 +95,9 @@ class ConsoleApp(App[int]):
     #main { height: 1fr; }
     #middle { height: 18; }
     LogPane { min-height: 6; }
-    #middle > StageTable { width: 1fr; max-height: 100%; height: 1fr; }
-    #middle > #side { width: 1fr; }
+    /* The table gets the larger share: every column fits from about 150 columns. */
+    #middle > StageTable { width: 3fr; max-height: 100%; height: 1fr; }
+    #middle > #side { width: 2fr; }
     #side > ProgressPane { height: 1fr; }
     #side > DiskPane { height: 7; }
     GpuPane { max-height: 20; }
@@ -238,8 +240,12 @@ class ConsoleApp(App[int]):
         self.sampler_error = message.error
         if message.snap is not None:
             self.snapshot = message.snap
-            self._render_snapshot()
-        self._render_header()
+        try:
+            if message.snap is not None:
+                self._render_snapshot()
+            self._render_header()
+        except NoMatches:
+            pass        # the app is closing: its panes are gone
 
     def _now(self) -> float:
         if self.frozen and self.frozen.time is not None:
@@ -269,10 +275,14 @@ class ConsoleApp(App[int]):
         self.query_one(GpuPane).show(snap.gpus)
         table = self.query_one(StageTable)
         table.show(snap.stages, now)
-        if self.selected is None or snap.stage(self.selected) is None:
-            self.selected = self._default_stage(snap)
-            if self.selected:
-                table.select(self.selected)
+        # Until the operator moves the cursor, the selection follows the
+        # active stage (a pipeline advancing stage by stage stays in view).
+        if not table.user_moved or self.selected is None or snap.stage(self.selected) is None:
+            want = self._default_stage(snap)
+            if want != self.selected:
+                self.selected = want
+                if want:
+                    table.follow(want)
         self._render_selected()
 
     def _data_now(self) -> float:
@@ -283,10 +293,15 @@ class ConsoleApp(App[int]):
 
     @staticmethod
     def _default_stage(snap: Snapshot) -> str | None:
+        """The stage to show first: a live one, else a failed one, else the
+        one that ran last (a finished pipeline shows its bench result)."""
         for wanted in (("running", "lost", "pending"), ("failed", "killed")):
             for st in snap.stages:
                 if st.status in wanted:
                     return st.name
+        ran = [st for st in snap.stages if st.started is not None]
+        if ran:
+            return max(ran, key=lambda st: st.started).name
         return snap.stages[0].name if snap.stages else None
 
     def _render_selected(self) -> None:
@@ -301,9 +316,14 @@ class ConsoleApp(App[int]):
 
     @on(StageTable.Selected)
     def _stage_selected(self, message: StageTable.Selected) -> None:
+        if not message.by_user:
+            return          # the cursor moved because the app moved it (or the rows were redrawn)
         if message.stage != self.selected:
             self.selected = message.stage
-            self._render_selected()
+            try:
+                self._render_selected()
+            except NoMatches:
+                pass    # the app is closing: its panes are gone
 
     # ------------------------------------------------------------------ bindings
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:

@@ -16,8 +16,8 @@ from widgets import fmt
 from widgets.body import Body, retitle
 
 
-def usage_lines(d: DiskUsage) -> list:
-    out: list = [Text(d.path, "cyan", overflow="ellipsis", no_wrap=True)]
+def usage_lines(d: DiskUsage, width: int | None = None) -> list:
+    out: list = [Text(fmt.path_tail(d.path, width), "cyan", no_wrap=True)]
     t = Text()
     t.append("written ", "dim")
     t.append(fmt.nbytes(d.written_bytes), "bold")
@@ -53,18 +53,29 @@ class DiskPane(VerticalScroll, can_focus=False):
         super().__init__(**kw)
         self.border_title = "Disk"
         self._body = Body("")
+        self._last: tuple | None = None
 
     def compose(self):
         yield self._body
 
     def show(self, stage: str | None, usages: list[DiskUsage]) -> None:
+        self._last = (stage, usages)
         mine = [d for d in usages if d.stage == stage]
         title = f"Disk: {stage}" if stage else "Disk"
         retitle(self, title)
         if not mine:
             self._body.paint("none", Text("no output tracked for this stage", "dim"))
             return
-        parts: list = []
-        for d in mine:
-            parts.extend(usage_lines(d))
-        self._body.paint(mine, Group(*parts))
+        width = self._body.size.width or None
+
+        def build() -> Group:
+            parts: list = []
+            for d in mine:
+                parts.extend(usage_lines(d, width))
+            return Group(*parts)
+        self._body.paint((mine, width), build)
+
+    def on_resize(self) -> None:
+        # The path is cut to the width.
+        if self._last is not None:
+            self.show(*self._last)

@@ -78,3 +78,10 @@ def exit_text(exit_code: int | None, sig: int | None) -> str:
         except ValueError:
             return f"signal {sig}"
     return DASH if exit_code is None else str(exit_code)
+
+
+def path_tail(path: str, width: int | None) -> str:
+    """A path cut at the front to fit `width`: the end names the output."""
+    if width is None or len(path) <= width:
+        return path
+    return "…" + path[len(path) - max(width - 1, 1):]

@@ -52,6 +52,10 @@ class HelpScreen(ModalScreen[None]):
             yield Static(table)
             yield Static(Text("Every destructive action first shows its exact plan (processes with pid, GPU and "
                               "memory; files with counts and bytes) with the focus on Cancel.", "italic"))
+            yield Static(Text("The selection follows the active stage (running, else failed, else the last run) "
+                              "until you move the cursor. The stages table's result column is bench's acceptance "
+                              "length (AL: tokens per target forward, bonus included); select bench for the whole "
+                              "result. Narrow terminals drop the started and run columns.", "italic"))
 
     def action_close(self) -> None:
         self.dismiss(None)

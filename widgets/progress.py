@@ -1,8 +1,10 @@
 """Progress pane of the selected stage: per-shard bars, samples and tokens
-done, rate, ETA, and weight loading while a model loads.
+done, rate, ETA, and weight loading while a model loads; for bench, its
+result (acceptance length, acceptance per draft position, speed-up, whether
+the speculative output equals greedy decoding).
 
 Renders one StageStatus: its ShardProgress when the stage writes shards, else
-the progress its log printed (LogState)."""
+the progress its log printed (LogState), and its result (bench.json)."""
 
 from __future__ import annotations
 
@@ -65,18 +67,76 @@ def summary(st: StageStatus, now: float) -> Text:
     return t
 
 
+def _num(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def result_text(st: StageStatus) -> Text | None:
+    """bench.json in a few lines: what the whole pipeline was for."""
+    r = st.result or {}
+    al = _num(r.get("acceptance_length"))
+    if al is None:
+        return None
+    t = Text()
+    if st.status == "never":
+        t.append("a result found on disk; no run of this stage is recorded here\n", "yellow")
+    elif st.status != "succeeded":
+        t.append(f"an earlier run's result (the latest run: {st.status})\n", "yellow")
+    t.append("acceptance length ", "dim")
+    t.append(f"{al:.2f}", "bold green")
+    t.append(" tokens/forward", "dim")
+    k = r.get("draft_tokens")
+    if isinstance(k, int):
+        t.append(f" (K={k}, max {k + 1})", "dim")
+    t.append("\n")
+    speed = _num(r.get("speedup"))
+    if speed is not None:
+        t.append("speed-up ", "dim")
+        t.append(f"{speed:.2f}x", "bold")
+        plain, spec = _num(r.get("tok_s_plain")), _num(r.get("tok_s_speculative"))
+        if plain is not None and spec is not None:
+            t.append(f"  {spec:.1f} vs {plain:.1f} tok/s plain", "dim")
+        t.append("\n")
+    prompts = r.get("prompts")
+    n_prompts = len(prompts) if isinstance(prompts, list) else prompts
+    on = f" on {n_prompts} prompts" if n_prompts is not None else ""
+    if r.get("tokens") is not None:
+        on += f" ({r['tokens']} tokens)"
+    match = r.get("outputs_match")
+    if match is True:
+        t.append("output == greedy" + on, "green")
+    elif match is False:
+        n = len(r.get("mismatches") or [])
+        t.append(f"OUTPUT DIFFERS FROM GREEDY on {n} prompts", "bold white on red")
+    else:
+        t.append("output vs greedy not reported", "yellow")
+    fwd_plain, fwd_spec = r.get("target_forwards_plain"), r.get("target_forwards_speculative")
+    if fwd_plain is not None and fwd_spec is not None:
+        t.append(f"\ntarget forwards {fwd_spec} vs {fwd_plain} plain", "dim")
+    if r.get("drafter"):
+        t.append(f"\ndrafter {r['drafter']}" + (f" ({r['format']})" if r.get("format") else ""), "dim")
+    return t
+
+
 def bar_rows(st: StageStatus) -> list[tuple[str, str, float | None, str]]:
     """(label, style, fraction, count) of the loading, overall and per-shard bars."""
     rows = []
     log, sp = st.log, st.shards
     if log is not None and log.load_pct is not None and st.status == "running" and not st.progress:
         rows.append(("loading weights", "bold cyan", log.load_pct / 100, f"{log.load_pct:.0f}%"))
-    if st.progress is not None:
+    has_result = _num((st.result or {}).get("acceptance_length")) is not None
+    if st.progress is not None and not (has_result and st.status == "succeeded"):
         rows.append(("overall", "bold", st.progress, fmt.pct(st.progress)))
     if sp is not None:
         for sh in sp.shards:
             rows.append((sh.name, "", sh.done / sh.expected if sh.expected else None,
                          f"{sh.done}/{sh.expected if sh.expected else '?'}"))
+    rates = (st.result or {}).get("accept_rate_per_position")
+    if isinstance(rates, list) and has_result:
+        # Conditional rates: draft k accepted given drafts 1..k-1 were.
+        for i, a in enumerate(rates):
+            f = _num(a)
+            rows.append((f"accept @{i + 1}", "", f, "-" if f is None else fmt.pct(f)))
     return rows
 
 
@@ -117,12 +177,20 @@ class ProgressPane(VerticalScroll, can_focus=False):
             self._body.paint(None, "select a stage")
             self._bars.paint(None, "")
             return
-        text = summary(st, now)
+        result = result_text(st)
+        if result is None:
+            text = summary(st, now)
+        elif st.status == "succeeded":
+            text = result         # its "done N/N, succeeded" says nothing more
+        else:
+            text = Text.assemble(summary(st, now), "\n", result)
         self._body.paint(text, text)
         rows = bar_rows(st)
         label = None
         if st.shards is not None and st.shards.shards:
             label = f"{len(st.shards.shards)} shards ({st.shards.layout})"
+        elif result is not None and rows and rows[0][0].startswith("accept @"):
+            label = "acceptance rate per draft position (conditional)"
         # Fractions rounded to what a bar can show: a sample more is not a repaint.
         key = (label, [(r[0], r[1], None if r[2] is None else round(r[2], 3), r[3]) for r in rows])
 

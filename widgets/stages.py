@@ -1,9 +1,11 @@
 """Stages pane: a table of stage, status, run id, started, elapsed, progress,
-rate, ETA and exit code / signal; failed, killed, lost and OOM'd runs stand out.
+rate, ETA, exit code / signal and result (bench's acceptance length); failed,
+killed, lost and OOM'd runs stand out.
 
 Renders Snapshot.stages (StageStatus). The row under the cursor is the
 selected stage: the Progress, Disk and Log panes follow it (the app listens to
-StageTable.Selected). Rows are updated in place so the cursor stays put."""
+StageTable.Selected, which says whether the operator moved the cursor or the
+app did). Rows are updated in place so the cursor stays put."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from eagle3_console.model import StageStatus
 from widgets import fmt
 from widgets.body import retitle
 
-COLUMNS = ("stage", "status", "run", "started", "elapsed", "progress", "rate", "ETA", "exit")
+COLUMNS = ("stage", "status", "run", "started", "elapsed", "progress", "rate", "ETA", "exit", "result")
 STATUS_STYLE = {"running": "bold green", "pending": "cyan", "succeeded": "green", "failed": "bold red",
                 "killed": "bold yellow", "lost": "bold magenta", "never": "dim"}
 
@@ -36,6 +38,19 @@ def status_text(st: StageStatus) -> Text:
     return Text(label, style)
 
 
+def result_text(st: StageStatus) -> Text:
+    """The stage's result in a cell: bench's mean acceptance length (tokens
+    per target forward), red when speculative output differed from greedy,
+    dim when the stage's latest run did not produce it (an earlier run's)."""
+    r = st.result or {}
+    al = r.get("acceptance_length")
+    if not isinstance(al, (int, float)):
+        return Text("-")
+    if r.get("outputs_match") is False:
+        return Text(f"AL {al:.2f} !=greedy", "bold red")
+    return Text(f"AL {al:.2f}", "bold green" if st.status == "succeeded" else "dim")
+
+
 def elapsed(st: StageStatus, now: float) -> float | None:
     if st.started is None:
         return None
@@ -44,11 +59,9 @@ def elapsed(st: StageStatus, now: float) -> float | None:
 
 def row(st: StageStatus, now: float) -> tuple:
     running = st.status == "running"
-    rate = st.rate if running else None
-    if st.tokens_per_s is not None and rate is not None:
-        rate_s = f"{fmt.rate(rate)} {fmt.rate(st.tokens_per_s, 'tok/s')}"
-    else:
-        rate_s = fmt.rate(rate)
+    # Samples (or items) a second; tokens/s is in the Progress pane, the
+    # table keeps its width for the result column at 80 columns.
+    rate_s = fmt.rate(st.rate if running else None)
     exit_s = fmt.exit_text(st.exit_code, st.signal)
     return (
         Text(st.name, "bold"),
@@ -61,6 +74,7 @@ def row(st: StageStatus, now: float) -> tuple:
         rate_s,
         fmt.duration(st.eta_s) if running else "-",
         Text(exit_s, "bold red" if exit_s not in ("-", "0") else ""),
+        result_text(st),
     )
 
 
@@ -73,14 +87,18 @@ class StageTable(DataTable):
     @dataclass
     class Selected(Message):
         stage: str
+        by_user: bool = False       # the operator moved the cursor (else the app or a redraw did)
 
     def __init__(self, **kw) -> None:
         self._cells_only = False       # set before DataTable's __init__, which refreshes
+        self.user_moved = False        # the operator has moved the cursor at least once
         super().__init__(cursor_type="row", zebra_stripes=False, **kw)
         self.border_title = "Stages"
         self._names: list[str] = []
         self._rows: dict[str, tuple] = {}
         self.row_repaints = 0
+        self.columns_shown: tuple[str, ...] = ()
+        self._last: tuple | None = None
 
     def refresh(self, *regions, repaint: bool = True, layout: bool = False, recompose: bool = False):
         # DataTable.update_cell repaints the whole table; while show() updates
@@ -91,8 +109,32 @@ class StageTable(DataTable):
         return super().refresh(*regions, repaint=repaint, layout=layout, recompose=recompose)
 
     def on_mount(self) -> None:
-        for c in COLUMNS:
+        self._set_columns(COLUMNS)
+
+    def _set_columns(self, columns: tuple[str, ...]) -> None:
+        self.clear(columns=True)
+        self._names, self._rows = [], {}
+        self.columns_shown = columns
+        for c in columns:
             self.add_column(c, key=c)
+
+    def fit_columns(self, rows: list[tuple], width: int) -> tuple[str, ...]:
+        """The columns that fit `width`: `started`, then `run`, drop out on
+        narrow terminals (the Progress and Log titles name the run)."""
+        # A column is its widest cell plus a cell of padding each side; keep
+        # room for the vertical scrollbar, and a margin before a dropped
+        # column comes back, so that a ticking rate does not flip the layout.
+        widths = {c: max([len(c)] + [len(str(r[i]).rstrip()) for r in rows]) + 2 for i, c in enumerate(COLUMNS)}
+        for drop in ((), ("started",), ("started", "run")):
+            cols = tuple(c for c in COLUMNS if c not in drop)
+            margin = 2 + (4 if len(cols) > len(self.columns_shown) else 0)
+            if sum(widths[c] for c in cols) + margin <= width or drop == ("started", "run"):
+                return cols
+        return COLUMNS  # unreachable
+
+    def on_resize(self) -> None:
+        if self._last is not None:
+            self.show(*self._last)
 
     @property
     def selected(self) -> str | None:
@@ -101,24 +143,34 @@ class StageTable(DataTable):
         return self._names[min(self.cursor_row, len(self._names) - 1)]
 
     def show(self, stages: list[StageStatus], now: float) -> None:
+        self._last = (stages, now)
+        full = {st.name: row(st, now) for st in stages}
+        if self.size.width:
+            columns = self.fit_columns(list(full.values()), self.size.width)
+            if columns != self.columns_shown:
+                keep = self.selected
+                self._set_columns(columns)
+                self._names = [keep] if keep else []    # the cursor stays on it after the rebuild
+        index = [COLUMNS.index(c) for c in self.columns_shown]
+        rows = {name: tuple(r[i] for i in index) for name, r in full.items()}
         names = [s.name for s in stages]
         if names != self._names:
             keep = self.selected
             self.clear()
-            self._rows = {st.name: row(st, now) for st in stages}
+            self._rows = rows
             for st in stages:
                 self.add_row(*self._rows[st.name], key=st.name)
             self._names = names
             if keep in names:
                 self.move_cursor(row=names.index(keep), animate=False)
             elif names:
-                self.post_message(self.Selected(self.selected))
+                self.post_message(self.Selected(self.selected, self.user_moved))
         else:
             # Only changed cells: an idle console must not repaint the table every second.
             for index, st in enumerate(stages):
-                new, old = row(st, now), self._rows.get(st.name, ())
+                new, old = rows[st.name], self._rows.get(st.name, ())
                 changed = False
-                for i, (col, value) in enumerate(zip(COLUMNS, new)):
+                for i, (col, value) in enumerate(zip(self.columns_shown, new)):
                     if i >= len(old) or old[i] != value:
                         # Re-measuring the column repaints the whole table: only when the text got longer.
                         longer = i >= len(old) or len(str(value)) > len(str(old[i]))
@@ -137,15 +189,56 @@ class StageTable(DataTable):
         retitle(self, subtitle=f"{running} running" + (f", {failed} failed/lost" if failed else ""))
 
     def select(self, stage: str) -> None:
+        """Select `stage` as the operator would: the app stops following the active stage."""
+        self.user_moved = True
+        self.follow(stage)
+
+    def follow(self, stage: str) -> None:
+        """Move the cursor to `stage` on the app's behalf (the active stage)."""
         if stage in self._names:
             self.move_cursor(row=self._names.index(stage), animate=False)
+
+    # The operator's moves (keys, mouse): from then on the selection is theirs.
+    def _moved(self) -> None:
+        self.user_moved = True
+
+    def action_cursor_up(self) -> None:
+        self._moved()
+        super().action_cursor_up()
+
+    def action_cursor_down(self) -> None:
+        self._moved()
+        super().action_cursor_down()
+
+    def action_page_up(self) -> None:
+        self._moved()
+        super().action_page_up()
+
+    def action_page_down(self) -> None:
+        self._moved()
+        super().action_page_down()
+
+    def action_scroll_top(self) -> None:
+        self._moved()
+        super().action_scroll_top()
+
+    def action_scroll_bottom(self) -> None:
+        self._moved()
+        super().action_scroll_bottom()
+
+    def action_select_cursor(self) -> None:
+        self._moved()
+        super().action_select_cursor()
+
+    def on_click(self) -> None:
+        self._moved()
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         event.stop()
         if event.row_key is not None and event.row_key.value is not None:
-            self.post_message(self.Selected(event.row_key.value))
+            self.post_message(self.Selected(event.row_key.value, self.user_moved))
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         event.stop()
         if event.row_key is not None and event.row_key.value is not None:
-            self.post_message(self.Selected(event.row_key.value))
+            self.post_message(self.Selected(event.row_key.value, self.user_moved))
