@@ -159,7 +159,10 @@ class ActionDialog(ModalScreen[None]):
         self.state = "done"
         self.outcome_ok = ok
         for ln in lines:
-            self.progress(ln)
+            # The result repeats what the progress already said (kill reports
+            # its outcome as it goes): say each thing once.
+            if not any(ln in shown for shown in self._progress):
+                self.progress(ln)
         self.progress("done." if ok else "NOT done: see above.")
         self.query_one("#dialog").styles.border = ("thick", "green" if ok else "red")
         self._sync()
