@@ -124,3 +124,31 @@ def test_retitle_repaints_only_when_the_title_changed():
             retitle(pane, subtitle="scrolled")
             assert len(calls) > n and pane.border_subtitle == "scrolled"
     asyncio.run(main())
+
+
+def test_columns_give_way_on_a_narrow_table_and_come_back(tmp_path):
+    # One stage: the rebuild after a column change must re-add its row (a
+    # failed OOM run widens the status and exit cells past the width).
+    async def main():
+        table = RecordingTable()
+        async with Host(table).run_test(size=(120, 12)) as pilot:
+            running = [stages()[1]]
+            table.show(running, T0 + 10)
+            await pilot.pause()
+            assert "started" in table.columns_shown and "run" in table.columns_shown
+            await pilot.resize_terminal(72, 12)
+            await pilot.pause()
+            failed = [StageStatus(name="extract", op="extract", status="failed", run_id=2, started=T0, ended=T0 + 60,
+                                  exit_code=1, progress=0.75)]
+            from eagle3_console.model import Alert
+            failed[0].alerts.append(Alert("critical", "oom", "extract: out of memory", stage="extract"))
+            table.show(failed, T0 + 70)
+            await pilot.pause()
+            assert "started" not in table.columns_shown and "result" in table.columns_shown
+            row = dict(zip(table.columns_shown, table.get_row("extract")))
+            assert str(row["status"]) == "failed OOM" and str(row["exit"]) == "1" and str(row["progress"]) == "75%"
+            await pilot.resize_terminal(140, 12)
+            await pilot.pause()
+            assert "started" in table.columns_shown
+            assert str(dict(zip(table.columns_shown, table.get_row("extract")))["status"]) == "failed OOM"
+    asyncio.run(main())

@@ -145,17 +145,17 @@ class StageTable(DataTable):
     def show(self, stages: list[StageStatus], now: float) -> None:
         self._last = (stages, now)
         full = {st.name: row(st, now) for st in stages}
+        keep = self.selected
+        rebuilt = False
         if self.size.width:
             columns = self.fit_columns(list(full.values()), self.size.width)
             if columns != self.columns_shown:
-                keep = self.selected
                 self._set_columns(columns)
-                self._names = [keep] if keep else []    # the cursor stays on it after the rebuild
+                rebuilt = True
         index = [COLUMNS.index(c) for c in self.columns_shown]
         rows = {name: tuple(r[i] for i in index) for name, r in full.items()}
         names = [s.name for s in stages]
-        if names != self._names:
-            keep = self.selected
+        if rebuilt or names != self._names:
             self.clear()
             self._rows = rows
             for st in stages:
