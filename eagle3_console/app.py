@@ -53,6 +53,13 @@ ENV_FROZEN_TIME = "EAGLE3_CONSOLE_FROZEN_TIME"
 ENV_FROZEN_HOST = "EAGLE3_CONSOLE_FROZEN_HOST"
 DESTRUCTIVE = {"start", "restart", "stop", "kill", "clean"}
 LIVE = ("running", "pending", "lost")
+# What an operator can do about a critical alert, from this console.
+NEXT_STEP = {
+    "oom": "select it, then k: kill its workers, c: clean the partial output, r: restart with a halved batch",
+    "orphan_gpu_memory": "select the stage, then k: kill the workers that still hold GPU memory",
+    "stage_failed": "select it to read its log; r: restart",
+    "lost": "its supervisor is gone: k kills what is left of it, r restarts",
+}
 
 
 @dataclass
@@ -167,6 +174,7 @@ class ConsoleApp(App[int]):
         self._sampler: threading.Thread | None = None
         self.exit_note: str | None = None
         self._header_at = 0.0
+        self._alerts_seen: set[tuple[str, str | None]] | None = None
 
     # ------------------------------------------------------------------ layout
     def compose(self) -> ComposeResult:
@@ -240,12 +248,31 @@ class ConsoleApp(App[int]):
         self.sampler_error = message.error
         if message.snap is not None:
             self.snapshot = message.snap
+            self._announce(message.snap)
         try:
             if message.snap is not None:
                 self._render_snapshot()
             self._render_header()
         except NoMatches:
             pass        # the app is closing: its panes are gone
+
+    def _announce(self, snap: Snapshot) -> None:
+        """A critical alert that appears while the console is open is also a
+        notification, with what can be done about it (the header shows only
+        the worst one). Alerts present at opening are the header's alone."""
+        seen = {(a.code, a.stage) for a in snap.alerts if a.level == "critical"}
+        if self._alerts_seen is not None:
+            new: dict[str | None, Any] = {}
+            for a in snap.alerts:
+                if a.level == "critical" and (a.code, a.stage) not in self._alerts_seen:
+                    # One notification a stage: the alert that says why (an OOM), not the bare failure.
+                    if a.stage not in new or new[a.stage].code == "stage_failed":
+                        new[a.stage] = a
+            for a in new.values():
+                hint = "" if self.readonly else NEXT_STEP.get(a.code, "")
+                self.notify(a.message + (f"\n{hint}" if hint else ""), title="CRITICAL", severity="error",
+                            timeout=20)
+        self._alerts_seen = seen
 
     def _now(self) -> float:
         if self.frozen and self.frozen.time is not None:

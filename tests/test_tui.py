@@ -314,3 +314,23 @@ def test_a_failing_sampler_is_shown_not_fatal(ws):
             await pilot.press("question_mark")
             await wait_until(pilot, lambda: isinstance(app.screen, HelpScreen))
     run(main())
+
+
+def test_an_oom_that_happens_while_watching_is_announced_with_what_to_do(ws):
+    ws.write(pipeline(ws.root))
+
+    async def main():
+        app = make_app(ws.root, refresh_s=0.2)
+        notes: list[tuple[str, str]] = []
+        notify = app.notify
+        app.notify = lambda message, **kw: (notes.append((message, kw.get("severity"))), notify(message, **kw))[1]
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_until(pilot, lambda: app.snapshot is not None)
+            launch(ws, "extract")            # crashes with an OOM traceback at sample 12
+            await wait_until(pilot, lambda: any("out of memory" in m for m, _ in notes), timeout=30)
+            await pilot.pause(0.6)           # a few more passes: announced once
+            oom = [(m, sev) for m, sev in notes if "extract" in m and sev == "error"]
+            assert len(oom) == 1, notes
+            assert "k: kill its workers" in oom[0][0] and "r: restart with a halved batch" in oom[0][0]
+            assert "extract: out of memory" in rendered(app.query_one("#header"))
+    run(main())

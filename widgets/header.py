@@ -19,7 +19,10 @@ HEALTH_STYLE = {"ok": "bold green", "warning": "bold yellow", "critical": "bold 
 
 
 def worst_alert(snap: Snapshot):
-    alerts = sorted(snap.alerts, key=lambda a: LEVEL_RANK.get(a.level, 0), reverse=True)
+    """The most severe alert; among equals, the one that says why (out of
+    memory) before the bare "stage failed" that comes with it."""
+    alerts = sorted(snap.alerts, key=lambda a: (LEVEL_RANK.get(a.level, 0), a.code != "stage_failed"),
+                    reverse=True)
     return alerts[0] if alerts else None
 
 
