@@ -44,7 +44,7 @@ from widgets.header import HeaderBar
 from widgets.help import HelpScreen
 from widgets.log import LogPane
 from widgets.progress import ProgressPane
-from widgets.stages import StageTable
+from widgets.stages import StageTable, is_oom
 
 REFRESH_S = 1.0
 STOP_GRACE_S = 10.0
@@ -439,7 +439,13 @@ class ConsoleApp(App[int]):
 
     def _finished(self, dialog: ActionDialog, what: str, stage: str, ok: bool, lines: list[str]) -> None:
         self.busy.discard(stage)
-        if dialog.is_attached:
+        if dialog.is_attached and ok and what == "restart":
+            # The new run is what the operator wants to watch now: the dialog
+            # gives the screen back and the outcome becomes a notification.
+            dialog.finished(ok, lines)
+            dialog.dismiss(None)
+            self.notify(f"restart {stage}: " + "; ".join(lines), timeout=8)
+        elif dialog.is_attached:
             dialog.finished(ok, lines)
         else:
             self.notify(f"{what} {stage}: " + "; ".join(lines), severity="information" if ok else "error",
@@ -502,10 +508,22 @@ class ConsoleApp(App[int]):
         def plan() -> DialogSpec:
             p = actions.plan_kill(self.ws, st.name, nvml=self.nvml)
             self._kill_plan = p
-            return DialogSpec(title=f"Kill the workers of {st.name}", confirm_label="Kill",
-                              options=[Option("kill", "kill", p.lines(), p.refusal)],
-                              notes=["After the signals, the dialog waits until NVML shows the GPU memory "
-                                     "released, or says which pid still holds what."])
+            gpus = (f"GPU memory cannot be checked here: {p.gpus_unavailable}" if p.gpus_unavailable else
+                    "NVML shows no GPU memory held by its processes")
+            if p.refusal and not p.procs:
+                # Good news after an OOM: say so, and what was checked.
+                option = Option("kill", "kill", [f"no process of {st.name} (its runs, their process groups and "
+                                                 f"sessions) is alive", gpus], p.refusal,
+                                refusal_label="NOTHING TO KILL")
+                notes = (["Next after an OOM: c cleans the partial output, r restarts with a halved batch."]
+                         if is_oom(st) else [])
+            else:
+                option = Option("kill", "kill", p.lines(), p.refusal)
+                notes = ["After the signals, the dialog waits until NVML shows the GPU memory released, or says "
+                         "which pid still holds what." if not p.gpus_unavailable else
+                         f"After the signals, the dialog waits for the processes to exit ({gpus})."]
+            return DialogSpec(title=f"Kill the workers of {st.name}", confirm_label="Kill", options=[option],
+                              notes=notes)
 
         def execute(dialog: ActionDialog, option: Option) -> tuple[bool, list[str]]:
             res = actions.execute_kill(self.ws, self._kill_plan, progress=self._progress(dialog), nvml=self.nvml,

@@ -176,7 +176,10 @@ def test_kill_refused_when_nothing_runs(ws):
         async with app.run_test(size=(120, 40)) as pilot:
             await select(pilot, app, "quick")
             dialog = await open_dialog(pilot, app, "k")
-            assert "REFUSED" in plan_text(dialog) and "no live process" in plan_text(dialog)
+            text = plan_text(dialog)
+            # Nothing to kill is good news, not an error: said so, with what was checked.
+            assert "NOTHING TO KILL" in text and "REFUSED" not in text and "no live process" in text
+            assert "no process of quick" in text and "NVML shows no GPU memory held" in text
             assert not dialog.query_one("#confirm", Button).display
             await pilot.press("escape")
             await wait_until(pilot, lambda: not isinstance(app.screen, ActionDialog))
@@ -248,9 +251,13 @@ def test_restart_after_oom_offers_the_halved_batch_and_runs_it(ws):
             text = plan_text(dialog)
             assert "out of memory seen" in text and "crash_at: 12 -> 6 (halved after the OOM)" in text
             assert "argv:" in text and "--crash-at 6" in text
+            # The plan names the option it is for (the radio buttons differ by colour only).
+            assert text.startswith("▶ crash_at 12 -> 6 (halved after the OOM)")
             await confirm(pilot, dialog)
             await wait_until(pilot, lambda: dialog.state == "done", timeout=30)
-            assert dialog.outcome_ok, progress_text(dialog)
+            assert dialog.outcome_ok
+            # The new run is what to watch: the dialog gives the screen back.
+            await wait_until(pilot, lambda: not isinstance(app.screen, ActionDialog))
     run(main())
     r = ws.latest("extract")
     assert r.params["crash_at"] == 6 and r.restart_of == 1 and "--crash-at" in r.argv

@@ -3,7 +3,8 @@
 An ActionDialog shows the exact plan an action built (eagle3_console.actions
 plans' lines(), or the app's stop plan), its refusal when it cannot be done,
 and - once confirmed - the progress and result of the execution. Focus starts
-on Cancel; a refused plan has no confirm button at all. Options (restart after
+on Cancel (for a clean, on the name to type); a refused plan has no confirm
+button at all. Options (restart after
 an OOM: as before / halved batch) each carry their own plan lines, so the
 operator sees the argv that will run for the option selected. A clean asks
 to type the stage name first.
@@ -31,6 +32,8 @@ class Option:
     label: str
     lines: list[str]
     refusal: str | None = None
+    # How a refusal is headed: "NOTHING TO KILL" reads as the good news it is.
+    refusal_label: str = "REFUSED"
 
 
 @dataclass
@@ -43,11 +46,12 @@ class DialogSpec:
     notes: list[str] = field(default_factory=list)
 
 
-def plan_text(lines: list[str], refusal: str | None) -> Text:
+def plan_text(lines: list[str], refusal: str | None, label: str = "REFUSED") -> Text:
     t = Text(no_wrap=False)
     if refusal:
-        t.append("REFUSED: ", "bold white on red")
-        t.append(refusal + "\n", "bold red")
+        bad = label == "REFUSED"
+        t.append(f"{label}: ", "bold white on red" if bad else "bold black on yellow")
+        t.append(refusal + "\n", "bold red" if bad else "bold")
         if lines and lines != [f"refused: {refusal}"]:
             t.append("\n")
     for ln in lines:
@@ -88,7 +92,7 @@ class ActionDialog(ModalScreen[None]):
         with Vertical(id="dialog"):
             yield Label(Text(self.spec.title), id="title")
             with VerticalScroll(id="plan"):
-                yield Static(plan_text(self.option.lines, self.option.refusal), id="plan-text")
+                yield Static(self._plan(), id="plan-text")
             if len(self.spec.options) > 1:
                 with RadioSet(id="options"):
                     for o in self.spec.options:
@@ -103,9 +107,22 @@ class ActionDialog(ModalScreen[None]):
                 yield Button("Cancel", id="cancel", variant="primary")
                 yield Button(self.spec.confirm_label, id="confirm", variant="error")
 
+    def _plan(self) -> Text:
+        text = plan_text(self.option.lines, self.option.refusal, self.option.refusal_label)
+        if len(self.spec.options) > 1:
+            # Which option this plan is for, in words: the radio buttons differ
+            # by colour only (and NO_COLOR has none).
+            text = Text.assemble((f"▶ {self.option.label}", "bold reverse"), "\n", text)
+        return text
+
     def on_mount(self) -> None:
         self._sync()
-        self.query_one("#cancel", Button).focus()
+        if self.spec.type_to_confirm is not None and self.option.refusal is None:
+            # Typing the name is the deliberate act (the confirm button stays
+            # disabled until it matches): keys typed at once must land there.
+            self.query_one("#typed", Input).focus()
+        else:
+            self.query_one("#cancel", Button).focus()
 
     def _sync(self) -> None:
         confirm = self.query_one("#confirm", Button)
@@ -122,7 +139,7 @@ class ActionDialog(ModalScreen[None]):
     def on_radio_set_changed(self, event: RadioSet.Changed) -> None:
         key = (event.pressed.id or "").removeprefix("opt-")
         self.option = next(o for o in self.spec.options if o.key == key)
-        self.query_one("#plan-text", Static).update(plan_text(self.option.lines, self.option.refusal))
+        self.query_one("#plan-text", Static).update(self._plan())
         self._sync()
 
     def on_input_changed(self, event: Input.Changed) -> None:
