@@ -338,7 +338,7 @@ class ConsoleApp(App[int]):
         st = snap.stage(self.selected) if self.selected else None
         now = self._data_now()
         self.query_one(ProgressPane).show(st, now)
-        self.query_one(DiskPane).show(self.selected, snap.disk)
+        self.query_one(DiskPane).show(self.selected, snap.disk, st.outputs if st else None)
         self.query_one(LogPane).show(self.selected, st.run_id if st else None, st.log if st else None)
 
     @on(StageTable.Selected)
@@ -420,7 +420,7 @@ class ConsoleApp(App[int]):
                 spec = DialogSpec(title=f"{what} {stage}", confirm_label=what,
                                   options=[Option("error", what, [], refusal=f"planning failed: "
                                                                            f"{type(exc).__name__}: {exc}")])
-            self._call(self.push_screen, ActionDialog(spec, on_confirm))
+            self._call(self._ask, ActionDialog(spec, on_confirm))
 
         def on_confirm(dialog: ActionDialog, option: Option) -> None:
             self.busy.add(stage)
@@ -437,6 +437,11 @@ class ConsoleApp(App[int]):
 
         self._thread(plan, f"plan-{what}")
 
+    def _ask(self, dialog: ActionDialog) -> None:
+        # The operator is acting: alert notifications would cover the dialog's buttons.
+        self.clear_notifications()
+        self.push_screen(dialog)
+
     def _finished(self, dialog: ActionDialog, what: str, stage: str, ok: bool, lines: list[str]) -> None:
         self.busy.discard(stage)
         if dialog.is_attached and ok and what == "restart":
@@ -444,7 +449,7 @@ class ConsoleApp(App[int]):
             # gives the screen back and the outcome becomes a notification.
             dialog.finished(ok, lines)
             dialog.dismiss(None)
-            self.notify(f"restart {stage}: " + "; ".join(lines), timeout=8)
+            self.notify("restarted: " + "; ".join(lines), timeout=8)
         elif dialog.is_attached:
             dialog.finished(ok, lines)
         else:

@@ -124,7 +124,33 @@ class ActionDialog(ModalScreen[None]):
         else:
             self.query_one("#cancel", Button).focus()
 
+    def on_resize(self) -> None:
+        self._fit()
+
+    def _fit(self) -> None:
+        """Give the plan what the rest of the dialog leaves: on a 24-line
+        terminal a long plan must not push the name to type and the buttons
+        off the screen (the plan scrolls instead)."""
+        if not self.size.height:
+            return
+        width = max(10, min(140, int(self.size.width * 0.92)) - 4)
+        reserved = 2 + 2 + 4                       # border, title, buttons
+        if len(self.spec.options) > 1:
+            reserved += len(self.spec.options) + 3
+        reserved += sum(len(n) // width + 1 for n in self.spec.notes)
+        if self.spec.type_to_confirm is not None and self.state == "asking" and self.option.refusal is None:
+            reserved += 4
+        progress = 0
+        if self.state != "asking":
+            progress = min(10, max(2, len(self._progress) + 1))
+            reserved += progress
+        room = int(self.size.height * 0.95) - reserved
+        self.query_one("#plan").styles.max_height = max(3, min(16, room))
+        if progress:
+            self.query_one("#progress").styles.max_height = max(3, min(10, progress, room + progress - 3))
+
     def _sync(self) -> None:
+        self._fit()
         confirm = self.query_one("#confirm", Button)
         refused = self.option.refusal is not None
         confirm.display = self.state == "asking" and not refused
@@ -169,6 +195,7 @@ class ActionDialog(ModalScreen[None]):
 
     def progress(self, line: str) -> None:
         self._progress.append(line)
+        self._fit()
         self.query_one("#progress-text", Static).update(Text("\n".join(self._progress)))
         self.query_one("#progress", VerticalScroll).scroll_end(animate=False)
 

@@ -58,13 +58,18 @@ class DiskPane(VerticalScroll, can_focus=False):
     def compose(self):
         yield self._body
 
-    def show(self, stage: str | None, usages: list[DiskUsage]) -> None:
-        self._last = (stage, usages)
+    def show(self, stage: str | None, usages: list[DiskUsage], outputs: list[str] | None = None) -> None:
+        self._last = (stage, usages, outputs)
         mine = [d for d in usages if d.stage == stage]
         title = f"Disk: {stage}" if stage else "Disk"
         retitle(self, title)
         if not mine:
-            self._body.paint("none", Text("no output tracked for this stage", "dim"))
+            if outputs:
+                # Declared but not written yet (the stage has not run): say where it will write.
+                self._body.paint(("none", tuple(outputs)), Text(
+                    "nothing written yet to " + ", ".join(outputs), "dim"))
+            else:
+                self._body.paint("none", Text("no output declared for this stage", "dim"))
             return
         width = self._body.size.width or None
 

@@ -67,6 +67,11 @@ def pct(f: float | None) -> str:
     return DASH if f is None else f"{100 * f:.0f}%"
 
 
+def done_pct(f: float | None) -> str:
+    """Progress as a percentage, rounded down: 398 of 400 is 99 %, not 100 %."""
+    return DASH if f is None else f"{int(100 * f + 1e-9)}%"
+
+
 def count(n: int | None) -> str:
     return DASH if n is None else f"{n:,}"
 

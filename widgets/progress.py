@@ -63,7 +63,7 @@ def summary(st: StageStatus, now: float) -> Text:
         t.append("  ETA ", "dim")
         t.append(fmt.duration(st.eta_s))
     else:
-        t.append(st.status, "dim")
+        t.append("not run yet" if st.status == "never" else st.status, "dim")
     return t
 
 
@@ -126,7 +126,7 @@ def bar_rows(st: StageStatus) -> list[tuple[str, str, float | None, str]]:
         rows.append(("loading weights", "bold cyan", log.load_pct / 100, f"{log.load_pct:.0f}%"))
     has_result = _num((st.result or {}).get("acceptance_length")) is not None
     if st.progress is not None and not (has_result and st.status == "succeeded"):
-        rows.append(("overall", "bold", st.progress, fmt.pct(st.progress)))
+        rows.append(("overall", "bold", st.progress, fmt.done_pct(st.progress)))
     if sp is not None:
         for sh in sp.shards:
             rows.append((sh.name, "", sh.done / sh.expected if sh.expected else None,

@@ -70,7 +70,7 @@ def row(st: StageStatus, now: float) -> tuple:
         fmt.clock(st.started, now),
         # Minutes once past the first one: the table repaints once a minute, not every second.
         fmt.duration(elapsed(st, now), coarse=running),
-        fmt.pct(st.progress),
+        fmt.done_pct(st.progress),
         rate_s,
         fmt.duration(st.eta_s) if running else "-",
         Text(exit_s, "bold red" if exit_s not in ("-", "0") else ""),
