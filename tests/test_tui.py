@@ -341,3 +341,28 @@ def test_an_oom_that_happens_while_watching_is_announced_with_what_to_do(ws):
             assert "k: kill its workers" in oom[0][0] and "r: restart with a halved batch" in oom[0][0]
             assert "extract: out of memory" in rendered(app.query_one("#header"))
     run(main())
+
+
+def test_a_long_clean_plan_leaves_the_name_field_and_buttons_on_a_24_line_screen(ws):
+    ws.write(pipeline(ws.root))
+    launch(ws, "extract")
+    ws.wait_status("extract", ("failed",))
+    # Many partial files: a plan longer than the screen.
+    for i in range(40):
+        (ws.root / "out" / "hs" / "rows_10-20" / f"data_{100 + i}.safetensors.tmp").write_bytes(b"x")
+
+    async def main():
+        app = make_app(ws.root, refresh_s=0.2)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await select(pilot, app, "extract")
+            dialog = await open_dialog(pilot, app, "c")
+            await pilot.pause(0.2)
+            screen = dialog.region
+            for part in ("#typed", "#cancel", "#confirm"):
+                widget = dialog.query_one(part)
+                assert widget.region.height and screen.contains_region(widget.region), (part, widget.region)
+            # Focus starts on the name to type: typing it enables the confirm button.
+            assert dialog.focused is dialog.query_one("#typed", Input)
+            await pilot.press(*"extract")
+            assert not dialog.query_one("#confirm", Button).disabled
+    run(main())
