@@ -72,7 +72,9 @@ def _num(v) -> float | None:
 
 
 def result_text(st: StageStatus) -> Text | None:
-    """bench.json in a few lines: what the whole pipeline was for."""
+    """bench.json, what matters first (a 5-line pane shows it with the
+    per-position bars): the acceptance length and speed-up, then whether the
+    speculative output equals greedy decoding."""
     r = st.result or {}
     al = _num(r.get("acceptance_length"))
     if al is None:
@@ -84,19 +86,14 @@ def result_text(st: StageStatus) -> Text | None:
         t.append(f"an earlier run's result (the latest run: {st.status})\n", "yellow")
     t.append("acceptance length ", "dim")
     t.append(f"{al:.2f}", "bold green")
-    t.append(" tokens/forward", "dim")
     k = r.get("draft_tokens")
     if isinstance(k, int):
         t.append(f" (K={k}, max {k + 1})", "dim")
-    t.append("\n")
     speed = _num(r.get("speedup"))
     if speed is not None:
-        t.append("speed-up ", "dim")
+        t.append("  speed-up ", "dim")
         t.append(f"{speed:.2f}x", "bold")
-        plain, spec = _num(r.get("tok_s_plain")), _num(r.get("tok_s_speculative"))
-        if plain is not None and spec is not None:
-            t.append(f"  {spec:.1f} vs {plain:.1f} tok/s plain", "dim")
-        t.append("\n")
+    t.append("\n")
     prompts = r.get("prompts")
     n_prompts = len(prompts) if isinstance(prompts, list) else prompts
     on = f" on {n_prompts} prompts" if n_prompts is not None else ""
@@ -110,12 +107,24 @@ def result_text(st: StageStatus) -> Text | None:
         t.append(f"OUTPUT DIFFERS FROM GREEDY on {n} prompts", "bold white on red")
     else:
         t.append("output vs greedy not reported", "yellow")
+    return t
+
+
+def result_details(st: StageStatus) -> Text | None:
+    """The rest of bench.json, under the bars: throughputs, forwards, drafter."""
+    r = st.result or {}
+    if _num(r.get("acceptance_length")) is None:
+        return None
+    lines = []
+    plain, spec = _num(r.get("tok_s_plain")), _num(r.get("tok_s_speculative"))
+    if plain is not None and spec is not None:
+        lines.append(f"{spec:.1f} tok/s speculative vs {plain:.1f} plain")
     fwd_plain, fwd_spec = r.get("target_forwards_plain"), r.get("target_forwards_speculative")
     if fwd_plain is not None and fwd_spec is not None:
-        t.append(f"\ntarget forwards {fwd_spec} vs {fwd_plain} plain", "dim")
+        lines.append(f"target forwards {fwd_spec} vs {fwd_plain} plain")
     if r.get("drafter"):
-        t.append(f"\ndrafter {r['drafter']}" + (f" ({r['format']})" if r.get("format") else ""), "dim")
-    return t
+        lines.append(f"drafter {r['drafter']}" + (f" ({r['format']})" if r.get("format") else ""))
+    return Text("\n".join(lines), "dim") if lines else None
 
 
 def bar_rows(st: StageStatus) -> list[tuple[str, str, float | None, str]]:
@@ -189,10 +198,9 @@ class ProgressPane(VerticalScroll, can_focus=False):
         label = None
         if st.shards is not None and st.shards.shards:
             label = f"{len(st.shards.shards)} shards ({st.shards.layout})"
-        elif result is not None and rows and rows[0][0].startswith("accept @"):
-            label = "acceptance rate per draft position (conditional)"
+        details = result_details(st)
         # Fractions rounded to what a bar can show: a sample more is not a repaint.
-        key = (label, [(r[0], r[1], None if r[2] is None else round(r[2], 3), r[3]) for r in rows])
+        key = (label, [(r[0], r[1], None if r[2] is None else round(r[2], 3), r[3]) for r in rows], details)
 
         def build() -> Group:
             parts: list = []
@@ -200,5 +208,7 @@ class ProgressPane(VerticalScroll, can_focus=False):
                 parts.append(Text(label, "dim"))
             if rows:
                 parts.append(bars_table(rows))
+            if details is not None:
+                parts.append(details)
             return Group(*parts)
         self._bars.paint(key, build)
