@@ -135,7 +135,7 @@ def plan_kill(ws: Workspace, stage: str, grace_s: float = 10.0, nvml: Any = None
     plan = KillPlan(stage=stage, run_ids=sorted({p.run_id for p in procs}), procs=list(procs),
                     gpu_holds=holds, gpus_unavailable=None if report.available else report.reason, grace_s=grace_s)
     if not procs:
-        plan.refusal = f"stage {stage!r} has no live process (nothing to kill)"
+        plan.refusal = f"stage {stage!r} has no live process"
     return plan
 
 
