@@ -47,6 +47,15 @@ class Ctx:
             err.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False)
             raise typer.Exit(EXIT_UNKNOWN)
 
+    def stage(self, name: str) -> cfg.Stage:
+        # An unknown stage is bad input (exit 3), not a crash with a traceback.
+        pipe = self.pipeline()
+        try:
+            return pipe.stage(name)
+        except cfg.ConfigError as exc:
+            err.print(f"error: {exc}", highlight=False, markup=False)
+            raise typer.Exit(EXIT_UNKNOWN)
+
 
 def _ctx(ctx: typer.Context) -> Ctx:
     return ctx.obj
@@ -124,7 +133,7 @@ def stop(ctx: typer.Context, stage: str,
     """SIGTERM the stage's process group, SIGKILL after the grace period."""
     from eagle3_console import runs
     c = _ctx(ctx)
-    c.pipeline().stage(stage)
+    c.stage(stage)
     try:
         r = runs.stop(c.ws, stage, grace_s=grace)
     except runs.Refused as exc:
@@ -179,7 +188,11 @@ def logs(ctx: typer.Context, stage: str,
     from eagle3_console.logtail import follow_file, last_lines
     c = _ctx(ctx)
     with Registry(c.ws.db_path) as reg:
-        r = reg.get(run_id) if run_id else reg.latest(stage)
+        try:
+            r = reg.get(run_id) if run_id else reg.latest(stage)
+        except KeyError:
+            err.print(f"error: there is no run {run_id} in {c.ws.db_path}", highlight=False, markup=False)
+            raise typer.Exit(EXIT_UNKNOWN)
     if r is None:
         err.print(f"error: stage {stage!r} has no runs yet")
         raise typer.Exit(EXIT_CRITICAL)
@@ -278,7 +291,7 @@ def kill_workers(ctx: typer.Context, stage: str,
     """Kill every process of STAGE's run and every GPU process tied to it; prove the memory came back."""
     from eagle3_console import actions
     c = _ctx(ctx)
-    c.pipeline().stage(stage)
+    c.stage(stage)
     plan = actions.plan_kill(c.ws, stage, grace_s=grace)
     if not _go_ahead(plan, yes):
         return
@@ -294,7 +307,7 @@ def clean(ctx: typer.Context, stage: str,
     """Remove partial outputs of a failed or killed run (never a complete one)."""
     from eagle3_console import actions, runs
     c = _ctx(ctx)
-    c.pipeline().stage(stage)
+    c.stage(stage)
     plan = actions.plan_clean(c.ws, stage, purge=purge)
     if not _go_ahead(plan, yes):
         return
@@ -316,7 +329,7 @@ def restart(ctx: typer.Context, stage: str,
     """A new run with the last run's params plus overrides, linked to it."""
     from eagle3_console import actions, runs
     c = _ctx(ctx)
-    c.pipeline().stage(stage)
+    c.stage(stage)
     try:
         plan = actions.plan_restart(c.ws, stage, cfg.parse_overrides(set_), kill=kill, halve_batch=halve, force=force)
     except (cfg.ConfigError, runs.Refused) as exc:

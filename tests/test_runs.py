@@ -149,3 +149,14 @@ def test_unknown_stage_and_bad_set(ws):
     ws.write(pipeline())
     assert ws.cli("run", "nosuch").returncode == 3
     assert ws.cli("run", "slow", "--set", "oops").returncode == 3
+
+
+def test_unknown_stage_or_run_is_bad_input_for_every_command(ws):
+    # README: bad input exits 3 with a clear error, never a traceback (exit 1).
+    ws.write(pipeline())
+    for cmd in ("stop", "kill-workers", "clean", "restart"):
+        proc = ws.cli(cmd, "nosuch")
+        assert proc.returncode == 3 and "stages.nosuch: no such stage" in proc.stderr, (cmd, proc.stderr)
+        assert "Traceback" not in proc.stderr
+    proc = ws.cli("logs", "slow", "--run", "99")
+    assert proc.returncode == 3 and "no run 99" in proc.stderr, proc.stderr
