@@ -9,6 +9,7 @@ signalled; nothing outside a stage's output root is ever moved or deleted.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import stat
 import time
@@ -269,6 +270,24 @@ def _inside_without_symlinks(root: Path, path: Path) -> bool:
     return True
 
 
+def _size(path: Path) -> int:
+    """A file's bytes, or a directory's (train/export leave .tmp-<pid> checkpoint
+    directories): its regular files summed, symlinks not followed."""
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        return st.st_size
+    total = 0
+    for dirpath, _dirs, names in os.walk(path):
+        for name in names:
+            try:
+                sub = os.lstat(os.path.join(dirpath, name))
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(sub.st_mode):
+                total += sub.st_size
+    return total
+
+
 def _open_files_under(roots: list[Path]) -> list[str]:
     """Processes (any) holding files open under the roots: a writer is alive."""
     hits = []
@@ -357,7 +376,7 @@ def plan_clean(ws: Workspace, stage_name: str, purge: bool = False) -> CleanPlan
             plan.skipped.append(f"{path} (outside the output root or through a symlink)")
             continue
         try:
-            plan.files.append((path, os.lstat(path).st_size))
+            plan.files.append((path, _size(path)))
         except FileNotFoundError:
             continue
     if not plan.files:
@@ -383,7 +402,11 @@ def execute_clean(ws: Workspace, plan: CleanPlan) -> CleanResult:
             continue
         try:
             if plan.purge:
-                os.unlink(path)
+                # rmtree never follows a symlink inside the directory (fd-based on Linux).
+                if stat.S_ISDIR(os.lstat(path).st_mode):
+                    shutil.rmtree(path)
+                else:
+                    os.unlink(path)
             else:
                 if os.lstat(path).st_dev != trash_dev:
                     failed.append(f"{path}: on another filesystem than the trash; kept (use --purge)")

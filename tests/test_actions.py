@@ -125,3 +125,43 @@ def test_restart_after_oom_offers_and_applies_halved_batch(ws, tmp_path):
     assert proc.returncode == 0 and "crash: 12 -> 6" in proc.stdout
     r = ws.latest("extract")
     assert r.params["crash"] == 6 and r.argv[-1] == "6" and r.restart_of is not None
+
+
+def test_clean_purges_a_half_written_checkpoint_directory_but_not_through_its_links(ws, tmp_path):
+    # export/train leave <format>.tmp-<pid> / step_<N>.tmp-<pid> directories, not files.
+    from eagle3_console import actions
+    from eagle3_console.registry import Registry
+    from eagle3_console.workspace import Workspace
+    ws.write("""
+[target]
+path = "models/target"
+num_layers = 2
+hidden_size = 8
+dtype = "bfloat16"
+vocab_size = 10
+
+[stages.export]
+op = "export"
+params = { checkpoint = "out/ckpt", output = "out/export" }
+""")
+    w = Workspace(ws.root)
+    w.ensure_state()
+    with Registry(w.db_path) as reg:
+        run = reg.create_run("export", ["export"], {"checkpoint": "out/ckpt", "output": "out/export"}, {},
+                             str(ws.root), lambda rid: w.log_path(rid, "export"))
+        reg.finish(run.id, "failed", ended=time.time(), exit_code=1)
+    half = ws.root / "out" / "export" / "sglang.tmp-123"
+    half.mkdir(parents=True)
+    (half / "model.safetensors").write_bytes(b"x" * 5000)
+    outside = tmp_path / "precious"
+    outside.mkdir()
+    (outside / "keep.bin").write_bytes(b"mine")
+    os.symlink(outside, half / "link")
+    done = ws.root / "out" / "export" / "speculators"
+    done.mkdir()
+    plan = actions.plan_clean(w, "export", purge=True)
+    assert plan.refusal is None and plan.files == [(half, 5000)]
+    result = actions.execute_clean(w, plan)
+    assert result.failed == [] and result.moved == 1 and result.bytes == 5000
+    assert not half.exists() and done.is_dir()
+    assert (outside / "keep.bin").read_bytes() == b"mine"
