@@ -112,13 +112,18 @@ def apply(ws: Workspace, snap: Snapshot, say: Callable[[str], None], nvml: Any =
             for line in kill.lines():
                 say("  " + line)
             actions.execute_kill(ws, kill, progress=lambda m: say("  " + m), nvml=nvml)
-        plan = actions.plan_restart(ws, d.stage, halve_batch=d.halve, force=True, nvml=nvml)
-        if plan.refusal:
-            say(f"{d.stage}: not restarted: {plan.refusal}")
+        # A refusal (params the op no longer takes, a run started meanwhile) is said and
+        # recorded; raised, it would end every cron pass with a traceback and skip other stages.
+        try:
+            plan = actions.plan_restart(ws, d.stage, halve_batch=d.halve, force=True, nvml=nvml)
+            if plan.refusal:
+                raise runs.Refused(plan.refusal)
+            run = actions.execute_restart(ws, plan, nvml=nvml)
+        except runs.Refused as exc:
+            say(f"{d.stage}: not restarted: {exc}")
             with Registry(ws.db_path) as reg:
-                reg.record("watch-restart", f"refused: {plan.refusal}", stage=d.stage, run_id=d.run_id, actor="watch")
+                reg.record("watch-restart", f"refused: {exc}", stage=d.stage, run_id=d.run_id, actor="watch")
             continue
-        run = actions.execute_restart(ws, plan, nvml=nvml)
         halved = f" with {plan.halved[0]} {plan.halved[1]} -> {plan.halved[2]}" if plan.halved else ""
         msg = f"{d.stage}: run {d.run_id} {d.reason}: restarted as run {run.id}{halved}"
         say(msg)

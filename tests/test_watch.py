@@ -83,3 +83,36 @@ def test_backoff_is_respected(ws):
     assert "backoff" in proc.stdout and proc.returncode == 2
     with ws.registry() as reg:
         assert len(reg.runs("flaky")) == 1
+
+
+def test_a_refused_restart_is_reported_and_the_other_stages_still_restart(ws):
+    # The last run's params name one the op no longer takes: restart refuses (stage_params).
+    from eagle3_console.registry import Registry
+    from eagle3_console.workspace import Workspace
+    ws.write("""
+[target]
+path = "models/target"
+num_layers = 2
+hidden_size = 8
+dtype = "bfloat16"
+vocab_size = 10
+
+[stages.export]
+op = "export"
+params = { checkpoint = "out/ckpt", output = "out/export" }
+restart = { max = 2, backoff_s = 0 }
+""" + "[stages.flaky]" + pipe().split("[stages.flaky]", 1)[1])
+    w = Workspace(ws.root)
+    w.ensure_state()
+    with Registry(w.db_path) as reg:
+        run = reg.create_run("export", ["export"], {"checkpoint": "out/ckpt", "output": "out/export", "old_knob": 1},
+                             {}, str(ws.root), lambda rid: w.log_path(rid, "export"))
+        reg.finish(run.id, "failed", ended=time.time() - 5, exit_code=1)
+    ws.cli("run", "flaky", check=0)
+    ws.wait_status("flaky", ("failed",))
+    proc = ws.cli("watch", "--once", "--no-gpus")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "export: not restarted: op 'export' has no param(s) ['old_knob']" in proc.stdout, proc.stdout
+    assert "flaky: run" in proc.stdout and "restarted as run" in proc.stdout
+    with ws.registry() as reg:
+        assert any(e.outcome.startswith("refused: op 'export'") for e in reg.events("export"))
