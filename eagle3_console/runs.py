@@ -182,6 +182,12 @@ def stop(ws: Workspace, stage_name: str, grace_s: float = 10.0) -> Run:
         if run is None or not (run.live or stage_alive(run)):
             raise Refused(f"stage {stage_name!r} has no live run to stop")
         reg.update(run.id, stop_requested=1)
+        # A pending run has no pid yet: its supervisor either sees stop_requested and
+        # never starts the stage, or records the pid we then signal.
+        deadline = time.time() + 10
+        while run.status == "pending" and time.time() < deadline:
+            time.sleep(0.05)
+            run = reg.get(run.id)
         sent = signal_run(run, signal.SIGTERM)
         deadline = time.time() + grace_s
         while sent and stage_alive(run) and time.time() < deadline:

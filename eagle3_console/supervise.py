@@ -37,11 +37,16 @@ def _daemonize() -> None:
 def supervise(ws: Workspace, run_id: int) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     reg = Registry(ws.db_path)
-    run = reg.get(run_id)
     me = psutil.Process()
     reg.update(run_id, supervisor_pid=me.pid, supervisor_create_time=me.create_time())
+    run = reg.get(run_id)
     log = open(run.log_path, "ab", buffering=0)
     log.write(f"[eagle3-console] run {run_id} stage {run.stage}: {run.argv}\n".encode())
+    if run.stop_requested:
+        # Stopped while pending (runs.stop found no pid to signal): never start it.
+        log.write(b"[eagle3-console] stopped before it started\n")
+        reg.finish(run_id, "killed", ended=time.time(), reason="stopped before it started")
+        return 0
     env = dict(os.environ)
     env.update(run.env)
     env[ENV_RUN_ID] = str(run_id)

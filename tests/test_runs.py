@@ -160,3 +160,33 @@ def test_unknown_stage_or_run_is_bad_input_for_every_command(ws):
         assert "Traceback" not in proc.stderr
     proc = ws.cli("logs", "slow", "--run", "99")
     assert proc.returncode == 3 and "no run 99" in proc.stderr, proc.stderr
+
+
+def test_stop_of_a_pending_run_keeps_its_stage_from_starting(ws):
+    # `stop` lands while the supervisor is still starting (no pid to signal yet).
+    import threading
+
+    from eagle3_console import runs
+    from eagle3_console.workspace import Workspace
+    marker = ws.root / "started"
+    w = Workspace(ws.root)
+    w.ensure_state()
+    argv = [PY, "-c", f"open('{marker}', 'w').write('1'); import time; time.sleep(20)"]
+    with ws.registry() as reg:
+        run = reg.create_run("late", argv, {}, {}, str(ws.root), lambda rid: w.log_path(rid, "late"))
+    stopped = {}
+    t = threading.Thread(target=lambda: stopped.update(run=runs.stop(w, "late", grace_s=1)))
+    t.start()
+    try:
+        wait_for(lambda: ws.latest("late").stop_requested)
+        subprocess.run([PY, "-m", "eagle3_console.supervise", str(ws.root), str(run.id)], check=True,
+                       start_new_session=True, cwd=str(ws.root))
+        t.join(30)
+        assert stopped["run"].status == "killed"
+        # The supervisor logs this line before it records the end: it never started the stage.
+        assert "stopped before it started" in open(run.log_path).read()
+        assert not marker.exists() and ws.latest("late").pid is None
+    finally:
+        r = ws.latest("late")
+        if r.pgid and runs.stage_alive(r):
+            os.killpg(r.pgid, signal.SIGKILL)
