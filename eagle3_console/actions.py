@@ -159,11 +159,14 @@ def execute_kill(ws: Workspace, plan: KillPlan, progress: Callable[[str], None] 
         for rid in plan.run_ids:
             reg.update(rid, stop_requested=1)
     live = [(p, proc) for p in plan.procs if (proc := _trusted(p)) is not None]
+    denied: list[int] = []
     for p, proc in live:
         try:
             proc.send_signal(signal.SIGTERM)
         except psutil.NoSuchProcess:
             pass
+        except psutil.AccessDenied:
+            denied.append(p.pid)     # another user's process: reported as still alive below
     say(f"SIGTERM sent to {len(live)} process(es); waiting up to {plan.grace_s:g} s")
     _gone, alive = psutil.wait_procs([proc for _p, proc in live], timeout=plan.grace_s)
     sigkilled = []
@@ -171,7 +174,7 @@ def execute_kill(ws: Workspace, plan: KillPlan, progress: Callable[[str], None] 
         try:
             proc.send_signal(signal.SIGKILL)
             sigkilled.append(proc.pid)
-        except psutil.NoSuchProcess:
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
     if sigkilled:
         say(f"SIGKILL sent to {sigkilled}")
@@ -502,9 +505,13 @@ def plan_restart(ws: Workspace, stage_name: str, overrides: dict[str, Any] | Non
         plan.refusal = str(exc.args[0])
         return plan
     alive = bool(last) and (last.live or runs.stage_alive(last))
-    if alive:
+    # Workers that outlived a failed run still hold their GPU memory: a restart next to them OOMs again.
+    leftovers = sorted(ProcessTable.snapshot().owners((RunRef.from_run(last),))) if last and not alive else []
+    if alive or leftovers:
         if not kill:
-            plan.refusal = f"run {last.id} of {stage_name!r} is still alive; stop it or restart with --kill"
+            what = (f"run {last.id} of {stage_name!r} is still alive" if alive else
+                    f"worker(s) {leftovers} of run {last.id} of {stage_name!r} are still alive")
+            plan.refusal = f"{what}; stop it or restart with --kill"
             return plan
         plan.kill = plan_kill(ws, stage_name, nvml=nvml)
     return plan

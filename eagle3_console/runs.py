@@ -102,7 +102,8 @@ def reconcile(reg: Registry) -> list[Run]:
             continue
         if not process_alive(run.supervisor_pid, run.supervisor_create_time):
             # The supervisor may have recorded the exit between our read and now.
-            if reg.finish(run.id, "lost", reason="supervisor gone without recording an exit"):
+            # ended = when the loss was noticed: watch's backoff counts from it.
+            if reg.finish(run.id, "lost", ended=now, reason="supervisor gone without recording an exit"):
                 reg.record("lost", "supervisor gone", stage=run.stage, run_id=run.id, actor="reconcile")
                 changed.append(run)
     return changed

@@ -165,3 +165,18 @@ params = { checkpoint = "out/ckpt", output = "out/export" }
     assert result.failed == [] and result.moved == 1 and result.bytes == 5000
     assert not half.exists() and done.is_dir()
     assert (outside / "keep.bin").read_bytes() == b"mine"
+
+
+def test_restart_refused_while_workers_of_the_failed_run_live(ws, tmp_path):
+    ws.write(pipe(tmp_path))
+    ws.cli("run", "orphan", check=0)
+    ws.wait_status("orphan", ("failed",))
+    child = int(wait_for(lambda: (tmp_path / "child.pid").exists() and (tmp_path / "child.pid").read_text()))
+    proc = ws.cli("restart", "orphan", "--yes")
+    assert proc.returncode == 2 and f"worker(s) [{child}]" in proc.stdout
+    proc = ws.cli("restart", "orphan", "--kill", "--yes")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert ws.latest("orphan").restart_of is not None
+    wait_for(lambda: not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE)
+    ws.wait_status("orphan", ("failed",))
+    ws.cli("kill-workers", "orphan", "--yes", "--grace", "1")

@@ -156,6 +156,18 @@ def test_orphan_outliving_its_leader_stays_tied(spawned, worker_mode, how):
     assert owner_of(tree.worker, [ref]) == (42, "extract", how)
 
 
+def test_group_ids_of_a_finished_run_do_not_tie_processes_started_after_it_ended(spawned):
+    """After pids wrap, a finished run's process group id can name another program's
+    group; only processes older than the run's end are tied through it."""
+    tree = start_tree(spawned, 47, "plain", "exit")
+    ref = tree.ref()
+    worker_ct = psutil.Process(tree.worker).create_time()
+    ended_after = dataclasses.replace(ref, ended=worker_ct + 0.5)
+    assert {p.pid: p.how for p in run_processes(ended_after)}[tree.worker] == "pgid"
+    ended_before = dataclasses.replace(ref, ended=worker_ct - 5.0, workspace="/ws/elsewhere")
+    assert tree.worker not in {p.pid for p in run_processes(ended_before)}
+
+
 def test_zombie_leader_is_not_listed_but_its_orphan_is(spawned):
     procs, popens = spawned
     # We are the leader's parent and do not reap it yet: it stays a zombie.
@@ -238,6 +250,6 @@ def test_attach_owners_fills_gpu_processes(spawned):
 def test_run_ref_from_registry_row():
     class Row:
         id, stage, pid, create_time, pgid, sid = 7, "train", 123, 1.5, 123, 100
-        supervisor_pid, supervisor_create_time, cwd = 99, 1.0, "/ws"
+        supervisor_pid, supervisor_create_time, cwd, ended = 99, 1.0, "/ws", None
     ref = RunRef.from_run(Row())
-    assert ref == RunRef(7, "train", 123, 1.5, 123, 100, 99, 1.0, "/ws")
+    assert ref == RunRef(7, "train", 123, 1.5, 123, 100, 99, 1.0, "/ws", None)

@@ -71,6 +71,7 @@ class RunRef:
     supervisor_pid: int | None = None
     supervisor_create_time: float | None = None
     workspace: str | None = None    # EAGLE3_WORKSPACE of its processes (the run's cwd)
+    ended: float | None = None      # when the run's end was recorded (None while it runs)
 
     @classmethod
     def from_run(cls, run: Any) -> "RunRef":
@@ -79,7 +80,7 @@ class RunRef:
                    pgid=getattr(run, "pgid", None), sid=getattr(run, "sid", None),
                    supervisor_pid=getattr(run, "supervisor_pid", None),
                    supervisor_create_time=getattr(run, "supervisor_create_time", None),
-                   workspace=getattr(run, "cwd", None))
+                   workspace=getattr(run, "cwd", None), ended=getattr(run, "ended", None))
 
 
 @dataclass(frozen=True)
@@ -253,6 +254,10 @@ class ProcessTable:
                 for row in index.get(ident, ()):
                     if ref.create_time is not None and row.create_time < ref.create_time - CREATE_TIME_TOL_S:
                         continue    # older than the run: cannot have been started by it
+                    if ref.ended is not None and row.create_time > ref.ended + 1.0:
+                        # Started after the run ended, in an id left without a living leader: the id
+                        # may have been reused since. Its real workers are older, or found by tree/env.
+                        continue
                     tie(row.pid, ref, how)
         # Last resort: the environment, for processes nothing else tied.
         if by_env:
