@@ -557,7 +557,9 @@ class ConsoleApp(App[int]):
         st = self._stage()
         if st is None:
             return
-        kill = st.status in LIVE
+        # Always plan the kill: a live run, or workers that outlived a failed one, are listed in
+        # the plan (pid, GPU, memory) and killed before the restart; nothing alive -> no kill.
+        kill = True
 
         def plan() -> DialogSpec:
             base = actions.plan_restart(self.ws, st.name, kill=kill, nvml=self.nvml)
