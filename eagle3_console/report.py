@@ -12,20 +12,11 @@ from rich.console import Console
 from rich.table import Table
 
 from eagle3_console.model import Snapshot, StageStatus
+from eagle3_console.units import human_bytes
 
 LEVEL_STYLE = {"ok": "green", "warning": "yellow", "critical": "bold red", "unknown": "magenta"}
 STATUS_STYLE = {"running": "cyan", "succeeded": "green", "failed": "bold red", "killed": "yellow",
                 "lost": "magenta", "pending": "cyan", "never": "dim"}
-
-
-def human_bytes(n: int | float | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def human_duration(s: float | None) -> str:

@@ -8,7 +8,6 @@ supervisor vanished shows as `lost`.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,8 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from eagle3_console.config import Pipeline, Stage
+from eagle3_console.monitor.disk import free_space
 from eagle3_console.monitor.procs import process_alive
 from eagle3_console.registry import Registry, Run
+from eagle3_console.units import gib
 from eagle3_console.workspace import Workspace
 from ops.spec import EstimateContext
 
@@ -66,13 +67,6 @@ def estimate_bytes(ws: Workspace, pipe: Pipeline, stage: Stage, params: dict[str
     return None
 
 
-def _nearest_existing(path: os.PathLike) -> str:
-    p = os.path.abspath(path)
-    while not os.path.exists(p):
-        p = os.path.dirname(p)
-    return p
-
-
 def output_paths(ws: Workspace, stage: Stage, params: dict[str, Any]) -> list[str]:
     if stage.spec:
         outs = [str(params[p]) for p in stage.spec.output_params if params.get(p)]
@@ -86,7 +80,7 @@ def preflight(ws: Workspace, pipe: Pipeline, stage: Stage, params: dict[str, Any
     outs = output_paths(ws, stage, params)
     if est is None or not outs:
         return Preflight(est, None, outs[0] if outs else None)
-    free = shutil.disk_usage(_nearest_existing(outs[0])).free
+    free, _total = free_space(outs[0])
     return Preflight(est, free, outs[0])
 
 
@@ -142,8 +136,8 @@ def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, 
         if not pf.fits and not force:
             reg.record("run", "refused: disk", stage=stage.name,
                        detail=f"estimate {pf.estimate_bytes} > free {pf.free_bytes} at {pf.path}")
-            raise Refused(f"stage {stage.name!r} needs about {_gib(pf.estimate_bytes)} but only "
-                          f"{_gib(pf.free_bytes)} is free at {pf.path}; free space or pass --force")
+            raise Refused(f"stage {stage.name!r} needs about {gib(pf.estimate_bytes)} but only "
+                          f"{gib(pf.free_bytes)} is free at {pf.path}; free space or pass --force")
         try:
             argv = stage.command(params, pipe.target)
         except (KeyError, ValueError) as exc:
@@ -204,7 +198,3 @@ def stop(ws: Workspace, stage_name: str, grace_s: float = 10.0) -> Run:
         outcome = "SIGKILL after grace" if killed else ("SIGTERM" if sent else "nothing to signal")
         reg.record("stop", outcome, stage=stage_name, run_id=run.id, targets=[run.pgid])
         return reg.get(run.id)
-
-
-def _gib(n: int | None) -> str:
-    return "?" if n is None else f"{n / 2**30:.1f} GiB"

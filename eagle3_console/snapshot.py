@@ -25,6 +25,7 @@ from eagle3_console.monitor.logs import LogFollower
 from eagle3_console.monitor.procs import ProcessTable, RunRef, attach_owners
 from eagle3_console.monitor.shards import ShardMonitor
 from eagle3_console.registry import Registry, Run
+from eagle3_console.units import gib
 from eagle3_console.workspace import Workspace
 
 CACHE_NAME = "monitors.json"
@@ -232,10 +233,10 @@ class Collector:
             if d.fits is False:
                 need = (d.projected_bytes or d.estimate_bytes or 0) - d.written_bytes
                 alerts.append(Alert(WARNING, "disk_short",
-                                    f"{d.stage}: output projected to need {_gib(need)} more but "
-                                    f"{_gib(d.free_bytes)} is free at {d.path}", d.stage))
+                                    f"{d.stage}: output projected to need {gib(need)} more but "
+                                    f"{gib(d.free_bytes)} is free at {d.path}", d.stage))
             elif d.free_bytes is not None and d.total_bytes and d.free_bytes < LOW_FREE_FRACTION * d.total_bytes:
-                alerts.append(Alert(WARNING, "disk_low", f"{d.stage}: only {_gib(d.free_bytes)} free at {d.path}",
+                alerts.append(Alert(WARNING, "disk_low", f"{d.stage}: only {gib(d.free_bytes)} free at {d.path}",
                                     d.stage))
         for stage_alert in alerts:
             st = snap.stage(stage_alert.stage) if stage_alert.stage else None
@@ -253,7 +254,7 @@ class Collector:
                     if p.run_id is not None and p.run_id in finished:
                         alerts.append(Alert(WARNING, "orphan_gpu_memory",
                                             f"GPU {gpu.index}: pid {p.pid} of finished run {p.run_id} ({p.stage}) "
-                                            f"still holds {_gib(p.used_bytes)}", p.stage))
+                                            f"still holds {gib(p.used_bytes)}", p.stage))
         return alerts
 
 
@@ -263,10 +264,6 @@ def _last_program_line(log: LogState | None) -> str | None:
         if line.strip() and not line.startswith("[eagle3-console]"):
             return line
     return None
-
-
-def _gib(n: int | None) -> str:
-    return "?" if n is None else f"{n / 2**30:.1f} GiB"
 
 
 def _read_json(path: Path) -> dict | None:
