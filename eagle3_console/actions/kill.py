@@ -1,0 +1,191 @@
+"""kill-workers: every process of a stage's runs and every GPU process tied to them,
+SIGTERM then SIGKILL, then NVML polled until their memory is back.
+
+Data flow: registry + monitor.procs (which pids) + monitor.gpus (which memory)
+-> KillPlan -> (confirm) -> execute_kill -> events. A pid is signalled only
+while its create time still matches the plan's: nothing else is ever touched.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import psutil
+
+from eagle3_console import runs
+from eagle3_console.model import GpuReport
+from eagle3_console.monitor.procs import ProcessTable, ProcInfo, RunRef
+from eagle3_console.registry import Registry
+from eagle3_console.units import human_bytes
+from eagle3_console.workspace import Workspace
+
+
+@dataclass
+class GpuHold:
+    pid: int
+    gpu: int
+    used_bytes: int | None
+
+
+@dataclass
+class KillPlan:
+    stage: str
+    run_ids: list[int]
+    procs: list[ProcInfo]
+    gpu_holds: list[GpuHold]
+    gpus_unavailable: str | None
+    grace_s: float
+    refusal: str | None = None
+
+    def lines(self) -> list[str]:
+        if self.refusal:
+            return [f"refused: {self.refusal}"]
+        held = {}
+        for h in self.gpu_holds:
+            held.setdefault(h.pid, []).append(f"GPU {h.gpu} {human_bytes(h.used_bytes, '?')}")
+        out = [f"kill {len(self.procs)} process(es) of stage {self.stage} (runs {', '.join(map(str, self.run_ids))}): "
+               f"SIGTERM, then SIGKILL after {self.grace_s:g} s"]
+        for p in self.procs:
+            gpu = "; ".join(held.get(p.pid, [])) or "no GPU memory"
+            out.append(f"  pid {p.pid:>7}  [{p.how}]  {gpu:<24}  {' '.join(p.cmdline)[:70] or p.name}")
+        total = sum(h.used_bytes or 0 for h in self.gpu_holds)
+        if self.gpus_unavailable:
+            out.append(f"GPU memory: not visible ({self.gpus_unavailable})")
+        else:
+            out.append(f"then wait until NVML shows the {human_bytes(total, '?')} they hold released")
+        return out
+
+
+@dataclass
+class KillResult:
+    signalled: list[int]
+    sigkilled: list[int]
+    still_alive: list[int]
+    still_holding: dict[int, tuple[int, int | None]]   # pid -> (gpu, bytes)
+    freed_bytes: int
+    waited_s: float
+
+    @property
+    def ok(self) -> bool:
+        return not self.still_alive and not self.still_holding
+
+    def lines(self) -> list[str]:
+        out = [f"signalled {len(self.signalled)}, SIGKILL needed for {len(self.sigkilled)}"]
+        if self.still_alive:
+            out.append(f"still alive: {self.still_alive}")
+        for pid, (gpu, used) in self.still_holding.items():
+            out.append(f"pid {pid} still holds {human_bytes(used, '?')} on GPU {gpu}")
+        if self.ok:
+            out.append(f"all processes gone; GPU memory released ({human_bytes(self.freed_bytes, '?')}) after {self.waited_s:.1f} s")
+        return out
+
+
+def _sample_gpus(nvml: Any) -> GpuReport:
+    if nvml is None:
+        from eagle3_console.monitor.gpus import Nvml
+        nvml = Nvml()
+    return nvml.sample()
+
+
+def _stage_refs(reg: Registry, stage: str) -> list[RunRef]:
+    """The stage's live or lost runs (a lost run's workers may still run)."""
+    runs.reconcile(reg)
+    return [RunRef.from_run(r) for r in reg.runs(stage, limit=20)
+            if r.status in ("pending", "running", "lost") or runs.stage_alive(r)]
+
+
+def plan_kill(ws: Workspace, stage: str, grace_s: float = 10.0, nvml: Any = None) -> KillPlan:
+    with Registry(ws.db_path) as reg:
+        refs = _stage_refs(reg, stage)
+        # Finished runs whose orphaned workers outlived them: tie by pgid/session/env too.
+        for r in reg.runs(stage, limit=5):
+            if r.status in ("failed", "killed", "succeeded") and r.pgid:
+                refs.append(RunRef.from_run(r))
+    table = ProcessTable.snapshot()
+    procs = table.owners(tuple(refs)).values() if refs else []
+    procs = sorted(procs, key=lambda p: (p.how != "leader", p.pid))
+    report = _sample_gpus(nvml)
+    holds = []
+    if report.available:
+        pids = {p.pid for p in procs}
+        for gpu in report.gpus:
+            for gp in gpu.processes:
+                if gp.pid in pids:
+                    holds.append(GpuHold(gp.pid, gpu.index, gp.used_bytes))
+    plan = KillPlan(stage=stage, run_ids=sorted({p.run_id for p in procs}), procs=list(procs),
+                    gpu_holds=holds, gpus_unavailable=None if report.available else report.reason, grace_s=grace_s)
+    if not procs:
+        plan.refusal = f"stage {stage!r} has no live process"
+    return plan
+
+
+def _trusted(p: ProcInfo) -> psutil.Process | None:
+    try:
+        proc = psutil.Process(p.pid)
+        if abs(proc.create_time() - p.create_time) > 0.01:
+            return None    # pid reused since the plan: never signal it
+        return proc
+    except psutil.NoSuchProcess:
+        return None
+
+
+def execute_kill(ws: Workspace, plan: KillPlan, progress: Callable[[str], None] | None = None,
+                 nvml: Any = None, release_timeout_s: float = 60.0) -> KillResult:
+    if plan.refusal:
+        raise runs.Refused(plan.refusal)
+    say = progress or (lambda _m: None)
+    with Registry(ws.db_path) as reg:
+        for rid in plan.run_ids:
+            reg.update(rid, stop_requested=1)
+    live = [(p, proc) for p in plan.procs if (proc := _trusted(p)) is not None]
+    denied: list[int] = []
+    for p, proc in live:
+        try:
+            proc.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+        except psutil.AccessDenied:
+            denied.append(p.pid)     # another user's process: reported as still alive below
+    say(f"SIGTERM sent to {len(live)} process(es); waiting up to {plan.grace_s:g} s")
+    _gone, alive = psutil.wait_procs([proc for _p, proc in live], timeout=plan.grace_s)
+    sigkilled = []
+    for proc in alive:
+        try:
+            proc.send_signal(signal.SIGKILL)
+            sigkilled.append(proc.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    if sigkilled:
+        say(f"SIGKILL sent to {sigkilled}")
+    _gone, alive = psutil.wait_procs(alive, timeout=5)
+    t0 = time.time()
+    still_holding: dict[int, tuple[int, int | None]] = {}
+    if plan.gpu_holds:
+        say("waiting for GPU memory to be released")
+        if nvml is None:
+            from eagle3_console.monitor.gpus import Nvml
+            nvml = Nvml()
+        release = nvml.wait_memory_released([h.pid for h in plan.gpu_holds], timeout_s=release_timeout_s)
+        still_holding = {pid: where[0] for pid, where in release.held.items() if where}
+        for gpu, why in release.unreadable.items():
+            say(f"GPU {gpu}: cannot tell whether memory came back ({why})")
+    waited = time.time() - t0
+    freed = sum(h.used_bytes or 0 for h in plan.gpu_holds if h.pid not in still_holding)
+    result = KillResult(signalled=[p.pid for p, _ in live], sigkilled=sigkilled,
+                        still_alive=[p.pid for p in alive], still_holding=still_holding,
+                        freed_bytes=freed, waited_s=waited)
+    with Registry(ws.db_path) as reg:
+        runs.reconcile(reg)
+        for rid in plan.run_ids:
+            r = reg.get(rid)
+            if r.live and not runs.stage_alive(r) and not runs.process_alive(r.supervisor_pid, r.supervisor_create_time):
+                reg.finish(rid, "killed", ended=time.time(), reason="kill-workers")
+        reg.record("kill-workers", "ok" if result.ok else "incomplete", stage=plan.stage,
+                   run_id=plan.run_ids[-1] if plan.run_ids else None,
+                   targets=[{"pid": p.pid, "how": p.how} for p in plan.procs],
+                   detail="; ".join(result.lines()))
+    say("; ".join(result.lines()))
+    return result

@@ -1,0 +1,120 @@
+"""restart: a new run with the last run's params plus overrides, linked to it;
+after an out-of-memory the batch param halved. Leftover workers go through kill.
+
+Data flow: config + registry + the last run's log (OOM?) -> RestartPlan ->
+(confirm) -> [execute_kill] -> runs.launch -> events.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from eagle3_console import config as cfg
+from eagle3_console import runs
+from eagle3_console.actions.kill import KillPlan, execute_kill, plan_kill
+from eagle3_console.monitor.procs import ProcessTable, RunRef
+from eagle3_console.registry import Registry, Run
+from eagle3_console.workspace import Workspace
+
+
+@dataclass
+class RestartPlan:
+    stage: str
+    last: Run | None
+    params: dict[str, Any]
+    argv: list[str]
+    kill: KillPlan | None
+    oom_line: str | None = None
+    halved: tuple[str, Any, Any] | None = None     # (param, old, new) applied
+    suggestion: tuple[str, Any, Any] | None = None  # offered after an OOM, not applied
+    refusal: str | None = None
+    force: bool = False
+
+    def lines(self) -> list[str]:
+        if self.refusal:
+            return [f"refused: {self.refusal}"]
+        out = []
+        if self.kill:
+            out += self.kill.lines()
+        if self.last:
+            out.append(f"restart {self.stage} (last run {self.last.id}: {self.last.status})")
+        else:
+            out.append(f"start {self.stage}")
+        if self.oom_line:
+            out.append(f"out of memory seen: {self.oom_line.strip()[:120]}")
+        if self.halved:
+            out.append(f"{self.halved[0]}: {self.halved[1]} -> {self.halved[2]} (halved after the OOM)")
+        elif self.suggestion:
+            out.append(f"suggested: --set {self.suggestion[0]}={self.suggestion[2]} (halved after the OOM)")
+        out.append("argv: " + " ".join(self.argv))
+        return out
+
+
+def halve(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"cannot halve {value!r}: not a number")
+    return max(1, int(value) // 2) if isinstance(value, int) else max(1.0, value / 2)
+
+
+def oom_line(run: Run | None) -> str | None:
+    if run is None:
+        return None
+    from eagle3_console.monitor.logs import scan_for_oom
+    return scan_for_oom(Path(run.log_path))
+
+
+def plan_restart(ws: Workspace, stage_name: str, overrides: dict[str, Any] | None = None,
+                 kill: bool = False, halve_batch: bool = False, force: bool = False, nvml: Any = None) -> RestartPlan:
+    pipe = cfg.load(ws.config_path)
+    stage = pipe.stage(stage_name)
+    with Registry(ws.db_path) as reg:
+        runs.reconcile(reg)
+        last = reg.latest(stage_name)
+    params = runs.stage_params(stage, overrides, base=last.params if last else None)
+    plan = RestartPlan(stage=stage_name, last=last, params=params, argv=[], kill=None, force=force)
+    if last and last.status in ("failed", "killed", "lost"):
+        plan.oom_line = oom_line(last)
+    if plan.oom_line and stage.batch_param and stage.batch_param in params \
+            and stage.batch_param not in (overrides or {}):
+        try:
+            new = halve(params[stage.batch_param])
+            if halve_batch:
+                plan.halved = (stage.batch_param, params[stage.batch_param], new)
+                params[stage.batch_param] = new
+            else:
+                plan.suggestion = (stage.batch_param, params[stage.batch_param], new)
+        except ValueError as exc:
+            plan.suggestion = None
+            plan.oom_line += f" (cannot halve: {exc})"
+    try:
+        plan.argv = stage.command(params, pipe.target)
+    except (KeyError, ValueError) as exc:
+        plan.refusal = str(exc.args[0])
+        return plan
+    alive = bool(last) and (last.live or runs.stage_alive(last))
+    # Workers that outlived a failed run still hold their GPU memory: a restart next to them OOMs again.
+    leftovers = sorted(ProcessTable.snapshot().owners((RunRef.from_run(last),))) if last and not alive else []
+    if alive or leftovers:
+        if not kill:
+            what = (f"run {last.id} of {stage_name!r} is still alive" if alive else
+                    f"worker(s) {leftovers} of run {last.id} of {stage_name!r} are still alive")
+            plan.refusal = f"{what}; stop it or restart with --kill"
+            return plan
+        plan.kill = plan_kill(ws, stage_name, nvml=nvml)
+    return plan
+
+
+def execute_restart(ws: Workspace, plan: RestartPlan, progress: Callable[[str], None] | None = None,
+                    nvml: Any = None) -> Run:
+    if plan.refusal:
+        raise runs.Refused(plan.refusal)
+    if plan.kill and not plan.kill.refusal:
+        result = execute_kill(ws, plan.kill, progress=progress, nvml=nvml)
+        if result.still_alive:
+            raise runs.Refused(f"processes still alive after kill: {result.still_alive}")
+    pipe = cfg.load(ws.config_path)
+    reason = "restart" + (f", {plan.halved[0]} {plan.halved[1]} -> {plan.halved[2]} after OOM" if plan.halved else "")
+    return runs.launch(ws, pipe, plan.stage, base_params=plan.params, force=plan.force,
+                       restart_of=plan.last.id if plan.last else None, reason=reason)
