@@ -24,33 +24,7 @@ Reading: only bytes not read before, in chunks of CHUNK; never the whole file.
   Memory is bounded: a deque of
   `tail_lines` lines, a partial line of at most MAX_LINE bytes.
 
-Parsers (each finding keeps the line it matched; LogState.findings holds the
-latest per kind):
-- progress: tqdm `972/1000 [02:48<00:04, 5.80it/s]` (any description prefix,
-  `s/it` rates turned into items/s, `972it [02:48, 5.80it/s]` without total);
-- loading: `Loading safetensors checkpoint shards:  86% Completed | 55/64` ->
-  load_pct 86 (a loading bar is never taken as the stage's progress);
-- oom: `CUDA out of memory`, `torch.OutOfMemoryError`,
-  `torch.cuda.OutOfMemoryError`, SGLang's `Not enough memory`,
-  `Prefill out of memory`, `Out of memory. Try to lower your batch size`,
-  `CUDA error: out of memory`;
-- killed: a process killed with signal 9 (`Killed`, `exited with code -9`,
-  `exitcode: -9`, `signal 9`, `Signals.SIGKILL`): the host's OOM killer sends
-  SIGKILL, so such a line is also stored under findings["oom"] (its kind says
-  "killed"), which is what the halve-the-batch policy looks for;
-- nccl: `NCCL error`, `ncclInternalError` (and the other nccl*Error codes),
-  `NCCL WARN`, ProcessGroupNCCL / watchdog timeouts;
-- traceback: `Traceback (most recent call last):`; the finding is replaced by
-  the final exception line once it arrives (e.g. `RuntimeError: ...`);
-- errors: an `errors: N` (or `errors=N`) counter -> LogState.errors;
-- our summary line, printed by the ops (ops/extract/progress.py):
-      progress: samples 972/1000 tokens 502983 errors 0 tok/s 2910.5
-  i.e. `progress:` then `key value` pairs: `samples|items|steps D/T`,
-  `tokens N`, `errors N`, `<unit>/s X` (`tok/s` -> tokens_per_s, others ->
-  rate), `eta_s X`; a trailing `rank R/W` marks one rank's share, and ranks
-  are summed.
-Lines the supervisor writes (`[eagle3-console] ...`) are kept in the tail but
-not parsed: the registry records how a run ended.
+Parsing is monitor/logparse.py's (LineParser); this module reads bytes.
 """
 
 from __future__ import annotations
@@ -64,6 +38,7 @@ from itertools import accumulate
 from pathlib import Path
 
 from eagle3_console.model import LogFinding, LogState
+from eagle3_console.monitor.logparse import LineParser
 
 CHUNK = 1 << 20
 FIRST_OPEN_BYTES = 1 << 20
@@ -72,35 +47,8 @@ MAX_SCAN_BYTES = 16 << 20
 TAIL_PRIME_BYTES = 64 << 10
 MAX_LINE = 256 << 10
 STATE_VERSION = 1
-SUPERVISOR_PREFIX = "[eagle3-console]"
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
-_SCALE = {"k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
-
-_TQDM = re.compile(
-    r"(?P<n>\d+(?:\.\d+)?[kMGTP]?)(?:/(?P<total>\d+(?:\.\d+)?[kMGTP]?))?[A-Za-z]*\s*"
-    r"\[(?P<elapsed>[\d:]+)(?:<(?P<remaining>[\d:]+|\?))?,\s*"
-    r"(?P<rate>\?|\d+(?:\.\d+)?[kMGTP]?)(?P<unit>[A-Za-z]*/[A-Za-z]+)")
-# Weight loading: vLLM/SGLang ("Loading safetensors checkpoint shards:  86% Completed")
-# and transformers 5 ("Loading weights:  86%|...| 64/75").
-_LOADING = re.compile(r"Loading (?:\w*\s*checkpoint shards|weights):\s*(\d+(?:\.\d+)?)%")
-_OOM = re.compile(
-    r"CUDA out of memory|CUDA error: out of memory|OutOfMemoryError|Not enough memory"
-    r"|Prefill out of memory|Out of memory\. Try to lower your batch size"
-    r"|(?:HIP|XPU) out of memory")
-_KILLED = re.compile(
-    r"^\s*Killed\s*$|\d\s+Killed\s+\S"
-    r"|\bexit(?:ed)?\s*(?:with\s+)?(?:exit\s*)?code\s*[:=]?\s*-9\b"
-    r"|\bexitcode\s*[:=]?\s*-9\b|\breturn\s*code\s*[:=]?\s*-9\b"
-    r"|\b[Ss]ignal\s*9\b|Signals\.SIGKILL"
-    r"|\b(?:killed|terminated|died)\s+(?:by|with)\s+(?:signal\s+)?SIGKILL\b")
-_NCCL = re.compile(
-    r"NCCL error|nccl\w*Error|NCCL WARN|ProcessGroupNCCL.*(?:[Tt]imeout|timed out)"
-    r"|Watchdog caught collective operation timeout")
-_TRACEBACK = "Traceback (most recent call last):"
-_ERRORS = re.compile(r"\berrors?\s*[:=]\s*(\d+)")
-_SUMMARY = re.compile(r"\bprogress:\s+(.*)$")
-_PAIR = re.compile(r"(\S+)\s+(\S+)")
 # Every line a parser can match holds one of these (found chunk-wide, see _hits);
 # tqdm's rate is `X<unit>/s]`, `X<unit>/s, <postfix>]` or, below 1/s, `Xs/<unit>`.
 _KEYS = (b"/s]", b"/s,", b"s/it", b"s/sample", b"s/step", b"s/batch", b"checkpoint shards",
@@ -112,11 +60,6 @@ _SIGNATURE_KEYS = (b"memory", b"Memory", b"Killed", b"-9", b"ignal", b"SIGKILL",
                    b"Watchdog", b"Traceback")
 
 
-def _num(text: str) -> float:
-    """tqdm's numbers, with unit_scale suffixes: `972`, `5.80`, `1.20k`."""
-    if text and text[-1] in _SCALE:
-        return float(text[:-1]) * _SCALE[text[-1]]
-    return float(text)
 
 
 def _line_end(data: bytes, i: int, cut: int) -> int:
@@ -125,15 +68,6 @@ def _line_end(data: bytes, i: int, cut: int) -> int:
     return min(ends) + 1 if ends else cut
 
 
-def _clock(text: str | None) -> float | None:
-    if not text or text == "?":
-        return None
-    secs = 0.0
-    for part in text.split(":"):
-        if not part.isdigit():
-            return None
-        secs = secs * 60 + int(part)
-    return secs
 
 
 class LogFollower:
@@ -151,13 +85,11 @@ class LogFollower:
         self._partial = b""
         self._ident: tuple[int, int] | None = None     # (st_dev, st_ino) of the file read
         self._primed = True             # False after from_state: re-read the tail's bytes
-        self._state = LogState(path=str(self.path))
-        self._tb: dict | None = None    # an open traceback: {"prefix": str}
-        self._ranks: dict[str, dict] = {}
+        self._parser = LineParser(LogState(path=str(self.path)))
 
     # ---- refresh -------------------------------------------------------
     def refresh(self) -> LogState:
-        st = self._state
+        st = self._parser.state
         try:
             info = os.stat(self.path)
         except FileNotFoundError:
@@ -170,7 +102,7 @@ class LogFollower:
         first = self._ident is None
         if not first and (ident != self._ident or info.st_size < self._offset + len(self._partial)):
             # Rotated or truncated: what is at the path now is read from byte 0.
-            self._offset, self._partial, self._cr_last, self._tb = 0, b"", False, None
+            self._offset, self._partial, self._cr_last, self._parser.tb = 0, b"", False, None
             self._primed = True
         self._ident = ident
         st.size = info.st_size
@@ -202,7 +134,7 @@ class LogFollower:
                 remaining -= len(chunk)
                 self._feed(chunk)
         if self._partial:
-            self._peek_progress(self._partial)
+            self._parser.peek_progress(self._text(self._partial))
         return self._snapshot()
 
     def _jump(self, fh, pos: int) -> None:
@@ -211,7 +143,7 @@ class LogFollower:
         fh.seek(pos - 1)
         before = fh.read(1)
         skipped = 0
-        self._partial, self._cr_last, self._tb = b"", False, None
+        self._partial, self._cr_last, self._parser.tb = b"", False, None
         self._offset = pos
         if before not in (b"\n", b"\r"):
             while True:
@@ -225,7 +157,7 @@ class LogFollower:
                     break
                 self._offset += len(chunk)
                 skipped += len(chunk)
-        self._state.skipped_bytes += skipped
+        self._parser.state.skipped_bytes += skipped
 
     def _scan(self, fh, begin: int, end: int) -> None:
         """Signatures only over [begin, end): their keywords are found with
@@ -257,10 +189,10 @@ class LogFollower:
                     continue
                 start = max(data.rfind(b"\n", 0, h), data.rfind(b"\r", 0, h)) + 1
                 free = _line_end(data, h, cut)
-                self._parse(self._text(data[start:free]), base + start, signatures_only=True)
-                while self._tb is not None and free < cut:
+                self._parser.parse(self._text(data[start:free]), base + start, signatures_only=True)
+                while self._parser.tb is not None and free < cut:
                     nxt = _line_end(data, free, cut)
-                    self._parse(self._text(data[free:nxt]), base + free, signatures_only=True)
+                    self._parser.parse(self._text(data[free:nxt]), base + free, signatures_only=True)
                     free = nxt
 
     def _prime(self, fh) -> None:
@@ -290,8 +222,8 @@ class LogFollower:
         for i, seg in enumerate(segs):
             text = self._text(seg)
             self._to_tail(seg, text)
-            if text and (i in hits or self._tb is not None):
-                self._parse(text, starts[i])
+            if text and (i in hits or self._parser.tb is not None):
+                self._parser.parse(text, starts[i])
         self._offset = starts[-1]
         if len(self._partial) > MAX_LINE:   # no line end in sight: cut it, keep memory bounded
             self._line(self._partial, self._offset)
@@ -330,145 +262,13 @@ class LogFollower:
         text = self._text(seg)
         self._to_tail(seg, text)
         if text:
-            self._parse(text, offset)
+            self._parser.parse(text, offset)
 
     # ---- parsers -------------------------------------------------------
-    def _find(self, kind: str, line: str, offset: int, key: str | None = None) -> None:
-        self._state.findings[key or kind] = LogFinding(kind=kind, line=line, at_offset=offset)
-
-    def _parse(self, text: str, offset: int, signatures_only: bool = False) -> None:
-        if text.startswith(SUPERVISOR_PREFIX):
-            return
-        if self._tb is not None:
-            prefix = self._tb["prefix"]
-            body = text[len(prefix):] if prefix and text.startswith(prefix) else text
-            if not body.strip() or body[0] in " \t":
-                return          # a frame, its source line, a caret line
-            self._tb = None     # the final exception line
-            self._find("traceback", text.strip(), offset)
-        # Each parser runs behind a substring test: most lines pay a few `in`s.
-        stripped = text.strip()
-        if "Traceback" in text:
-            idx = text.find(_TRACEBACK)
-            if idx >= 0:
-                self._tb = {"prefix": text[:idx]}
-                self._find("traceback", stripped, offset)
-        m = _LOADING.search(text) if ("checkpoint shards" in text or "Loading weights" in text) else None
-        if signatures_only:
-            how = None
-        elif m:
-            self._state.load_pct = float(m.group(1))
-            self._find("loading", stripped, offset)
-            how = None
-        else:
-            how = self._progress(text)
-            if how:
-                self._find("progress", stripped, offset)
-        if ("emory" in text or "out of memory" in text) and _OOM.search(text):
-            self._find("oom", stripped, offset)
-        if ("Killed" in text or "-9" in text or "ignal" in text or "SIGKILL" in text) \
-                and _KILLED.search(text):
-            self._find("killed", stripped, offset)
-            self._find("killed", stripped, offset, key="oom")
-        if ("NCCL" in text or "nccl" in text or "Watchdog" in text) and _NCCL.search(text):
-            self._find("nccl", stripped, offset)
-        if how == "summary":            # a summary line's errors are summed over ranks
-            if " errors " in text:
-                self._find("errors", stripped, offset)
-        elif "rror" in text:
-            m = _ERRORS.search(text)
-            if m:
-                self._state.errors = int(m.group(1))
-                self._find("errors", stripped, offset)
-
-    def _peek_progress(self, partial: bytes) -> None:
-        text = self._text(partial)
-        m = _LOADING.search(text)
-        if m:
-            self._state.load_pct = float(m.group(1))
-        else:
-            self._progress(text)
-
-    def _progress(self, text: str) -> str | None:
-        """Update progress from a summary or tqdm line: which one matched, or None."""
-        m = _SUMMARY.search(text) if "progress:" in text else None
-        if m:
-            return "summary" if self._summary(m.group(1)) else None
-        m = _TQDM.search(text) if "[" in text else None
-        if not m:
-            return None
-        st = self._state
-        st.progress_done = int(_num(m.group("n")))
-        st.progress_total = int(_num(m.group("total"))) if m.group("total") else None
-        rate, unit = m.group("rate"), m.group("unit")
-        if rate == "?":
-            st.rate = None
-        else:
-            value = _num(rate)
-            if unit.startswith("s/"):       # tqdm prints s/it below 1 it/s
-                st.rate, unit = (1.0 / value if value else None), unit[2:] + "/s"
-            else:
-                st.rate = value
-        st.rate_unit = unit
-        st.eta_s = _clock(m.group("remaining"))
-        return "tqdm"
-
-    def _summary(self, body: str) -> bool:
-        fields: dict = {}
-        rank = None
-        for key, value in _PAIR.findall(body):
-            try:
-                if key == "rank":
-                    rank = value.split("/")[0]
-                elif key in ("samples", "items", "steps", "prompt", "prompts"):
-                    done, _, total = value.partition("/")
-                    fields["unit"] = key
-                    fields["done"] = int(done)
-                    fields["total"] = int(total) if total else None
-                elif key == "tokens":
-                    fields["tokens"] = int(value.partition("/")[0])
-                elif key == "errors":
-                    fields["errors"] = int(value)
-                elif key == "eta_s":
-                    fields["eta_s"] = float(value)
-                elif key.endswith("/s"):
-                    fields["tok/s" if key == "tok/s" else "rate"] = float(value)
-                    if key != "tok/s":
-                        fields["rate_unit"] = key
-            except ValueError:
-                continue        # one odd value does not spoil the line
-        if "done" not in fields and "tokens" not in fields:
-            return False
-        self._ranks[rank or ""] = fields
-        if rank is None:
-            self._ranks = {"": fields}      # a single-process line supersedes per-rank ones
-        else:
-            self._ranks.pop("", None)
-        parts = list(self._ranks.values())
-
-        def total(key):
-            if len(parts) == 1:
-                return parts[0].get(key)
-            vals = [p.get(key) for p in parts]
-            return sum(vals) if all(v is not None for v in vals) else None
-
-        st = self._state
-        if "done" in fields:
-            st.progress_done, st.progress_total = total("done"), total("total")
-        st.tokens_done = total("tokens")
-        if "tok/s" in fields:
-            st.tokens_per_s = total("tok/s")
-        if "rate" in fields:
-            st.rate, st.rate_unit = total("rate"), fields["rate_unit"]
-        if "eta_s" in fields:
-            st.eta_s = fields["eta_s"]
-        if "errors" in fields:
-            st.errors = total("errors")
-        return True
 
     # ---- output and persistence ---------------------------------------
     def _snapshot(self) -> LogState:
-        return replace(self._state, findings=dict(self._state.findings), tail=list(self._tail))
+        return replace(self._parser.state, findings=dict(self._parser.state.findings), tail=list(self._tail))
 
     @property
     def offset(self) -> int:
@@ -476,15 +276,15 @@ class LogFollower:
         return self._offset
 
     def to_state(self) -> dict:
-        st = self._state
+        st = self._parser.state
         return {
             "version": STATE_VERSION,
             "path": str(self.path),
             "tail_lines": self._tail.maxlen,
             "offset": self._offset,
             "ident": list(self._ident) if self._ident else None,
-            "tb": self._tb,
-            "ranks": self._ranks,
+            "tb": self._parser.tb,
+            "ranks": self._parser.ranks,
             "parsed": {k: getattr(st, k) for k in (
                 "progress_done", "progress_total", "rate", "rate_unit", "eta_s", "load_pct",
                 "errors", "tokens_done", "tokens_per_s", "skipped_bytes")},
@@ -504,12 +304,12 @@ class LogFollower:
             f._offset = int(state["offset"])
             ident = state.get("ident")
             f._ident = (int(ident[0]), int(ident[1])) if ident else None
-            f._tb = state.get("tb")
-            f._ranks = dict(state.get("ranks") or {})
+            f._parser.tb = state.get("tb")
+            f._parser.ranks = dict(state.get("ranks") or {})
             for key, value in state["parsed"].items():
-                if hasattr(f._state, key):
-                    setattr(f._state, key, value)
-            f._state.findings = {k: LogFinding(kind=str(v[0]), line=str(v[1]), at_offset=int(v[2]))
+                if hasattr(f._parser.state, key):
+                    setattr(f._parser.state, key, value)
+            f._parser.state.findings = {k: LogFinding(kind=str(v[0]), line=str(v[1]), at_offset=int(v[2]))
                                  for k, v in state["findings"].items()}
         except KeyError as exc:
             raise ValueError(f"log follower state: missing key {exc.args[0]!r}") from None
