@@ -54,6 +54,16 @@ class WS:
         with self.registry() as reg:
             return reg.latest(stage)
 
+    def record_finished_run(self, stage: str, params: dict, status: str = "failed", ended_ago_s: float = 0.0):
+        """A run in the registry as if a supervisor had recorded it (no process ran)."""
+        from eagle3_console.workspace import Workspace
+        w = Workspace(self.root)
+        w.ensure_state()
+        with self.registry() as reg:
+            run = reg.create_run(stage, [stage], params, {}, str(self.root), lambda rid: w.log_path(rid, stage))
+            reg.finish(run.id, status, ended=time.time() - ended_ago_s, exit_code=1)
+            return reg.get(run.id)
+
     def wait_status(self, stage: str, statuses: tuple[str, ...], timeout: float = 30):
         def done():
             r = self.latest(stage)
@@ -64,6 +74,21 @@ class WS:
 @pytest.fixture
 def ws(tmp_path: Path) -> WS:
     return WS(tmp_path)
+
+
+# An op stage that needs no input to be planned: its runs are recorded by hand.
+EXPORT_PIPELINE = """
+[target]
+path = "models/target"
+num_layers = 2
+hidden_size = 8
+dtype = "bfloat16"
+vocab_size = 10
+
+[stages.export]
+op = "export"
+params = { checkpoint = "out/ckpt", output = "out/export" }
+"""
 
 
 def stage_cmd(script: str, *args: str) -> str:

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
-import time
 
 import psutil
 
 from eagle3_console.monitor.procs import process_alive
-from tests.conftest import PY, stage_cmd, wait_for
+from tests.conftest import EXPORT_PIPELINE, PY, stage_cmd, wait_for
 
 
 def pipe(tmp) -> str:
@@ -130,26 +128,10 @@ def test_restart_after_oom_offers_and_applies_halved_batch(ws, tmp_path):
 def test_clean_purges_a_half_written_checkpoint_directory_but_not_through_its_links(ws, tmp_path):
     # export/train leave <format>.tmp-<pid> / step_<N>.tmp-<pid> directories, not files.
     from eagle3_console import actions
-    from eagle3_console.registry import Registry
     from eagle3_console.workspace import Workspace
-    ws.write("""
-[target]
-path = "models/target"
-num_layers = 2
-hidden_size = 8
-dtype = "bfloat16"
-vocab_size = 10
-
-[stages.export]
-op = "export"
-params = { checkpoint = "out/ckpt", output = "out/export" }
-""")
+    ws.write(EXPORT_PIPELINE)
     w = Workspace(ws.root)
-    w.ensure_state()
-    with Registry(w.db_path) as reg:
-        run = reg.create_run("export", ["export"], {"checkpoint": "out/ckpt", "output": "out/export"}, {},
-                             str(ws.root), lambda rid: w.log_path(rid, "export"))
-        reg.finish(run.id, "failed", ended=time.time(), exit_code=1)
+    ws.record_finished_run("export", {"checkpoint": "out/ckpt", "output": "out/export"})
     half = ws.root / "out" / "export" / "sglang.tmp-123"
     half.mkdir(parents=True)
     (half / "model.safetensors").write_bytes(b"x" * 5000)

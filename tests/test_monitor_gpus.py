@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 
-import psutil
 import pynvml
 import pytest
 
@@ -17,7 +16,7 @@ from eagle3_console.monitor.procs import RunRef, attach_owners
 from eagle3_console.workspace import ENV_RUN_ID, ENV_WORKSPACE
 from tests.fake_pynvml import (GiB, NVML_ERROR_DRIVER_NOT_LOADED, NVML_ERROR_LIB_RM_VERSION_MISMATCH,
                                NVML_ERROR_LIBRARY_NOT_FOUND, NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_UNKNOWN,
-                               FakeGpu, FakeNvml)
+                               FakeNvml)
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import time
 
-from tests.conftest import PY, stage_cmd, wait_for
+from tests.conftest import EXPORT_PIPELINE, PY, stage_cmd
 
 
 def pipe(restart: str = "") -> str:
@@ -87,27 +87,10 @@ def test_backoff_is_respected(ws):
 
 def test_a_refused_restart_is_reported_and_the_other_stages_still_restart(ws):
     # The last run's params name one the op no longer takes: restart refuses (stage_params).
-    from eagle3_console.registry import Registry
-    from eagle3_console.workspace import Workspace
-    ws.write("""
-[target]
-path = "models/target"
-num_layers = 2
-hidden_size = 8
-dtype = "bfloat16"
-vocab_size = 10
-
-[stages.export]
-op = "export"
-params = { checkpoint = "out/ckpt", output = "out/export" }
-restart = { max = 2, backoff_s = 0 }
-""" + "[stages.flaky]" + pipe().split("[stages.flaky]", 1)[1])
-    w = Workspace(ws.root)
-    w.ensure_state()
-    with Registry(w.db_path) as reg:
-        run = reg.create_run("export", ["export"], {"checkpoint": "out/ckpt", "output": "out/export", "old_knob": 1},
-                             {}, str(ws.root), lambda rid: w.log_path(rid, "export"))
-        reg.finish(run.id, "failed", ended=time.time() - 5, exit_code=1)
+    ws.write(EXPORT_PIPELINE + 'restart = { max = 2, backoff_s = 0 }\n'
+             + "[stages.flaky]" + pipe().split("[stages.flaky]", 1)[1])
+    ws.record_finished_run("export", {"checkpoint": "out/ckpt", "output": "out/export", "old_knob": 1},
+                           ended_ago_s=5)
     ws.cli("run", "flaky", check=0)
     ws.wait_status("flaky", ("failed",))
     proc = ws.cli("watch", "--once", "--no-gpus")

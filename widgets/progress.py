@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.containers import VerticalScroll
 
-from eagle3_console.model import ShardProgress, StageStatus
+from eagle3_console.model import StageStatus
 from widgets import fmt
 from widgets.body import Body, retitle
 

@@ -26,7 +26,7 @@ create_time) and only for processes that nothing else tied.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 import psutil

@@ -8,7 +8,6 @@ that the engines' stock Llama layer classes can load it.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any

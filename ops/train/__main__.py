@@ -117,7 +117,7 @@ def main(argv=None) -> int:
 
     from ops.drafter import checkpoint as ck
     from ops.drafter.config import from_target
-    from ops.drafter.data import BatchDataset, DataError, holdout_split, make_batches, read_data
+    from ops.drafter.data import BatchDataset, holdout_split, make_batches, read_data
     from ops.drafter.model import Eagle3Drafter
     from ops.drafter.target_head import load_target_head
     from ops.drafter.vocab import load_vocab

@@ -2,7 +2,6 @@
 exits 143 unless --ignore-term."""
 import argparse
 import signal
-import sys
 import time
 
 p = argparse.ArgumentParser()
