@@ -263,11 +263,14 @@ class ConsoleApp(App[int]):
         seen = {(a.code, a.stage) for a in snap.alerts if a.level == "critical"}
         if self._alerts_seen is not None:
             new: dict[str | None, Any] = {}
+            # A stage whose OOM (or other cause) is on screen gets no second
+            # notice when it then exits: the failure is the cause's consequence.
+            explained = {a.stage for a in snap.alerts if a.level == "critical" and a.code != "stage_failed"}
             for a in snap.alerts:
+                if a.code == "stage_failed" and a.stage in explained:
+                    continue
                 if a.level == "critical" and (a.code, a.stage) not in self._alerts_seen:
-                    # One notification a stage: the alert that says why (an OOM), not the bare failure.
-                    if a.stage not in new or new[a.stage].code == "stage_failed":
-                        new[a.stage] = a
+                    new.setdefault(a.stage, a)
             for a in new.values():
                 hint = "" if self.readonly else NEXT_STEP.get(a.code, "")
                 self.notify(a.message + (f"\n{hint}" if hint else ""), title="CRITICAL", severity="error",

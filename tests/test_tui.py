@@ -6,6 +6,7 @@ driven through its dialog as an operator would."""
 from __future__ import annotations
 
 import psutil
+import pytest
 from textual.widgets import Button, Input
 
 from eagle3_console import runs
@@ -323,7 +324,8 @@ def test_a_failing_sampler_is_shown_not_fatal(ws):
     run(main())
 
 
-def test_an_oom_that_happens_while_watching_is_announced_with_what_to_do(ws):
+@pytest.mark.parametrize("linger", [0.0, 1.0], ids=["exits-at-once", "exits-after-the-oom-is-seen"])
+def test_an_oom_that_happens_while_watching_is_announced_with_what_to_do(ws, linger):
     ws.write(pipeline(ws.root))
 
     async def main():
@@ -333,8 +335,10 @@ def test_an_oom_that_happens_while_watching_is_announced_with_what_to_do(ws):
         app.notify = lambda message, **kw: (notes.append((message, kw.get("severity"))), notify(message, **kw))[1]
         async with app.run_test(size=(120, 40)) as pilot:
             await wait_until(pilot, lambda: app.snapshot is not None)
-            launch(ws, "extract")            # crashes with an OOM traceback at sample 12
+            launch(ws, "extract", linger=linger)     # crashes with an OOM traceback at sample 12
             await wait_until(pilot, lambda: any("out of memory" in m for m, _ in notes), timeout=30)
+            # The stage's exit comes later (linger): still one notice, the OOM's.
+            await wait_until(pilot, lambda: app.snapshot.stage("extract").status == "failed", timeout=30)
             await pilot.pause(0.6)           # a few more passes: announced once
             oom = [(m, sev) for m, sev in notes if "extract" in m and sev == "error"]
             assert len(oom) == 1, notes

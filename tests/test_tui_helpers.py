@@ -35,8 +35,8 @@ argv = {stage_cmd("progress.py", "--n", "3", "--sleep", "0.01")}
 
 [stages.extract]
 argv = {stage_cmd("shards.py", "--output", "{output}", "--n", "20", "--rows", "10", "--crash-at", "{crash_at}",
-                  "--sleep", "{sleep}")}
-params = {{ output = "out/hs", crash_at = 12, sleep = 0.0 }}
+                  "--sleep", "{sleep}", "--linger", "{linger}")}
+params = {{ output = "out/hs", crash_at = 12, sleep = 0.0, linger = 0.0 }}
 outputs = ["out/hs"]
 expected_samples = 20
 batch_param = "crash_at"

@@ -25,6 +25,9 @@ p.add_argument("--rows", type=int, default=10)
 p.add_argument("--tokens", type=int, default=16)
 p.add_argument("--sleep", type=float, default=0.0)
 p.add_argument("--crash-at", type=int, default=-1)
+# Seconds between the OOM message and the exit, as a launcher tearing down its
+# other ranks takes: the console sees the OOM while the stage still runs.
+p.add_argument("--linger", type=float, default=0.0)
 a = p.parse_args()
 out = Path(a.output)
 out.mkdir(parents=True, exist_ok=True)
@@ -43,6 +46,7 @@ for i in range(a.n):
         print('  File "extract.py", line 1, in <module>', flush=True)
         print("RuntimeError: Worker failed with error 'CUDA out of memory. Tried to allocate 896.00 MiB. "
               "GPU 0 has a total capacity of 94.97 GiB of which 3.12 GiB is free.'", flush=True)
+        time.sleep(a.linger)
         sys.exit(1)
     tmp = final.with_name(final.name + ".tmp")
     tmp.write_bytes(blob)
