@@ -86,8 +86,11 @@ def supervise(ws: Workspace, run_id: int) -> int:
                    reason="stopped" if stop_requested else f"killed by signal {signal.Signals(sig).name}")
         what = f"signal {signal.Signals(sig).name}"
     else:
-        status = "succeeded" if code == 0 else ("killed" if stop_requested else "failed")
-        reg.finish(run_id, status, ended=ended, exit_code=code)
+        # A stage that catches the stop's SIGTERM and exits 0 did not finish its
+        # work: succeeded would let the next stage start on a partial output.
+        status = "killed" if stop_requested else ("succeeded" if code == 0 else "failed")
+        extra = {"reason": f"stopped (it exited {code} after the stop signal)"} if stop_requested else {}
+        reg.finish(run_id, status, ended=ended, exit_code=code, **extra)
         what = f"exit code {code}"
     log.write(f"[eagle3-console] run {run_id} {status} ({what}) after {ended - (reg.get(run_id).started or ended):.1f} s\n".encode())
     log.close()

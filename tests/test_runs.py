@@ -145,6 +145,20 @@ def test_stop_escalates_to_sigkill_after_grace(ws):
     assert time.time() - t0 >= 1
 
 
+def test_a_stage_that_exits_0_on_stop_is_recorded_killed_not_succeeded(ws):
+    # Its work is unfinished: `succeeded` would let a dependent stage start on it.
+    ws.write(pipeline().replace('"--seconds", "{seconds}"', '"--seconds", "{seconds}", "--term-exit", "0"'))
+    ws.cli("run", "slow", "--set", "seconds=60", check=0)
+    ws.wait_status("slow", ("running",))
+    wait_for(lambda: "sleeping" in open(ws.latest("slow").log_path).read())
+    ws.cli("stop", "slow", "--grace", "5", check=0)
+    r = ws.latest("slow")
+    assert r.status == "killed" and r.exit_code == 0 and "stopped" in r.reason, (r.status, r.reason)
+    assert "caught SIGTERM" in open(r.log_path).read()
+    proc = ws.cli("run", "quick")
+    assert proc.returncode == 2 and "depends on 'slow'" in proc.stderr
+
+
 def test_unknown_stage_and_bad_set(ws):
     ws.write(pipeline())
     assert ws.cli("run", "nosuch").returncode == 3

@@ -1,15 +1,20 @@
 """Test stage: prints a line and sleeps (a long-running stage); on SIGTERM
-exits 143 unless --ignore-term."""
+exits 143 unless --ignore-term, or with --term-exit N (a stage that catches
+SIGTERM and exits cleanly, as many trainers do after saving)."""
 import argparse
 import signal
+import sys
 import time
 
 p = argparse.ArgumentParser()
 p.add_argument("--seconds", type=float, default=60)
 p.add_argument("--ignore-term", action="store_true")
+p.add_argument("--term-exit", type=int, default=None)
 a = p.parse_args()
 if a.ignore_term:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+elif a.term_exit is not None:
+    signal.signal(signal.SIGTERM, lambda *_: (print("caught SIGTERM, exiting", flush=True), sys.exit(a.term_exit)))
 print("sleeping", flush=True)
 end = time.time() + a.seconds
 while time.time() < end:
