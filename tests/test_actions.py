@@ -162,3 +162,23 @@ def test_restart_refused_while_workers_of_the_failed_run_live(ws, tmp_path):
     wait_for(lambda: not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE)
     ws.wait_status("orphan", ("failed",))
     ws.cli("kill-workers", "orphan", "--yes", "--grace", "1")
+
+
+def test_two_cleans_in_the_same_second_keep_both_trash_folders(ws, tmp_path):
+    from eagle3_console.actions import execute_clean, plan_clean
+    from eagle3_console.workspace import Workspace
+
+    ws.write(pipe(tmp_path))
+    w = Workspace.at(ws.root)
+    ws.cli("run", "custom", check=0)
+    ws.wait_status("custom", ("failed",))
+    first = plan_clean(w, "custom")
+    assert first.trash.name.endswith(f"-custom-run{ws.latest('custom').id}")
+    done = execute_clean(w, first)
+    (ws.root / "out" / "custom" / "new.bin").write_bytes(b"z" * 7)   # the same name, new bytes
+    second = plan_clean(w, "custom")
+    second.trash = first.trash                                       # as within one second
+    again = execute_clean(w, second)
+    assert again.destination != done.destination and again.destination.endswith("-2")
+    assert (first.trash / "out" / "custom" / "new.bin").read_bytes() == b"x" * 100
+    assert (second.trash / "out" / "custom" / "new.bin").read_bytes() == b"z" * 7

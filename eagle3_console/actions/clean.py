@@ -160,10 +160,10 @@ def plan_clean(ws: Workspace, stage_name: str, purge: bool = False) -> CleanPlan
     pipe = cfg.load(ws.config_path)
     stage = pipe.stage(stage_name)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    trash = ws.trash_dir / f"{stamp}-{stage_name}"
     with Registry(ws.db_path) as reg:
         runs.reconcile(reg)
         run = reg.latest(stage_name)
+    trash = ws.trash_dir / (f"{stamp}-{stage_name}" + (f"-run{run.id}" if run else ""))
     params = run.params if run else stage.params
     roots = [Path(p) for p in runs.output_paths(ws, stage, params)]
     plan = CleanPlan(stage=stage_name, roots=roots, files=[], purge=purge, trash=trash)
@@ -205,6 +205,20 @@ def plan_clean(ws: Workspace, stage_name: str, purge: bool = False) -> CleanPlan
     return plan
 
 
+def _fresh_dir(path: Path) -> Path:
+    """`path`, or `path-2`, `path-3`... : a trash folder of its own, so that a
+    second clean in the same second never renames onto the first one's files."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 1000):
+        candidate = path if n == 1 else path.with_name(f"{path.name}-{n}")
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            continue
+    raise runs.Refused(f"{path}: 999 trash folders of that name already exist")
+
+
 def execute_clean(ws: Workspace, plan: CleanPlan) -> CleanResult:
     if plan.refusal:
         raise runs.Refused(plan.refusal)
@@ -215,7 +229,7 @@ def execute_clean(ws: Workspace, plan: CleanPlan) -> CleanResult:
     allowed = {p for p, _s in fresh.files}
     moved, total, failed = 0, 0, []
     if not plan.purge:
-        plan.trash.mkdir(parents=True, exist_ok=True)
+        plan.trash = _fresh_dir(plan.trash)
         trash_dev = os.stat(plan.trash).st_dev
     for path, size in plan.files:
         if path not in allowed:
