@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from eagle3_console.config import Pipeline, Stage
@@ -75,6 +76,22 @@ def output_paths(ws: Workspace, stage: Stage, params: dict[str, Any]) -> list[st
     return [str(ws.resolve(o)) for o in outs]
 
 
+def check_outputs_apart(ws: Workspace, pipe: Pipeline, stage: Stage, params: dict[str, Any]) -> None:
+    """The pipeline file's rule (separate output roots) for the outputs a
+    `--set` or a restart actually gives: clean and the shard monitor trust
+    that a root belongs to one stage."""
+    mine = [Path(p) for p in output_paths(ws, stage, params)]
+    for other in pipe.stages.values():
+        if other.name == stage.name:
+            continue
+        for q in output_paths(ws, other, other.params):
+            q = Path(q)
+            for p in mine:
+                if p == q or q in p.parents or p in q.parents:
+                    raise Refused(f"stages.{stage.name}: output {p} overlaps stage {other.name!r}'s output {q}; "
+                                  f"expected separate output roots", code=3)
+
+
 def preflight(ws: Workspace, pipe: Pipeline, stage: Stage, params: dict[str, Any]) -> Preflight:
     est = estimate_bytes(ws, pipe, stage, params)
     outs = output_paths(ws, stage, params)
@@ -132,6 +149,7 @@ def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, 
     ws.ensure_state()
     with Registry(ws.db_path) as reg:
         check_can_start(reg, pipe, stage, force)
+        check_outputs_apart(ws, pipe, stage, params)
         pf = preflight(ws, pipe, stage, params)
         if not pf.fits and not force:
             reg.record("run", "refused: disk", stage=stage.name,

@@ -204,3 +204,21 @@ def test_stop_of_a_pending_run_keeps_its_stage_from_starting(ws):
         r = ws.latest("late")
         if r.pgid and runs.stage_alive(r):
             os.killpg(r.pgid, signal.SIGKILL)
+
+
+def test_set_output_into_another_stages_output_is_refused_with_exit_3(ws):
+    # The pipeline file's separate-roots rule also holds for what --set gives.
+    ws.write(pipeline() + """
+[stages.keeper]
+argv = ["python", "-c", "pass"]
+outputs = ["out/keep"]
+
+[stages.prep]
+op = "prepare"
+params = { input = "in.jsonl", output = "out/prep", tokenizer = "tok" }
+""")
+    proc = ws.cli("run", "prep", "--force", "--set", "output=out/keep/sub")
+    assert proc.returncode == 3, (proc.stdout, proc.stderr)
+    assert "overlaps stage 'keeper'" in proc.stderr and "out/keep" in proc.stderr
+    with ws.registry() as reg:
+        assert reg.latest("prep") is None
