@@ -256,3 +256,104 @@ def test_as_a_program_through_the_spec_argv(tmp_path, tok_dir):
 def test_spec_imports_no_torch():
     code = "import sys, ops.prepare.spec; sys.exit(any(m in sys.modules for m in ('torch', 'transformers', 'tokenizers')))"
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0
+
+
+SLOW_TOKENIZER_MODULE = '''
+"""A slow tokenizer shipped with its model, as Kimi-K2's is: a Python
+PreTrainedTokenizer around a BPE engine (tiktoken there, the tokenizers
+library's BPE here), with no character offsets."""
+import json
+
+from tokenizers import Tokenizer
+from transformers import PreTrainedTokenizer
+
+
+class SlowBPETokenizer(PreTrainedTokenizer):
+    vocab_files_names = {"vocab_file": "bpe.json"}
+    model_input_names = ["input_ids", "attention_mask"]
+
+    def __init__(self, vocab_file, **kwargs):
+        self.bpe = Tokenizer.from_file(vocab_file)
+        self.vocab = self.bpe.get_vocab(with_added_tokens=True)
+        self.inverse = {i: t for t, i in self.vocab.items()}
+        super().__init__(**kwargs)
+
+    @property
+    def vocab_size(self):
+        return len(self.vocab)
+
+    def get_vocab(self):
+        return dict(self.vocab)
+
+    def _tokenize(self, text, **kwargs):
+        return self.bpe.encode(text, add_special_tokens=False).tokens
+
+    def _convert_token_to_id(self, token):
+        return self.vocab[token]
+
+    def _convert_id_to_token(self, index):
+        return self.inverse[index]
+
+    def convert_tokens_to_string(self, tokens):
+        return self.bpe.decoder.decode(tokens)
+'''
+
+
+def slow_copy(tok_dir: Path, dest: Path, chat_template: str | None = None) -> Path:
+    """The same byte-level BPE behind a remote-code slow tokenizer:
+    tokenization_slowbpe.py + its BPE file, no tokenizer.json (no offsets)."""
+    spec = json.loads((tok_dir / "tokenizer.json").read_text())
+    cfg = json.loads((tok_dir / "tokenizer_config.json").read_text())
+    dest.mkdir()
+    (dest / "bpe.json").write_text(json.dumps(spec))
+    (dest / "tokenization_slowbpe.py").write_text(SLOW_TOKENIZER_MODULE)
+    specials = [t["content"] for t in spec["added_tokens"]]
+    named = (cfg["bos_token"], cfg["eos_token"], cfg["pad_token"])
+    template = chat_template or cfg.get("chat_template")
+    if template is None and (tok_dir / "chat_template.jinja").exists():
+        template = (tok_dir / "chat_template.jinja").read_text()
+    (dest / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "SlowBPETokenizer",
+        "auto_map": {"AutoTokenizer": ["tokenization_slowbpe.SlowBPETokenizer", None]},
+        "bos_token": cfg["bos_token"], "eos_token": cfg["eos_token"], "pad_token": cfg["pad_token"],
+        "additional_special_tokens": [t for t in specials if t not in named],
+        "clean_up_tokenization_spaces": False, "chat_template": template,
+    }))
+    return dest
+
+
+def test_a_slow_remote_code_tokenizer_gives_the_fast_ones_samples(tmp_path, tok_dir):
+    # Kimi-K2's tokenizer is slow (tiktoken, trust_remote_code): no offsets. The
+    # pieces path must give exactly what the offsets path gives on the same BPE.
+    from transformers import AutoTokenizer
+
+    slow = slow_copy(tok_dir, tmp_path / "slow")
+    loaded = AutoTokenizer.from_pretrained(str(slow), trust_remote_code=True)
+    assert not loaded.is_fast
+    rows = generate_rows(seed=5, n=40, long_every=0, no_assistant_every=0)
+    rows.append({"messages": [{"role": r, "content": c} for r, c in CONV]})
+    rows.append({"messages": [{"role": "user", "content": "Say nothing."}, {"role": "assistant", "content": ""}]})
+    inp = write_jsonl(tmp_path / "in.jsonl", rows)
+    assert run(["--input", inp, "--output", tmp_path / "fast", "--tokenizer", tok_dir]) == 0
+    assert run(["--input", inp, "--output", tmp_path / "slow_out", "--tokenizer", slow, "--trust-remote-code"]) == 0
+    fast_s, slow_s = samples(tmp_path / "fast"), samples(tmp_path / "slow_out")
+    assert len(slow_s) == len(fast_s) == len(rows)      # the empty answer keeps its end-of-turn token
+    for (fi, fm), (si, sm) in zip(fast_s, slow_s):
+        assert np.array_equal(fi, si) and np.array_equal(fm, sm)
+    # Without --trust-remote-code the directory's code is not run: a clear error.
+    assert run(["--input", inp, "--output", tmp_path / "refused", "--tokenizer", slow]) == 2
+    assert not (tmp_path / "refused").exists()
+
+
+def test_a_slow_tokenizer_whose_pieces_do_not_line_up_drops_the_row_with_the_reason(tmp_path, tok_dir, capsys):
+    # No special token between the header and the content: the content's first
+    # word merges with the header's space, so a cut there would change the tokens.
+    glued = ("{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|>"
+             "{% endfor %}")
+    slow = slow_copy(tok_dir, tmp_path / "slow", chat_template=glued)
+    rows = [{"messages": [{"role": "user", "content": "Count."}, {"role": "assistant", "content": "plus 4"}]}]
+    inp = write_jsonl(tmp_path / "in.jsonl", rows)     # " plus" is one token, "plus" two
+    assert run(["--input", inp, "--output", tmp_path / "out", "--tokenizer", slow, "--trust-remote-code"]) == 2
+    err = capsys.readouterr().err
+    assert "all 1 conversations were dropped (mask_unaligned: 1)" in err, err
+    assert "line 1: the tokens of the text cut at the assistant turns differ" in err

@@ -2,8 +2,16 @@
 
 The middle of prepare: reader.py gives message lists, this module renders
 each with the tokenizer's own chat template, tokenizes the batch with the
-fast tokenizer (offset mapping on), and marks the tokens of the assistant
-turns. __main__.py runs it in worker processes and writes the arrays.
+fast tokenizer (offset mapping on) or a slow one (below), and marks the
+tokens of the assistant turns. __main__.py runs it in worker processes and writes the arrays.
+
+Slow tokenizers (Kimi's tiktoken-based one, loaded with trust_remote_code)
+report no offsets. For them the rendered text is cut at the assistant
+contents' boundaries and each piece is tokenized on its own; the pieces'
+tokens are used only when their concatenation equals the whole text's
+tokenization (true where the template puts special tokens around the
+content, as ChatML and Kimi's do), otherwise the sample is dropped as
+`mask_unaligned`, never masked by a guess.
 
 How the mask is found (no guessing from token ids):
 1. each assistant turn's content is located in the rendered text by
@@ -116,6 +124,46 @@ def mask_from_offsets(offsets: list[tuple[int, int]], ids: list[int], text: str,
     return mask
 
 
+def _is_blank(tokenizer, token_id: int, cache: dict[int, bool]) -> bool:
+    if token_id not in cache:
+        cache[token_id] = not tokenizer.decode([token_id]).strip()
+    return cache[token_id]
+
+
+def encode_by_pieces(tokenizer, todo: list[Encoded], texts: list[str], spans: list[list[tuple[int, int]]],
+                     specials: set[int]) -> None:
+    """The slow-tokenizer path: tokens of the pieces between span boundaries,
+    checked against the whole text's tokens (see the module docstring)."""
+    cuts_of = [sorted({0, len(t), *(b for sp in spn for b in sp)}) for t, spn in zip(texts, spans)]
+    pieces = [t[a:b] for t, cuts in zip(texts, cuts_of) for a, b in zip(cuts, cuts[1:])]
+    piece_ids = tokenizer(pieces, add_special_tokens=False, return_attention_mask=False)["input_ids"] if pieces else []
+    whole_ids = tokenizer(texts, add_special_tokens=False, return_attention_mask=False)["input_ids"]
+    blank: dict[int, bool] = {}
+    at = 0
+    for item, cuts, spn, whole in zip(todo, cuts_of, spans, whole_ids):
+        mine = piece_ids[at:at + len(cuts) - 1]
+        at += len(cuts) - 1
+        ids = [i for piece in mine for i in piece]
+        if ids != list(whole):
+            item.drop = "mask_unaligned"
+            item.error = (f"line {item.line}: the tokens of the text cut at the assistant turns differ from the "
+                          f"whole text's ({len(ids)} vs {len(whole)}): the template does not put special tokens "
+                          f"around the content")
+            continue
+        starts = np.cumsum([0] + [len(p) for p in mine])      # token index where each piece begins
+        mask = np.zeros(len(ids), dtype=np.uint8)
+        piece_at = {c: k for k, c in enumerate(cuts)}        # a cut -> the piece that begins there
+        for s, e in spn:
+            mask[starts[piece_at[s]]:starts[piece_at[e]]] = 1
+            j = q = int(starts[piece_at[e]])
+            while q < len(ids) and ids[q] not in specials and _is_blank(tokenizer, ids[q], blank):
+                q += 1
+            if q < len(ids) and ids[q] in specials:
+                mask[j:q + 1] = 1
+        item.ids = np.asarray(ids, dtype=np.int32)
+        item.mask = mask
+
+
 def encode_batch(tokenizer, batch: list[tuple[int, list[dict]]], specials: set[int]) -> BatchResult:
     """Render, tokenize (one batch call) and mask `batch` = [(line, messages)]."""
     result = BatchResult()
@@ -133,6 +181,9 @@ def encode_batch(tokenizer, batch: list[tuple[int, list[dict]]], specials: set[i
         spans.append(sp)
         todo.append(item)
     if not texts:
+        return result
+    if not getattr(tokenizer, "is_fast", False):
+        encode_by_pieces(tokenizer, todo, texts, spans, specials)
         return result
     # The template already holds BOS where the model wants it: add no specials.
     enc = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True,
@@ -153,9 +204,6 @@ def load_tokenizer(path: str, trust_remote_code: bool = False):
         tok = AutoTokenizer.from_pretrained(str(d), trust_remote_code=trust_remote_code)
     except Exception as exc:  # noqa: BLE001 - any load failure is a bad tokenizer directory
         raise BadInput(f"tokenizer directory {d}: cannot load a tokenizer ({type(exc).__name__}: {exc})") from exc
-    if not getattr(tok, "is_fast", False):
-        raise BadInput(f"tokenizer {d}: not a fast tokenizer (no tokenizer.json); "
-                       "the loss mask needs character offsets")
     if not getattr(tok, "chat_template", None):
         raise BadInput(f"tokenizer {d}: has no chat_template (tokenizer_config.json or chat_template.jinja)")
     return tok
