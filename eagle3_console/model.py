@@ -37,6 +37,7 @@ class GpuProcess:
     how: str | None = None          # how it was tied: leader, tree, pgid, session, env
     type: str = "compute"           # compute | graphics | compute+graphics (NVML's lists)
     create_time: float | None = None   # psutil's, when the pid is visible here: trust pid only with it
+    visible: bool = True            # False: no such pid here (another pid namespace, or exiting)
 
 
 @dataclass

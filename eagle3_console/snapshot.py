@@ -18,7 +18,7 @@ from typing import Any
 
 from eagle3_console import config as cfg
 from eagle3_console import runs as runs_mod
-from eagle3_console.model import (CRITICAL, WARNING, Alert, DiskUsage, GpuReport, LogState, Snapshot,
+from eagle3_console.model import (CRITICAL, WARNING, Alert, DiskUsage, GpuInfo, GpuReport, LogState, Snapshot,
                                   StageStatus)
 from eagle3_console.monitor.disk import DiskMonitor
 from eagle3_console.monitor.logs import LogFollower
@@ -244,6 +244,9 @@ class Collector:
                 st.alerts.append(stage_alert)
         g = snap.gpus
         if g.available:
+            hidden = _unaccounted_gpu_memory(g.gpus)
+            if hidden:
+                alerts.append(hidden)
             finished = {s.run_id for s in snap.stages if s.status not in ("running", "pending", "lost")}
             for gpu in g.gpus:
                 if gpu.error or gpu.lost:
@@ -256,6 +259,38 @@ class Collector:
                                             f"GPU {gpu.index}: pid {p.pid} of finished run {p.run_id} ({p.stage}) "
                                             f"still holds {gib(p.used_bytes)}", p.stage))
         return alerts
+
+
+# What a GPU holds with nothing running: the driver's context and reserve
+# (0.6 GiB on an H200). More than this, unexplained, is worth a look.
+UNACCOUNTED_GPU_BYTES = 2 * 2**30
+
+
+def _unaccounted_gpu_memory(gpus: list[GpuInfo]) -> Alert | None:
+    """GPU memory that no process visible here explains: NVML lists no process
+    for it (a container that does not see the host's processes, a process
+    still being torn down) or lists pids this machine's pid namespace does not
+    have. kill-workers cannot reach such memory, so say so once, for all GPUs."""
+    parts, total = [], 0
+    for gpu in gpus:
+        if gpu.mem_used is None or gpu.error:
+            continue
+        listed = sum(p.used_bytes or 0 for p in gpu.processes)
+        foreign = [p for p in gpu.processes if not p.visible]
+        extra = gpu.mem_used - listed if not gpu.processes or all(p.used_bytes is not None for p in gpu.processes) \
+            else 0
+        held = extra + sum(p.used_bytes or 0 for p in foreign)
+        if held < UNACCOUNTED_GPU_BYTES:
+            continue
+        total += held
+        pids = ", ".join(f"pid {p.pid}" for p in foreign)
+        parts.append(f"GPU {gpu.index} {gib(held)}" + (f" ({pids} not visible here)" if pids else ""))
+    if not parts:
+        return None
+    return Alert(WARNING, "gpu_memory_unaccounted",
+                 f"{gib(total)} of GPU memory held by no process visible here: " + "; ".join(parts[:4])
+                 + (f"; and {len(parts) - 4} more GPU(s)" if len(parts) > 4 else "")
+                 + " (another container or pid namespace, or a process still exiting)")
 
 
 def _last_program_line(log: LogState | None) -> str | None:

@@ -103,6 +103,9 @@ class FakeGpu:
     # Like a driver tearing a dead process's context down: a pid that has
     # exited is still listed by this many more listings of this GPU.
     linger: int = 0
+    # Pids of another pid namespace (the host's, seen from a container): listed
+    # whatever this machine has under that number.
+    foreign: dict[int, int | None] = field(default_factory=dict)
     _dead_seen: dict[tuple[str, int], int] = field(default_factory=dict)
     fail: dict[str, int] = field(default_factory=dict)   # field -> NVML error code
 
@@ -220,6 +223,9 @@ class FakeNvml:
                     continue
             listed.append(SimpleNamespace(pid=pid, usedGpuMemory=used, gpuInstanceId=0xFFFFFFFF,
                                           computeInstanceId=0xFFFFFFFF))
+        if kind == "compute":
+            listed += [SimpleNamespace(pid=pid, usedGpuMemory=used, gpuInstanceId=0xFFFFFFFF,
+                                       computeInstanceId=0xFFFFFFFF) for pid, used in g.foreign.items()]
         return listed
 
     def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: int) -> list[SimpleNamespace]:

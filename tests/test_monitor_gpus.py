@@ -244,3 +244,31 @@ def test_wait_memory_released_cannot_prove_on_a_lost_gpu(procs):
     result = nvml.wait_memory_released([worker.pid], timeout_s=0.0, poll_s=0.01)
     assert result.held == {} and not result.released
     assert "GPU is lost" in result.unreadable[7] and list(result.unreadable) == [7]
+
+
+def test_gpu_memory_no_visible_process_explains_is_one_warning(ws, procs):
+    # A container sees no host pid (nothing listed, or pids it does not have):
+    # kill-workers cannot reach that memory, and the snapshot says so once.
+    from eagle3_console.snapshot import collect
+    from eagle3_console.workspace import Workspace
+
+    ws.write('[stages.noop]\nargv = ["true"]\n')
+    fake = FakeNvml(4)
+    worker = procs()
+    fake.gpus[0].mem_used, fake.gpus[0].compute[worker.pid] = 10 * GiB, 9 * GiB + 2**29   # explained
+    fake.gpus[1].mem_used = 91 * GiB                                                      # nothing listed
+    missing_pid = 2**22 + 12345                                                           # above pid_max
+    fake.gpus[2].mem_used, fake.gpus[2].foreign[missing_pid] = 7 * GiB, 6 * GiB
+    fake.gpus[3].mem_used = 600 * 2**20                                                   # a driver's reserve
+    snap = collect(Workspace.at(ws.root), nvml=Nvml(module=fake))
+    [alert] = [a for a in snap.alerts if a.code == "gpu_memory_unaccounted"]
+    assert alert.level == "warning" and snap.exit_code == 1
+    assert "GPU 1 91.0 GiB" in alert.message and f"GPU 2 7.0 GiB (pid {missing_pid} not visible here)" \
+        in alert.message, alert.message
+    assert "GPU 0" not in alert.message and "GPU 3" not in alert.message
+    gpu2 = snap.to_dict()["gpus"][2]
+    assert gpu2["processes"][0]["visible"] is False and gpu2["processes"][0]["run_id"] is None
+    fake.gpus[1].mem_used = fake.gpus[2].mem_used = 0
+    fake.gpus[2].foreign.clear()
+    assert not [a for a in collect(Workspace.at(ws.root), nvml=Nvml(module=fake)).alerts
+                if a.code == "gpu_memory_unaccounted"]

@@ -315,6 +315,7 @@ def attach_owners(report: GpuReport, refs: Iterable[RunRef], table: ProcessTable
     for gpu in report.gpus:
         for gp in gpu.processes:
             row = table.get(gp.pid)
+            gp.visible = row is not None
             if row is not None:
                 gp.name = gp.name or row.name
                 gp.create_time = row.create_time
