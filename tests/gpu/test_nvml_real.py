@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from eagle3_console.monitor.procs import RunRef, attach_owners
+from eagle3_console.snapshot import _unaccounted_gpu_memory
 from eagle3_console.workspace import ENV_RUN_ID, ENV_WORKSPACE
 
 GiB = 1 << 30
@@ -80,7 +81,9 @@ def test_worker_memory_is_seen_owned_and_released(nvml):
                         pgid=worker.pid, sid=worker.pid)
         attach_owners(report, [leader])
         proc = _find(report, worker.pid)[0][1]
-        assert (proc.run_id, proc.stage, proc.how) == (9001, "gpu-test", "leader")
+        assert (proc.run_id, proc.stage, proc.how) == (9001, "gpu-test", "leader") and proc.visible
+        # The real driver's own reserve plus a listed worker: nothing unaccounted.
+        assert _unaccounted_gpu_memory(report.gpus) is None, _unaccounted_gpu_memory(report.gpus).message
         assert proc.create_time == pytest.approx(ct, abs=0.01)
         # An orphan whose leader record is gone is still found by its environment.
         report = nvml.sample()
@@ -94,3 +97,5 @@ def test_worker_memory_is_seen_owned_and_released(nvml):
         worker.wait()
     result = nvml.wait_memory_released([worker.pid], timeout_s=60, poll_s=0.2)
     assert result.released, f"still held after SIGKILL: {result.held}, unreadable GPUs: {result.unreadable}"
+    after = nvml.sample()
+    assert _unaccounted_gpu_memory(after.gpus) is None, _unaccounted_gpu_memory(after.gpus).message
