@@ -56,7 +56,7 @@ def main() -> int:
         time.sleep(1)
     res["status_exit_after_oom"] = code
     res["alerts"] = [a["code"] for a in snap["alerts"]]
-    res["gpu_processes_after_oom"] = [{k: q[k] for k in ("pid", "used_bytes", "run_id", "stage", "how")} for q in procs]
+    res["gpu_processes_after_oom"] = [{k: q[k] for k in ("pid", "used_bytes", "run_id", "stage", "how", "visible")} for q in procs]
     res["gpu_used_after_oom_gib"] = snap["gpus"][0]["mem_used"] / 2**30
     times = [status(ws)[2] for _ in range(3)]
     res["status_json_process_s"] = sorted(times)[1]
@@ -70,10 +70,12 @@ def main() -> int:
     code, snap, _ = status(ws)
     res["gpu_processes_after_kill"] = [q["pid"] for g in snap["gpus"] for q in g["processes"]]
     res["gpu_used_after_kill_gib"] = snap["gpus"][0]["mem_used"] / 2**30
+    res["alerts_after_kill"] = [a["code"] for a in snap["alerts"]]
     res["memory_back"] = abs(pynvml.nvmlDeviceGetMemoryInfo(h).used - base) < 256 * 2**20
     tied = all(q["run_id"] is not None for q in res["gpu_processes_after_oom"])
     res["ok"] = bool(res["gpu_processes_after_oom"]) and tied and res["kill_exit"] == 0 and res["memory_back"] \
-        and not res["gpu_processes_after_kill"] and "oom" in res["alerts"]
+        and not res["gpu_processes_after_kill"] and "oom" in res["alerts"] \
+        and "gpu_memory_unaccounted" not in res["alerts"] + res["alerts_after_kill"]
     text = json.dumps(res, indent=2)
     print(text)
     if os.environ.get("OUT"):
