@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import psutil
 import pytest
-from textual.widgets import Button, Input
+from textual.widgets import Button, Footer, Input
 
 from eagle3_console import runs
 from eagle3_console import config as cfg
@@ -30,6 +30,10 @@ async def open_dialog(pilot, app, key: str) -> ActionDialog:
     await pilot.press(key)
     dialog = await wait_until(pilot, lambda: isinstance(app.screen, ActionDialog) and app.screen)
     await pilot.pause()
+    # The footer on screen is the dialog's own: its keys, not the main screen's s/k/c/r.
+    footer_keys = {b.key for _ns, b, enabled, _tip in dialog.query_one(Footer).screen.active_bindings.values()
+                   if enabled and b.show}
+    assert "escape" in footer_keys and not footer_keys & {"s", "k", "c", "r", "x"}, footer_keys
     return dialog
 
 

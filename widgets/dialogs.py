@@ -23,7 +23,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, RadioButton, RadioSet, Static
+from textual.widgets import Button, Footer, Input, Label, RadioButton, RadioSet, Static
 
 
 @dataclass
@@ -106,6 +106,8 @@ class ActionDialog(ModalScreen[None]):
             with Horizontal(id="buttons"):
                 yield Button("Cancel", id="cancel", variant="primary")
                 yield Button(self.spec.confirm_label, id="confirm", variant="error")
+        # The dialog's own keys, over the main screen's footer (whose keys do not apply now).
+        yield Footer()
 
     def _plan(self) -> Text:
         text = plan_text(self.option.lines, self.option.refusal, self.option.refusal_label)
@@ -241,6 +243,7 @@ class QuitDialog(ModalScreen[bool]):
             with Horizontal(id="buttons"):
                 yield Button("Stay", id="stay")
                 yield Button("Quit", id="quit", variant="primary")
+        yield Footer()
 
     def on_mount(self) -> None:
         self.query_one("#quit", Button).focus()

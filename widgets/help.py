@@ -9,7 +9,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Static
+from textual.widgets import Footer, Static
 
 KEYS = [
     ("up/down, enter", "select a stage (the Progress, Disk and Log panes follow it)", False),
@@ -56,6 +56,7 @@ class HelpScreen(ModalScreen[None]):
                               "until you move the cursor. The stages table's result column is bench's acceptance "
                               "length (AL: tokens per target forward, bonus included); select bench for the whole "
                               "result. Narrow terminals drop the started and run columns.", "italic"))
+        yield Footer()
 
     def action_close(self) -> None:
         self.dismiss(None)
