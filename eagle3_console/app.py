@@ -497,7 +497,12 @@ class ConsoleApp(App[int]):
         grace = self.stop_grace_s
 
         def plan() -> DialogSpec:
-            refusal = None if st.status in LIVE else f"stage {st.name!r} has no live run to stop ({st.status})"
+            if st.status not in LIVE:
+                last = f"its last run {st.run_id} {st.status}" if st.run_id else "it never ran"
+                return DialogSpec(title=f"Stop {st.name}", confirm_label="Stop", options=[Option(
+                    "stop", "stop", [f"nothing to stop: {last}"], f"stage {st.name!r} has no live run to stop",
+                    refusal_label="NOTHING TO STOP")])
+            refusal = None
             lines = [f"stop run {st.run_id} of {st.name} (pid {st.pid}, {st.status}): SIGTERM its process group, "
                      f"SIGKILL after {grace:g} s"]
             return DialogSpec(title=f"Stop {st.name}", confirm_label="Stop",
@@ -575,7 +580,8 @@ class ConsoleApp(App[int]):
                 options.insert(0, Option("halved", f"{name} {old} -> {new} (halved after the OOM)",
                                          halved.lines(), halved.refusal))
             self._restart_plans = plans
-            return DialogSpec(title=f"Restart {st.name}" + (" (kill the live run first)" if kill else ""),
+            alive = base.kill is not None and bool(base.kill.procs)
+            return DialogSpec(title=f"Restart {st.name}" + (" (its live processes are killed first)" if alive else ""),
                               confirm_label="Restart", options=options, selected=options[0].key)
 
         def execute(dialog: ActionDialog, option: Option) -> tuple[bool, list[str]]:

@@ -116,3 +116,16 @@ def test_status_json_imports_neither_textual_nor_torch(ws):
     line = next(l for l in proc.stderr.splitlines() if l.startswith("HEAVY="))
     assert line == "HEAVY=", line
     json.loads(proc.stdout)
+
+
+def test_bench_result_line_says_when_it_is_an_earlier_runs():
+    from eagle3_console.model import StageStatus
+    from eagle3_console.report import result_line
+
+    result = {"acceptance_length": 2.71, "draft_tokens": 3, "accept_rate_per_position": [0.8, 0.6, 0.3],
+              "speedup": 1.1, "outputs_match": True}
+    ok = result_line(StageStatus("bench", "bench", "succeeded", run_id=7, result=result))
+    assert ok.startswith("acceptance length 2.71 (K=3; per position 0.80, 0.60, 0.30)")
+    rerun = result_line(StageStatus("bench", "bench", "failed", run_id=8, result=result))
+    assert rerun.startswith("an earlier run's result (latest run 8: failed): acceptance length 2.71")
+    assert result_line(StageStatus("bench", "bench", "never", result=result)).startswith("no run recorded here")
