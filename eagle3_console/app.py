@@ -106,7 +106,7 @@ class ConsoleApp(App[int]):
     #middle > StageTable { width: 3fr; max-height: 100%; height: 1fr; }
     #middle > #side { width: 2fr; }
     #side > ProgressPane { height: 1fr; }
-    #side > DiskPane { height: 7; }
+    #side > DiskPane { height: 6; }
     GpuPane { max-height: 20; }
 
     /* Short terminals (80x24 over SSH): borders become a title rule, the GPU

@@ -79,7 +79,7 @@ def test_bench_result_in_the_table_and_the_progress_pane(tmp_path, size):
             assert str(table.get_row("prepare")[table.columns_shown.index("result")]) == "-"
             await wait_until(pilot, lambda: "acceptance length 2.71" in pane_text(app, "progress"))
             text = pane_text(app, "progress")
-            assert "speed-up 1.10x" in text and "output == greedy on 8 prompts (159 tokens)" in text
+            assert "speed-up 1.10x · output == greedy" in text and "8 prompts, 159 tokens" in text
             assert "K=3, max 4" in text and "target forwards 66 vs 159" in text
             assert "354.7 tok/s speculative vs 323.3 plain" in text and "drafter runs/export/sglang" in text
             assert "accept @1" in text and "91%" in text and "accept @2" in text and "47%" in text

@@ -17,31 +17,41 @@ from widgets.body import Body, retitle
 
 
 def usage_lines(d: DiskUsage, width: int | None = None) -> list:
-    out: list = [Text(fmt.path_tail(d.path, width), "cyan", no_wrap=True)]
-    t = Text()
-    t.append("written ", "dim")
-    t.append(fmt.nbytes(d.written_bytes), "bold")
-    t.append(f" ({fmt.count(d.files)} files)", "dim")
-    t.append("  estimate ", "dim")
-    t.append(fmt.nbytes(d.estimate_bytes))
-    t.append("  projected ", "dim")
-    t.append(fmt.nbytes(d.projected_bytes))
-    t.append("\nfree ", "dim")
-    t.append(fmt.nbytes(d.free_bytes), "bold")
-    t.append(f" of {fmt.nbytes(d.total_bytes)}", "dim")
-    out.append(t)
+    """The verdict first when the output will not fit (a short pane must not
+    scroll it away), then where, how much, and a bar of written vs final."""
+    out: list = []
     final = d.projected_bytes or d.estimate_bytes
-    if final:
-        # Padding ends the bar's line (a bare ProgressBar does not).
-        out.append(Padding(ProgressBar(total=1.0, completed=min(1.0, d.written_bytes / final), width=None,
-                                       complete_style="blue", finished_style="blue"), 0))
     if d.fits is False:
         need = (final or 0) - d.written_bytes
         out.append(Text(f"WILL NOT FIT: needs {fmt.nbytes(need)} more, {fmt.nbytes(d.free_bytes)} free",
                         "bold white on red"))
-    elif d.fits:
-        out.append(Text("fits", "green"))
+    out.append(Text(fmt.path_tail(d.path, width), "cyan", no_wrap=True))
+    t = Text()
+    t.append("written ", "dim")
+    t.append(fmt.nbytes(d.written_bytes), "bold")
+    t.append(f" ({fmt.count(d.files)} file{'' if d.files == 1 else 's'})", "dim")
+    t.append(" of est. ", "dim")
+    t.append(fmt.nbytes(d.estimate_bytes))
+    t.append("\nprojected ", "dim")
+    t.append(fmt.nbytes(d.projected_bytes))
+    t.append("  free ", "dim")
+    t.append(fmt.nbytes(d.free_bytes), "bold")
+    t.append(f" of {fmt.nbytes(d.total_bytes)}", "dim")
+    out.append(t)
+    if final:
+        # Padding ends the bar's line (a bare ProgressBar does not).
+        out.append(Padding(ProgressBar(total=1.0, completed=min(1.0, d.written_bytes / final), width=None,
+                                       complete_style="blue", finished_style="blue"), 0))
     return out
+
+
+def verdict(usages: list[DiskUsage]) -> str:
+    """For the pane's title, which stays visible when the pane is short."""
+    if any(d.fits is False for d in usages):
+        return " - WILL NOT FIT"
+    if usages and all(d.fits for d in usages):
+        return " - fits"
+    return ""
 
 
 class DiskPane(VerticalScroll, can_focus=False):
@@ -61,7 +71,7 @@ class DiskPane(VerticalScroll, can_focus=False):
     def show(self, stage: str | None, usages: list[DiskUsage], outputs: list[str] | None = None) -> None:
         self._last = (stage, usages, outputs)
         mine = [d for d in usages if d.stage == stage]
-        title = f"Disk: {stage}" if stage else "Disk"
+        title = f"Disk: {stage}{verdict(mine)}" if stage else "Disk"
         retitle(self, title)
         if not mine:
             if outputs:

@@ -89,19 +89,16 @@ def result_text(st: StageStatus) -> Text | None:
     k = r.get("draft_tokens")
     if isinstance(k, int):
         t.append(f" (K={k}, max {k + 1})", "dim")
+    t.append("\n")
+    # Two lines before the bars: a 46-column side pane shows all of K=3's.
     speed = _num(r.get("speedup"))
     if speed is not None:
-        t.append("  speed-up ", "dim")
+        t.append("speed-up ", "dim")
         t.append(f"{speed:.2f}x", "bold")
-    t.append("\n")
-    prompts = r.get("prompts")
-    n_prompts = len(prompts) if isinstance(prompts, list) else prompts
-    on = f" on {n_prompts} prompts" if n_prompts is not None else ""
-    if r.get("tokens") is not None:
-        on += f" ({r['tokens']} tokens)"
+        t.append(" · ", "dim")
     match = r.get("outputs_match")
     if match is True:
-        t.append("output == greedy" + on, "green")
+        t.append("output == greedy", "green")
     elif match is False:
         n = len(r.get("mismatches") or [])
         t.append(f"OUTPUT DIFFERS FROM GREEDY on {n} prompts", "bold white on red")
@@ -122,6 +119,10 @@ def result_details(st: StageStatus) -> Text | None:
     fwd_plain, fwd_spec = r.get("target_forwards_plain"), r.get("target_forwards_speculative")
     if fwd_plain is not None and fwd_spec is not None:
         lines.append(f"target forwards {fwd_spec} vs {fwd_plain} plain")
+    prompts = r.get("prompts")
+    n_prompts = len(prompts) if isinstance(prompts, list) else prompts
+    if n_prompts is not None:
+        lines.append(f"{n_prompts} prompts" + (f", {r['tokens']} tokens" if r.get("tokens") is not None else ""))
     if r.get("drafter"):
         lines.append(f"drafter {r['drafter']}" + (f" ({r['format']})" if r.get("format") else ""))
     return Text("\n".join(lines), "dim") if lines else None
