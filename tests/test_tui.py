@@ -84,6 +84,11 @@ def test_panes_follow_real_runs_and_the_selected_stage(ws):
             await pilot.press("slash")
             await pilot.press(*"memory")
             await wait_until(pilot, lambda: log.view.lines and all("memory" in ln.lower() for ln in log.view.lines))
+            # What is typed is visible while typing (one row, no border eating it), and the
+            # pane says which filter is on even when a longer word keeps the same lines.
+            box = log.filter_input
+            assert box.has_focus and box.content_region.height == 1 and "memory" in box.render_line(0).text
+            assert "filter 'memory'" in str(log.border_subtitle)
             await pilot.press("escape")
             await wait_until(pilot, lambda: any("progress: samples 1/20" in ln for ln in log.view.lines))
         runs.stop(Workspace.at(ws.root), "slow", grace_s=2)

@@ -121,7 +121,9 @@ class LogPane(Vertical):
     DEFAULT_CSS = """
     LogPane { border: round $primary-darken-1; height: 1fr; min-height: 4; }
     LogPane:focus-within { border: round $accent; }
-    LogPane > Input { display: none; height: 1; border: none; padding: 0 1; }
+    /* :focus too: Input's own focused border (tall) would leave a 1-row box no room for its text. */
+    LogPane > Input { display: none; }
+    LogPane > Input, LogPane > Input:focus { height: 1; border: none; padding: 0 1; background: $boost; }
     LogPane.-filtering > Input { display: block; }
     """
     BINDINGS = [Binding("escape", "close_filter", "clear filter", show=False)]
@@ -162,7 +164,7 @@ class LogPane(Vertical):
         if self.filter_text:
             needle = self.filter_text.lower()
             lines = [ln for ln in lines if needle in ln.lower()]
-        if lines == self._shown:
+        if lines == self._shown and self._shown_filter == self.filter_text:
             return
         follow = self.view.following
         scroll_y = self.view.scroll_y
