@@ -48,9 +48,12 @@ def test_run_survives_sighup_of_its_terminal_session(ws):
     """Launch from a shell in its own session (a stand-in for an SSH/tmux
     terminal), then SIGHUP that whole session as a dropped terminal does."""
     ws.write(pipeline())
+    # A terminal's shell dies of SIGHUP: reset what this test process may have
+    # inherited (under nohup, SIGHUP is ignored and would make this test moot).
     shell = subprocess.Popen(
         ["bash", "-c", f"{PY} -m eagle3_console.cli -w {ws.root} run slow --set seconds=2; sleep 30"],
-        start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     run = wait_for(lambda: (r := ws.latest("slow")) and r.status == "running" and r)
     os.killpg(shell.pid, signal.SIGHUP)
     shell.wait(timeout=10)
