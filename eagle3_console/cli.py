@@ -377,8 +377,41 @@ def watch(ctx: typer.Context,
         raise typer.Exit(EXIT_LOCKED)
 
 
+WORKSPACE_FLAGS = ("-w", "--workspace")
+
+
+def hoist_workspace(argv: list[str]) -> list[str]:
+    """`status -w DIR` as well as `-w DIR status`: click binds an option to the
+    level it is declared on (the group), and operators type it after the
+    command. Moves a `-w/--workspace` given after the command in front of it."""
+    names = {c.name for c in app.registered_commands} | {c.callback.__name__.replace("_", "-")
+                                                         for c in app.registered_commands if c.callback}
+    try:
+        at = next(i for i, a in enumerate(argv) if a in names)
+    except StopIteration:
+        return argv
+    head, rest, moved = argv[:at + 1], [], []
+    tail = argv[at + 1:]
+    i = 0
+    while i < len(tail):
+        a = tail[i]
+        if a == "--":
+            rest += tail[i:]
+            break
+        if a in WORKSPACE_FLAGS and i + 1 < len(tail):
+            moved += tail[i:i + 2]
+            i += 2
+            continue
+        if a.startswith("--workspace="):
+            moved.append(a)
+        else:
+            rest.append(a)
+        i += 1
+    return head[:at] + moved + head[at:] + rest
+
+
 def main() -> None:
-    app()
+    app(args=hoist_workspace(sys.argv[1:]))
 
 
 if __name__ == "__main__":

@@ -129,3 +129,20 @@ def test_bench_result_line_says_when_it_is_an_earlier_runs():
     rerun = result_line(StageStatus("bench", "bench", "failed", run_id=8, result=result))
     assert rerun.startswith("an earlier run's result (latest run 8: failed): acceptance length 2.71")
     assert result_line(StageStatus("bench", "bench", "never", result=result)).startswith("no run recorded here")
+
+
+def test_workspace_option_after_the_command(ws, tmp_path):
+    # Operators type `status -w DIR`; the option is the group's, so it is moved in front.
+    from eagle3_console.cli import hoist_workspace
+
+    assert hoist_workspace(["status", "--json", "-w", "/a"]) == ["-w", "/a", "status", "--json"]
+    assert hoist_workspace(["run", "status", "--workspace=/a", "--set", "x=1"]) == \
+        ["--workspace=/a", "run", "status", "--set", "x=1"]
+    assert hoist_workspace(["-w", "/a", "status"]) == ["-w", "/a", "status"]
+    assert hoist_workspace(["logs", "x", "--", "-w", "/a"]) == ["logs", "x", "--", "-w", "/a"]
+    ws.write('[stages.noop]\nargv = ["true"]\n')
+    proc = subprocess.run([PY, "-c", "import sys; from eagle3_console.cli import main; sys.argv[0] = 'eagle3-console'; main()",
+                           "status", "--json", "--no-gpus", "-w", str(ws.root)],
+                          capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["workspace"] == str(ws.root)
