@@ -202,6 +202,9 @@ def _parse_stage(path: Path, name: str, body: Any) -> Stage:
             if key not in spec.params:
                 raise ConfigError(path, f"{where}.params.{key}",
                                   f"op {st.op!r} has no such param; it takes {sorted(spec.params)}")
+            wrong = spec.param_type_error(key, st.params[key])
+            if wrong:
+                raise ConfigError(path, f"{where}.params.{key}", wrong)
         missing = spec.missing_params(st.params)
         if missing:
             raise ConfigError(path, f"{where}.params", f"op {st.op!r} requires {missing}")

@@ -53,6 +53,10 @@ def stage_params(stage: Stage, overrides: dict[str, Any] | None = None, base: di
         unknown = sorted(set(params) - set(stage.spec.params))
         if unknown:
             raise Refused(f"op {stage.op!r} has no param(s) {unknown}; it takes {sorted(stage.spec.params)}", code=3)
+        for key, value in params.items():
+            wrong = stage.spec.param_type_error(key, value)
+            if wrong:
+                raise Refused(f"stages.{stage.name}: param {key}: {wrong}", code=3)
     return params
 
 

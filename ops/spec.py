@@ -103,6 +103,25 @@ class OpSpec:
                 out += [flag, str(value)]
         return out
 
+    def param_type_error(self, key: str, value: Any) -> str | None:
+        """What is wrong with `value` for param `key`, judged by the type of its
+        default (an op's argparse would refuse it only once the run started;
+        a restart would then carry the typo again). None when it is fine."""
+        default = self.params.get(key)
+        if default is REQUIRED or default is None:
+            return None
+        if isinstance(default, bool):
+            ok, want = isinstance(value, bool), "true or false"
+        elif isinstance(default, int):
+            ok, want = isinstance(value, int) and not isinstance(value, bool), "an integer"
+        elif isinstance(default, float):
+            ok, want = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+        else:
+            return None          # strings and lists: the op judges paths and names
+        if ok:
+            return None
+        return f"expected {want} (default {default!r}), got {value!r}"
+
     def missing_params(self, params: dict[str, Any]) -> list[str]:
         return sorted(k for k, v in self.params.items() if v is REQUIRED and k not in params)
 

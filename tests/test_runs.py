@@ -225,3 +225,25 @@ params = { input = "in.jsonl", output = "out/prep", tokenizer = "tok" }
     assert "overlaps stage 'keeper'" in proc.stderr and "out/keep" in proc.stderr
     with ws.registry() as reg:
         assert reg.latest("prep") is None
+
+
+def test_a_set_of_the_wrong_type_is_refused_before_anything_starts(ws):
+    # bench's argparse would refuse `abc` only inside the run, and restart would carry it on.
+    ws.write(pipeline() + """
+[stages.bench]
+op = "bench"
+params = { drafter = "runs/export", output = "runs/bench" }
+""")
+    proc = ws.cli("run", "bench", "--force", "--set", "num_prompts=abc")
+    assert proc.returncode == 3, (proc.stdout, proc.stderr)
+    assert "stages.bench: param num_prompts: expected an integer (default 8), got 'abc'" in proc.stderr
+    with ws.registry() as reg:
+        assert reg.latest("bench") is None
+    # The same mistake in the pipeline file names the file and the key.
+    ws.write(pipeline() + """
+[stages.bench]
+op = "bench"
+params = { drafter = "runs/export", output = "runs/bench", num_prompts = "8" }
+""")
+    proc = ws.cli("status")
+    assert proc.returncode == 3 and "stages.bench.params.num_prompts: expected an integer" in proc.stderr, proc.stderr
