@@ -82,7 +82,7 @@ def load_json_file(path: Path, error: type[Exception], missing_hint: str) -> Any
 
 
 def progress(iterable: Iterable | None = None, total: int | None = None,
-             desc: str = "", unit: str = "it", mininterval: float = 1.0):
+             desc: str = "", unit: str = "it", mininterval: float = 1.0, **kw: Any):
     """A tqdm bar writing plain ASCII lines to stdout (the run's log).
 
     Each refresh ends with a newline rather than tqdm's carriage return, so
@@ -91,7 +91,7 @@ def progress(iterable: Iterable | None = None, total: int | None = None,
     from tqdm import tqdm  # a dependency of transformers; imported late to keep specs light
 
     return tqdm(iterable, total=total, desc=desc, unit=unit, file=_LineWriter(sys.stdout),
-                ascii=True, mininterval=mininterval, dynamic_ncols=False, ncols=100)
+                ascii=True, mininterval=mininterval, dynamic_ncols=False, ncols=100, **kw)
 
 
 class _LineWriter:

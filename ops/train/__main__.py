@@ -113,8 +113,8 @@ def main(argv=None) -> int:
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import DataLoader
     from torch.utils.data.distributed import DistributedSampler
-    from tqdm import tqdm
 
+    from ops.common import progress
     from ops.drafter import checkpoint as ck
     from ops.drafter.config import from_target
     from ops.drafter.data import BatchDataset, holdout_split, make_batches, read_data
@@ -225,11 +225,12 @@ def main(argv=None) -> int:
 
     it = stream(step * args.grad_accum)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if use_cuda else contextlib.nullcontext()
-    bar = tqdm(total=total, initial=step, disable=not is_main, desc="train", unit="step",
-               file=sys.stderr, mininterval=2.0, dynamic_ncols=False, ncols=100)
     log(f"train: {len(info.samples)} samples ({len(train_ids)} train, {len(held)} held out), "
         f"{len(batches)} batches, {world} rank(s) x accum {args.grad_accum}, {total} steps, "
         f"ttt {args.ttt_steps}, device {device}")
+    # One line per refresh (not tqdm's carriage returns): the log is a file
+    # that other lines are printed into between refreshes.
+    bar = progress(total=total, initial=step, disable=not is_main, desc="train", unit="step", mininterval=2.0)
     metrics_path = output / "metrics.jsonl"
     window_tokens, window_t0 = 0, time.monotonic()
     epoch = step * args.grad_accum // per_epoch
@@ -280,7 +281,6 @@ def main(argv=None) -> int:
                    "tok_s": window_tokens / elapsed, "lr": sched.get_last_lr()[0],
                    "grad_norm": float(grad_norm)}
             if is_main:
-                bar.clear()
                 print(f"progress: step {step}/{total} loss {rec['loss']:.4f} "
                       f"acc [{','.join(f'{a:.3f}' for a in acc)}] tok/s {rec['tok_s']:.0f} "
                       f"lr {rec['lr']:.3e} epoch {epoch}", flush=True)
@@ -293,7 +293,6 @@ def main(argv=None) -> int:
                 path = ck.save(output, step, model.trainable_state(),
                                {"optimizer": opt.state_dict(), "scheduler": sched.state_dict()},
                                dict(meta_base, loss=float(sums[3 * k])), args.keep)
-                bar.clear()
                 print(f"checkpoint: {path}", flush=True)
             if world > 1:
                 dist.barrier()
