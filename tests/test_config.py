@@ -97,7 +97,7 @@ def test_init_writes_a_template_that_loads_and_never_overwrites(ws):
     proc = ws.cli("init", str(target), check=0)
     assert "wrote" in proc.stdout
     pipe = cfg.load(target / "eagle3.toml")
-    assert pipe.order() == ["prepare", "vocab", "extract", "verify"]
+    assert pipe.order() == ["prepare", "vocab", "extract", "verify", "train", "export", "bench"]
     assert pipe.stage("extract").environment()["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"
     before = (target / "eagle3.toml").read_text()
     again = ws.cli("init", str(target))
