@@ -144,7 +144,8 @@ class StageStatus:
     exit_code: int | None = None
     signal: int | None = None
     progress: float | None = None   # 0..1
-    rate: float | None = None       # samples/s (or items/s from the log)
+    rate: float | None = None       # per second, in rate_unit
+    rate_unit: str | None = None    # "samples/s" (shard files), else the log's tqdm unit ("step/s", ...)
     tokens_per_s: float | None = None
     eta_s: float | None = None
     depends_on: list[str] = field(default_factory=list)

@@ -35,10 +35,11 @@ def _exit(st: StageStatus) -> str:
 
 
 def _rate(st: StageStatus) -> str:
-    if st.rate is None:
+    # A finished run's last window says nothing about now (the TUI does the same).
+    if st.rate is None or st.status not in ("running", "lost"):
         return "-"
     tok = f", {st.tokens_per_s:,.0f} tok/s" if st.tokens_per_s else ""
-    return f"{st.rate:.2f}/s{tok}"
+    return f"{st.rate:.2f} {st.rate_unit or '/s'}{tok}"
 
 
 def print_status(console: Console, snap: Snapshot) -> None:

@@ -174,6 +174,7 @@ class Collector:
             if sp.samples_expected:
                 fraction = min(1.0, sp.samples_done / sp.samples_expected)
             st.rate, st.tokens_per_s, st.eta_s = sp.samples_per_s, sp.tokens_per_s, sp.eta_s
+            st.rate_unit = "samples/s"
             disk_mon = self._disks.get((stage.name, outs[0]))
             if disk_mon is None or disk_mon.index is not mon.index:
                 disk_mon = DiskMonitor(stage.name, outs[0], estimate, index=mon.index)
@@ -191,6 +192,7 @@ class Collector:
         if fraction is None and log and log.progress_total:
             fraction = min(1.0, (log.progress_done or 0) / log.progress_total)
             st.rate, st.eta_s = log.rate, log.eta_s
+            st.rate_unit = log.rate_unit if log.rate is not None else None
         if st.status == "succeeded":
             fraction = 1.0
             st.eta_s = None

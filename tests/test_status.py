@@ -6,7 +6,7 @@ import json
 import subprocess
 import textwrap
 
-from tests.conftest import PY, stage_cmd
+from tests.conftest import PY, stage_cmd, wait_for
 
 
 def pipe(extra: str = "") -> str:
@@ -146,3 +146,19 @@ def test_workspace_option_after_the_command(ws, tmp_path):
                           capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["workspace"] == str(ws.root)
+
+
+def test_rate_carries_its_unit_and_only_a_running_stage_shows_one(ws):
+    ws.write(f"[stages.p]\nargv = {stage_cmd('progress.py', '--n', '400', '--sleep', '0.05')}\n")
+    ws.cli("run", "p", check=0)
+
+    def running_rate():
+        snap = json.loads(ws.cli("status", "--json", "--no-gpus").stdout)
+        st = snap["stages"][0]
+        return st["status"] == "running" and st["rate"] and st
+    st = wait_for(running_rate, timeout=30)
+    assert st["rate_unit"] == "it/s" and st["rate"] > 0
+    assert " it/s" in ws.cli("status", "--no-gpus").stdout
+    ws.cli("stop", "p", "--grace", "2", check=0)
+    text = ws.cli("status", "--no-gpus").stdout
+    assert "it/s" not in text          # a stopped stage's last window is not a rate now

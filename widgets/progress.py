@@ -52,10 +52,9 @@ def summary(st: StageStatus, now: float) -> Text:
     t.append("\n")
     if st.status == "running":
         # A finished run's last rate says nothing about now: shown while running only.
-        rate = st.rate
-        unit = "/s"
+        rate, unit = st.rate, f" {st.rate_unit}" if st.rate_unit else "/s"
         if rate is None and log is not None and log.rate is not None:
-            rate, unit = log.rate, f" {log.rate_unit or 'it'}/s"
+            rate, unit = log.rate, f" {log.rate_unit or 'it/s'}"
         t.append("rate ", "dim")
         t.append(fmt.rate(rate, unit))
         if st.tokens_per_s is not None:
