@@ -171,7 +171,8 @@ def plan_clean(ws: Workspace, stage_name: str, purge: bool = False) -> CleanPlan
         plan.refusal = f"stage {stage_name!r} never ran: nothing it wrote is partial"
         return plan
     if run.status == "succeeded":
-        plan.refusal = (f"run {run.id} of {stage_name!r} succeeded: its outputs are complete and are never cleaned")
+        plan.refusal = (f"run {run.id} of {stage_name!r} succeeded: its outputs are complete and are never cleaned; "
+                        f"to redo the stage, move {', '.join(map(str, roots)) or 'its output'} aside yourself and run it again")
         return plan
     if run.live:
         plan.refusal = f"run {run.id} of {stage_name!r} is {run.status}: stop it first"
