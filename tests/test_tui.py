@@ -379,3 +379,15 @@ def test_a_long_clean_plan_leaves_the_name_field_and_buttons_on_a_24_line_screen
             await pilot.press(*"extract")
             assert not dialog.query_one("#confirm", Button).disabled
     run(main())
+
+
+def test_many_shards_fold_so_the_ones_being_written_stay_in_view():
+    from eagle3_console.model import ShardCount
+    from widgets.progress import shard_rows
+
+    ten = [ShardCount(f"rows_{i * 2000}-{i * 2000 + 2000}", 2000 if i < 6 else (700 if i == 6 else 0), 2000)
+           for i in range(10)]
+    assert [(r[0], r[3]) for r in shard_rows(ten)] == [
+        ("rows_0-12000", "6 complete"), ("rows_12000-14000", "700/2000"), ("rows_14000-20000", "3 pending")]
+    four = ten[:4]
+    assert [r[0] for r in shard_rows(four)] == [s.name for s in four]      # few shards: a bar each

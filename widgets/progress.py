@@ -8,6 +8,8 @@ the progress its log printed (LogState), and its result (bench.json)."""
 
 from __future__ import annotations
 
+import re
+
 from rich.console import Group
 from rich.progress_bar import ProgressBar
 from rich.table import Table
@@ -137,9 +139,7 @@ def bar_rows(st: StageStatus) -> list[tuple[str, str, float | None, str]]:
     if st.progress is not None and not (has_result and st.status == "succeeded"):
         rows.append(("overall", "bold", st.progress, fmt.done_pct(st.progress)))
     if sp is not None:
-        for sh in sp.shards:
-            rows.append((sh.name, "", sh.done / sh.expected if sh.expected else None,
-                         f"{sh.done}/{sh.expected if sh.expected else '?'}"))
+        rows += shard_rows(sp.shards)
     rates = (st.result or {}).get("accept_rate_per_position")
     if isinstance(rates, list) and has_result:
         # Conditional rates: draft k accepted given drafts 1..k-1 were.
@@ -147,6 +147,43 @@ def bar_rows(st: StageStatus) -> list[tuple[str, str, float | None, str]]:
             f = _num(a)
             rows.append((f"accept @{i + 1}", "", f, "-" if f is None else fmt.pct(f)))
     return rows
+
+
+# Up to this many shards get a bar each; beyond, runs of complete and of
+# not-started shards fold into one line, so the shards being written stay in
+# view in a short pane (a real extraction has ten or more).
+SHARD_BARS = 4
+_ROWS = re.compile(r"rows_(\d+)-(\d+)")
+
+
+def shard_rows(shards) -> list[tuple[str, str, float | None, str]]:
+    def row(sh):
+        return (sh.name, "", sh.done / sh.expected if sh.expected else None,
+                f"{sh.done}/{sh.expected if sh.expected else '?'}")
+    if len(shards) <= SHARD_BARS:
+        return [row(sh) for sh in shards]
+
+    def kind(sh) -> str:
+        if sh.expected and sh.done >= sh.expected:
+            return "complete"
+        return "not started" if sh.done == 0 else "writing"
+    out: list[tuple[str, str, float | None, str]] = []
+    i = 0
+    while i < len(shards):
+        k = kind(shards[i])
+        j = i
+        while j < len(shards) and kind(shards[j]) == k and k != "writing":
+            j += 1
+        if j - i >= 2:
+            first, last = _ROWS.fullmatch(shards[i].name), _ROWS.fullmatch(shards[j - 1].name)
+            label = f"rows_{first[1]}-{last[2]}" if first and last else f"{shards[i].name}.."
+            out.append((label, "dim", 1.0 if k == "complete" else 0.0,
+                        f"{j - i} complete" if k == "complete" else f"{j - i} pending"))
+            i = j
+        else:
+            out.append(row(shards[i]))
+            i += 1
+    return out
 
 
 def bars_table(rows: list[tuple[str, str, float | None, str]]) -> Table:
