@@ -49,6 +49,13 @@ class Preflight:
 def stage_params(stage: Stage, overrides: dict[str, Any] | None = None, base: dict | None = None) -> dict[str, Any]:
     params = dict(stage.params if base is None else base)
     params.update(overrides or {})
+    if not stage.spec:
+        # A custom stage takes the params its pipeline entry declares (their
+        # types are its program's business: a default of 3 may well take 1.5).
+        unknown = sorted(set(overrides or {}) - set(stage.params))
+        if unknown:
+            raise Refused(f"stages.{stage.name}: no param(s) {unknown}; it takes {sorted(stage.params)} "
+                          f"(declared in its params = {{...}})", code=3)
     if stage.spec:
         unknown = sorted(set(params) - set(stage.spec.params))
         if unknown:

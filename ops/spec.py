@@ -107,23 +107,38 @@ class OpSpec:
         """What is wrong with `value` for param `key`, judged by the type of its
         default (an op's argparse would refuse it only once the run started;
         a restart would then carry the typo again). None when it is fine."""
-        default = self.params.get(key)
-        if default is REQUIRED or default is None:
-            return None
-        if isinstance(default, bool):
-            ok, want = isinstance(value, bool), "true or false"
-        elif isinstance(default, int):
-            ok, want = isinstance(value, int) and not isinstance(value, bool), "an integer"
-        elif isinstance(default, float):
-            ok, want = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
-        else:
-            return None          # strings and lists: the op judges paths and names
-        if ok:
-            return None
-        return f"expected {want} (default {default!r}), got {value!r}"
+        return value_type_error(self.params.get(key), value)
 
     def missing_params(self, params: dict[str, Any]) -> list[str]:
         return sorted(k for k, v in self.params.items() if v is REQUIRED and k not in params)
+
+
+def value_type_error(default: Any, value: Any) -> str | None:
+    """`value` against the type of `default`: booleans, integers and numbers
+    are checked; strings, lists and absent defaults are the program's to judge."""
+    if default is REQUIRED or default is None:
+        return None
+    if isinstance(default, bool):
+        ok, want = isinstance(value, bool), "true or false"
+    elif isinstance(default, int):
+        # The argv carries str(value): "8" works as well as 8 (argparse's int()).
+        ok, want = (isinstance(value, int) and not isinstance(value, bool)) or _parses(int, value), "an integer"
+    elif isinstance(default, float):
+        ok, want = (isinstance(value, (int, float)) and not isinstance(value, bool)) or _parses(float, value), \
+            "a number"
+    else:
+        return None
+    return None if ok else f"expected {want} (default {default!r}), got {value!r}"
+
+
+def _parses(kind: type, value: Any) -> bool:
+    if not isinstance(value, str):
+        return False
+    try:
+        kind(value)
+        return True
+    except ValueError:
+        return False
 
 
 class _Required:

@@ -239,11 +239,29 @@ params = { drafter = "runs/export", output = "runs/bench" }
     assert "stages.bench: param num_prompts: expected an integer (default 8), got 'abc'" in proc.stderr
     with ws.registry() as reg:
         assert reg.latest("bench") is None
-    # The same mistake in the pipeline file names the file and the key.
+    # The same mistake in the pipeline file names the file and the key; a quoted
+    # number is fine (the argv carries text), as is an int for a float.
+    ws.write(pipeline() + """
+[stages.bench]
+op = "bench"
+params = { drafter = "runs/export", output = "runs/bench", num_prompts = "eight" }
+""")
+    proc = ws.cli("status")
+    assert proc.returncode == 3 and "stages.bench.params.num_prompts: expected an integer" in proc.stderr, proc.stderr
     ws.write(pipeline() + """
 [stages.bench]
 op = "bench"
 params = { drafter = "runs/export", output = "runs/bench", num_prompts = "8" }
 """)
-    proc = ws.cli("status")
-    assert proc.returncode == 3 and "stages.bench.params.num_prompts: expected an integer" in proc.stderr, proc.stderr
+    assert ws.cli("status").returncode == 0
+    from ops.spec import value_type_error
+    assert value_type_error(1e-4, 3) is None and value_type_error(1e-4, ".001") is None
+    assert value_type_error(8, 8.0) is not None and value_type_error(False, "true") is not None
+
+
+def test_a_custom_stage_takes_only_its_declared_params(ws):
+    ws.write(pipeline())
+    proc = ws.cli("run", "slow", "--set", "nosuch=1")
+    assert proc.returncode == 3 and "stages.slow: no param(s) ['nosuch']; it takes ['seconds']" in proc.stderr
+    with ws.registry() as reg:
+        assert reg.latest("slow") is None
