@@ -91,12 +91,13 @@ def check_outputs_apart(ws: Workspace, pipe: Pipeline, stage: Stage, params: dic
     """The pipeline file's rule (separate output roots) for the outputs a
     `--set` or a restart actually gives: clean and the shard monitor trust
     that a root belongs to one stage."""
-    mine = [Path(p) for p in output_paths(ws, stage, params)]
+    # normpath: `out/x/../keep` is `out/keep` (the paths need not exist yet).
+    mine = [Path(os.path.normpath(p)) for p in output_paths(ws, stage, params)]
     for other in pipe.stages.values():
         if other.name == stage.name:
             continue
         for q in output_paths(ws, other, other.params):
-            q = Path(q)
+            q = Path(os.path.normpath(q))
             for p in mine:
                 if p == q or q in p.parents or p in q.parents:
                     raise Refused(f"stages.{stage.name}: output {p} overlaps stage {other.name!r}'s output {q}; "

@@ -220,11 +220,18 @@ outputs = ["out/keep"]
 op = "prepare"
 params = { input = "in.jsonl", output = "out/prep", tokenizer = "tok" }
 """)
-    proc = ws.cli("run", "prep", "--force", "--set", "output=out/keep/sub")
-    assert proc.returncode == 3, (proc.stdout, proc.stderr)
-    assert "overlaps stage 'keeper'" in proc.stderr and "out/keep" in proc.stderr
+    for output in ("out/keep/sub", "out/x/../keep/sub"):
+        proc = ws.cli("run", "prep", "--force", "--set", f"output={output}")
+        assert proc.returncode == 3, (proc.stdout, proc.stderr)
+        assert "overlaps stage 'keeper'" in proc.stderr and "out/keep" in proc.stderr
     with ws.registry() as reg:
         assert reg.latest("prep") is None
+    # restart plans the same refusal before any kill is planned (a kill then a refusal would
+    # leave the stage dead and not restarted).
+    from eagle3_console.actions import plan_restart
+    from eagle3_console.workspace import Workspace
+    plan = plan_restart(Workspace.at(ws.root), "prep", overrides={"output": "out/keep/sub"}, kill=True)
+    assert plan.refusal and "overlaps stage 'keeper'" in plan.refusal and plan.kill is None
 
 
 def test_a_set_of_the_wrong_type_is_refused_before_anything_starts(ws):

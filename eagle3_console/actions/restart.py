@@ -93,6 +93,12 @@ def plan_restart(ws: Workspace, stage_name: str, overrides: dict[str, Any] | Non
     except (KeyError, ValueError) as exc:
         plan.refusal = str(exc.args[0])
         return plan
+    # What launch would refuse is refused here, before any kill.
+    try:
+        runs.check_outputs_apart(ws, pipe, stage, params)
+    except runs.Refused as exc:
+        plan.refusal = str(exc)
+        return plan
     alive = bool(last) and (last.live or runs.stage_alive(last))
     # Workers that outlived a failed run still hold their GPU memory: a restart next to them OOMs again.
     leftovers = sorted(ProcessTable.snapshot().owners((RunRef.from_run(last),))) if last and not alive else []
