@@ -275,8 +275,8 @@ def _unaccounted_gpu_memory(gpus: list[GpuInfo]) -> Alert | None:
     have. kill-workers cannot reach such memory, so say so once, for all GPUs."""
     parts, total = [], 0
     for gpu in gpus:
-        if gpu.mem_used is None or gpu.error:
-            continue
+        if gpu.mem_used is None or gpu.error or "compute processes" in gpu.unsupported:
+            continue        # no process list to hold the memory against
         listed = sum(p.used_bytes or 0 for p in gpu.processes)
         foreign = [p for p in gpu.processes if not p.visible]
         extra = gpu.mem_used - listed if not gpu.processes or all(p.used_bytes is not None for p in gpu.processes) \

@@ -268,6 +268,11 @@ def test_gpu_memory_no_visible_process_explains_is_one_warning(ws, procs):
     assert "GPU 0" not in alert.message and "GPU 3" not in alert.message
     gpu2 = snap.to_dict()["gpus"][2]
     assert gpu2["processes"][0]["visible"] is False and gpu2["processes"][0]["run_id"] is None
+    # A GPU that cannot list its processes (NotSupported) proves nothing either way.
+    fake.gpus[1].fail["compute processes"] = NVML_ERROR_NOT_SUPPORTED
+    again = collect(Workspace.at(ws.root), nvml=Nvml(module=fake))
+    [alert] = [a for a in again.alerts if a.code == "gpu_memory_unaccounted"]
+    assert "GPU 1" not in alert.message and "GPU 2" in alert.message
     fake.gpus[1].mem_used = fake.gpus[2].mem_used = 0
     fake.gpus[2].foreign.clear()
     assert not [a for a in collect(Workspace.at(ws.root), nvml=Nvml(module=fake)).alerts
