@@ -53,6 +53,8 @@ ENV_FROZEN_TIME = "EAGLE3_CONSOLE_FROZEN_TIME"
 ENV_FROZEN_HOST = "EAGLE3_CONSOLE_FROZEN_HOST"
 DESTRUCTIVE = {"start", "restart", "stop", "kill", "clean"}
 LIVE = ("running", "pending", "lost")
+# An OOM (or NCCL error) seen this long before a stage's exit still explains it.
+CAUSE_WINDOW_S = 120.0
 # What an operator can do about a critical alert, from this console.
 NEXT_STEP = {
     "oom": "select it, then k: kill its workers, c: clean the partial output, r: restart with a halved batch",
@@ -175,6 +177,7 @@ class ConsoleApp(App[int]):
         self.exit_note: str | None = None
         self._header_at = 0.0
         self._alerts_seen: set[tuple[str, str | None]] | None = None
+        self._alert_first_seen: dict[tuple[str, str | None], float] = {}
 
     # ------------------------------------------------------------------ layout
     def compose(self) -> ComposeResult:
@@ -261,11 +264,16 @@ class ConsoleApp(App[int]):
         notification, with what can be done about it (the header shows only
         the worst one). Alerts present at opening are the header's alone."""
         seen = {(a.code, a.stage) for a in snap.alerts if a.level == "critical"}
+        now = time.monotonic()
+        for key in seen:
+            self._alert_first_seen.setdefault(key, now)
         if self._alerts_seen is not None:
             new: dict[str | None, Any] = {}
-            # A stage whose OOM (or other cause) is on screen gets no second
-            # notice when it then exits: the failure is the cause's consequence.
-            explained = {a.stage for a in snap.alerts if a.level == "critical" and a.code != "stage_failed"}
+            # A stage whose OOM (or other cause) was announced moments ago gets no
+            # second notice when it then exits: the failure is that cause's
+            # consequence. A cause from long before does not hide a failure.
+            explained = {a.stage for a in snap.alerts if a.level == "critical" and a.code != "stage_failed"
+                         and now - self._alert_first_seen[(a.code, a.stage)] <= CAUSE_WINDOW_S}
             for a in snap.alerts:
                 if a.code == "stage_failed" and a.stage in explained:
                     continue
@@ -276,6 +284,8 @@ class ConsoleApp(App[int]):
                 self.notify(a.message + (f"\n{hint}" if hint else ""), title="CRITICAL", severity="error",
                             timeout=20)
         self._alerts_seen = seen
+        for key in [k for k in self._alert_first_seen if k not in seen]:
+            del self._alert_first_seen[key]
 
     def _now(self) -> float:
         if self.frozen and self.frozen.time is not None:
