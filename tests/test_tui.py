@@ -391,3 +391,21 @@ def test_many_shards_fold_so_the_ones_being_written_stay_in_view():
         ("rows_0-12000", "6 complete"), ("rows_12000-14000", "700/2000"), ("rows_14000-20000", "3 pending")]
     four = ten[:4]
     assert [r[0] for r in shard_rows(four)] == [s.name for s in four]      # few shards: a bar each
+
+
+def test_a_failure_long_after_its_oom_gets_its_own_notice(ws, monkeypatch):
+    import eagle3_console.app as app_mod
+    monkeypatch.setattr(app_mod, "CAUSE_WINDOW_S", 0.3)      # "long after", scaled down
+    ws.write(pipeline(ws.root))
+
+    async def main():
+        app = make_app(ws.root, refresh_s=0.1)
+        notes: list[str] = []
+        notify = app.notify
+        app.notify = lambda message, **kw: (notes.append(message), notify(message, **kw))[1]
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_until(pilot, lambda: app.snapshot is not None)
+            launch(ws, "extract", linger=2.0)
+            await wait_until(pilot, lambda: any("failed (exit code 1)" in m for m in notes), timeout=30)
+            assert any("out of memory" in m for m in notes)
+    run(main())
