@@ -147,8 +147,9 @@ def encode_by_pieces(tokenizer, todo: list[Encoded], texts: list[str], spans: li
         if ids != list(whole):
             item.drop = "mask_unaligned"
             item.error = (f"line {item.line}: the tokens of the text cut at the assistant turns differ from the "
-                          f"whole text's ({len(ids)} vs {len(whole)}): the template does not put special tokens "
-                          f"around the content")
+                          f"whole text's ({len(ids)} vs {len(whole)}): this slow tokenizer merges across the "
+                          f"turn boundaries (no special token around the content, or a prefix space added to each "
+                          f"piece); a fast tokenizer (tokenizer.json) gives exact offsets")
             continue
         starts = np.cumsum([0] + [len(p) for p in mine])      # token index where each piece begins
         mask = np.zeros(len(ids), dtype=np.uint8)
