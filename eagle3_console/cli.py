@@ -187,6 +187,8 @@ def logs(ctx: typer.Context, stage: str,
     """Print the tail of a stage's log."""
     from eagle3_console.logtail import follow_file, last_lines
     c = _ctx(ctx)
+    if run_id is None:
+        c.stage(stage)          # an unknown stage is bad input (exit 3), not "no runs yet"
     with Registry(c.ws.db_path) as reg:
         try:
             r = reg.get(run_id) if run_id else reg.latest(stage)

@@ -171,7 +171,7 @@ def test_unknown_stage_and_bad_set(ws):
 def test_unknown_stage_or_run_is_bad_input_for_every_command(ws):
     # README: bad input exits 3 with a clear error, never a traceback (exit 1).
     ws.write(pipeline())
-    for cmd in ("stop", "kill-workers", "clean", "restart"):
+    for cmd in ("stop", "kill-workers", "clean", "restart", "logs"):
         proc = ws.cli(cmd, "nosuch")
         assert proc.returncode == 3 and "stages.nosuch: no such stage" in proc.stderr, (cmd, proc.stderr)
         assert "Traceback" not in proc.stderr

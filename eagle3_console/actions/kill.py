@@ -49,7 +49,8 @@ class KillPlan:
         out = [f"kill {len(self.procs)} process(es) of stage {self.stage} (runs {', '.join(map(str, self.run_ids))}): "
                f"SIGTERM, then SIGKILL after {self.grace_s:g} s"]
         for p in self.procs:
-            gpu = "; ".join(held.get(p.pid, [])) or "no GPU memory"
+            gpu = "; ".join(held.get(p.pid, [])) or ("GPU memory unknown" if self.gpus_unavailable else
+                                                      "no GPU memory")
             out.append(f"  pid {p.pid:>7}  [{p.how}]  {gpu:<24}  {' '.join(p.cmdline)[:70] or p.name}")
         total = sum(h.used_bytes or 0 for h in self.gpu_holds)
         if self.gpus_unavailable:
@@ -67,6 +68,8 @@ class KillResult:
     still_holding: dict[int, tuple[int, int | None]]   # pid -> (gpu, bytes)
     freed_bytes: int
     waited_s: float
+    held_gpu_memory: bool = False           # the plan saw GPU memory held by these processes
+    gpu_unchecked: str | None = None        # why the release could not be checked (no NVML, a GPU unreadable)
 
     @property
     def ok(self) -> bool:
@@ -79,7 +82,13 @@ class KillResult:
         for pid, (gpu, used) in self.still_holding.items():
             out.append(f"pid {pid} still holds {human_bytes(used, '?')} on GPU {gpu}")
         if self.ok:
-            out.append(f"all processes gone; GPU memory released ({human_bytes(self.freed_bytes, '?')}) after {self.waited_s:.1f} s")
+            if self.gpu_unchecked:
+                gpu = f"GPU memory not checked ({self.gpu_unchecked})"
+            elif self.held_gpu_memory:
+                gpu = f"GPU memory released ({human_bytes(self.freed_bytes, '?')})"
+            else:
+                gpu = "they held no GPU memory"
+            out.append(f"all processes gone; {gpu} after {self.waited_s:.1f} s")
         return out
 
 
@@ -172,11 +181,15 @@ def execute_kill(ws: Workspace, plan: KillPlan, progress: Callable[[str], None] 
         still_holding = {pid: where[0] for pid, where in release.held.items() if where}
         for gpu, why in release.unreadable.items():
             say(f"GPU {gpu}: cannot tell whether memory came back ({why})")
+        unreadable = "; ".join(f"GPU {g}: {why}" for g, why in release.unreadable.items()) or None
+    else:
+        unreadable = None
     waited = time.time() - t0
     freed = sum(h.used_bytes or 0 for h in plan.gpu_holds if h.pid not in still_holding)
     result = KillResult(signalled=[p.pid for p, _ in live], sigkilled=sigkilled,
                         still_alive=[p.pid for p in alive], still_holding=still_holding,
-                        freed_bytes=freed, waited_s=waited)
+                        freed_bytes=freed, waited_s=waited, held_gpu_memory=bool(plan.gpu_holds),
+                        gpu_unchecked="NVML unavailable here" if plan.gpus_unavailable else unreadable)
     with Registry(ws.db_path) as reg:
         runs.reconcile(reg)
         for rid in plan.run_ids:
