@@ -195,7 +195,9 @@ class Collector:
             st.rate_unit = log.rate_unit if log.rate is not None else None
         if st.status == "succeeded":
             fraction = 1.0
-            st.eta_s = None
+        if st.status not in ("running", "pending", "lost"):
+            # The last window of an ended run is no rate now, and nothing is coming.
+            st.rate = st.tokens_per_s = st.rate_unit = st.eta_s = None
         st.progress = fraction
         if stage.op == "bench" and outs:
             st.result = _read_json(Path(outs[0]) / "bench.json")

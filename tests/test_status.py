@@ -162,3 +162,5 @@ def test_rate_carries_its_unit_and_only_a_running_stage_shows_one(ws):
     ws.cli("stop", "p", "--grace", "2", check=0)
     text = ws.cli("status", "--no-gpus").stdout
     assert "it/s" not in text          # a stopped stage's last window is not a rate now
+    st = json.loads(ws.cli("status", "--json", "--no-gpus").stdout)["stages"][0]
+    assert st["status"] == "killed" and st["rate"] is None and st["eta_s"] is None
