@@ -383,6 +383,10 @@ class ConsoleApp(App[int]):
     def action_focus_log(self) -> None:
         self.query_one(LogPane).view.focus()
 
+    def on_log_pane_leave(self, _message: LogPane.Leave) -> None:
+        # Esc from the log: keys act on the stage table's selection again, visibly.
+        self.query_one(StageTable).focus()
+
     def action_filter(self) -> None:
         self.query_one(LogPane).open_filter()
 

@@ -91,6 +91,9 @@ def test_panes_follow_real_runs_and_the_selected_stage(ws):
             assert "filter 'memory'" in str(log.border_subtitle)
             await pilot.press("escape")
             await wait_until(pilot, lambda: any("progress: samples 1/20" in ln for ln in log.view.lines))
+            # A second esc leaves the log: keys act on the stage table again, which has the focus.
+            await pilot.press("escape")
+            await wait_until(pilot, lambda: app.focused is table)
         runs.stop(Workspace.at(ws.root), "slow", grace_s=2)
     run(main())
 

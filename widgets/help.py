@@ -16,6 +16,7 @@ KEYS = [
     ("tab", "move focus between the stage table and the log", False),
     ("l", "focus the log (up/down/pgup/pgdn scroll; end follows again)", False),
     ("/", "filter the log (case-insensitive); esc clears the filter", False),
+    ("esc", "in the log: clear the filter, or (none) go back to the stage table", False),
     ("s", "start the selected stage (refused when its dependencies have not succeeded)", True),
     ("r", "restart the selected stage; after an OOM it offers the halved batch size and shows the argv", True),
     ("x", "stop the selected stage: SIGTERM its process group, SIGKILL after 10 s", True),

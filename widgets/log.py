@@ -15,6 +15,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
+from textual.message import Message
 from textual.strip import Strip
 from textual.widgets import Input, Log
 
@@ -126,7 +127,10 @@ class LogPane(Vertical):
     LogPane > Input, LogPane > Input:focus { height: 1; border: none; padding: 0 1; background: $boost; }
     LogPane.-filtering > Input { display: block; }
     """
-    BINDINGS = [Binding("escape", "close_filter", "clear filter", show=False)]
+    BINDINGS = [Binding("escape", "close_filter", "clear filter / back to stages", show=False)]
+
+    class Leave(Message):
+        """Esc with no filter open: the operator is done reading; the app moves focus back."""
 
     def __init__(self, **kw) -> None:
         super().__init__(**kw)
@@ -201,6 +205,9 @@ class LogPane(Vertical):
         self.filter_input.focus()
 
     def action_close_filter(self) -> None:
+        if not self.filter_text and not self.has_class("-filtering"):
+            self.post_message(self.Leave())
+            return
         self.filter_input.value = ""
         self.filter_text = ""
         self.remove_class("-filtering")
