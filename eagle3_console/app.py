@@ -59,6 +59,7 @@ CAUSE_WINDOW_S = 120.0
 NEXT_STEP = {
     "oom": "select it, then k: kill its workers, c: clean the partial output, r: restart with a halved batch",
     "orphan_gpu_memory": "select the stage, then k: kill the workers that still hold GPU memory",
+    "leftover_workers": "select it, then k: kill them (they may hold GPU memory and files; clean waits for them)",
     "stage_failed": "select it to read its log; r: restart",
     "lost": "its supervisor is gone: k kills what is left of it, r restarts",
 }

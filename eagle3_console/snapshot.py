@@ -42,6 +42,7 @@ class Collector:
         self._shards: dict[tuple[str, str], ShardMonitor] = {}
         self._disks: dict[tuple[str, str], DiskMonitor] = {}
         self._logs: dict[int, LogFollower] = {}
+        self._leftovers: tuple[float, tuple, dict[str, list[int]]] = (0.0, (), {})
         self._cache: dict[str, Any] = self._load_cache() if persist else {}
 
     # -------------------------------------------------------------- cache
@@ -132,9 +133,40 @@ class Collector:
                 del self._logs[rid]
         snap.gpus = self._sample_gpus(refs)
         snap.alerts = self._alerts(snap, latest)
+        for name, pids in self._leftover_workers(latest).items():
+            r = latest[name]
+            shown = ", ".join(map(str, pids[:6])) + (f" and {len(pids) - 6} more" if len(pids) > 6 else "")
+            alert = Alert(CRITICAL, "leftover_workers",
+                          f"{name}: run {r.id} {r.status}, but {len(pids)} process(es) of it still run "
+                          f"(pid {shown})", name)
+            snap.alerts.append(alert)
+            st = snap.stage(name)
+            if st is not None:
+                st.alerts.append(alert)
         if self.persist:
             self._save_cache()
         return snap
+
+    def _leftover_workers(self, latest: dict[str, Run | None]) -> dict[str, list[int]]:
+        """Processes still alive from a stage whose latest run failed or was
+        killed (workers that outlived their parent hold GPU memory and files).
+        Walking the process table costs milliseconds: at most every
+        LEFTOVER_CHECK_S, and only while such a run is the latest."""
+        ended = {n: r for n, r in latest.items() if r is not None and r.status in ("failed", "killed")
+                 and r.pid is not None}
+        if not ended:
+            return {}
+        key = tuple(sorted((n, r.id) for n, r in ended.items()))
+        at, last_key, found = self._leftovers
+        if last_key == key and time.monotonic() - at < LEFTOVER_CHECK_S:
+            return found
+        owners = ProcessTable.snapshot().owners(tuple(RunRef.from_run(r) for r in ended.values()))
+        found = {}
+        for pid, info in sorted(owners.items()):
+            if info.stage in ended:
+                found.setdefault(info.stage, []).append(pid)
+        self._leftovers = (time.monotonic(), key, found)
+        return found
 
     def _sample_gpus(self, refs: list[RunRef]) -> GpuReport:
         if not self._want_gpus:
@@ -264,6 +296,8 @@ class Collector:
                                             f"still holds {gib(p.used_bytes)}", p.stage))
         return alerts
 
+
+LEFTOVER_CHECK_S = 5.0
 
 # What a GPU holds with nothing running: the driver's context and reserve
 # (0.6 GiB on an H200). More than this, unexplained, is worth a look.

@@ -184,3 +184,17 @@ def test_two_cleans_in_the_same_second_keep_both_trash_folders(ws, tmp_path):
     assert again.destination != done.destination and again.destination.endswith("-2")
     assert (first.trash / "out" / "custom" / "new.bin").read_bytes() == b"x" * 100
     assert (second.trash / "out" / "custom" / "new.bin").read_bytes() == b"z" * 7
+
+
+def test_a_failed_stage_whose_worker_lives_on_says_so_until_it_is_killed(ws, tmp_path):
+    import json
+    ws.write(pipe(tmp_path))
+    ws.cli("run", "orphan", check=0)
+    ws.wait_status("orphan", ("failed",))
+    child = int(wait_for(lambda: (tmp_path / "child.pid").exists() and (tmp_path / "child.pid").read_text()))
+    snap = json.loads(ws.cli("status", "--json", "--no-gpus", check=2).stdout)
+    [alert] = [a for a in snap["alerts"] if a["code"] == "leftover_workers"]
+    assert alert["level"] == "critical" and alert["stage"] == "orphan" and f"pid {child}" in alert["message"]
+    ws.cli("kill-workers", "orphan", "--yes", "--grace", "2", check=0)
+    snap = json.loads(ws.cli("status", "--json", "--no-gpus", check=2).stdout)
+    assert not [a for a in snap["alerts"] if a["code"] == "leftover_workers"]
