@@ -141,6 +141,27 @@ def _trusted(p: ProcInfo) -> psutil.Process | None:
         return None
 
 
+def _exited(proc: psutil.Process) -> bool:
+    try:
+        # is_running() is False for a pid reused by another process too.
+        return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return True
+
+
+def _wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """The processes still running after up to `timeout` s. psutil.wait_procs
+    counts a zombie as running: an orphan that exited on SIGTERM but whose
+    reaper has not called wait() yet would then be SIGKILLed and reported as
+    needing it."""
+    deadline = time.monotonic() + timeout
+    alive = [p for p in procs if not _exited(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = [p for p in alive if not _exited(p)]
+    return alive
+
+
 def execute_kill(ws: Workspace, plan: KillPlan, progress: Callable[[str], None] | None = None,
                  nvml: Any = None, release_timeout_s: float = 60.0) -> KillResult:
     if plan.refusal:
@@ -159,7 +180,7 @@ def execute_kill(ws: Workspace, plan: KillPlan, progress: Callable[[str], None] 
         except psutil.AccessDenied:
             denied.append(p.pid)     # another user's process: reported as still alive below
     say(f"SIGTERM sent to {len(live)} process(es); waiting up to {plan.grace_s:g} s")
-    _gone, alive = psutil.wait_procs([proc for _p, proc in live], timeout=plan.grace_s)
+    alive = _wait_gone([proc for _p, proc in live], timeout=plan.grace_s)
     sigkilled = []
     for proc in alive:
         try:
@@ -169,7 +190,7 @@ def execute_kill(ws: Workspace, plan: KillPlan, progress: Callable[[str], None] 
             pass
     if sigkilled:
         say(f"SIGKILL sent to {sigkilled}")
-    _gone, alive = psutil.wait_procs(alive, timeout=5)
+    alive = _wait_gone(alive, timeout=5)
     t0 = time.time()
     still_holding: dict[int, tuple[int, int | None]] = {}
     if plan.gpu_holds:
