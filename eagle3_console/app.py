@@ -282,8 +282,9 @@ class ConsoleApp(App[int]):
                     new.setdefault(a.stage, a)
             for a in new.values():
                 hint = "" if self.readonly else NEXT_STEP.get(a.code, "")
+                # The header keeps the alert; the toast only has to be seen, not to cover the log.
                 self.notify(a.message + (f"\n{hint}" if hint else ""), title="CRITICAL", severity="error",
-                            timeout=20)
+                            timeout=10)
         self._alerts_seen = seen
         for key in [k for k in self._alert_first_seen if k not in seen]:
             del self._alert_first_seen[key]

@@ -155,7 +155,7 @@ def rendered(static) -> str:
                       legacy_windows=False)
     with console.capture() as cap:
         console.print(content)
-    return cap.get()
+    return cap.get().replace("\u00a0", " ")     # no-break spaces read as spaces
 
 
 def pane_text(app, pane_id: str) -> str:

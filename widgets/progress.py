@@ -37,10 +37,11 @@ def summary(st: StageStatus, now: float) -> Text:
             t.append(fmt.count(sp.tokens_done))
             if sp.tokens_expected:
                 t.append(f"/{fmt.count(sp.tokens_expected)}")
+        # No-break spaces: a narrow pane wraps before "1 unreadable", never inside it.
         if sp.tmp_files:
-            t.append(f"  {sp.tmp_files} .tmp", "yellow")
+            t.append(f"  {sp.tmp_files}\u00a0.tmp", "yellow")
         if sp.bad_files:
-            t.append(f"  {sp.bad_files} unreadable", "bold red")
+            t.append(f"  {sp.bad_files}\u00a0unreadable", "bold red")
         if sp.error:
             t.append(f"\n{sp.error}", "red")
     elif log is not None and log.progress_done is not None:
