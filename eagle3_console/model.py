@@ -155,7 +155,18 @@ class StageStatus:
     shards: ShardProgress | None = None
     log: LogState | None = None
     alerts: list[Alert] = field(default_factory=list)
-    result: dict[str, Any] | None = None   # e.g. bench's JSON result
+    result: dict[str, Any] | None = None   # the op's own record (bench.json, summary.json, ...)
+    result_line: str | None = None         # that record in one line
+
+    def result_said(self) -> str | None:
+        """result_line as the console says it: an earlier run's when the
+        latest run did not write it (the record is read from the output)."""
+        if not self.result_line:
+            return None
+        whose = "" if self.status == "succeeded" else (
+            "no run recorded here; found on disk: " if self.status == "never" else
+            f"an earlier run's result (latest run {self.run_id}: {self.status}): ")
+        return whose + self.result_line
 
 
 @dataclass

@@ -90,20 +90,7 @@ def print_status(console: Console, snap: Snapshot) -> None:
 
 
 def result_line(st: StageStatus) -> str | None:
-    """bench's result in one line: what the whole pipeline was for."""
-    r = st.result or {}
-    if "acceptance_length" not in r:
-        return None
-    per_pos = ", ".join(f"{a:.2f}" for a in r.get("accept_rate_per_position") or [])
-    match = "speculative output == greedy" if r.get("outputs_match") else "OUTPUT DIFFERS FROM GREEDY"
-    speed = f", speed-up {r['speedup']:.2f}x" if isinstance(r.get("speedup"), (int, float)) else ""
-    # bench.json is read from the output directory: after a failed or running
-    # rerun, it is the earlier run's figure, and says so.
-    whose = "" if st.status == "succeeded" else (
-        "no run recorded here; found on disk: " if st.status == "never" else
-        f"an earlier run's result (latest run {st.run_id}: {st.status}): ")
-    return (f"{whose}acceptance length {r['acceptance_length']:.2f} (K={r.get('draft_tokens', '?')}; "
-            f"per position {per_pos}){speed}; {match}")
+    return st.result_said()
 
 
 def _opt(v: float | int | None, unit: str) -> str:

@@ -43,6 +43,7 @@ class Collector:
         self._disks: dict[tuple[str, str], DiskMonitor] = {}
         self._logs: dict[int, LogFollower] = {}
         self._leftovers: tuple[float, tuple, dict[str, list[int]]] = (0.0, (), {})
+        self._results: dict[Path, tuple[tuple[int, int], tuple[dict | None, str | None]]] = {}
         self._cache: dict[str, Any] = self._load_cache() if persist else {}
 
     # -------------------------------------------------------------- cache
@@ -231,9 +232,29 @@ class Collector:
             # The last window of an ended run is no rate now, and nothing is coming.
             st.rate = st.tokens_per_s = st.rate_unit = st.eta_s = None
         st.progress = fraction
-        if stage.op == "bench" and outs:
-            st.result = _read_json(Path(outs[0]) / "bench.json")
+        if spec is not None and spec.result_file and outs:
+            st.result, st.result_line = self._result(spec, Path(outs[0]) / spec.result_file)
         return st, disks
+
+    def _result(self, spec: Any, path: Path) -> tuple[dict | None, str | None]:
+        """The op's record and its line, re-read only when the file changed."""
+        try:
+            stat = path.stat()
+        except OSError:
+            return None, None
+        key = (stat.st_mtime_ns, stat.st_size)
+        cached = self._results.get(path)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        record = _read_last_json_line(path) if path.suffix == ".jsonl" else _read_json(path)
+        line = None
+        if record is not None and spec.result_line is not None:
+            try:
+                line = spec.result_line(record)
+            except (KeyError, TypeError, ValueError, AttributeError):
+                line = None      # a record of another version: shown raw in the JSON, no line
+        self._results[path] = (key, (record, line))
+        return record, line
 
     # -------------------------------------------------------------- alerts
     def _alerts(self, snap: Snapshot, latest: dict[str, Run | None]) -> list[Alert]:
@@ -336,6 +357,24 @@ def _last_program_line(log: LogState | None) -> str | None:
     for line in reversed(log.tail if log else []):
         if line.strip() and not line.startswith("[eagle3-console]"):
             return line
+    return None
+
+
+def _read_last_json_line(path: Path, tail_bytes: int = 65536) -> dict | None:
+    """The last complete line of a JSON-lines file, reading only its end."""
+    try:
+        with open(path, "rb") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, size - tail_bytes))
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    for raw in reversed(lines):
+        try:
+            value = json.loads(raw)
+            return value if isinstance(value, dict) else None
+        except ValueError:
+            continue        # a line being written, or cut by the seek
     return None
 
 

@@ -72,6 +72,10 @@ class OpSpec:
     expected_samples: Callable[[EstimateContext], int | None] = _none
     expected_tokens: Callable[[EstimateContext], int | None] = _none
     partial_files: Callable[[Path], list[Path]] = _no_partials
+    # The stage's own record of what it did, under its first output (JSON, or
+    # JSON lines: the last one), and that record in one line for the console.
+    result_file: str | None = None
+    result_line: Callable[[dict], str | None] | None = None
     # Module run as `python -m <module>`; defaults to ops.<name>.
     module: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)

@@ -224,6 +224,18 @@ def test_demo_runs_the_whole_pipeline_and_the_drafter_learns(ws: WS, demo_assets
     assert len(trained["prompts"]) == 8
     for fmt in ("sglang", "speculators"):
         assert (ws.root / "runs" / "export" / fmt / "model.safetensors").is_file()
+    # Each stage's own record in a line, as `status` prints it: the numbers an operator
+    # would otherwise dig out of summary.json, vocab.json, data_config.json, metrics.jsonl.
+    lines = {n: s["result_line"] for n, s in by.items()}
+    assert lines["prepare"].startswith(f"{summary['samples']:,} samples, {summary['total_tokens']:,} tokens")
+    assert f"truncated {summary['truncated']} at" in lines["prepare"]
+    assert "coverage" in lines["vocab"] and lines["vocab"].startswith("draft vocabulary ")
+    assert f"aux layers {config['layer_ids']}" in lines["extract"]
+    assert lines["train"].startswith("step ") and "accuracy per step" in lines["train"]
+    assert lines["export"].endswith("reload check passed")
+    assert lines["bench"].startswith("acceptance length ") and lines["verify"] is None
+    text = ws.cli("status", "--no-gpus").stdout
+    assert all(f"{n}: {line}" in text for n, line in lines.items() if line), text
 
     # Wrong drafters, measured through the same CLI on the same prompts.
     # lr 0 for one step: a real optimizer step that leaves the initial weights as they are.

@@ -124,11 +124,14 @@ def test_bench_result_line_says_when_it_is_an_earlier_runs():
 
     result = {"acceptance_length": 2.71, "draft_tokens": 3, "accept_rate_per_position": [0.8, 0.6, 0.3],
               "speedup": 1.1, "outputs_match": True}
-    ok = result_line(StageStatus("bench", "bench", "succeeded", run_id=7, result=result))
+    from ops.bench.spec import SPEC
+    line = SPEC.result_line(result)
+    ok = result_line(StageStatus("bench", "bench", "succeeded", run_id=7, result=result, result_line=line))
     assert ok.startswith("acceptance length 2.71 (K=3; per position 0.80, 0.60, 0.30)")
-    rerun = result_line(StageStatus("bench", "bench", "failed", run_id=8, result=result))
+    rerun = result_line(StageStatus("bench", "bench", "failed", run_id=8, result=result, result_line=line))
     assert rerun.startswith("an earlier run's result (latest run 8: failed): acceptance length 2.71")
-    assert result_line(StageStatus("bench", "bench", "never", result=result)).startswith("no run recorded here")
+    never = StageStatus("bench", "bench", "never", result=result, result_line=line)
+    assert result_line(never).startswith("no run recorded here")
 
 
 def test_workspace_option_after_the_command(ws, tmp_path):

@@ -225,7 +225,11 @@ class ProgressPane(VerticalScroll, can_focus=False):
             self._bars.paint(None, "")
             return
         result = result_text(st)
-        if result is None:
+        if result is None and st.result_said():
+            # The op's own record (prepare's drops and truncation, vocab's coverage, ...).
+            text = Text.assemble(summary(st, now), "\n",
+                                 Text(st.result_said(), "green" if st.status == "succeeded" else "yellow"))
+        elif result is None:
             text = summary(st, now)
         elif st.status == "succeeded":
             text = result         # its "done N/N, succeeded" says nothing more

@@ -9,6 +9,17 @@ from __future__ import annotations
 
 from ops.spec import REQUIRED, OpSpec
 
+def result_line(r: dict) -> str | None:
+    """bench.json in a line: what the whole pipeline was for."""
+    if "acceptance_length" not in r:
+        return None
+    per_pos = ", ".join(f"{a:.2f}" for a in r.get("accept_rate_per_position") or [])
+    match = "speculative output == greedy" if r.get("outputs_match") else "OUTPUT DIFFERS FROM GREEDY"
+    speed = f", speed-up {r['speedup']:.2f}x" if isinstance(r.get("speedup"), (int, float)) else ""
+    return (f"acceptance length {r['acceptance_length']:.2f} (K={r.get('draft_tokens', '?')}; "
+            f"per position {per_pos}){speed}; {match}")
+
+
 SPEC = OpSpec(
     name="bench",
     summary="reference EAGLE-3 speculative decoding (chain, top-1) vs greedy: acceptance length, speed-up",
@@ -28,4 +39,6 @@ SPEC = OpSpec(
     uses_gpu=True,
     progress="log",
     estimate_bytes=lambda ctx: 64 * 1024,
+    result_file="bench.json",
+    result_line=result_line,
 )

@@ -29,6 +29,13 @@ def partial_files(root: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if ".tmp-" in p.name)
 
 
+def result_line(info: dict) -> str | None:
+    formats = ", ".join(sorted(info.get("formats") or {}))
+    check = info.get("check")
+    verdict = ("reload check passed" if check.get("ok") else "RELOAD CHECK FAILED") if isinstance(check, dict) \
+        else "not checked"
+    return f"{formats or 'no format'} from step {info.get('step')}; {verdict}"
+
 SPEC = OpSpec(
     name="export",
     summary="write the drafter for SGLang (LlamaForCausalLMEagle3) and speculators/vLLM (Eagle3Speculator)",
@@ -48,4 +55,6 @@ SPEC = OpSpec(
     progress="log",
     estimate_bytes=estimate_bytes,
     partial_files=partial_files,
+    result_file="export_info.json",
+    result_line=result_line,
 )

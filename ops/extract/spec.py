@@ -68,6 +68,15 @@ def partial_files(root: Path) -> list[Path]:
     return out
 
 
+def result_line(config: dict) -> str | None:
+    """data_config.json once complete: the counts and the layers, in the
+    canonical and SGLang conventions (the classic off-by-one, said twice)."""
+    if config.get("status") != "complete":
+        return None
+    return (f"{config.get('total_samples', 0):,} samples, {config.get('total_tokens', 0):,} tokens; "
+            f"aux layers {config.get('layer_ids')} + final {config.get('final_layer_id')} "
+            f"(SGLang capture {config.get('sglang_layers_to_capture')}), {config.get('dtype')}")
+
 SPEC = OpSpec(
     name="extract",
     summary="hidden states of the target's aux layers + final state, one safetensors file a sample",
@@ -96,4 +105,6 @@ SPEC = OpSpec(
     expected_samples=expected_samples,
     expected_tokens=expected_tokens,
     partial_files=partial_files,
+    result_file="data_config.json",
+    result_line=result_line,
 )

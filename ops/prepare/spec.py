@@ -69,6 +69,19 @@ def partial_files(root: Path) -> list[Path]:
     return out
 
 
+def result_line(summary: dict) -> str | None:
+    """summary.json in a line: what was kept, dropped and cut (the numbers an
+    operator otherwise digs out of the histograms)."""
+    if summary.get("status") != "complete":
+        return None
+    dropped = summary.get("dropped") or {}
+    reasons = ", ".join(f"{k} {v}" for k, v in sorted((dropped.get("reasons") or {}).items()))
+    return (f"{summary.get('samples', 0):,} samples, {summary.get('total_tokens', 0):,} tokens "
+            f"({summary.get('masked_tokens', 0):,} masked); dropped {dropped.get('count', 0)}"
+            + (f" ({reasons})" if reasons else "")
+            + f"; truncated {summary.get('truncated', 0)} at {summary.get('max_seq_len')} "
+            f"(-{summary.get('tokens_cut', 0):,} tokens)")
+
 SPEC = OpSpec(
     name="prepare",
     summary="tokenize conversations with the chat template; loss mask on assistant turns",
@@ -88,4 +101,6 @@ SPEC = OpSpec(
     expected_samples=expected_samples,
     expected_tokens=expected_tokens,
     partial_files=partial_files,
+    result_file="summary.json",
+    result_line=result_line,
 )

@@ -33,6 +33,15 @@ def partial_files(root: Path) -> list[Path]:
     return sorted(p for p in ckpts.iterdir() if ".tmp-" in p.name)
 
 
+def result_line(metrics: dict) -> str | None:
+    """The last line of metrics.jsonl: where the loss and the per-step
+    accuracy stand (step 1 is what the first draft token's acceptance follows)."""
+    if "step" not in metrics:
+        return None
+    acc = metrics.get("acc") or []
+    return (f"step {metrics['step']}/{metrics.get('total', '?')}: loss {metrics.get('loss', float('nan')):.4f}"
+            + (f", accuracy per step {'/'.join(f'{a:.2f}' for a in acc)}" if acc else ""))
+
 SPEC = OpSpec(
     name="train",
     summary="fit the EAGLE-3 drafter (fc + one decoder layer, training-time test over K steps)",
@@ -72,4 +81,6 @@ SPEC = OpSpec(
     progress="log",
     estimate_bytes=estimate_bytes,
     partial_files=partial_files,
+    result_file="metrics.jsonl",
+    result_line=result_line,
 )

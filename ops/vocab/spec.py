@@ -53,6 +53,14 @@ def partial_files(root: Path) -> list[Path]:
     return out
 
 
+def result_line(info: dict) -> str | None:
+    if info.get("status") != "complete":
+        return None
+    cov = info.get("coverage")
+    return (f"draft vocabulary {info.get('draft_vocab_size')} of {info.get('target_vocab_size')} ids"
+            + (f", coverage {cov:.1%} of masked target tokens" if isinstance(cov, (int, float)) else "")
+            + (f", {info['padded']} padded" if info.get("padded") else ""))
+
 SPEC = OpSpec(
     name="vocab",
     summary="draft vocabulary: the most frequent token ids under the loss mask (d2t, t2d)",
@@ -67,4 +75,6 @@ SPEC = OpSpec(
     progress="log",
     estimate_bytes=estimate_bytes,
     partial_files=partial_files,
+    result_file="vocab.json",
+    result_line=result_line,
 )
