@@ -227,7 +227,10 @@ class ProgressPane(VerticalScroll, can_focus=False):
         result = result_text(st)
         if result is None and st.result_said():
             # The op's own record (prepare's drops and truncation, vocab's coverage, ...).
-            text = Text.assemble(summary(st, now), "\n",
+            counts = summary(st, now)
+            if st.status == "succeeded":
+                counts = counts.split("\n")[0]       # its "succeeded" line: the result says more
+            text = Text.assemble(counts, "\n",
                                  Text(st.result_said(), "green" if st.status == "succeeded" else "yellow"))
         elif result is None:
             text = summary(st, now)
