@@ -43,7 +43,7 @@ restart = {{ max = 2, backoff_s = 5 }}
 op = "verify"
 depends_on = ["extract"]
 description = "every sample's header, indices and totals; a few samples recomputed with the target"
-params = {{ input = "data/hidden_states", deep = 4, recompute = 2 }}
+params = {{ input = "data/hidden_states", deep = 4, recompute = 2, report = "runs/verify.json" }}
 
 [stages.train]
 op = "train"

@@ -234,6 +234,8 @@ class Collector:
         st.progress = fraction
         if spec is not None and spec.result_file and outs:
             st.result, st.result_line = self._result(spec, Path(outs[0]) / spec.result_file)
+        elif spec is not None and spec.result_path_param and params.get(spec.result_path_param):
+            st.result, st.result_line = self._result(spec, self.ws.resolve(str(params[spec.result_path_param])))
         return st, disks
 
     def _result(self, spec: Any, path: Path) -> tuple[dict | None, str | None]:

@@ -76,6 +76,8 @@ class OpSpec:
     # JSON lines: the last one), and that record in one line for the console.
     result_file: str | None = None
     result_line: Callable[[dict], str | None] | None = None
+    # Or a param naming the record's path (verify writes no output but its report).
+    result_path_param: str | None = None
     # Module run as `python -m <module>`; defaults to ops.<name>.
     module: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)

@@ -233,7 +233,9 @@ def test_demo_runs_the_whole_pipeline_and_the_drafter_learns(ws: WS, demo_assets
     assert f"aux layers {config['layer_ids']}" in lines["extract"]
     assert lines["train"].startswith("step ") and "accuracy per step" in lines["train"]
     assert lines["export"].endswith("reload check passed")
-    assert lines["bench"].startswith("acceptance length ") and lines["verify"] is None
+    assert lines["bench"].startswith("acceptance length ")
+    assert lines["verify"].startswith(f"OK: {summary['samples']:,} good sample files of {summary['samples']:,}")
+    assert "deep: 4 loaded, 2 recomputed with the target" in lines["verify"]
     text = ws.cli("status", "--no-gpus").stdout
     assert all(f"{n}: {line}" in text for n, line in lines.items() if line), text
 

@@ -72,6 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _summary(report)
     data = report.as_json()
     if args.report:
+        Path(args.report).parent.mkdir(parents=True, exist_ok=True)   # runs/ may not exist yet
         write_json_atomic(Path(args.report), data)
         print(f"verify: report written to {args.report}", flush=True)
     else:

@@ -3,12 +3,30 @@
 Reads what extract wrote (shared/DESIGN.md "Hidden-state data format") and
 reports bad files; `--deep N` loads N samples, and with the target recomputes
 a few. It writes nothing into the output except a rebuilt sample_lengths.json
-when that is missing; the report goes to `--report PATH` or the log.
+when that is missing; the report goes to `--report PATH` (which the console
+reads for the stage's result line) or the log.
 """
 
 from __future__ import annotations
 
 from ops.spec import REQUIRED, OpSpec
+
+def result_line(report: dict) -> str | None:
+    """The report in a line: whether every sample file checks out, and what
+    --deep loaded and recomputed (the check "errors: 0" alone never was)."""
+    if "ok" not in report:
+        return None
+    line = (f"{'OK' if report['ok'] else 'FAILED'}: {report.get('good', 0):,} good sample files of "
+            f"{report.get('total_samples') or report.get('checked', 0):,}, {report.get('tokens', 0):,} tokens; "
+            f"{len(report.get('bad_files') or [])} bad, {report.get('missing_count', 0)} missing")
+    deep = report.get("deep")
+    if isinstance(deep, dict):
+        line += f"; deep: {deep.get('loaded', 0)} loaded"
+        redo = deep.get("recomputed")
+        if isinstance(redo, list):
+            line += f", {len(redo)} recomputed with the target"
+    return line
+
 
 SPEC = OpSpec(
     name="verify",
@@ -26,4 +44,6 @@ SPEC = OpSpec(
     uses_target=True,
     uses_gpu=False,
     progress="log",
+    result_path_param="report",
+    result_line=result_line,
 )
