@@ -59,7 +59,7 @@ CAUSE_WINDOW_S = 120.0
 NEXT_STEP = {
     "oom": "select it, then k: kill its workers, c: clean the partial output, r: restart with a halved batch",
     "orphan_gpu_memory": "select the stage, then k: kill the workers that still hold GPU memory",
-    "leftover_workers": "select it, then k: kill them (they may hold GPU memory and files; clean waits for them)",
+    "leftover_workers": "select it, then k: kill them (they may hold GPU memory and files; clean refuses while they live)",
     "stage_failed": "select it to read its log; r: restart",
     "lost": "its supervisor is gone: k kills what is left of it, r restarts",
 }
@@ -273,7 +273,8 @@ class ConsoleApp(App[int]):
             # A stage whose OOM (or other cause) was announced moments ago gets no
             # second notice when it then exits: the failure is that cause's
             # consequence. A cause from long before does not hide a failure.
-            explained = {a.stage for a in snap.alerts if a.level == "critical" and a.code != "stage_failed"
+            explained = {a.stage for a in snap.alerts if a.level == "critical"
+                         and a.code not in ("stage_failed", "leftover_workers")     # an aftermath, not a cause
                          and now - self._alert_first_seen[(a.code, a.stage)] <= CAUSE_WINDOW_S}
             for a in snap.alerts:
                 if a.code == "stage_failed" and a.stage in explained:

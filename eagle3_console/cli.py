@@ -187,8 +187,6 @@ def logs(ctx: typer.Context, stage: str,
     """Print the tail of a stage's log."""
     from eagle3_console.logtail import follow_file, last_lines
     c = _ctx(ctx)
-    if run_id is None:
-        c.stage(stage)          # an unknown stage is bad input (exit 3), not "no runs yet"
     with Registry(c.ws.db_path) as reg:
         try:
             r = reg.get(run_id) if run_id else reg.latest(stage)
@@ -196,6 +194,9 @@ def logs(ctx: typer.Context, stage: str,
             err.print(f"error: there is no run {run_id} in {c.ws.db_path}", highlight=False, markup=False)
             raise typer.Exit(EXIT_UNKNOWN)
     if r is None:
+        # A recorded run's log is shown even when the pipeline file changed or broke since;
+        # with none, an unknown stage is bad input (exit 3), not "no runs yet".
+        c.stage(stage)
         err.print(f"error: stage {stage!r} has no runs yet")
         raise typer.Exit(EXIT_CRITICAL)
     path = Path(r.log_path)

@@ -157,15 +157,29 @@ class StageStatus:
     alerts: list[Alert] = field(default_factory=list)
     result: dict[str, Any] | None = None   # the op's own record (bench.json, summary.json, ...)
     result_line: str | None = None         # that record in one line
+    result_time: float | None = None       # when the record was written (its mtime)
+
+    def result_is_latest_runs(self) -> bool:
+        """Whether the latest run wrote the record (it is read from the output
+        folder, where an earlier run's may still lie)."""
+        return (self.result_time is not None and self.started is not None
+                and self.result_time >= self.started - 1.0)
 
     def result_said(self) -> str | None:
-        """result_line as the console says it: an earlier run's when the
-        latest run did not write it (the record is read from the output)."""
+        """result_line as the console says it: whose it is when that is not
+        simply the latest, succeeded run's."""
         if not self.result_line:
             return None
-        whose = "" if self.status == "succeeded" else (
-            "no run recorded here; found on disk: " if self.status == "never" else
-            f"an earlier run's result (latest run {self.run_id}: {self.status}): ")
+        if self.status == "never":
+            whose = "no run recorded here; found on disk: "
+        elif not self.result_is_latest_runs():
+            whose = f"an earlier run's result (latest run {self.run_id}: {self.status}): "
+        elif self.status in ("running", "pending", "lost"):
+            whose = "so far: "
+        elif self.status != "succeeded":
+            whose = f"run {self.run_id} {self.status}: "
+        else:
+            whose = ""
         return whose + self.result_line
 
 

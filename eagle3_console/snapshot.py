@@ -22,7 +22,7 @@ from eagle3_console.model import (CRITICAL, WARNING, Alert, DiskUsage, GpuInfo, 
                                   StageStatus)
 from eagle3_console.monitor.disk import DiskMonitor
 from eagle3_console.monitor.logs import LogFollower
-from eagle3_console.monitor.procs import ProcessTable, RunRef, attach_owners
+from eagle3_console.monitor.procs import ProcessTable, RunRef, attach_owners, process_alive
 from eagle3_console.monitor.shards import ShardMonitor
 from eagle3_console.registry import Registry, Run
 from eagle3_console.units import gib
@@ -42,8 +42,8 @@ class Collector:
         self._shards: dict[tuple[str, str], ShardMonitor] = {}
         self._disks: dict[tuple[str, str], DiskMonitor] = {}
         self._logs: dict[int, LogFollower] = {}
-        self._leftovers: tuple[float, tuple, dict[str, list[int]]] = (0.0, (), {})
-        self._results: dict[Path, tuple[tuple[int, int], tuple[dict | None, str | None]]] = {}
+        self._leftovers: tuple[float, tuple, dict[str, list[tuple[int, float]]]] = (0.0, (), {})
+        self._results: dict[Path, tuple[tuple[int, int], tuple[dict | None, str | None, float]]] = {}
         self._cache: dict[str, Any] = self._load_cache() if persist else {}
 
     # -------------------------------------------------------------- cache
@@ -153,21 +153,26 @@ class Collector:
         killed (workers that outlived their parent hold GPU memory and files).
         Walking the process table costs milliseconds: at most every
         LEFTOVER_CHECK_S, and only while such a run is the latest."""
+        # Workers still tearing down right after the end are not leftovers yet.
+        settled = time.time() - LEFTOVER_GRACE_S
         ended = {n: r for n, r in latest.items() if r is not None and r.status in ("failed", "killed")
-                 and r.pid is not None}
+                 and r.pid is not None and (r.ended or 0) <= settled}
         if not ended:
             return {}
         key = tuple(sorted((n, r.id) for n, r in ended.items()))
-        at, last_key, found = self._leftovers
+        at, last_key, cached = self._leftovers
         if last_key == key and time.monotonic() - at < LEFTOVER_CHECK_S:
-            return found
-        owners = ProcessTable.snapshot().owners(tuple(RunRef.from_run(r) for r in ended.values()))
-        found = {}
-        for pid, info in sorted(owners.items()):
-            if info.stage in ended:
-                found.setdefault(info.stage, []).append(pid)
-        self._leftovers = (time.monotonic(), key, found)
-        return found
+            # Between walks, drop the ones that have exited (a kill shows at once).
+            cached = {n: [p for p in procs if process_alive(*p)] for n, procs in cached.items()}
+        else:
+            owners = ProcessTable.snapshot().owners(tuple(RunRef.from_run(r) for r in ended.values()))
+            cached = {}
+            for pid, info in sorted(owners.items()):
+                if info.stage in ended:
+                    cached.setdefault(info.stage, []).append((pid, info.create_time))
+            at = time.monotonic()
+        self._leftovers = (at, key, cached)
+        return {n: [pid for pid, _ct in procs] for n, procs in cached.items() if procs}
 
     def _sample_gpus(self, refs: list[RunRef]) -> GpuReport:
         if not self._want_gpus:
@@ -184,11 +189,12 @@ class Collector:
                          depends_on=list(stage.depends_on), params=params, batch_param=stage.batch_param)
         outs = runs_mod.output_paths(self.ws, stage, params)
         st.outputs = outs
+        still_running = False
         if run:
             st.run_id, st.pid, st.started, st.ended = run.id, run.pid, run.started, run.ended
             st.exit_code, st.signal = run.exit_code, run.signal
-            if run.status == "lost" and runs_mod.stage_alive(run):
-                st.status = "lost"
+            still_running = run.status in ("running", "pending") or (
+                run.status == "lost" and runs_mod.stage_alive(run))
             st.log = self._log_follower(run).refresh()
         spec = stage.spec
         ctx = runs_mod.estimate_context(self.ws, pipe, params)
@@ -228,35 +234,43 @@ class Collector:
             st.rate_unit = log.rate_unit if log.rate is not None else None
         if st.status == "succeeded":
             fraction = 1.0
-        if st.status not in ("running", "pending", "lost"):
-            # The last window of an ended run is no rate now, and nothing is coming.
+        if not still_running:
+            # The last window of an ended run (or of a lost one whose processes are
+            # gone) is no rate now, and nothing is coming.
             st.rate = st.tokens_per_s = st.rate_unit = st.eta_s = None
         st.progress = fraction
+        record = None
         if spec is not None and spec.result_file and outs:
-            st.result, st.result_line = self._result(spec, Path(outs[0]) / spec.result_file)
+            record = self._result(spec, Path(outs[0]) / spec.result_file)
         elif spec is not None and spec.result_path_param and params.get(spec.result_path_param):
-            st.result, st.result_line = self._result(spec, self.ws.resolve(str(params[spec.result_path_param])))
+            record = self._result(spec, self.ws.resolve(str(params[spec.result_path_param])))
+        if record is not None:
+            st.result, st.result_line, st.result_time = record
         return st, disks
 
-    def _result(self, spec: Any, path: Path) -> tuple[dict | None, str | None]:
-        """The op's record and its line, re-read only when the file changed."""
+    def _result(self, spec: Any, path: Path) -> tuple[dict | None, str | None, float] | None:
+        """The op's record, its line and when it was written; re-read only when
+        the file changed. None when there is no such file."""
         try:
             stat = path.stat()
         except OSError:
-            return None, None
+            return None
         key = (stat.st_mtime_ns, stat.st_size)
         cached = self._results.get(path)
         if cached is not None and cached[0] == key:
             return cached[1]
         record = _read_last_json_line(path) if path.suffix == ".jsonl" else _read_json(path)
+        if not isinstance(record, dict):
+            record = None
         line = None
         if record is not None and spec.result_line is not None:
             try:
                 line = spec.result_line(record)
-            except (KeyError, TypeError, ValueError, AttributeError):
-                line = None      # a record of another version: shown raw in the JSON, no line
-        self._results[path] = (key, (record, line))
-        return record, line
+            except Exception:  # noqa: BLE001 - a record of another version: shown raw in the JSON, no line
+                line = None
+        value = (record, line, stat.st_mtime)
+        self._results[path] = (key, value)
+        return value
 
     # -------------------------------------------------------------- alerts
     def _alerts(self, snap: Snapshot, latest: dict[str, Run | None]) -> list[Alert]:
@@ -321,6 +335,7 @@ class Collector:
 
 
 LEFTOVER_CHECK_S = 5.0
+LEFTOVER_GRACE_S = 10.0
 
 # What a GPU holds with nothing running: the driver's context and reserve
 # (0.6 GiB on an H200). More than this, unexplained, is worth a look.
@@ -382,9 +397,10 @@ def _read_last_json_line(path: Path, tail_bytes: int = 65536) -> dict | None:
 
 def _read_json(path: Path) -> dict | None:
     try:
-        return json.loads(path.read_text())
+        value = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    return value if isinstance(value, dict) else None
 
 
 def collect(ws: Workspace, nvml: Any = None, persist: bool = False) -> Snapshot:

@@ -272,3 +272,12 @@ def test_a_custom_stage_takes_only_its_declared_params(ws):
     assert proc.returncode == 3 and "stages.slow: no param(s) ['nosuch']; it takes ['seconds']" in proc.stderr
     with ws.registry() as reg:
         assert reg.latest("slow") is None
+
+
+def test_logs_of_a_recorded_run_survive_a_broken_pipeline_file(ws):
+    ws.write(pipeline())
+    ws.cli("run", "quick", "--force", check=0)
+    ws.wait_status("quick", ("succeeded",))
+    (ws.root / "eagle3.toml").write_text("[stages.quick\n")        # broken since
+    proc = ws.cli("logs", "quick", "-n", "3")
+    assert proc.returncode == 0 and "succeeded" in proc.stdout, (proc.stdout, proc.stderr)

@@ -126,10 +126,17 @@ def test_bench_result_line_says_when_it_is_an_earlier_runs():
               "speedup": 1.1, "outputs_match": True}
     from ops.bench.spec import SPEC
     line = SPEC.result_line(result)
-    ok = result_line(StageStatus("bench", "bench", "succeeded", run_id=7, result=result, result_line=line))
+    def bench(status, run_id, written_at):
+        return StageStatus("bench", "bench", status, run_id=run_id, started=1000.0, result=result,
+                           result_line=line, result_time=written_at)
+    ok = result_line(bench("succeeded", 7, 1010.0))
     assert ok.startswith("acceptance length 2.71 (K=3; per position 0.80, 0.60, 0.30)")
-    rerun = result_line(StageStatus("bench", "bench", "failed", run_id=8, result=result, result_line=line))
+    # Written before the latest run started: the earlier run's.
+    rerun = result_line(bench("failed", 8, 900.0))
     assert rerun.startswith("an earlier run's result (latest run 8: failed): acceptance length 2.71")
+    # Written by the latest run, which then failed (bench exits 1 when output != greedy) or still runs.
+    assert result_line(bench("failed", 8, 1010.0)).startswith("run 8 failed: acceptance length")
+    assert result_line(bench("running", 8, 1010.0)).startswith("so far: acceptance length")
     never = StageStatus("bench", "bench", "never", result=result, result_line=line)
     assert result_line(never).startswith("no run recorded here")
 

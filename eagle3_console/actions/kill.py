@@ -170,6 +170,7 @@ def execute_kill(ws: Workspace, plan: KillPlan, progress: Callable[[str], None] 
     with Registry(ws.db_path) as reg:
         for rid in plan.run_ids:
             reg.update(rid, stop_requested=1)
+    t0 = time.time()
     live = [(p, proc) for p in plan.procs if (proc := _trusted(p)) is not None]
     denied: list[int] = []
     for p, proc in live:
@@ -191,7 +192,6 @@ def execute_kill(ws: Workspace, plan: KillPlan, progress: Callable[[str], None] 
     if sigkilled:
         say(f"SIGKILL sent to {sigkilled}")
     alive = _wait_gone(alive, timeout=5)
-    t0 = time.time()
     still_holding: dict[int, tuple[int, int | None]] = {}
     if plan.gpu_holds:
         say("waiting for GPU memory to be released")
