@@ -16,21 +16,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+from eagle3_console import alerts
 from eagle3_console import config as cfg
 from eagle3_console import runs as runs_mod
-from eagle3_console.model import (CRITICAL, WARNING, Alert, DiskUsage, GpuInfo, GpuReport, LogState, Snapshot,
-                                  StageStatus)
+from eagle3_console.model import DiskUsage, GpuReport, Snapshot, StageStatus
 from eagle3_console.monitor.disk import DiskMonitor
 from eagle3_console.monitor.logs import LogFollower
 from eagle3_console.monitor.procs import ProcessTable, RunRef, attach_owners, process_alive
 from eagle3_console.monitor.shards import ShardMonitor
 from eagle3_console.registry import Registry, Run
-from eagle3_console.units import gib
 from eagle3_console.workspace import Workspace
 
 CACHE_NAME = "monitors.json"
 CACHE_VERSION = 1
-LOW_FREE_FRACTION = 0.05
 
 
 class Collector:
@@ -133,13 +131,9 @@ class Collector:
             if rid not in live_logs:
                 del self._logs[rid]
         snap.gpus = self._sample_gpus(refs)
-        snap.alerts = self._alerts(snap, latest)
+        snap.alerts = alerts.derive(snap)
         for name, pids in self._leftover_workers(latest).items():
-            r = latest[name]
-            shown = ", ".join(map(str, pids[:6])) + (f" and {len(pids) - 6} more" if len(pids) > 6 else "")
-            alert = Alert(CRITICAL, "leftover_workers",
-                          f"{name}: run {r.id} {r.status}, but {len(pids)} process(es) of it still run "
-                          f"(pid {shown})", name)
+            alert = alerts.leftover_workers(name, latest[name], pids)
             snap.alerts.append(alert)
             st = snap.stage(name)
             if st is not None:
@@ -272,110 +266,10 @@ class Collector:
         self._results[path] = (key, value)
         return value
 
-    # -------------------------------------------------------------- alerts
-    def _alerts(self, snap: Snapshot, latest: dict[str, Run | None]) -> list[Alert]:
-        alerts: list[Alert] = []
-        for st in snap.stages:
-            a: list[Alert] = []
-            log = st.log
-            findings = log.findings if log else {}
-            if st.status == "failed":
-                why = f"exit code {st.exit_code}" if st.signal is None else f"signal {st.signal}"
-                last = findings.get("traceback")
-                a.append(Alert(CRITICAL, "stage_failed", f"{st.name} failed ({why})", st.name,
-                               last.line if last else _last_program_line(log)))
-            if st.status == "lost":
-                a.append(Alert(CRITICAL, "lost", f"{st.name}: supervisor of run {st.run_id} is gone; "
-                                                 f"the stage's processes are still watched", st.name))
-            if "oom" in findings:
-                a.append(Alert(CRITICAL, "oom", f"{st.name}: out of memory", st.name, findings["oom"].line))
-            if "killed" in findings and st.status != "killed":
-                a.append(Alert(CRITICAL, "worker_killed", f"{st.name}: a worker was killed", st.name,
-                               findings["killed"].line))
-            if "nccl" in findings:
-                a.append(Alert(CRITICAL, "nccl", f"{st.name}: NCCL error", st.name, findings["nccl"].line))
-            if "traceback" in findings and st.status in ("running", "lost"):
-                a.append(Alert(WARNING, "traceback", f"{st.name}: a Python traceback in the log", st.name,
-                               findings["traceback"].line))
-            if log and log.errors:
-                a.append(Alert(WARNING, "errors", f"{st.name}: errors: {log.errors}", st.name,
-                               findings.get("errors").line if findings.get("errors") else None))
-            st.alerts = a
-            alerts.extend(a)
-        for d in snap.disk:
-            if d.fits is False:
-                need = (d.projected_bytes or d.estimate_bytes or 0) - d.written_bytes
-                alerts.append(Alert(WARNING, "disk_short",
-                                    f"{d.stage}: output projected to need {gib(need)} more but "
-                                    f"{gib(d.free_bytes)} is free at {d.path}", d.stage))
-            elif d.free_bytes is not None and d.total_bytes and d.free_bytes < LOW_FREE_FRACTION * d.total_bytes:
-                alerts.append(Alert(WARNING, "disk_low", f"{d.stage}: only {gib(d.free_bytes)} free at {d.path}",
-                                    d.stage))
-        for stage_alert in alerts:
-            st = snap.stage(stage_alert.stage) if stage_alert.stage else None
-            if st is not None and stage_alert not in st.alerts:
-                st.alerts.append(stage_alert)
-        g = snap.gpus
-        if g.available:
-            hidden = _unaccounted_gpu_memory(g.gpus)
-            if hidden:
-                alerts.append(hidden)
-            finished = {s.run_id for s in snap.stages if s.status not in ("running", "pending", "lost")}
-            for gpu in g.gpus:
-                if gpu.error or gpu.lost:
-                    lost = gpu.lost
-                    alerts.append(Alert(CRITICAL if lost else WARNING, "gpu_lost" if lost else "gpu_degraded",
-                                        f"GPU {gpu.index}: {gpu.error}"))
-                for p in gpu.processes:
-                    if p.run_id is not None and p.run_id in finished:
-                        alerts.append(Alert(WARNING, "orphan_gpu_memory",
-                                            f"GPU {gpu.index}: pid {p.pid} of finished run {p.run_id} ({p.stage}) "
-                                            f"still holds {gib(p.used_bytes)}", p.stage))
-        return alerts
 
 
 LEFTOVER_CHECK_S = 5.0
 LEFTOVER_GRACE_S = 10.0
-
-# What a GPU holds with nothing running: the driver's context and reserve
-# (0.6 GiB on an H200). More than this, unexplained, is worth a look.
-UNACCOUNTED_GPU_BYTES = 2 * 2**30
-
-
-def _unaccounted_gpu_memory(gpus: list[GpuInfo]) -> Alert | None:
-    """GPU memory that no process visible here explains: NVML lists no process
-    for it (a container that does not see the host's processes, a process
-    still being torn down) or lists pids this machine's pid namespace does not
-    have. kill-workers cannot reach such memory, so say so once, for all GPUs."""
-    parts, total = [], 0
-    for gpu in gpus:
-        if gpu.mem_used is None or gpu.error or "compute processes" in gpu.unsupported:
-            continue        # no process list to hold the memory against
-        listed = sum(p.used_bytes or 0 for p in gpu.processes)
-        foreign = [p for p in gpu.processes if not p.visible]
-        extra = gpu.mem_used - listed if not gpu.processes or all(p.used_bytes is not None for p in gpu.processes) \
-            else 0
-        held = extra + sum(p.used_bytes or 0 for p in foreign)
-        if held < UNACCOUNTED_GPU_BYTES:
-            continue
-        total += held
-        pids = ", ".join(f"pid {p.pid}" for p in foreign)
-        parts.append(f"GPU {gpu.index} {gib(held)}" + (f" ({pids} not visible here)" if pids else ""))
-    if not parts:
-        return None
-    return Alert(WARNING, "gpu_memory_unaccounted",
-                 f"{gib(total)} of GPU memory held by no process visible here: " + "; ".join(parts[:4])
-                 + (f"; and {len(parts) - 4} more GPU(s)" if len(parts) > 4 else "")
-                 + " (another container or pid namespace, or a process still exiting)")
-
-
-def _last_program_line(log: LogState | None) -> str | None:
-    """The program's last words (an op's `error: ...`), skipping the supervisor's own lines."""
-    for line in reversed(log.tail if log else []):
-        if line.strip() and not line.startswith("[eagle3-console]"):
-            return line
-    return None
-
 
 def _read_last_json_line(path: Path, tail_bytes: int = 65536) -> dict | None:
     """The last complete line of a JSON-lines file, reading only its end."""
