@@ -412,3 +412,16 @@ def test_a_failure_long_after_its_oom_gets_its_own_notice(ws, monkeypatch):
             await wait_until(pilot, lambda: any("out of memory" in m for m in notes), timeout=30)
             await wait_until(pilot, lambda: any("failed (exit code 1)" in m for m in notes), timeout=30)
     run(main())
+
+
+def test_error_lines_are_errors_and_a_passing_check_is_not():
+    from widgets.log import is_error_line
+
+    for line in ("RuntimeError: Worker failed with error 'CUDA out of memory.'", "Traceback (most recent call last):",
+                 "prepare: error: input data/x.jsonl: no such file", "torch.OutOfMemoryError: CUDA out of memory",
+                 "NCCL WARN Call to connect returned Connection refused"):
+        assert is_error_line(line), line
+    # export's passing reload check, a zero error counter: not errors.
+    for line in ("check: sglang: rel logit error 0.00e+00 (tol 1e-05), top-1 agreement 1.0000",
+                 "progress: samples 3/4 tokens 100 errors 0 tok/s 5.0"):
+        assert not is_error_line(line), line

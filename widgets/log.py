@@ -24,9 +24,11 @@ from widgets.body import retitle
 
 # What an operator must not miss in a scrolling log (the scenario's OOM, NCCL
 # hangs, Python tracebacks); case-insensitive, whole line highlighted.
+# Exception names are matched case-sensitively (RuntimeError, not "logit error 0.00"),
+# and a program's own `error:` line by its colon.
 ERROR_RE = re.compile(
     r"out of memory|\bOOM\b|CUDA error|NCCL|Traceback \(most recent call last\)|"
-    r"\b\w*(Error|Exception)\b|\bKilled\b|\bFATAL\b|\bSIG(KILL|TERM|SEGV|ABRT)\b",
+    r"(?-i:\b\w*(?:Error|Exception)\b)|\berror:|\bKilled\b|\bFATAL\b|\bSIG(KILL|TERM|SEGV|ABRT)\b",
     re.IGNORECASE)
 WARN_RE = re.compile(r"\bwarn(ing)?\b", re.IGNORECASE)
 
