@@ -517,8 +517,7 @@ class ConsoleApp(App[int]):
             if st.status not in LIVE:
                 last = f"its last run {st.run_id} {st.status}" if st.run_id else "it never ran"
                 return DialogSpec(title=f"Stop {st.name}", confirm_label="Stop", options=[Option(
-                    "stop", "stop", [f"nothing to stop: {last}"], f"stage {st.name!r} has no live run to stop",
-                    refusal_label="NOTHING TO STOP")])
+                    "stop", "stop", [], f"{last}; no live run of {st.name!r}", refusal_label="NOTHING TO STOP")])
             refusal = None
             lines = [f"stop run {st.run_id} of {st.name} (pid {st.pid}, {st.status}): SIGTERM its process group, "
                      f"SIGKILL after {grace:g} s"]

@@ -104,8 +104,10 @@ def init(ctx: typer.Context, directory: Optional[Path] = typer.Argument(None, he
 
 
 def _refused(exc: Exception, code: int = EXIT_CRITICAL) -> typer.Exit:
-    err.print(f"refused: {exc}", highlight=False, markup=False)
-    return typer.Exit(getattr(exc, "code", code))
+    code = getattr(exc, "code", code)
+    # Exit 3 is bad input (README): an error to fix, not a refusal to do something.
+    err.print(f"{'error' if code == EXIT_UNKNOWN else 'refused'}: {exc}", highlight=False, markup=False)
+    return typer.Exit(code)
 
 
 @app.command()

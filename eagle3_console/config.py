@@ -27,7 +27,7 @@ TOP_KEYS = {"target", "stages", "workspace"}
 class ConfigError(ValueError):
     def __init__(self, file: Path | str, key: str, message: str):
         self.file, self.key = str(file), key
-        super().__init__(f"{file}: {key}: {message}")
+        super().__init__(f"{file}: {key}: {message}" if key else f"{file}: {message}")
 
 
 @dataclass
@@ -151,7 +151,8 @@ def load(path: Path) -> Pipeline:
     try:
         raw = tomllib.loads(path.read_text())
     except FileNotFoundError:
-        raise ConfigError(path, "(file)", "no pipeline file here; run `eagle3-console init` first") from None
+        raise ConfigError(path, "", "no pipeline file here; pass -w DIR (or set EAGLE3_WORKSPACE) "
+                          "for an existing workspace, or run `eagle3-console init DIR` to make one") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(path, "(syntax)", str(exc)) from None
     except OSError as exc:

@@ -127,6 +127,8 @@ def result_details(st: StageStatus) -> Text | None:
     n_prompts = len(prompts) if isinstance(prompts, list) else prompts
     if n_prompts is not None:
         lines.append(f"{n_prompts} prompts" + (f", {r['tokens']} tokens" if r.get("tokens") is not None else ""))
+    if isinstance(r.get("accept_rate_per_position"), list):
+        lines.append("accept @k: share of draft k accepted when drafts 1..k-1 were")
     if r.get("drafter"):
         lines.append(f"drafter {r['drafter']}" + (f" ({r['format']})" if r.get("format") else ""))
     return Text("\n".join(lines), "dim") if lines else None
@@ -231,9 +233,12 @@ class ProgressPane(VerticalScroll, can_focus=False):
             # The op's own record (prepare's drops and truncation, vocab's coverage, ...).
             counts = summary(st, now)
             if st.status == "succeeded":
-                counts = counts.split("\n")[0]       # its "succeeded" line: the result says more
-            text = Text.assemble(counts, "\n",
-                                 Text(st.result_said(), "green" if st.status == "succeeded" else "yellow"))
+                # Its "succeeded" line (and a "no progress reported" from an op that prints
+                # no counter) say less than the result line.
+                first = counts.split("\n")[0]
+                counts = Text() if first.plain.startswith("no progress") else first
+            line = Text(st.result_said(), "green" if st.status == "succeeded" else "yellow")
+            text = Text.assemble(counts, "\n", line) if counts.plain else line
         elif result is None:
             text = summary(st, now)
         elif st.status == "succeeded":

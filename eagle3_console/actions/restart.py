@@ -40,6 +40,9 @@ class RestartPlan:
             out += self.kill.lines()
         if self.last:
             out.append(f"restart {self.stage} (last run {self.last.id}: {self.last.status})")
+            if self.last.status == "succeeded":
+                out.append("its outputs are complete: the stage runs again into them (an op that resumes, like "
+                           "extract, skips what is there; others rewrite their files)")
         else:
             out.append(f"start {self.stage}")
         if self.oom_line:
