@@ -144,7 +144,8 @@ def bar_rows(st: StageStatus) -> list[tuple[str, str, float | None, str]]:
     if st.progress is not None and not (has_result and st.status == "succeeded"):
         rows.append(("overall", "bold", st.progress, fmt.done_pct(st.progress)))
     if sp is not None:
-        rows += shard_rows(sp.shards)
+        # One shard's bar is the overall bar again: shown from two shards on.
+        rows += shard_rows(sp.shards) if len(sp.shards) > 1 or st.progress is None else []
     rates = (st.result or {}).get("accept_rate_per_position")
     if isinstance(rates, list) and has_result:
         # Conditional rates: draft k accepted given drafts 1..k-1 were.
@@ -248,7 +249,7 @@ class ProgressPane(VerticalScroll, can_focus=False):
         self._body.paint(text, text)
         rows = bar_rows(st)
         label = None
-        if st.shards is not None and st.shards.shards:
+        if st.shards is not None and len(st.shards.shards) > 1:
             label = f"{len(st.shards.shards)} shards ({st.shards.layout})"
         details = result_details(st)
         # Fractions rounded to what a bar can show: a sample more is not a repaint.
