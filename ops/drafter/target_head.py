@@ -12,9 +12,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ops.drafter.config import read_target_config
 from ops.formats import BadSampleFile, read_safetensors_header
+
+if TYPE_CHECKING:          # annotations only: torch is imported where it is used
+    import torch
 
 INDEX = "model.safetensors.index.json"
 

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:          # annotations only: torch is imported where it is used
+    import torch
 
 VOCAB_FILE = "vocab.safetensors"
 

@@ -110,7 +110,6 @@ def test_kill_clean_restart_from_the_console_on_a_real_gpu(nvml, tmp_path, capsy
     workers: list[int] = []
 
     async def main():
-        nonlocal workers
         app = ConsoleApp(ws, nvml=nvml, refresh_s=0.5, kill_release_timeout_s=60.0)
         async with app.run_test(size=(160, 48)) as pilot:
             def worker_on_gpu():
