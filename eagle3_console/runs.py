@@ -56,7 +56,7 @@ def stage_params(stage: Stage, overrides: dict[str, Any] | None = None, base: di
         if unknown:
             raise Refused(f"stages.{stage.name}: no param(s) {unknown}; it takes {sorted(stage.params)} "
                           f"(declared in its params = {{...}})", code=3)
-    if stage.spec:
+    else:
         unknown = sorted(set(params) - set(stage.spec.params))
         if unknown:
             raise Refused(f"op {stage.op!r} has no param(s) {unknown}; it takes {sorted(stage.spec.params)}", code=3)
