@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from ops.common import BadInput, progress, run_main
+from ops.prepare.spec import SPEC
 
 CHUNK = 256                 # conversations per tokenizer batch call / worker task
 PARALLEL_FROM = 4096        # below this many rows, worker start-up costs more than it saves
@@ -168,10 +169,8 @@ def main(argv=None) -> int:
     if template_error:
         summary["first_template_error"] = template_error
     out.write_summary(output, summary)
-    reasons = ", ".join(f"{k} {v}" for k, v in sorted(dropped.items())) or "none"
-    print(f"prepare: {len(ids)} samples, {total_tokens} tokens ({masked_tokens} masked), "
-          f"dropped {sum(dropped.values())} ({reasons}), truncated {truncated} "
-          f"(-{tokens_cut} tokens) -> {output}", flush=True)
+    # The same line the console shows for this stage (the spec reads summary.json).
+    print(f"prepare: {SPEC.result_line(summary)} -> {output}", flush=True)
     return 0
 
 

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from ops.common import BadInput, read_json, resolve_target_vocab, run_main, write_json_atomic
+from ops.vocab.spec import SPEC
 
 VOCAB = "vocab.safetensors"
 VOCAB_JSON = "vocab.json"
@@ -114,9 +115,8 @@ def main(argv=None) -> int:
         "elapsed_s": round(time.time() - t0, 3),
     }
     write_json_atomic(out / VOCAB_JSON, info)
-    print(f"vocab: draft {len(dv.ids)} of {vocab_size} target ids; {dv.distinct} distinct ids under the "
-          f"mask{f', {dv.padded} padded' if dv.padded else ''}; coverage {dv.coverage:.2%} of "
-          f"{dv.masked_tokens} masked tokens -> {out}", flush=True)
+    # The same line the console shows for this stage (the spec reads vocab.json).
+    print(f"vocab: {SPEC.result_line(info)} -> {out}", flush=True)
     return 0
 
 

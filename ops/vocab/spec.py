@@ -58,7 +58,9 @@ def result_line(info: dict) -> str | None:
         return None
     cov = info.get("coverage")
     return (f"draft vocabulary {info.get('draft_vocab_size')} of {info.get('target_vocab_size')} ids"
-            + (f", coverage {cov:.1%} of masked target tokens" if isinstance(cov, (int, float)) else "")
+            + (f" ({info['distinct_masked_ids']:,} distinct under the mask)" if "distinct_masked_ids" in info else "")
+            + (f", coverage {cov:.2%} of {info.get('masked_tokens', 0):,} masked target tokens"
+               if isinstance(cov, (int, float)) else "")
             + (f", {info['padded']} padded" if info.get("padded") else ""))
 
 SPEC = OpSpec(
