@@ -165,22 +165,19 @@ class StageStatus:
         return (self.result_time is not None and self.started is not None
                 and self.result_time >= self.started - 1.0)
 
-    def result_said(self) -> str | None:
-        """result_line as the console says it: whose it is when that is not
-        simply the latest, succeeded run's."""
-        if not self.result_line:
-            return None
+    def result_whose(self) -> str:
+        """Whose the record is, as a prefix ("" for the latest, succeeded run's)."""
         if self.status == "never":
-            whose = "no run recorded here; found on disk: "
-        elif not self.result_is_latest_runs():
-            whose = f"an earlier run's result (latest run {self.run_id}: {self.status}): "
-        elif self.status in ("running", "pending", "lost"):
-            whose = "so far: "
-        elif self.status != "succeeded":
-            whose = f"run {self.run_id} {self.status}: "
-        else:
-            whose = ""
-        return whose + self.result_line
+            return "no run recorded here; found on disk: "
+        if not self.result_is_latest_runs():
+            return f"an earlier run's result (latest run {self.run_id}: {self.status}): "
+        if self.status in ("running", "pending", "lost"):
+            return "so far: "
+        return "" if self.status == "succeeded" else f"run {self.run_id} {self.status}: "
+
+    def result_said(self) -> str | None:
+        """result_line as the console says it, with whose it is."""
+        return self.result_whose() + self.result_line if self.result_line else None
 
 
 @dataclass

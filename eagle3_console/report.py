@@ -59,7 +59,7 @@ def print_status(console: Console, snap: Snapshot) -> None:
                   human_duration(elapsed), prog, _rate(st), human_duration(st.eta_s), _exit(st))
     console.print(t)
     for st in snap.stages:
-        line = result_line(st)
+        line = st.result_said()
         if line:
             console.print(f"{st.name}: {line}", highlight=False)
     g = snap.gpus
@@ -87,10 +87,6 @@ def print_status(console: Console, snap: Snapshot) -> None:
     for a in snap.alerts:
         console.print(f"[{LEVEL_STYLE.get(a.level, '')}]{a.level.upper()}[/] {a.message}"
                       + (f"\n    {a.line.strip()[:160]}" if a.line else ""), highlight=False)
-
-
-def result_line(st: StageStatus) -> str | None:
-    return st.result_said()
 
 
 def _opt(v: float | int | None, unit: str) -> str:

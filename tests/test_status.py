@@ -120,7 +120,9 @@ def test_status_json_imports_neither_textual_nor_torch(ws):
 
 def test_bench_result_line_says_when_it_is_an_earlier_runs():
     from eagle3_console.model import StageStatus
-    from eagle3_console.report import result_line
+
+    def result_line(st):
+        return st.result_said()         # what `status` prints under its table
 
     result = {"acceptance_length": 2.71, "draft_tokens": 3, "accept_rate_per_position": [0.8, 0.6, 0.3],
               "speedup": 1.1, "outputs_match": True}

@@ -82,12 +82,9 @@ def result_text(st: StageStatus) -> Text | None:
     if al is None:
         return None
     t = Text()
-    if st.status == "never":
-        t.append("a result found on disk; no run of this stage is recorded here\n", "yellow")
-    elif not st.result_is_latest_runs():
-        t.append(f"an earlier run's result (the latest run: {st.status})\n", "yellow")
-    elif st.status != "succeeded":
-        t.append(f"run {st.run_id} {st.status}: its result\n", "yellow")
+    whose = st.result_whose()
+    if whose:
+        t.append(whose.rstrip(": ") + "\n", "yellow")
     t.append("acceptance length ", "dim")
     t.append(f"{al:.2f}", "bold green")
     k = r.get("draft_tokens")
