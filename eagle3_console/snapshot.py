@@ -41,6 +41,7 @@ class Collector:
         self._disks: dict[tuple[str, str], DiskMonitor] = {}
         self._logs: dict[int, LogFollower] = {}
         self._leftovers: tuple[float, tuple, dict[str, list[tuple[int, float]]]] = (0.0, (), {})
+        self._table: ProcessTable | None = None       # this pass's process table, when one was needed
         self._results: dict[Path, tuple[tuple[int, int], tuple[dict | None, str | None, float]]] = {}
         self._cache: dict[str, Any] = self._load_cache() if persist else {}
 
@@ -107,6 +108,7 @@ class Collector:
 
     # -------------------------------------------------------------- collect
     def collect(self) -> Snapshot:
+        self._table = None
         now = time.time()
         snap = Snapshot(workspace=str(self.ws.root), host=socket.gethostname(), time=now)
         pipe = cfg.load(self.ws.config_path)
@@ -159,7 +161,7 @@ class Collector:
             # Between walks, drop the ones that have exited (a kill shows at once).
             cached = {n: [p for p in procs if process_alive(*p)] for n, procs in cached.items()}
         else:
-            owners = ProcessTable.snapshot().owners(tuple(RunRef.from_run(r) for r in ended.values()))
+            owners = self._process_table().owners(tuple(RunRef.from_run(r) for r in ended.values()))
             cached = {}
             for pid, info in sorted(owners.items()):
                 if info.stage in ended:
@@ -168,12 +170,19 @@ class Collector:
         self._leftovers = (at, key, cached)
         return {n: [pid for pid, _ct in procs] for n, procs in cached.items() if procs}
 
+    def _process_table(self) -> ProcessTable:
+        """One walk of the process table a pass, shared by the GPU owners and
+        the leftover-workers check (collect() resets it)."""
+        if self._table is None:
+            self._table = ProcessTable.snapshot()
+        return self._table
+
     def _sample_gpus(self, refs: list[RunRef]) -> GpuReport:
         if not self._want_gpus:
             return GpuReport(available=False, reason="GPU sampling disabled (--no-gpus)")
         report = self._nvml_instance().sample()
         if report.available and any(g.processes for g in report.gpus):
-            attach_owners(report, refs, ProcessTable.snapshot())
+            attach_owners(report, refs, self._process_table())
         return report
 
     def _stage_status(self, pipe: cfg.Pipeline, stage: cfg.Stage, run: Run | None,
