@@ -116,6 +116,15 @@ def unaccounted_gpu_memory(gpus: list[GpuInfo]) -> Alert | None:
                  + " (another container or pid namespace, or a process still exiting)")
 
 
+def orphan_workers(stage: str, pids: list[int]) -> Alert:
+    """Processes a run of this workspace started, recorded in no run of the current
+    registry (its state database was deleted or replaced): they block a new run."""
+    shown = ", ".join(map(str, pids[:8])) + (f" and {len(pids) - 8} more" if len(pids) > 8 else "")
+    return Alert(CRITICAL, "orphan_workers",
+                 f"{stage}: process(es) {shown} of a run of an earlier registry still alive "
+                 f"(its state database was replaced); a new run is refused until they end", stage)
+
+
 def last_program_line(log: LogState | None) -> str | None:
     """The program's last words (an op's `error: ...`), skipping the supervisor's own lines."""
     for line in reversed(log.tail if log else []):

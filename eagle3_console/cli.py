@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from eagle3_console import config as cfg
-from eagle3_console.registry import Registry
+from eagle3_console.registry import Registry, StateError, id_path
 from eagle3_console.workspace import ENV_WORKSPACE, Workspace
 
 EXIT_OK, EXIT_WARNING, EXIT_CRITICAL, EXIT_UNKNOWN, EXIT_LOCKED = 0, 1, 2, 3, 75
@@ -36,9 +36,14 @@ out = Console(soft_wrap=True, width=_PIPE_WIDTH)
 err = Console(stderr=True, soft_wrap=True, width=_PIPE_WIDTH)
 
 
+# The workspace of this invocation, for main()'s last-resort error line.
+_WORKSPACE: list[Optional[Workspace]] = [None]
+
+
 class Ctx:
     def __init__(self, workspace: Optional[Path]):
         self.ws = Workspace.at(workspace)
+        _WORKSPACE[0] = self.ws
 
     def pipeline(self) -> cfg.Pipeline:
         try:
@@ -161,7 +166,7 @@ def runs_cmd(ctx: typer.Context, stage: Optional[str] = typer.Argument(None),
     """Run history, newest first."""
     from eagle3_console import runs
     c = _ctx(ctx)
-    if not c.ws.db_path.exists():
+    if not c.ws.db_path.exists() and not id_path(c.ws.db_path).exists():
         rows = []
     else:
         with Registry(c.ws.db_path) as reg:
@@ -415,8 +420,31 @@ def hoist_workspace(argv: list[str]) -> list[str]:
     return head[:at] + moved + head[at:] + rest
 
 
+def _environment_error(exc: BaseException) -> str | None:
+    """One line for a broken workspace (state database, state folder, pipeline
+    file), or None for anything else (a bug: its traceback is wanted)."""
+    ws = _WORKSPACE[0]
+    if isinstance(exc, (StateError, cfg.ConfigError)):
+        return str(exc)
+    if isinstance(exc, sqlite3.Error):
+        where = ws.db_path if ws else "the state database"
+        return f"state database {where}: {exc}"
+    if isinstance(exc, OSError) and exc.filename:
+        return f"{exc.filename}: {exc.strerror or exc}"
+    return None
+
+
 def main() -> None:
-    app(args=hoist_workspace(sys.argv[1:]))
+    try:
+        app(args=hoist_workspace(sys.argv[1:]))
+    except Exception as exc:
+        # Exit 3 (UNKNOWN) is promised for a workspace that cannot be read; cron
+        # reads a traceback's exit 1 as a mere WARNING.
+        line = _environment_error(exc)
+        if line is None:
+            raise
+        err.print(f"error: {line}", highlight=False, markup=False)
+        sys.exit(EXIT_UNKNOWN)
 
 
 if __name__ == "__main__":

@@ -158,6 +158,15 @@ class StageStatus:
     result: dict[str, Any] | None = None   # the op's own record (bench.json, summary.json, ...)
     result_line: str | None = None         # that record in one line
     result_time: float | None = None       # when the record was written (its mtime)
+    # A lost run (supervisor gone): whether its stage's processes still run, and,
+    # once they ended, whether its outputs say it finished (runs.outputs_complete).
+    alive: bool = False
+    outputs_complete: bool | None = None
+
+    @property
+    def done(self) -> bool:
+        """Counts as done for its dependents: succeeded, or lost with complete outputs."""
+        return self.status == "succeeded" or (self.status == "lost" and bool(self.outputs_complete))
 
     def result_is_latest_runs(self) -> bool:
         """Whether the latest run wrote the record (it is read from the output

@@ -68,8 +68,8 @@ def decide(pipe: cfg.Pipeline, snap: Snapshot, reg: Registry, now: float) -> lis
     for st in snap.stages:
         if st.status not in ("failed", "lost") or st.run_id is None:
             continue
-        if st.status == "lost" and _alive_lost(reg, st.run_id):
-            continue    # a lost run whose stage still runs is not a failure yet
+        if st.status == "lost" and (st.done or _alive_lost(reg, st.run_id)):
+            continue    # a lost run whose stage still runs is not a failure yet; one that completed is none
         stage = pipe.stages[st.name]
         oom = st.log is not None and "oom" in st.log.findings
         chain = list(reg.restart_chain(st.run_id))
@@ -135,11 +135,12 @@ def apply(ws: Workspace, snap: Snapshot, say: Callable[[str], None], nvml: Any =
 
 
 def ready(pipe: cfg.Pipeline, snap: Snapshot) -> list[str]:
-    """Stages that never ran and whose dependencies all succeeded, in pipeline order."""
+    """Stages that never ran and whose dependencies are all done, in pipeline order."""
     status = {s.name: s.status for s in snap.stages}
+    done = {s.name for s in snap.stages if s.done}
     return [name for name in pipe.order()
             if status.get(name) == "never"
-            and all(status.get(dep) == "succeeded" for dep in pipe.stages[name].depends_on)]
+            and all(dep in done for dep in pipe.stages[name].depends_on)]
 
 
 def advance(ws: Workspace, snap: Snapshot, say: Callable[[str], None]) -> list[str]:
@@ -160,14 +161,14 @@ def advance(ws: Workspace, snap: Snapshot, say: Callable[[str], None]) -> list[s
 
 def settled(snap: Snapshot) -> bool:
     """Nothing runs and nothing more will start: all succeeded, or a failure blocks the rest."""
-    if any(s.status in ("pending", "running") for s in snap.stages):
+    # A lost run whose processes live is still running, whatever its supervisor did.
+    if any(s.status in ("pending", "running") or (s.status == "lost" and s.alive) for s in snap.stages):
         return False
-    if all(s.status == "succeeded" for s in snap.stages):
+    if all(s.done for s in snap.stages):
         return True
-    status = {s.name: s.status for s in snap.stages}
-    startable = [s for s in snap.stages if s.status == "never"
-                 and all(status.get(d) == "succeeded" for d in s.depends_on)]
-    return not startable and any(s.status in ("failed", "killed", "lost") for s in snap.stages)
+    done = {s.name for s in snap.stages if s.done}
+    startable = [s for s in snap.stages if s.status == "never" and all(d in done for d in s.depends_on)]
+    return not startable and any(s.status in ("failed", "killed", "lost") and not s.done for s in snap.stages)
 
 
 def start_driver(ws: Workspace, interval_s: float = 1.0) -> int:

@@ -11,6 +11,8 @@ import json
 import os
 import sqlite3
 import time
+import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Iterator
@@ -41,6 +43,10 @@ CREATE TABLE IF NOT EXISTS runs (
     stop_requested INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS runs_stage ON runs(stage, id);
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     time REAL NOT NULL,
@@ -82,18 +88,34 @@ class Run:
     restart_of: int | None
     reason: str | None
     stop_requested: int
+    # The registry (meta.registry_id) the run belongs to: run ids restart in a
+    # new registry, so an id is only a run's together with this.
+    registry: str | None = None
 
     @property
     def live(self) -> bool:
         return self.status in LIVE
 
     @classmethod
-    def from_row(cls, row: sqlite3.Row) -> "Run":
+    def from_row(cls, row: sqlite3.Row, registry: str | None = None) -> "Run":
         d = dict(row)
+        d["registry"] = registry
         d["argv"] = json.loads(d["argv"])
         d["params"] = json.loads(d["params"])
         d["env"] = json.loads(d["env"])
         return cls(**d)
+
+
+def _fresh_log(path: Path) -> Path:
+    """`path`, or `<stem>.2.log`, ...: a log file no earlier run wrote (ids restart
+    when a registry is started anew; appending to an old run's log would merge two)."""
+    path = Path(path)
+    n = 1
+    candidate = path
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.stem}.{n}{path.suffix}")
+    return candidate
 
 
 @dataclass
@@ -109,6 +131,21 @@ class Event:
     detail: str | None
 
 
+class StateError(Exception):
+    """The state database is unusable: vanished, replaced, corrupt or unwritable.
+    The message names the file; the CLI exits 3 (UNKNOWN) on it."""
+
+
+# Beside the database, the id of the registry it holds. The database alone
+# cannot tell "never created" from "deleted under a live run" (a fresh empty
+# one would restart run ids at 1 and start duplicates of live stages).
+ID_SUFFIX = ".id"
+
+
+def id_path(db_path: Path) -> Path:
+    return db_path.with_suffix(ID_SUFFIX)
+
+
 def actor_name() -> str:
     return f"{os.environ.get('USER', 'uid' + str(os.getuid()))}@pid{os.getpid()}"
 
@@ -116,15 +153,94 @@ def actor_name() -> str:
 class Registry:
     def __init__(self, db_path: Path):
         self.path = db_path
-        db_path.parent.mkdir(parents=True, exist_ok=True)
-        self.conn = sqlite3.connect(db_path, timeout=30, isolation_level=None)
-        self.conn.row_factory = sqlite3.Row
-        self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.execute("PRAGMA synchronous=NORMAL")
-        self.conn.executescript(SCHEMA)
+        marker = id_path(db_path)
+        try:
+            expected = marker.read_text().strip() or None
+        except FileNotFoundError:
+            expected = None
+        except OSError as exc:
+            raise StateError(f"{marker}: unreadable: {exc.strerror}") from None
+        if expected and not db_path.exists():
+            raise StateError(
+                f"state database {db_path} has vanished (registry {expected} was there, per {marker.name}); "
+                f"runs it recorded may still be alive. Restore it, or move {marker} aside to start an empty registry")
+        try:
+            db_path.parent.mkdir(parents=True, exist_ok=True)
+            self.conn = sqlite3.connect(db_path, timeout=30, isolation_level=None)
+            self.conn.row_factory = sqlite3.Row
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.execute("PRAGMA synchronous=NORMAL")
+            self.conn.executescript(SCHEMA)
+            row = self.conn.execute("SELECT value FROM meta WHERE key = 'registry_id'").fetchone()
+            if row is None:
+                # Racing first openers: one insert wins, both read the winner's id.
+                self.conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('registry_id', ?)",
+                                  (uuid.uuid4().hex,))
+                # Logs already there: an earlier registry ran stages here, and
+                # some may still live (snapshot then looks for their orphans).
+                logs = db_path.parent / "logs"
+                if logs.is_dir() and any(logs.glob("*.log")):
+                    self.conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('predecessor', '1')")
+                row = self.conn.execute("SELECT value FROM meta WHERE key = 'registry_id'").fetchone()
+            self.registry_id = row[0]
+            self._inode = os.stat(db_path).st_ino
+        except sqlite3.Error as exc:
+            raise StateError(f"state database {db_path}: {exc}") from None
+        except OSError as exc:
+            raise StateError(f"state database {db_path}: {exc.strerror}") from None
+        if expected is None:
+            self._write_marker(marker)
+        elif expected != self.registry_id:
+            self.conn.close()
+            raise StateError(
+                f"state database {db_path} was replaced: it holds registry {self.registry_id}, {marker.name} says "
+                f"{expected}. Restore the original, or move {marker} aside to adopt this one")
+
+    def _write_marker(self, marker: Path) -> None:
+        """First opener writes the id (O_EXCL: two racing openers of a new
+        workspace agree, since both read the one id the database holds)."""
+        try:
+            fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            if marker.read_text().strip() not in ("", self.registry_id):
+                raise StateError(f"{marker} names another registry than {self.path}") from None
+            return
+        except OSError:
+            return      # a read-only state folder: reading works, the marker waits for a writable one
+        with os.fdopen(fd, "w") as fh:
+            fh.write(self.registry_id + "\n")
+
+    @property
+    def has_predecessor(self) -> bool:
+        """Whether this registry was started where an earlier one had run stages."""
+        return self.conn.execute("SELECT 1 FROM meta WHERE key = 'predecessor'").fetchone() is not None
+
+    def check_same(self) -> None:
+        """Raise StateError when the file at our path is no longer the database
+        this connection opened (deleted or replaced under a long-lived reader
+        such as the TUI or `watch`: its writes would go to an unlinked inode)."""
+        try:
+            ino = os.stat(self.path).st_ino
+        except FileNotFoundError:
+            raise StateError(f"state database {self.path} has vanished under this process") from None
+        if ino != self._inode:
+            raise StateError(f"state database {self.path} was replaced under this process")
 
     def close(self) -> None:
         self.conn.close()
+
+    @contextmanager
+    def immediate(self) -> Iterator["Registry"]:
+        """One write transaction taken at once (BEGIN IMMEDIATE): what runs inside
+        is atomic against every other process's writes, e.g. "no live run of this
+        stage" and "create its run" in runs.launch."""
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
 
     def __enter__(self) -> "Registry":
         return self
@@ -140,14 +256,14 @@ class Registry:
             " VALUES (?, ?, ?, ?, ?, 'pending', ?, '', ?, ?)",
             (stage, json.dumps(argv), json.dumps(params), json.dumps(env), cwd, time.time(), restart_of, reason))
         run_id = cur.lastrowid
-        self.conn.execute("UPDATE runs SET log_path = ? WHERE id = ?", (str(log_path_for(run_id)), run_id))
+        self.conn.execute("UPDATE runs SET log_path = ? WHERE id = ?", (str(_fresh_log(log_path_for(run_id))), run_id))
         return self.get(run_id)
 
     def get(self, run_id: int) -> Run:
         row = self.conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
         if row is None:
             raise KeyError(f"no run {run_id}")
-        return Run.from_row(row)
+        return Run.from_row(row, self.registry_id)
 
     def update(self, run_id: int, **values: Any) -> None:
         names = {f.name for f in fields(Run)}
@@ -167,18 +283,21 @@ class Registry:
 
     def latest(self, stage: str) -> Run | None:
         row = self.conn.execute("SELECT * FROM runs WHERE stage = ? ORDER BY id DESC LIMIT 1", (stage,)).fetchone()
-        return Run.from_row(row) if row else None
+        return Run.from_row(row, self.registry_id) if row else None
 
     def runs(self, stage: str | None = None, limit: int = 50) -> list[Run]:
         if stage:
             rows = self.conn.execute("SELECT * FROM runs WHERE stage = ? ORDER BY id DESC LIMIT ?", (stage, limit))
         else:
             rows = self.conn.execute("SELECT * FROM runs ORDER BY id DESC LIMIT ?", (limit,))
-        return [Run.from_row(r) for r in rows]
+        return [Run.from_row(r, self.registry_id) for r in rows]
+
+    def run_ids(self) -> list[int]:
+        return [r[0] for r in self.conn.execute("SELECT id FROM runs")]
 
     def live_runs(self) -> list[Run]:
         rows = self.conn.execute("SELECT * FROM runs WHERE status IN ('pending', 'running') ORDER BY id")
-        return [Run.from_row(r) for r in rows]
+        return [Run.from_row(r, self.registry_id) for r in rows]
 
     def restart_chain(self, run_id: int) -> Iterator[Run]:
         """The run and the runs it restarted, newest first."""

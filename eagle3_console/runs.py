@@ -7,6 +7,7 @@ supervisor vanished shows as `lost`.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -18,9 +19,10 @@ from typing import Any
 
 from eagle3_console.config import Pipeline, Stage
 from eagle3_console.monitor.disk import free_space
-from eagle3_console.monitor.procs import process_alive
+from eagle3_console.monitor.procs import ProcessTable, orphans, process_alive
+from eagle3_console.monitor.tree import TreeIndex
 from eagle3_console.registry import Registry, Run
-from eagle3_console.units import gib
+from eagle3_console.units import human_bytes
 from eagle3_console.workspace import Workspace
 from ops.spec import EstimateContext
 
@@ -40,10 +42,22 @@ class Preflight:
     estimate_bytes: int | None
     free_bytes: int | None
     path: str | None
+    written_bytes: int = 0          # already under the outputs (a resume needs only the rest)
+
+    @property
+    def remaining_bytes(self) -> int | None:
+        return None if self.estimate_bytes is None else max(0, self.estimate_bytes - self.written_bytes)
 
     @property
     def fits(self) -> bool:
-        return self.estimate_bytes is None or self.free_bytes is None or self.estimate_bytes <= self.free_bytes
+        return self.remaining_bytes is None or self.free_bytes is None or self.remaining_bytes <= self.free_bytes
+
+    def shortfall(self) -> str:
+        """The refusal's sentence, sizes in a unit that shows them."""
+        already = f" ({human_bytes(self.written_bytes)} of {human_bytes(self.estimate_bytes)} already written)" \
+            if self.written_bytes else ""
+        return (f"needs about {human_bytes(self.remaining_bytes)} more{already} but only "
+                f"{human_bytes(self.free_bytes)} is free at {self.path}")
 
 
 def stage_params(stage: Stage, overrides: dict[str, Any] | None = None, base: dict | None = None) -> dict[str, Any]:
@@ -80,24 +94,31 @@ def estimate_bytes(ws: Workspace, pipe: Pipeline, stage: Stage, params: dict[str
 
 
 def output_paths(ws: Workspace, stage: Stage, params: dict[str, Any]) -> list[str]:
+    """The stage's output roots for these params, normalised (Workspace.resolve);
+    an output that is the workspace or its state folder is refused (exit 3),
+    whether it came from the pipeline file, a `--set` or a recorded run."""
     if stage.spec:
         outs = [str(params[p]) for p in stage.spec.output_params if params.get(p)]
     else:
         outs = list(stage.outputs)
-    return [str(ws.resolve(o)) for o in outs]
+    paths = [ws.resolve(o) for o in outs]
+    for raw, p in zip(outs, paths):
+        problem = ws.output_problem(p)
+        if problem:
+            raise Refused(f"stages.{stage.name}: output {raw!r}: {problem}", code=3)
+    return [str(p) for p in paths]
 
 
 def check_outputs_apart(ws: Workspace, pipe: Pipeline, stage: Stage, params: dict[str, Any]) -> None:
     """The pipeline file's rule (separate output roots) for the outputs a
     `--set` or a restart actually gives: clean and the shard monitor trust
     that a root belongs to one stage."""
-    # normpath: `out/x/../keep` is `out/keep` (the paths need not exist yet).
-    mine = [Path(os.path.normpath(p)) for p in output_paths(ws, stage, params)]
+    mine = [Path(p) for p in output_paths(ws, stage, params)]
     for other in pipe.stages.values():
         if other.name == stage.name:
             continue
         for q in output_paths(ws, other, other.params):
-            q = Path(os.path.normpath(q))
+            q = Path(q)
             for p in mine:
                 if p == q or q in p.parents or p in q.parents:
                     raise Refused(f"stages.{stage.name}: output {p} overlaps stage {other.name!r}'s output {q}; "
@@ -110,7 +131,15 @@ def preflight(ws: Workspace, pipe: Pipeline, stage: Stage, params: dict[str, Any
     if est is None or not outs:
         return Preflight(est, None, outs[0] if outs else None)
     free, _total = free_space(outs[0])
-    return Preflight(est, free, outs[0])
+    # One listing of what is there (the monitors' own index; a resume's outputs
+    # are thousands of files, not millions): the estimate counts the whole output.
+    written = 0
+    for o in outs:
+        if os.path.isdir(o):
+            index = TreeIndex(o)
+            index.refresh()
+            written += index.total_bytes
+    return Preflight(est, free, outs[0], written)
 
 
 def reconcile(reg: Registry) -> list[Run]:
@@ -137,16 +166,62 @@ def stage_alive(run: Run) -> bool:
     return run.pid is not None and process_alive(run.pid, run.create_time)
 
 
-def check_can_start(reg: Registry, pipe: Pipeline, stage: Stage, force: bool) -> None:
+def outputs_complete(ws: Workspace, stage: Stage, run: Run) -> bool:
+    """Whether a run whose end was never recorded (lost: its supervisor died, its
+    processes went on and have ended) finished its work, judged by its outputs:
+    the op's record, written once at its end, by this run (mtime after its
+    start), and not saying it is still running or incomplete. A custom stage,
+    or an op whose record grows as it goes (train's metrics.jsonl), cannot
+    tell: False, and the policies treat the run as failed."""
+    spec = stage.spec
+    if spec is None or not spec.result_file or spec.result_file.endswith(".jsonl"):
+        return False
+    try:
+        outs = output_paths(ws, stage, run.params)
+    except Refused:
+        return False
+    if not outs:
+        return False
+    record = Path(outs[0]) / spec.result_file
+    try:
+        if record.stat().st_mtime < (run.started or run.created) - 1.0:
+            return False
+        data = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("status", "complete") == "complete"
+
+
+def dependency_done(ws: Workspace, stage: Stage, run: Run | None) -> bool:
+    """A dependency counts as done when its latest run succeeded, or was lost
+    and its processes ended with its outputs complete (outputs_complete)."""
+    if run is None:
+        return False
+    if run.status == "succeeded":
+        return True
+    return run.status == "lost" and not stage_alive(run) and outputs_complete(ws, stage, run)
+
+
+def check_can_start(reg: Registry, pipe: Pipeline, stage: Stage, force: bool, ws: Workspace | None = None,
+                    strays: bool = True) -> None:
     reconcile(reg)
     latest = reg.latest(stage.name)
     if latest and (latest.live or (latest.status == "lost" and stage_alive(latest))):
         raise Refused(f"stage {stage.name!r} already has a live run {latest.id} ({latest.status}, pid {latest.pid}); "
                       f"stop it first or use `restart --kill`")
+    if ws is not None and strays:
+        table = ProcessTable.snapshot()
+        strays = orphans(table, str(ws.root), reg.registry_id, reg.run_ids()).get(stage.name)
+        if strays:
+            raise Refused(f"stage {stage.name!r} still has processes {strays} from a run of an earlier registry "
+                          f"(its state database was replaced); they may write its outputs: kill them first "
+                          f"(kill {' '.join(map(str, strays))})")
     if force:
         return
     for dep in stage.depends_on:
         dep_run = reg.latest(dep)
+        if ws is not None and dep in pipe.stages and dependency_done(ws, pipe.stages[dep], dep_run):
+            continue
         if dep_run is None or dep_run.status != "succeeded":
             state = "never ran" if dep_run is None else f"run {dep_run.id} is {dep_run.status}"
             raise Refused(f"stage {stage.name!r} depends on {dep!r}, which has not succeeded ({state}); "
@@ -160,24 +235,35 @@ def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, 
     params = stage_params(stage, overrides, base_params)
     ws.ensure_state()
     with Registry(ws.db_path) as reg:
-        check_can_start(reg, pipe, stage, force)
+        # First without the lock, for the refusal a user expects first (a live
+        # run before a short disk); the check that counts is repeated below.
+        check_can_start(reg, pipe, stage, force, ws=ws, strays=False)
         check_outputs_apart(ws, pipe, stage, params)
         pf = preflight(ws, pipe, stage, params)
         if not pf.fits and not force:
             reg.record("run", "refused: disk", stage=stage.name,
-                       detail=f"estimate {pf.estimate_bytes} > free {pf.free_bytes} at {pf.path}")
-            raise Refused(f"stage {stage.name!r} needs about {gib(pf.estimate_bytes)} but only "
-                          f"{gib(pf.free_bytes)} is free at {pf.path}; free space or pass --force")
+                       detail=f"remaining {pf.remaining_bytes} > free {pf.free_bytes} at {pf.path}")
+            raise Refused(f"stage {stage.name!r} {pf.shortfall()}; free space or pass --force")
         try:
             argv = stage.command(params, pipe.target)
         except (KeyError, ValueError) as exc:
             raise Refused(str(exc.args[0]), code=3) from None
-        run = reg.create_run(stage.name, argv, params, stage.environment(), str(ws.root),
-                             lambda rid: ws.log_path(rid, stage.name), restart_of=restart_of, reason=reason)
+        # "No live run of this stage" and "its run exists" as one step: every
+        # launcher (CLI, TUI, watch, restart) takes the database's write lock
+        # here, so of N racing launches exactly one creates a run; the others
+        # see its pending run and are refused.
+        with reg.immediate():
+            check_can_start(reg, pipe, stage, force, ws=ws)
+            run = reg.create_run(stage.name, argv, params, stage.environment(), str(ws.root),
+                                 lambda rid: ws.log_path(rid, stage.name), restart_of=restart_of, reason=reason)
         # The launcher returns as soon as the supervisor has daemonized.
-        subprocess.run([sys.executable, "-m", "eagle3_console.supervise", str(ws.root), str(run.id)],
-                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                       start_new_session=True, check=True, cwd=str(ws.root))
+        try:
+            subprocess.run([sys.executable, "-m", "eagle3_console.supervise", str(ws.root), str(run.id)],
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           start_new_session=True, check=True, cwd=str(ws.root))
+        except (OSError, subprocess.CalledProcessError) as exc:
+            reg.finish(run.id, "failed", ended=time.time(), reason=f"supervisor did not start: {exc}")
+            raise Refused(f"stage {stage.name!r}: the supervisor of run {run.id} did not start: {exc}") from None
         deadline = time.time() + 10
         while time.time() < deadline:
             run = reg.get(run.id)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -22,9 +23,9 @@ from eagle3_console import runs as runs_mod
 from eagle3_console.model import DiskUsage, GpuReport, Snapshot, StageStatus
 from eagle3_console.monitor.disk import DiskMonitor
 from eagle3_console.monitor.logs import LogFollower
-from eagle3_console.monitor.procs import ProcessTable, RunRef, attach_owners, process_alive
+from eagle3_console.monitor.procs import ProcessTable, RunRef, attach_owners, orphans, process_alive
 from eagle3_console.monitor.shards import ShardMonitor
-from eagle3_console.registry import Registry, Run
+from eagle3_console.registry import Registry, Run, id_path
 from eagle3_console.workspace import Workspace
 
 CACHE_NAME = "monitors.json"
@@ -57,13 +58,25 @@ class Collector:
         return data if data.get("version") == CACHE_VERSION else {}
 
     def _save_cache(self) -> None:
+        """Write the monitors' state for the next one-shot process. Many write at
+        once (cron, loops of `status`, the TUI, watch): each through a temp file of
+        its own, renamed over the cache, so the last writer wins whole. The cache
+        only saves work: one that cannot be written (a read-only or full state
+        folder) means the next process starts from scratch, never a failure."""
         data = {"version": CACHE_VERSION,
                 "shards": {f"{k[0]}\0{k[1]}": m.to_state() for k, m in self._shards.items()},
                 "logs": {str(rid): f.to_state() for rid, f in self._logs.items()}}
-        self.ws.cache_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self._cache_path().with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, self._cache_path())
+        path = self._cache_path()
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            self.ws.cache_dir.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(data))
+            os.replace(tmp, path)
+        except OSError:
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
 
     # -------------------------------------------------------------- monitors
     def _shard_monitor(self, stage: str, root: str, expected: int | None, tokens: int | None) -> ShardMonitor:
@@ -114,13 +127,22 @@ class Collector:
         pipe = cfg.load(self.ws.config_path)
         latest: dict[str, Run | None] = {}
         refs: list[RunRef] = []
-        if self.ws.db_path.exists():
+        strays: dict[str, list[int]] = {}
+        # A registry once created is always opened (it raises StateError when its
+        # database vanished or was replaced); a workspace where none ever ran has none.
+        if self.ws.db_path.exists() or id_path(self.ws.db_path).exists():
             with Registry(self.ws.db_path) as reg:
                 runs_mod.reconcile(reg)
                 for name in pipe.order():
                     latest[name] = reg.latest(name)
                 recent = reg.runs(limit=50)
+                if reg.has_predecessor:
+                    # Only in a registry started over an earlier one's logs: a walk a pass.
+                    strays = orphans(self._process_table(), str(self.ws.root), reg.registry_id, reg.run_ids())
             refs = [RunRef.from_run(r) for r in recent if r.pid is not None]
+        elif self.ws.logs_dir.is_dir() and any(self.ws.logs_dir.glob("*.log")):
+            # No registry, but stages ran here: any of their processes alive is an orphan.
+            strays = orphans(self._process_table(), str(self.ws.root), "")
         live_logs: set[int] = set()
         for name in pipe.order():
             stage = pipe.stages[name]
@@ -134,6 +156,12 @@ class Collector:
                 del self._logs[rid]
         snap.gpus = self._sample_gpus(refs)
         snap.alerts = alerts.derive(snap)
+        for name, pids in strays.items():
+            alert = alerts.orphan_workers(name, pids)
+            snap.alerts.append(alert)
+            st = snap.stage(name)
+            if st is not None:
+                st.alerts.append(alert)
         for name, pids in self._leftover_workers(latest).items():
             alert = alerts.leftover_workers(name, latest[name], pids)
             snap.alerts.append(alert)
@@ -190,7 +218,10 @@ class Collector:
         params = dict(run.params) if run else dict(stage.params)
         st = StageStatus(name=stage.name, op=stage.op, status=run.status if run else "never",
                          depends_on=list(stage.depends_on), params=params, batch_param=stage.batch_param)
-        outs = runs_mod.output_paths(self.ws, stage, params)
+        try:
+            outs = runs_mod.output_paths(self.ws, stage, params)
+        except runs_mod.Refused:
+            outs = []       # a recorded run's output that is no output (refused at launch since)
         st.outputs = outs
         still_running = False
         if run:
@@ -198,6 +229,9 @@ class Collector:
             st.exit_code, st.signal = run.exit_code, run.signal
             still_running = run.status in ("running", "pending") or (
                 run.status == "lost" and runs_mod.stage_alive(run))
+            if run.status == "lost":
+                st.alive = still_running
+                st.outputs_complete = None if still_running else runs_mod.outputs_complete(self.ws, stage, run)
             st.log = self._log_follower(run).refresh()
         spec = stage.spec
         ctx = runs_mod.estimate_context(self.ws, pipe, params)

@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 
 from eagle3_console.registry import Registry
-from eagle3_console.workspace import ENV_RUN_ID, ENV_WORKSPACE, Workspace
+from eagle3_console.workspace import ENV_REGISTRY, ENV_RUN_ID, ENV_STAGE, ENV_WORKSPACE, Workspace
 
 
 def _daemonize() -> None:
@@ -51,6 +51,8 @@ def supervise(ws: Workspace, run_id: int) -> int:
     env.update(run.env)
     env[ENV_RUN_ID] = str(run_id)
     env[ENV_WORKSPACE] = str(ws.root)
+    env[ENV_REGISTRY] = reg.registry_id
+    env[ENV_STAGE] = run.stage
     env.setdefault("PYTHONUNBUFFERED", "1")
     try:
         proc = subprocess.Popen(run.argv, cwd=run.cwd, env=env, stdin=subprocess.DEVNULL,

@@ -14,6 +14,10 @@ STATE_DIR = ".eagle3"
 ENV_WORKSPACE = "EAGLE3_WORKSPACE"
 # Set in every stage's environment so that orphaned workers stay attributable.
 ENV_RUN_ID = "EAGLE3_RUN_ID"
+# Beside it: the registry the id belongs to (ids restart in a new registry)
+# and the stage, so a worker outliving its registry still says what it is.
+ENV_REGISTRY = "EAGLE3_REGISTRY"
+ENV_STAGE = "EAGLE3_STAGE"
 
 
 @dataclass(frozen=True)
@@ -60,9 +64,31 @@ class Workspace:
         return self.logs_dir / f"{run_id:06d}-{stage}.log"
 
     def resolve(self, path: str | os.PathLike) -> Path:
-        """A stage path as written in eagle3.toml: relative to the root."""
+        """A stage path as written in eagle3.toml: relative to the root, `..` resolved.
+
+        Lexically (os.path.normpath, symlinks untouched): the paths need not
+        exist yet, and clean must see a symlinked output as the link it is.
+        Every later use (clean's trash destination, the shard monitor, the
+        overlap check) takes this one normalised form."""
         p = Path(path).expanduser()
-        return p if p.is_absolute() else self.root / p
+        return Path(os.path.normpath(p if p.is_absolute() else self.root / p))
+
+    def output_problem(self, path: Path) -> str | None:
+        """Why `path` (normalised) cannot be a stage's output, or None.
+
+        An output is what clean may move to the trash: never the workspace,
+        its state folder, or a folder holding either (outputs on other disks,
+        /data/..., are fine). Checked lexically and through symlinks."""
+        guarded = {self.root, self.state_dir}
+        for p in {path, Path(os.path.realpath(path))}:
+            for g in guarded | {Path(os.path.realpath(g)) for g in guarded}:
+                if p == g or p in g.parents:
+                    what = "the workspace" if g.name != STATE_DIR else "the console's state folder"
+                    return (f"{path} is {what} ({g})" if p == g else f"{path} holds {what} ({g})") + \
+                        "; expected a folder of its own that clean may empty"
+                if g.name == STATE_DIR and g in p.parents:
+                    return f"{path} lies inside the console's state folder {g}; expected a folder of its own"
+        return None
 
     def ensure_state(self) -> None:
         for d in (self.state_dir, self.logs_dir, self.cache_dir):

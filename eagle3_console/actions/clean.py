@@ -165,7 +165,10 @@ def plan_clean(ws: Workspace, stage_name: str, purge: bool = False) -> CleanPlan
         run = reg.latest(stage_name)
     trash = ws.trash_dir / (f"{stamp}-{stage_name}" + (f"-run{run.id}" if run else ""))
     params = run.params if run else stage.params
-    roots = [Path(p) for p in runs.output_paths(ws, stage, params)]
+    try:
+        roots = [Path(p) for p in runs.output_paths(ws, stage, params)]
+    except runs.Refused as exc:
+        return CleanPlan(stage=stage_name, roots=[], files=[], purge=purge, trash=trash, refusal=str(exc))
     plan = CleanPlan(stage=stage_name, roots=roots, files=[], purge=purge, trash=trash)
     if run is None:
         plan.refusal = f"stage {stage_name!r} never ran: nothing it wrote is partial"
@@ -220,6 +223,23 @@ def _fresh_dir(path: Path) -> Path:
     raise runs.Refused(f"{path}: 999 trash folders of that name already exist")
 
 
+def _trash_destination(trash: Path, root: Path, path: Path) -> Path:
+    """Where `path` (normalised, see Workspace.resolve) goes in this clean's trash
+    folder: its place under the workspace, or under `outside/` its absolute
+    path for an output on another disk; never onto a file already there."""
+    path = Path(os.path.normpath(path))
+    rel = path.relative_to(root) if root in path.parents else Path("outside", *path.parts[1:])
+    dest = Path(os.path.normpath(trash / rel))
+    if trash not in dest.parents:
+        raise OSError(0, f"trash destination {dest} would leave {trash}")
+    n = 1
+    candidate = dest
+    while os.path.lexists(candidate):
+        n += 1
+        candidate = dest.with_name(f"{dest.name}.{n}")
+    return candidate
+
+
 def execute_clean(ws: Workspace, plan: CleanPlan) -> CleanResult:
     if plan.refusal:
         raise runs.Refused(plan.refusal)
@@ -247,8 +267,7 @@ def execute_clean(ws: Workspace, plan: CleanPlan) -> CleanResult:
                 if os.lstat(path).st_dev != trash_dev:
                     failed.append(f"{path}: on another filesystem than the trash; kept (use --purge)")
                     continue
-                rel = path.relative_to(ws.root) if ws.root in path.parents else Path(*path.parts[1:])
-                dest = plan.trash / rel
+                dest = _trash_destination(plan.trash, ws.root, path)
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 os.rename(path, dest)
             moved += 1

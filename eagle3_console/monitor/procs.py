@@ -32,7 +32,7 @@ from typing import Any, Iterable
 import psutil
 
 from eagle3_console.model import GpuReport
-from eagle3_console.workspace import ENV_RUN_ID, ENV_WORKSPACE
+from eagle3_console.workspace import ENV_REGISTRY, ENV_RUN_ID, ENV_STAGE, ENV_WORKSPACE
 
 # psutil derives create_time from /proc/<pid>/stat start ticks (1/100 s) plus
 # the boot time; two readings of one process agree far inside this.
@@ -72,6 +72,7 @@ class RunRef:
     supervisor_create_time: float | None = None
     workspace: str | None = None    # EAGLE3_WORKSPACE of its processes (the run's cwd)
     ended: float | None = None      # when the run's end was recorded (None while it runs)
+    registry: str | None = None     # EAGLE3_REGISTRY of its processes
 
     @classmethod
     def from_run(cls, run: Any) -> "RunRef":
@@ -80,7 +81,8 @@ class RunRef:
                    pgid=getattr(run, "pgid", None), sid=getattr(run, "sid", None),
                    supervisor_pid=getattr(run, "supervisor_pid", None),
                    supervisor_create_time=getattr(run, "supervisor_create_time", None),
-                   workspace=getattr(run, "cwd", None), ended=getattr(run, "ended", None))
+                   workspace=getattr(run, "cwd", None), ended=getattr(run, "ended", None),
+                   registry=getattr(run, "registry", None))
 
 
 @dataclass(frozen=True)
@@ -111,26 +113,41 @@ class _Row:
     sid: int | None
 
 
-# (pid, create_time) -> "<EAGLE3_WORKSPACE>\0<EAGLE3_RUN_ID>" or None.
-# /proc/<pid>/environ is the environment the process started with, so it never
-# changes for a process. Run ids are small integers repeated in every
-# workspace: an id alone would tie another workspace's workers to this run.
-_ENV_CACHE: dict[tuple[int, float], str | None] = {}
+@dataclass(frozen=True)
+class RunEnv:
+    """What a process's environment says of the run that started it."""
+
+    workspace: str
+    run_id: str
+    registry: str | None        # absent in processes started before registries had ids
+    stage: str | None
+
+    @property
+    def key(self) -> str:
+        return env_key(self.workspace, self.run_id)
+
+
+# (pid, create_time) -> RunEnv or None. /proc/<pid>/environ is the environment
+# the process started with, so it never changes for a process. Run ids are
+# small integers repeated in every workspace (and in every new registry of
+# one): an id alone would tie another workspace's workers to this run.
+_ENV_CACHE: dict[tuple[int, float], RunEnv | None] = {}
 
 
 def env_key(workspace: str | None, run_id: int | str) -> str:
     return f"{workspace}\0{run_id}"
 
 
-def _run_id_from_environ(row: _Row) -> str | None:
+def run_env(row: _Row) -> RunEnv | None:
     key = (row.pid, row.create_time)
     if key in _ENV_CACHE:
         return _ENV_CACHE[key]
-    value: str | None
+    value: RunEnv | None
     try:
         env = psutil.Process(row.pid).environ()
         rid, ws = env.get(ENV_RUN_ID), env.get(ENV_WORKSPACE)
-        value = env_key(ws, rid) if rid is not None and ws is not None else None
+        value = RunEnv(ws, rid, env.get(ENV_REGISTRY), env.get(ENV_STAGE)) \
+            if rid is not None and ws is not None else None
     except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess, OSError):
         value = None    # another user's process, or gone: cannot be ours by env
     _ENV_CACHE[key] = value
@@ -242,6 +259,7 @@ class ProcessTable:
                     if self.matches(r.supervisor_pid, r.supervisor_create_time)}
         excluded.add(os.getpid())
         by_env: dict[str, RunRef] = {env_key(r.workspace, r.run_id): r for r in refs if r.workspace}
+        registries = {r.registry for r in refs if r.registry}
         for ref in refs:
             leader_ok = self.matches(ref.pid, ref.create_time)
             if leader_ok:
@@ -267,9 +285,15 @@ class ProcessTable:
                     continue
                 if oldest is not None and row.create_time < oldest - CREATE_TIME_TOL_S:
                     continue
-                value = _run_id_from_environ(row)
-                if value is not None and value in by_env:
-                    tie(row.pid, by_env[value], ENV)
+                value = run_env(row)
+                if value is None or value.key not in by_env:
+                    continue
+                if value.registry and registries and value.registry not in registries:
+                    continue    # the same id in an earlier registry: another run
+                ref = by_env[value.key]
+                if ref.ended is not None and row.create_time > ref.ended + 1.0:
+                    continue    # started after the run ended: it copied the environment, it is not the run's
+                tie(row.pid, ref, ENV)
         # Descendants of an orphan tied by group/session/env belong to it too.
         for pid, (ref, how) in list(tied.items()):
             if how in (PGID, SESSION, ENV):
@@ -286,6 +310,26 @@ class ProcessTable:
                                    run_id=ref.run_id, stage=ref.stage)
         self._owners[refs] = result
         return result
+
+
+def orphans(table: ProcessTable, workspace: str, registry_id: str, known_run_ids: Iterable[int] = ()
+            ) -> dict[str, list[int]]:
+    """stage -> pids of live processes that a run of this workspace started but
+    that belong to no run of the current registry: the registry they belonged
+    to was deleted or replaced. They may hold GPUs and write outputs; a new run
+    of their stage would race them. Reads environments (cached per process)."""
+    known = {str(i) for i in known_run_ids}
+    found: dict[str, list[int]] = {}
+    for row in table.rows.values():
+        if row.pid == os.getpid() or row.status == psutil.STATUS_ZOMBIE:
+            continue
+        value = run_env(row)
+        if value is None or value.workspace != workspace:
+            continue
+        if value.registry == registry_id or (value.registry is None and value.run_id in known):
+            continue    # a run of ours (live, or ended: leftover_workers' business)
+        found.setdefault(value.stage or f"run {value.run_id}", []).append(row.pid)
+    return {k: sorted(v) for k, v in found.items()}
 
 
 def run_processes(ref: RunRef, table: ProcessTable | None = None) -> list[ProcInfo]:
