@@ -185,7 +185,8 @@ class Registry:
             self.registry_id = row[0]
             self._inode = os.stat(db_path).st_ino
         except sqlite3.Error as exc:
-            raise StateError(f"state database {db_path}: {exc}") from None
+            hint = "" if os.access(db_path.parent, os.W_OK) else f" ({db_path.parent} is not writable)"
+            raise StateError(f"state database {db_path}: {exc}{hint}") from None
         except OSError as exc:
             raise StateError(f"state database {db_path}: {exc.strerror}") from None
         if expected is None:
