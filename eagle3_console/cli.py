@@ -110,8 +110,10 @@ def init(ctx: typer.Context, directory: Optional[Path] = typer.Argument(None, he
 
 def _refused(exc: Exception, code: int = EXIT_CRITICAL) -> typer.Exit:
     code = getattr(exc, "code", code)
-    # Exit 3 is bad input (README): an error to fix, not a refusal to do something.
-    err.print(f"{'error' if code == EXIT_UNKNOWN else 'refused'}: {exc}", highlight=False, markup=False)
+    # Exit 3 is bad input (README): an error to fix, not a refusal to do something;
+    # exit 0 is "nothing to do" (what was asked for already holds).
+    word = {EXIT_UNKNOWN: "error", EXIT_OK: "nothing to do"}.get(code, "refused")
+    (out if code == EXIT_OK else err).print(f"{word}: {exc}", highlight=False, markup=False)
     return typer.Exit(code)
 
 
@@ -172,6 +174,10 @@ def runs_cmd(ctx: typer.Context, stage: Optional[str] = typer.Argument(None),
         with Registry(c.ws.db_path) as reg:
             runs.reconcile(reg)
             rows = reg.runs(stage, limit)
+    if stage and not rows:
+        # Recorded runs are listed even when the pipeline file changed since;
+        # with none, an unknown stage is bad input (exit 3), as everywhere.
+        c.stage(stage)
     if as_json:
         print(json.dumps([r.__dict__ for r in rows], indent=2))
         return
@@ -284,10 +290,10 @@ def _show(lines: list[str]) -> None:
 
 
 def _go_ahead(plan, yes: bool) -> bool:
-    """Print the plan; exit 2 on a refusal; act only with --yes."""
+    """Print the plan; exit 2 on a refusal, 0 when there is nothing to do; act only with --yes."""
     _show(plan.lines())
     if plan.refusal:
-        raise typer.Exit(EXIT_CRITICAL)
+        raise typer.Exit(EXIT_OK if getattr(plan, "nothing_to_do", False) else EXIT_CRITICAL)
     if not yes:
         out.print("dry run: pass --yes to do this")
     return yes

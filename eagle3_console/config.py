@@ -17,7 +17,13 @@ from eagle3_console.workspace import Workspace
 from ops import KNOWN_OPS, get_spec
 from ops.spec import DTYPE_BYTES, OpSpec
 
-PARAM_RE = re.compile(r"\{(\w+)\}")
+# `{{` and `}}` are literal braces in an argv (as in str.format); `{name}` a param.
+ARGV_TOKEN_RE = re.compile(r"\{\{|\}\}|\{(\w+)\}")
+
+
+def argv_params(part: str) -> list[str]:
+    """The params an argv element names (escaped braces are none)."""
+    return [m.group(1) for m in ARGV_TOKEN_RE.finditer(part) if m.group(1)]
 TARGET_KEYS = {"path": str, "num_layers": int, "hidden_size": int, "dtype": str, "vocab_size": int,
                "architecture": str}
 STAGE_KEYS = {"op", "argv", "params", "outputs", "gpus", "depends_on", "batch_param", "restart",
@@ -68,7 +74,8 @@ class Stage:
             return self.spec.argv(params, target_path=target.get("path"), python=sys.executable)
         out = []
         for part in self.argv or []:
-            out.append(PARAM_RE.sub(lambda m: _format_param(params, m.group(1), self.name), part))
+            out.append(ARGV_TOKEN_RE.sub(lambda m: m.group(0)[0] if not m.group(1)
+                                         else _format_param(params, m.group(1), self.name), part))
         if out and out[0] in ("python", "python3"):
             out[0] = sys.executable   # the console's interpreter, so venvs behave
         return out
@@ -233,7 +240,7 @@ def _parse_stage(path: Path, name: str, body: Any) -> Stage:
         if not st.argv:
             raise ConfigError(path, f"{where}.argv", "expected a non-empty list (program first)")
         for part in st.argv:
-            for pname in PARAM_RE.findall(part):
+            for pname in argv_params(part):
                 if pname not in st.params:
                     raise ConfigError(path, f"{where}.argv", f"names {{{pname}}} but params has no {pname!r}")
     if "outputs" in body:

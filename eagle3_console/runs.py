@@ -24,7 +24,7 @@ from eagle3_console.monitor.tree import TreeIndex
 from eagle3_console.registry import Registry, Run
 from eagle3_console.units import human_bytes
 from eagle3_console.workspace import Workspace
-from ops.spec import EstimateContext
+from ops.spec import EstimateContext, value_type_error
 
 PENDING_GRACE_S = 30.0
 
@@ -35,6 +35,14 @@ class Refused(Exception):
     def __init__(self, message: str, code: int = 2):
         super().__init__(message)
         self.code = code
+
+
+class NothingToDo(Refused):
+    """Not taken because there is nothing to act on (stop with no live run):
+    exit 0, since the state the operator asked for already holds."""
+
+    def __init__(self, message: str):
+        super().__init__(message, code=0)
 
 
 @dataclass
@@ -70,6 +78,12 @@ def stage_params(stage: Stage, overrides: dict[str, Any] | None = None, base: di
         if unknown:
             raise Refused(f"stages.{stage.name}: no param(s) {unknown}; it takes {sorted(stage.params)} "
                           f"(declared in its params = {{...}})", code=3)
+        # An override takes the type of the declared default (README): a typo
+        # fails here, not minutes later in the program (and again on restart).
+        for key, value in (overrides or {}).items():
+            wrong = value_type_error(stage.params[key], value)
+            if wrong:
+                raise Refused(f"stages.{stage.name}: param {key}: {wrong}", code=3)
     else:
         unknown = sorted(set(params) - set(stage.spec.params))
         if unknown:
@@ -291,7 +305,7 @@ def stop(ws: Workspace, stage_name: str, grace_s: float = 10.0) -> Run:
         reconcile(reg)
         run = reg.latest(stage_name)
         if run is None or not (run.live or stage_alive(run)):
-            raise Refused(f"stage {stage_name!r} has no live run to stop")
+            raise NothingToDo(f"stage {stage_name!r} has no live run to stop")
         reg.update(run.id, stop_requested=1)
         # A pending run has no pid yet: its supervisor either sees stop_requested and
         # never starts the stage, or records the pid we then signal.

@@ -20,7 +20,7 @@ KNOWN_OPS = ("prepare", "vocab", "extract", "verify", "train", "export", "bench"
 def get_spec(name: str) -> OpSpec:
     """The spec of a built-in op; KeyError with the known names if absent."""
     if name not in KNOWN_OPS:
-        raise KeyError(f"unknown op {name!r}; known ops: {', '.join(KNOWN_OPS)}")
+        raise KeyError(f"unknown op {name!r}")
     try:
         module = importlib.import_module(f"ops.{name}.spec")
     except ModuleNotFoundError as exc:

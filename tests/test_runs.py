@@ -19,7 +19,7 @@ def pipeline(extra: str = "") -> str:
     return f"""
 [stages.slow]
 argv = {stage_cmd("sleeper.py", "--seconds", "{seconds}")}
-params = {{ seconds = 3 }}
+params = {{ seconds = 3.0 }}
 
 [stages.quick]
 argv = {stage_cmd("progress.py", "--n", "5", "--sleep", "0.01")}

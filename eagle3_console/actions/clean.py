@@ -38,6 +38,7 @@ class CleanPlan:
     why: str = ""
     refusal: str | None = None
     skipped: list[str] = field(default_factory=list)   # what was not taken, and why
+    nothing_to_do: bool = False     # the refusal is "nothing partial" (exit 0), not "unsafe" (2)
 
     @property
     def total_bytes(self) -> int:
@@ -45,7 +46,8 @@ class CleanPlan:
 
     def lines(self, limit: int = 40) -> list[str]:
         if self.refusal:
-            return [f"refused: {self.refusal}"]
+            head = [f"{'nothing to do' if self.nothing_to_do else 'refused'}: {self.refusal}"]
+            return head + [f"  kept: {s}" for s in self.skipped[:10]]
         verb = "DELETE" if self.purge else f"move to {self.trash}"
         out = [f"{verb}: {len(self.files)} partial file(s), {human_bytes(self.total_bytes, '?')} "
                f"under {', '.join(map(str, self.roots))} ({self.why})"]
@@ -172,6 +174,7 @@ def plan_clean(ws: Workspace, stage_name: str, purge: bool = False) -> CleanPlan
     plan = CleanPlan(stage=stage_name, roots=roots, files=[], purge=purge, trash=trash)
     if run is None:
         plan.refusal = f"stage {stage_name!r} never ran: nothing it wrote is partial"
+        plan.nothing_to_do = True
         return plan
     if run.status == "succeeded":
         plan.refusal = (f"run {run.id} of {stage_name!r} succeeded: its outputs are complete and are never cleaned; "
@@ -182,6 +185,16 @@ def plan_clean(ws: Workspace, stage_name: str, purge: bool = False) -> CleanPlan
         return plan
     if not roots:
         plan.refusal = f"stage {stage_name!r} declares no outputs"
+        return plan
+    # An output that is a symlink is never followed: what it points to may be
+    # anyone's. Say which, rather than "no partial files".
+    links = [r for r in roots if r.is_symlink()]
+    for r in links:
+        plan.skipped.append(f"{r} (a symlink to {os.readlink(r)}; clean never follows it)")
+    roots = plan.roots = [r for r in roots if r not in links]
+    if not roots:
+        plan.refusal = (f"the output {', '.join(map(str, links))} of {stage_name!r} is a symlink; clean never follows "
+                        f"one: clean the folder it points to yourself")
         return plan
     with Registry(ws.db_path) as reg:
         refs = [RunRef.from_run(r) for r in reg.runs(stage_name, limit=5)]
@@ -206,6 +219,7 @@ def plan_clean(ws: Workspace, stage_name: str, purge: bool = False) -> CleanPlan
             continue
     if not plan.files:
         plan.refusal = f"no partial files under {', '.join(map(str, roots))}"
+        plan.nothing_to_do = True
     return plan
 
 

@@ -39,10 +39,11 @@ class KillPlan:
     gpus_unavailable: str | None
     grace_s: float
     refusal: str | None = None
+    nothing_to_do: bool = False     # the refusal is "there is nothing to kill" (exit 0), not "unsafe" (2)
 
     def lines(self) -> list[str]:
         if self.refusal:
-            return [f"refused: {self.refusal}"]
+            return [f"{'nothing to do' if self.nothing_to_do else 'refused'}: {self.refusal}"]
         held = {}
         for h in self.gpu_holds:
             held.setdefault(h.pid, []).append(f"GPU {h.gpu} {human_bytes(h.used_bytes, '?')}")
@@ -128,6 +129,7 @@ def plan_kill(ws: Workspace, stage: str, grace_s: float = 10.0, nvml: Any = None
                     gpu_holds=holds, gpus_unavailable=None if report.available else report.reason, grace_s=grace_s)
     if not procs:
         plan.refusal = f"stage {stage!r} has no live process"
+        plan.nothing_to_do = True
     return plan
 
 

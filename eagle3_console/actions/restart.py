@@ -75,6 +75,9 @@ def plan_restart(ws: Workspace, stage_name: str, overrides: dict[str, Any] | Non
     with Registry(ws.db_path) as reg:
         runs.reconcile(reg)
         last = reg.latest(stage_name)
+    if halve_batch and not stage.batch_param:
+        raise runs.Refused(f"stages.{stage_name}: --halve-batch needs a batch_param, and this stage declares none "
+                           f"(add `batch_param = \"<param>\"` to it, or pass --set <param>=<value>)", code=3)
     params = runs.stage_params(stage, overrides, base=last.params if last else None)
     plan = RestartPlan(stage=stage_name, last=last, params=params, argv=[], kill=None, force=force)
     if last and last.status in ("failed", "killed", "lost"):
