@@ -21,6 +21,10 @@ from eagle3_console.workspace import Workspace
 from tests.conftest import wait_for
 from tests.test_tui_helpers import pipeline
 
+# CI installs tmux (.ci/run) and sets EAGLE3_REQUIRE_TMUX: there a missing tmux
+# fails these tests instead of skipping them unseen.
+if shutil.which("tmux") is None and os.environ.get("EAGLE3_REQUIRE_TMUX"):
+    raise RuntimeError("tmux is required here (EAGLE3_REQUIRE_TMUX is set) but not installed")
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")
 
 
