@@ -44,6 +44,23 @@ class EstimateContext:
             return None
 
 
+def unvouched_files(root: Path, record: str, payload: str) -> list[Path]:
+    """Partial files of an op that writes one payload file and then a JSON record
+    saying `"status": "complete"` (prepare: samples + summary; vocab: mapping +
+    vocab.json): its temp files, and the payload when no complete record vouches
+    for it."""
+    if not root.is_dir():
+        return []
+    out = sorted(p for p in root.iterdir() if p.name.endswith(".tmp") and p.is_file())
+    try:
+        complete = json.loads((root / record).read_text()).get("status") == "complete"
+    except (OSError, ValueError, AttributeError):
+        complete = False
+    if not complete and (root / payload).is_file():
+        out.append(root / payload)
+    return out
+
+
 def _none(_ctx: EstimateContext) -> int | None:
     return None
 

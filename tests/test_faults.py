@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sqlite3
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PY, ROOT, stage_cmd, wait_for
+from tests.conftest import PY, ROOT, stage_cmd
 
 SLEEPER = f"""
 [stages.sleeper]

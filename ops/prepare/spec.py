@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ops.spec import REQUIRED, EstimateContext, OpSpec
+from ops.spec import REQUIRED, EstimateContext, OpSpec, unvouched_files
 
 # samples.safetensors holds 5 bytes a token (int32 id + uint8 mask); English
 # text runs ~4 bytes a token, JSON adds its keys: ~1.25 x the input, rounded up.
@@ -54,19 +54,7 @@ def expected_tokens(ctx: EstimateContext) -> int | None:
 
 
 def partial_files(root: Path) -> list[Path]:
-    """Temp files, and the samples file when no complete summary vouches for it."""
-    if not root.is_dir():
-        return []
-    out = sorted(p for p in root.iterdir() if p.name.endswith(".tmp") and p.is_file())
-    import json
-
-    try:
-        complete = json.loads((root / SUMMARY).read_text()).get("status") == "complete"
-    except (OSError, ValueError, AttributeError):
-        complete = False
-    if not complete and (root / SAMPLES).is_file():
-        out.append(root / SAMPLES)
-    return out
+    return unvouched_files(root, SUMMARY, SAMPLES)
 
 
 def result_line(summary: dict) -> str | None:

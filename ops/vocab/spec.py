@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ops.spec import REQUIRED, EstimateContext, OpSpec
+from ops.spec import REQUIRED, EstimateContext, OpSpec, unvouched_files
 
 VOCAB = "vocab.safetensors"
 VOCAB_JSON = "vocab.json"
@@ -41,16 +41,7 @@ def estimate_bytes(ctx: EstimateContext) -> int | None:
 
 
 def partial_files(root: Path) -> list[Path]:
-    if not root.is_dir():
-        return []
-    out = sorted(p for p in root.iterdir() if p.name.endswith(".tmp") and p.is_file())
-    try:
-        complete = json.loads((root / VOCAB_JSON).read_text()).get("status") == "complete"
-    except (OSError, ValueError, AttributeError):
-        complete = False
-    if not complete and (root / VOCAB).is_file():
-        out.append(root / VOCAB)
-    return out
+    return unvouched_files(root, VOCAB_JSON, VOCAB)
 
 
 def result_line(info: dict) -> str | None:
