@@ -1,0 +1,45 @@
+"""The throughput benchmarks still run (at their tiny shape, on the CPU) and
+print their ratios against the baselines they measure. No timing is asserted:
+the figures that matter come from a GPU machine (benchmarks/gpu_session.sh)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_benchmark(script: str, *args: str, timeout: int = 240) -> str:
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="2", PYTHONPATH=str(REPO))
+    env.pop("OUT", None)
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.mark.slow
+def test_extract_throughput_tiny_prints_its_ratios(tmp_path):
+    out = run_benchmark("extract_throughput.py", "--shape", "tiny", "--out", str(tmp_path),
+                        "--durable", "fsync,syncfs", "--json", str(tmp_path / "r.json"))
+    assert out.startswith("device: CPU")
+    assert re.search(r"compute floor [\d,]+ tok/s", out)
+    assert re.search(r"write floor [\d,]+ tok/s", out)
+    assert re.search(r"bare forward \d+ x 64: [\d,]+ tok/s", out)
+    assert re.search(r"naive extractor .*: [\d,]+ tok/s", out)
+    for mode in ("fsync", "syncfs"):
+        line = next(ln for ln in out.splitlines() if ln.startswith(f"ops.extract --durable {mode}:"))
+        assert re.search(r"= \d+\.\d\d of the bare forward, \d+\.\d\d of the lower floor", line), line
+        assert re.search(r"[\d,]+ MB/s written", line) and "durability step" in line, line
+    assert "cost least here" in out
+    assert (tmp_path / "r.json").is_file()
+    assert not list(tmp_path.glob("extract-throughput-tiny"))   # cleaned up: no 16 GB left behind on a GPU box
