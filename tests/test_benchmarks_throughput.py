@@ -43,3 +43,29 @@ def test_extract_throughput_tiny_prints_its_ratios(tmp_path):
     assert "cost least here" in out
     assert (tmp_path / "r.json").is_file()
     assert not list(tmp_path.glob("extract-throughput-tiny"))   # cleaned up: no 16 GB left behind on a GPU box
+
+
+def test_mfu_count_is_the_issues_formula():
+    """The 8B drafter's count: 16.38 GFLOP a token at T=2048, K=7 (issue 11's 43.5 % at
+    20,900 tok/s and 787 TFLOP/s is 16.38 GFLOP a token)."""
+    sys.path.insert(0, str(REPO))
+    from benchmarks.train_throughput import flops_per_token
+    from ops.drafter.config import DrafterConfig
+
+    cfg = DrafterConfig(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                        intermediate_size=14336, draft_vocab_size=32000, target_vocab_size=128256)
+    assert flops_per_token(cfg, 7, 2048) / 1e9 == pytest.approx(16.38, abs=0.01)
+    assert 0.435 * 787e12 / 20900 / 1e9 == pytest.approx(16.38, abs=0.02)
+
+
+@pytest.mark.slow
+def test_train_throughput_tiny_prints_its_ratios(tmp_path):
+    out = run_benchmark("train_throughput.py", "--shape", "tiny", "--out", str(tmp_path), "--program",
+                        "--json", str(tmp_path / "r.json"))
+    assert out.startswith("device: CPU")
+    for seq in (64, 128):
+        line = next(ln for ln in out.splitlines() if ln.startswith(f"train {seq}-token samples"))
+        assert re.search(r"[\d,]+ tok/s = \d+\.\d% MFU", line), line
+        assert re.search(r"\d+\.\d% of step time waiting for data", line), line
+        assert re.search(r"python -m ops.train said [\d,]+ tok/s", line), line
+    assert (tmp_path / "r.json").is_file()

@@ -1,0 +1,274 @@
+"""Drafter training throughput on shards read from disk through the real data
+loader, with MFU against a matmul rate measured in the same run (issue 11).
+
+Writes, for each --seq, a hidden-state output in extract's layout
+(ops.extract.writer.write_sample: random states, random ids), a draft vocab
+(vocab.safetensors) and a target folder holding only what ops.train reads of
+it (config.json; embedding, final norm, LM head), then loads them through
+ops.train's own readers (read_data, load_target_head, load_vocab,
+from_target, make_batches, BatchDataset in a DataLoader with ops.train's
+arguments) and runs ops.train's step (TargetView.targets, the drafter's K-step
+unroll under bf16 autocast, backward, clip, AdamW). Per step it times the
+wait for the next batch and the whole step (the step ends with a device sync).
+
+MFU counts useful FLOPs only (the issue's formula), per token of a T-token sample:
+  3 x (fc 2*3H*H + K x (q 2*2H*NH*D + k,v 2*2*2H*NKV*D + o 2*H*H
+       + MLP 3*2*H*I + LM head 2*H*Vd + causal attention 4*(T/2)*NH*D))
+--program also runs `python -m ops.train` itself on the same data and prints
+the tok/s of its last progress line beside the in-process figure.
+Usage: python benchmarks/train_throughput.py [--shape 8b|tiny] [--seq 2048,4096] [--steps N] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import bench_common as bc  # noqa: E402
+
+SHAPES = {
+    #       target config, draft vocab, K, token budget, seqs, warm-up steps, timed steps
+    "8b": (bc.LLAMA_8B, 32000, 7, 16384, "2048,4096", 3, 10),
+    "tiny": (bc.LLAMA_TINY, 200, 3, 256, "64,128", 1, 3),
+}
+AUX_IDS = [1, 3, 4]   # any three layers: the ids only label the data
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def flops_per_token(cfg, k: int, t: int) -> float:
+    h, nh, nkv, d, i, vd = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
+                           cfg.head_dim, cfg.intermediate_size, cfg.draft_vocab_size)
+    step = (2 * 2 * h * nh * d + 2 * 2 * 2 * h * nkv * d + 2 * h * h + 3 * 2 * h * i + 2 * h * vd
+            + 4 * (t / 2) * nh * d)
+    return 3 * (2 * 3 * h * h + k * step)
+
+
+def write_target(path: Path, target_cfg: dict, device) -> None:
+    """config.json + the three tensors ops.train reads (a 16 GB body is never read)."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig
+
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = LlamaConfig(**target_cfg)
+    cfg.architectures = ["LlamaForCausalLM"]
+    cfg.save_pretrained(str(path))
+    v, h = target_cfg["vocab_size"], target_cfg["hidden_size"]
+    g = torch.Generator(device=device).manual_seed(0)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    save_file({"model.embed_tokens.weight": (torch.randn(v, h, generator=g, device=device) * 0.02).to(dtype).cpu(),
+               "lm_head.weight": (torch.randn(v, h, generator=g, device=device) * 0.02).to(dtype).cpu(),
+               "model.norm.weight": torch.ones(h, dtype=dtype)}, str(path / "model.safetensors"))
+
+
+def write_vocab(path: Path, target_vocab: int, draft_vocab: int) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    ids = torch.randperm(target_vocab, generator=torch.Generator().manual_seed(0))[:draft_vocab].sort().values
+    t2d = torch.zeros(target_vocab, dtype=torch.bool)
+    t2d[ids] = True
+    save_file({"d2t": ids - torch.arange(draft_vocab), "t2d": t2d}, str(path / "vocab.safetensors"))
+
+
+def write_data(path: Path, samples: int, seq: int, hidden: int, vocab: int, device) -> int:
+    """extract's layout, written by extract's own writer; returns the bytes."""
+    import torch
+    from ops.extract.writer import write_sample
+    from ops.formats import DATA_CONFIG, SAMPLE_LENGTHS, sample_path
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    g = torch.Generator(device=device).manual_seed(seq)
+    # A few distinct states, reused: generating 7 GB of normals on the CPU would
+    # take longer than the training it feeds. The bytes on disk are all written.
+    pool = [torch.randn(seq, 4 * hidden, generator=g, device=device).to(dtype).cpu() for _ in range(4)]
+    for idx in range(samples):
+        states = pool[idx % len(pool)]
+        write_sample(sample_path(path, idx), {
+            "input_ids": torch.randint(0, vocab, (seq,), dtype=torch.int64),
+            "loss_mask": torch.ones(seq, dtype=torch.uint8),
+            "aux_hidden_states": states[:, :3 * hidden], "final_hidden_states": states[:, 3 * hidden:]})
+    (path / SAMPLE_LENGTHS).write_text(json.dumps({str(i): seq for i in range(samples)}))
+    (path / DATA_CONFIG).write_text(json.dumps({
+        "status": "complete", "hidden_size": hidden, "layer_ids": AUX_IDS, "final_hidden_state": "post_norm",
+        "dtype": str(dtype).replace("torch.", ""), "total_samples": samples, "total_tokens": samples * seq}))
+    return bc.dir_bytes(path)
+
+
+def measure(work: Path, seq: int, k: int, budget: int, warmup: int, steps: int, workers: int,
+            device, rate: float) -> dict:
+    """ops.train's step on ops.train's data path; per-step wait and step times."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from ops.drafter.config import from_target
+    from ops.drafter.data import BatchDataset, make_batches, read_data
+    from ops.drafter.model import Eagle3Drafter
+    from ops.drafter.target_head import load_target_head
+    from ops.drafter.vocab import load_vocab
+    from ops.train.__main__ import TargetView
+
+    use_cuda = device.type == "cuda"
+    info = read_data(work / f"data-{seq}")
+    head = load_target_head(work / "target")
+    vocab = load_vocab(work / "vocab", target_vocab_size=head.lm_head.shape[0])
+    cfg = from_target(work / "target", vocab.size, info.layer_ids)
+    torch.manual_seed(0)
+    model = Eagle3Drafter(cfg)
+    model.init_from_target(head.lm_head, vocab.d2t, vocab.t2d)
+    model.to(device)
+    dtype = torch.bfloat16 if use_cuda else torch.float32
+    view = TargetView(head, vocab, device, dtype, info.final_post_norm)
+    del head
+    batches = make_batches(dict(info.lengths), budget, max(seq, 4096))
+    dataset = BatchDataset(info, batches, max(seq, 4096))
+    loader = DataLoader(dataset, batch_size=None, sampler=list(range(len(batches))), num_workers=workers,
+                        pin_memory=use_cuda, persistent_workers=False)
+    decay, no_decay = [], []
+    for p in model.parameters():
+        (no_decay if p.dim() < 2 else decay).append(p)
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.0}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=1e-4, betas=(0.9, 0.95))
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if use_cuda else contextlib.nullcontext()
+    if use_cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    it = iter(loader)
+    waits, times, tokens, flops = [], [], [], []
+    model.train()
+    for step in range(warmup + steps):
+        t0 = time.perf_counter()
+        batch = next(it)
+        t_data = time.perf_counter() - t0
+        input_ids = batch["input_ids"].to(device, non_blocking=True)
+        aux = batch["aux"].to(device, dtype=dtype, non_blocking=True)
+        final = batch["final"].to(device, dtype=dtype, non_blocking=True)
+        mask = batch["loss_mask"].to(device)
+        tgt, ok = view.targets(final, mask, batch["lengths"])
+        with autocast:
+            loss, losses, correct, counts = model(input_ids, aux, view.embed, tgt, ok, k, 0.8)
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        float(loss.detach())        # ops.train's finiteness check: the step ends synced
+        if step >= warmup:
+            waits.append(t_data)
+            times.append(time.perf_counter() - t0)
+            lengths = batch["lengths"].tolist()
+            tokens.append(sum(lengths))
+            flops.append(sum(n * flops_per_token(cfg, k, n) for n in lengths))
+    peak = (torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)) if use_cuda else None
+    total = sum(times)
+    return {"seq": seq, "batch_samples": len(batches[0]), "steps": steps, "tok_s": sum(tokens) / total,
+            "mfu": sum(flops) / total / rate, "data_wait": sum(waits) / total, "step_s": total / steps,
+            "peak_alloc": peak[0] if peak else None, "peak_reserved": peak[1] if peak else None,
+            "flops_per_token": flops_per_token(cfg, k, seq), "loss": float(loss)}
+
+
+PROGRESS_RE = re.compile(r"progress: step (\d+)/(\d+) .* tok/s (\d+)")
+
+
+def run_program(work: Path, seq: int, k: int, budget: int, warmup: int, steps: int) -> float:
+    """tok/s of `python -m ops.train`'s last progress line (a window after the warm-up)."""
+    out = work / f"train-out-{seq}"
+    argv = [sys.executable, "-m", "ops.train", "--data", str(work / f"data-{seq}"), "--vocab", str(work / "vocab"),
+            "--target", str(work / "target"), "--output", str(out), "--max-steps", str(warmup + steps),
+            "--log-every", str(steps), "--token-budget", str(budget), "--ttt-steps", str(k),
+            "--warmup-ratio", "0", "--save-every", str(10 ** 9), "--keep", "1"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(bc.ROOT), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run(argv, cwd=bc.ROOT, env=env, capture_output=True, text=True)
+    shutil.rmtree(out, ignore_errors=True)
+    found = PROGRESS_RE.findall(proc.stdout)
+    if proc.returncode != 0 or not found:
+        raise SystemExit(f"error: ops.train exited {proc.returncode}:\n{(proc.stdout + proc.stderr)[-3000:]}")
+    return float(found[-1][2])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="8b")
+    ap.add_argument("--seq", default=None, help="comma-separated sample lengths (default: by shape)")
+    ap.add_argument("--steps", type=int, default=None, help="timed steps (default: by shape)")
+    ap.add_argument("--warmup", type=int, default=None)
+    ap.add_argument("--token-budget", type=int, default=None)
+    ap.add_argument("--ttt-steps", type=int, default=None)
+    ap.add_argument("--workers", type=int, default=2, help="DataLoader workers (ops.train's default)")
+    ap.add_argument("--program", action="store_true", help="also run python -m ops.train on the same data")
+    ap.add_argument("--out", type=Path, default=None, help="working folder (default: a new temp folder)")
+    ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--json", type=Path, default=None)
+    a = ap.parse_args()
+
+    import torch
+
+    target_cfg, draft_vocab, k, budget, seqs, warmup, steps = SHAPES[a.shape]
+    k = a.ttt_steps or k
+    budget = a.token_budget or budget
+    warmup = a.warmup if a.warmup is not None else warmup
+    steps = a.steps or steps
+    seqs = [int(s) for s in (a.seq or seqs).split(",")]
+    root = a.out or Path(tempfile.mkdtemp(prefix="train-throughput-"))
+    work = root / f"train-throughput-{a.shape}"
+    shutil.rmtree(work, ignore_errors=True)
+    device = bc.torch_device()
+    log(bc.device_line())
+    rate, what = bc.matmul_rate(device, torch.bfloat16 if device.type == "cuda" else torch.float32)
+    log(f"matmul {what}: {rate / 1e12:.1f} TFLOP/s (the MFU denominator)")
+    write_target(work / "target", target_cfg, device)
+    write_vocab(work / "vocab", target_cfg["vocab_size"], draft_vocab)
+    log(f"shape {a.shape}: hidden {target_cfg['hidden_size']}, intermediate {target_cfg['intermediate_size']}, "
+        f"heads {target_cfg['num_attention_heads']}/{target_cfg['num_key_value_heads']}, draft vocab {draft_vocab}, "
+        f"target vocab {target_cfg['vocab_size']}, K={k}, token budget {budget}")
+    results = []
+    for seq in seqs:
+        per_batch = max(1, budget // seq)
+        n = per_batch * (warmup + steps)
+        t0 = time.perf_counter()
+        written = write_data(work / f"data-{seq}", n, seq, target_cfg["hidden_size"], target_cfg["vocab_size"], device)
+        log(f"data {seq}: {n} samples x {seq} tokens, {written / 2**30:.2f} GiB on disk "
+            f"(written in {time.perf_counter() - t0:.0f} s)")
+        try:
+            r = measure(work, seq, k, budget, warmup, steps, a.workers, device, rate)
+        except torch.OutOfMemoryError as exc:
+            log(f"train {seq}-token samples, K={k}: does not fit ({str(exc).splitlines()[0]})")
+            results.append({"seq": seq, "oom": str(exc).splitlines()[0]})
+            torch.cuda.empty_cache()
+            continue
+        mem = (f"; peak memory {r['peak_alloc'] / 2**30:.1f} GiB allocated, {r['peak_reserved'] / 2**30:.1f} GiB "
+               f"reserved" if r["peak_alloc"] is not None else "")
+        if a.program:
+            r["program_tok_s"] = run_program(work, seq, k, budget, warmup, steps)
+            mem += f"; python -m ops.train said {r['program_tok_s']:,.0f} tok/s"
+        log(f"train {seq}-token samples ({r['batch_samples']} a batch), K={k}: {r['tok_s']:,.0f} tok/s = "
+            f"{r['mfu']:.1%} MFU ({r['flops_per_token'] / 1e6:,.1f} MFLOP a token counted); "
+            f"{r['data_wait']:.1%} of step time waiting for data; {r['step_s'] * 1000:.0f} ms a step{mem}")
+        results.append(r)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        if not a.keep:
+            shutil.rmtree(work / f"data-{seq}", ignore_errors=True)
+    if not a.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    bc.save_json({"shape": a.shape, "device": bc.device_line(), "matmul_flops": rate, "matmul": what, "k": k,
+                  "token_budget": budget, "results": results},
+                 a.json or bc.default_json(f"train_throughput_{a.shape}.json"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
