@@ -14,9 +14,14 @@ wait for the next batch and the whole step (the step ends with a device sync).
 MFU counts useful FLOPs only (the issue's formula), per token of a T-token sample:
   3 x (fc 2*3H*H + K x (q 2*2H*NH*D + k,v 2*2*2H*NKV*D + o 2*H*H
        + MLP 3*2*H*I + LM head 2*H*Vd + causal attention 4*(T/2)*NH*D))
---program also runs `python -m ops.train` itself on the same data and prints
-the tok/s of its last progress line beside the in-process figure.
+--program SEQS also runs `python -m ops.train` itself on the same data (for
+those sample lengths) and prints its progress lines' tok/s beside ours.
+--levers flex,chunked,fused-adamw times the drafter's speed levers
+(ops/drafter/model.py) instead of today's path; --check-levers first compares
+one batch's loss, accuracies and gradients against today's path at this shape
+(the CPU tests cannot: FlexAttention has no CPU backward).
 Usage: python benchmarks/train_throughput.py [--shape 8b|tiny] [--seq 2048,4096] [--steps N] [--out DIR]
+       [--program 2048] [--levers flex,chunked,fused-adamw] [--check-levers]
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ SHAPES = {
     "tiny": (bc.LLAMA_TINY, 200, 3, 256, "64,128", 1, 3),
 }
 AUX_IDS = [1, 3, 4]   # any three layers: the ids only label the data
+LEVERS = ("flex", "chunked", "fused-adamw")
 
 
 def log(msg: str) -> None:
@@ -110,8 +116,41 @@ def write_data(path: Path, samples: int, seq: int, hidden: int, vocab: int, devi
     return bc.dir_bytes(path)
 
 
+def apply_levers(model, levers: list[str]) -> None:
+    model.ttt_attention = "flex" if "flex" in levers else "mask"
+    model.loss = "chunked" if "chunked" in levers else "full"
+
+
+def check_levers(model, view, batch, k: int, levers: list[str], device, dtype) -> str:
+    """One batch through today's path and the levers' path, same weights."""
+    import copy
+
+    import torch
+
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
+    input_ids = batch["input_ids"].to(device)
+    aux = batch["aux"].to(device, dtype=dtype)
+    tgt, ok = view.targets(batch["final"].to(device, dtype=dtype), batch["loss_mask"].to(device), batch["lengths"])
+    out = []
+    for variant in (copy.deepcopy(model), model):
+        apply_levers(variant, levers if variant is model else [])
+        variant.zero_grad(set_to_none=True)
+        with autocast:
+            loss, losses, correct, counts = variant(input_ids, aux, view.embed, tgt, ok, k, 0.8)
+            loss.backward()
+        grads = torch.cat([p.grad.float().flatten() for p in variant.parameters() if p.grad is not None])
+        out.append((float(loss), (correct / counts.clamp(min=1)).tolist(), grads))
+        variant.zero_grad(set_to_none=True)
+    (l0, a0, g0), (l1, a1, g1) = out
+    cos = float(torch.nn.functional.cosine_similarity(g0, g1, 0))
+    rel = float((g1 - g0).norm() / g0.norm().clamp(min=1e-30))
+    return (f"levers {','.join(levers)} vs today's path on one batch: loss {l1:.5f} vs {l0:.5f} "
+            f"(rel {abs(l1 - l0) / max(abs(l0), 1e-30):.1e}); acc max diff {max(abs(x - y) for x, y in zip(a0, a1)):.4f}; "
+            f"gradient cosine {cos:.6f}, rel norm of the difference {rel:.1e}")
+
+
 def measure(work: Path, seq: int, k: int, budget: int, warmup: int, steps: int, workers: int,
-            device, rate: float) -> dict:
+            device, rate: float, levers: list[str] = (), check: bool = False) -> dict:
     """ops.train's step on ops.train's data path; per-step wait and step times."""
     import torch
     from torch.utils.data import DataLoader
@@ -143,13 +182,18 @@ def measure(work: Path, seq: int, k: int, budget: int, warmup: int, steps: int, 
     for p in model.parameters():
         (no_decay if p.dim() < 2 else decay).append(p)
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.0}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=1e-4, betas=(0.9, 0.95))
+                            lr=1e-4, betas=(0.9, 0.95), **({"fused": True} if "fused-adamw" in levers else {}))
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if use_cuda else contextlib.nullcontext()
     if use_cuda:
         torch.cuda.reset_peak_memory_stats(device)
     it = iter(loader)
     waits, times, tokens, flops = [], [], [], []
     model.train()
+    checked = None
+    if check:
+        checked = check_levers(model, view, dataset[0], k, list(levers), device, dtype)
+        log(checked)
+    apply_levers(model, list(levers))
     for step in range(warmup + steps):
         t0 = time.perf_counter()
         batch = next(it)
@@ -177,26 +221,30 @@ def measure(work: Path, seq: int, k: int, budget: int, warmup: int, steps: int, 
     return {"seq": seq, "batch_samples": len(batches[0]), "steps": steps, "tok_s": sum(tokens) / total,
             "mfu": sum(flops) / total / rate, "data_wait": sum(waits) / total, "step_s": total / steps,
             "peak_alloc": peak[0] if peak else None, "peak_reserved": peak[1] if peak else None,
-            "flops_per_token": flops_per_token(cfg, k, seq), "loss": float(loss)}
+            "flops_per_token": flops_per_token(cfg, k, seq), "loss": float(loss.detach()),
+            "levers": list(levers), "check": checked}
 
 
 PROGRESS_RE = re.compile(r"progress: step (\d+)/(\d+) .* tok/s (\d+)")
 
 
 def run_program(work: Path, seq: int, k: int, budget: int, warmup: int, steps: int) -> float:
-    """tok/s of `python -m ops.train`'s last progress line (a window after the warm-up)."""
+    """`python -m ops.train` on the same data: its progress lines every `warmup`
+    steps; the mean tok/s of the windows after the first (the warm-up)."""
     out = work / f"train-out-{seq}"
+    every = max(1, warmup)
+    total = every * max(2, (warmup + steps) // every)
     argv = [sys.executable, "-m", "ops.train", "--data", str(work / f"data-{seq}"), "--vocab", str(work / "vocab"),
-            "--target", str(work / "target"), "--output", str(out), "--max-steps", str(warmup + steps),
-            "--log-every", str(steps), "--token-budget", str(budget), "--ttt-steps", str(k),
+            "--target", str(work / "target"), "--output", str(out), "--max-steps", str(total),
+            "--log-every", str(every), "--token-budget", str(budget), "--ttt-steps", str(k),
             "--warmup-ratio", "0", "--save-every", str(10 ** 9), "--keep", "1"]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(bc.ROOT), os.environ.get("PYTHONPATH")])))
     proc = subprocess.run(argv, cwd=bc.ROOT, env=env, capture_output=True, text=True)
     shutil.rmtree(out, ignore_errors=True)
-    found = PROGRESS_RE.findall(proc.stdout)
-    if proc.returncode != 0 or not found:
+    found = [float(m[2]) for m in PROGRESS_RE.findall(proc.stdout)]
+    if proc.returncode != 0 or len(found) < 2:
         raise SystemExit(f"error: ops.train exited {proc.returncode}:\n{(proc.stdout + proc.stderr)[-3000:]}")
-    return float(found[-1][2])
+    return sum(found[1:]) / len(found[1:])
 
 
 def main() -> int:
@@ -208,7 +256,9 @@ def main() -> int:
     ap.add_argument("--token-budget", type=int, default=None)
     ap.add_argument("--ttt-steps", type=int, default=None)
     ap.add_argument("--workers", type=int, default=2, help="DataLoader workers (ops.train's default)")
-    ap.add_argument("--program", action="store_true", help="also run python -m ops.train on the same data")
+    ap.add_argument("--program", default="", help="comma-separated lengths at which to also run python -m ops.train")
+    ap.add_argument("--levers", default="", help=f"comma-separated, of {', '.join(LEVERS)}")
+    ap.add_argument("--check-levers", action="store_true", help="compare one batch against today's path first")
     ap.add_argument("--out", type=Path, default=None, help="working folder (default: a new temp folder)")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--json", type=Path, default=None)
@@ -222,6 +272,11 @@ def main() -> int:
     warmup = a.warmup if a.warmup is not None else warmup
     steps = a.steps or steps
     seqs = [int(s) for s in (a.seq or seqs).split(",")]
+    program_seqs = {int(s) for s in a.program.split(",") if s.strip()}
+    levers = [x.strip() for x in a.levers.split(",") if x.strip()]
+    bad = [x for x in levers if x not in LEVERS]
+    if bad:
+        raise SystemExit(f"error: --levers {','.join(bad)}: expected some of {', '.join(LEVERS)}")
     root = a.out or Path(tempfile.mkdtemp(prefix="train-throughput-"))
     work = root / f"train-throughput-{a.shape}"
     shutil.rmtree(work, ignore_errors=True)
@@ -243,7 +298,7 @@ def main() -> int:
         log(f"data {seq}: {n} samples x {seq} tokens, {written / 2**30:.2f} GiB on disk "
             f"(written in {time.perf_counter() - t0:.0f} s)")
         try:
-            r = measure(work, seq, k, budget, warmup, steps, a.workers, device, rate)
+            r = measure(work, seq, k, budget, warmup, steps, a.workers, device, rate, levers, a.check_levers)
         except torch.OutOfMemoryError as exc:
             log(f"train {seq}-token samples, K={k}: does not fit ({str(exc).splitlines()[0]})")
             results.append({"seq": seq, "oom": str(exc).splitlines()[0]})
@@ -251,10 +306,11 @@ def main() -> int:
             continue
         mem = (f"; peak memory {r['peak_alloc'] / 2**30:.1f} GiB allocated, {r['peak_reserved'] / 2**30:.1f} GiB "
                f"reserved" if r["peak_alloc"] is not None else "")
-        if a.program:
+        if seq in program_seqs:
             r["program_tok_s"] = run_program(work, seq, k, budget, warmup, steps)
             mem += f"; python -m ops.train said {r['program_tok_s']:,.0f} tok/s"
-        log(f"train {seq}-token samples ({r['batch_samples']} a batch), K={k}: {r['tok_s']:,.0f} tok/s = "
+        log(f"train {seq}-token samples ({r['batch_samples']} a batch), K={k}"
+            + (f", levers {','.join(levers)}" if levers else "") + f": {r['tok_s']:,.0f} tok/s = "
             f"{r['mfu']:.1%} MFU ({r['flops_per_token'] / 1e6:,.1f} MFLOP a token counted); "
             f"{r['data_wait']:.1%} of step time waiting for data; {r['step_s'] * 1000:.0f} ms a step{mem}")
         results.append(r)
@@ -264,9 +320,10 @@ def main() -> int:
             shutil.rmtree(work / f"data-{seq}", ignore_errors=True)
     if not a.keep:
         shutil.rmtree(work, ignore_errors=True)
+    suffix = "_" + "_".join(levers) if levers else ""
     bc.save_json({"shape": a.shape, "device": bc.device_line(), "matmul_flops": rate, "matmul": what, "k": k,
-                  "token_budget": budget, "results": results},
-                 a.json or bc.default_json(f"train_throughput_{a.shape}.json"))
+                  "token_budget": budget, "levers": levers, "results": results},
+                 a.json or bc.default_json(f"train_throughput_{a.shape}{suffix}.json"))
     return 0
 
 

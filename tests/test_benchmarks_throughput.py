@@ -60,7 +60,7 @@ def test_mfu_count_is_the_issues_formula():
 
 @pytest.mark.slow
 def test_train_throughput_tiny_prints_its_ratios(tmp_path):
-    out = run_benchmark("train_throughput.py", "--shape", "tiny", "--out", str(tmp_path), "--program",
+    out = run_benchmark("train_throughput.py", "--shape", "tiny", "--out", str(tmp_path), "--program", "64,128",
                         "--json", str(tmp_path / "r.json"))
     assert out.startswith("device: CPU")
     for seq in (64, 128):
@@ -69,3 +69,14 @@ def test_train_throughput_tiny_prints_its_ratios(tmp_path):
         assert re.search(r"\d+\.\d% of step time waiting for data", line), line
         assert re.search(r"python -m ops.train said [\d,]+ tok/s", line), line
     assert (tmp_path / "r.json").is_file()
+
+
+@pytest.mark.slow
+def test_train_throughput_tiny_with_levers_checks_them_first(tmp_path):
+    # flex has no CPU backward: the chunked loss and fused AdamW are what the CPU can time.
+    out = run_benchmark("train_throughput.py", "--shape", "tiny", "--seq", "64", "--out", str(tmp_path),
+                        "--levers", "chunked,fused-adamw", "--check-levers")
+    check = next(ln for ln in out.splitlines() if ln.startswith("levers chunked,fused-adamw vs today's path"))
+    cos = float(re.search(r"gradient cosine ([\d.]+)", check).group(1))
+    assert cos > 0.9999, check
+    assert re.search(r"train 64-token samples .*levers chunked,fused-adamw: [\d,]+ tok/s = \d+\.\d% MFU", out)
