@@ -131,16 +131,29 @@ def check_levers(model, view, batch, k: int, levers: list[str], device, dtype) -
     input_ids = batch["input_ids"].to(device)
     aux = batch["aux"].to(device, dtype=dtype)
     tgt, ok = view.targets(batch["final"].to(device, dtype=dtype), batch["loss_mask"].to(device), batch["lengths"])
-    out = []
-    for variant in (copy.deepcopy(model), model):
-        apply_levers(variant, levers if variant is model else [])
+    def one(variant, lv):
+        apply_levers(variant, lv)
         variant.zero_grad(set_to_none=True)
-        with autocast:
-            loss, losses, correct, counts = variant(input_ids, aux, view.embed, tgt, ok, k, 0.8)
-            loss.backward()
+        try:
+            with autocast:
+                loss, losses, correct, counts = variant(input_ids, aux, view.embed, tgt, ok, k, 0.8)
+                loss.backward()
+        except torch.OutOfMemoryError as exc:
+            return str(exc).splitlines()[0]     # the text only: the traceback would pin the memory
         grads = torch.cat([p.grad.float().flatten() for p in variant.parameters() if p.grad is not None])
-        out.append((float(loss), (correct / counts.clamp(min=1)).tolist(), grads))
         variant.zero_grad(set_to_none=True)
+        return float(loss), (correct / counts.clamp(min=1)).tolist(), grads
+
+    today = copy.deepcopy(model)
+    out = [one(today, [])]
+    del today
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    out.append(one(model, levers))
+    apply_levers(model, [])
+    if isinstance(out[0], str) or isinstance(out[1], str):
+        which = "today's path" if isinstance(out[0], str) else "the levers"
+        return f"levers {','.join(levers)} not compared: {which} ran out of memory on one batch ({out[0] if isinstance(out[0], str) else out[1]})"
     (l0, a0, g0), (l1, a1, g1) = out
     cos = float(torch.nn.functional.cosine_similarity(g0, g1, 0))
     rel = float((g1 - g0).norm() / g0.norm().clamp(min=1e-30))
