@@ -122,3 +122,12 @@ def test_bad_lever_names_are_errors():
     model.loss, model.ttt_attention = "full", "sparse"
     with pytest.raises(ValueError, match="ttt_attention 'sparse'"):
         model(*batch)
+
+
+def test_block_mask_skips_what_the_ttt_mask_forbids():
+    """The lever's point: at 4 query blocks of 128, step 3 of 7 slots touches the
+    10 causal blocks of step 0 and one diagonal block per query block and later
+    step (3 x 4), not the 4 x 4 x 4 blocks of the explicit mask's 4 steps."""
+    bm = model_mod.ttt_block_mask(512, 3, 7, "cpu")
+    full = bm.kv_num_blocks.sum() + (bm.full_kv_num_blocks.sum() if bm.full_kv_num_blocks is not None else 0)
+    assert int(full) == 10 + 3 * 4
