@@ -33,7 +33,7 @@ step() {   # step NAME SECONDS COMMAND...
 
 step extract_8b 170 $PY benchmarks/extract_throughput.py --shape 8b --out "$WORK" --durable fsync,syncfs
 rm -rf "$WORK"/extract-throughput-*       # a step killed by its limit leaves its 16 GB target
-step train_8b 110 $PY benchmarks/train_throughput.py --shape 8b --seq 2048,4096 --out "$WORK" --program 2048
+step train_8b 120 $PY benchmarks/train_throughput.py --shape 8b --seq 2048,4096 --out "$WORK" --program 2048
 # The levers: first one batch against today's path (gradients included: the CPU tests cannot
 # run FlexAttention's backward), then timed; flex compiles on the first step.
 step train_8b_levers 100 $PY benchmarks/train_throughput.py --shape 8b --seq 2048,4096 --out "$WORK" \
@@ -41,7 +41,7 @@ step train_8b_levers 100 $PY benchmarks/train_throughput.py --shape 8b --seq 204
 step status 45 $PY benchmarks/status_cost.py --dir "$WORK/status" --log-gb 1 --repeat 5 --gpu-worker \
   --profile "$OUT/profiles"
 # The MoE shape last (cheapest to lose): DeepSeek-V2-Lite's layer shapes, 8 of its 27 layers.
-step extract_moe 65 $PY benchmarks/extract_throughput.py --shape moe --layers 8 --samples 32 --naive-samples 4 \
+step extract_moe 55 $PY benchmarks/extract_throughput.py --shape moe --layers 8 --samples 32 --naive-samples 4 \
   --out "$WORK"
 rm -rf "$WORK"
 # The figures, one place (the call's output keeps only its last 12,000 characters).
