@@ -7,7 +7,12 @@ log of a real registered run), then in the same invocation times:
   process:  `eagle3-console status --json` as a whole process (after a first
             one, so its persisted cache is warm, as under cron)
 and prints the ratios. Goals: refresh <= 1/10 of baseline; process <= 0.5 s.
-Usage: python benchmarks/status_cost.py [--dir DIR] [--log-gb 1] [--repeat 5]
+On a GPU machine, --gpu-worker also starts a supervised stage holding 2 GiB
+of GPU memory and times `status --json` with NVML live against
+`nvidia-smi --query-gpu=memory.used,memory.total --format=csv` (issue 11's
+goal: <= 0.15 s); --profile DIR writes `-X importtime` and a cProfile of one
+such process there.
+Usage: python benchmarks/status_cost.py [--dir DIR] [--log-gb 1] [--repeat 5] [--gpu-worker] [--profile DIR]
 """
 
 from __future__ import annotations
@@ -81,6 +86,9 @@ def main() -> int:
     ap.add_argument("--dir", type=Path, default=None)
     ap.add_argument("--log-gb", type=float, default=1.0)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--gpu-worker", action="store_true",
+                    help="GPU machine: time status --json with NVML live while a stage holds GPU memory")
+    ap.add_argument("--profile", type=Path, default=None, help="write importtime and cProfile output here")
     a = ap.parse_args()
     root = a.dir or Path(tempfile.mkdtemp(prefix="status-cost-"))
     root.mkdir(parents=True, exist_ok=True)
@@ -107,7 +115,61 @@ def main() -> int:
     print(f"collect() refresh (median):   {refresh * 1000:8.1f} ms  ratio refresh/baseline = {refresh / baseline:.3f} "
           f"(goal <= 0.100: {'PASS' if refresh <= baseline / 10 else 'FAIL'})")
     print(f"status --json whole process:  {process * 1000:8.1f} ms  (goal <= 500 ms: {'PASS' if process <= 0.5 else 'FAIL'})")
+    if a.gpu_worker:
+        gpu_status(root, a.repeat, a.profile)
+    elif a.profile:
+        profile(cmd, a.profile, "status_no_gpus")
     return 0
+
+
+def profile(cmd: list[str], directory: Path, name: str) -> None:
+    """One process under -X importtime and one under cProfile (both stdlib)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / f"{name}_importtime.txt", "w") as fh:
+        subprocess.run([cmd[0], "-X", "importtime", *cmd[1:]], stdout=subprocess.DEVNULL, stderr=fh)
+    prof = directory / f"{name}.prof"
+    subprocess.run([cmd[0], "-m", "cProfile", "-o", str(prof), *cmd[1:]], stdout=subprocess.DEVNULL)
+    import pstats
+    with open(directory / f"{name}_profile.txt", "w") as fh:
+        pstats.Stats(str(prof), stream=fh).sort_stats("cumulative").print_stats(40)
+    print(f"profiles: {directory}/{name}_importtime.txt, {name}_profile.txt")
+
+
+WORKER = ("import time, torch; x = torch.empty(2 << 30, dtype=torch.uint8, device='cuda'); x.fill_(1); "
+          "torch.cuda.synchronize(); print('worker holds 2 GiB', flush=True); time.sleep(900)")
+
+
+def gpu_status(root: Path, repeat: int, profile_dir: Path | None) -> None:
+    """status --json with NVML live and a supervised stage on the GPU, beside nvidia-smi."""
+    toml = root / "eagle3.toml"
+    text = toml.read_text()
+    if "[stages.gpuworker]" not in text:
+        toml.write_text(text + f"\n[stages.gpuworker]\nargv = [\"python\", \"-c\", {json.dumps(WORKER)}]\n")
+    cli = [sys.executable, "-m", "eagle3_console.cli", "-w", str(root)]
+    subprocess.run([*cli, "run", "gpuworker", "--force"], check=True, stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        seen = False
+        while time.monotonic() < deadline and not seen:
+            snap = json.loads(subprocess.run([*cli, "status", "--json"], capture_output=True, text=True).stdout)
+            seen = any(p.get("stage") == "gpuworker"
+                       for g in snap.get("gpus", []) for p in g.get("processes", []))
+            time.sleep(0.5)
+        print(f"GPU worker on the GPU and tied to its stage: {seen}")
+        smi = ["nvidia-smi", "--query-gpu=memory.used,memory.total", "--format=csv"]
+        smi_s = timed(lambda: subprocess.run(smi, stdout=subprocess.DEVNULL, check=True), repeat)
+        cmd = [*cli, "status", "--json"]
+        subprocess.run(cmd, stdout=subprocess.DEVNULL)
+        status_s = timed(lambda: subprocess.run(cmd, stdout=subprocess.DEVNULL), repeat)
+        bare = timed(lambda: subprocess.run([sys.executable, "-c", "pass"]), repeat)
+        print(f"nvidia-smi --query-gpu (median):       {smi_s * 1000:8.1f} ms")
+        print(f"python -c pass (interpreter start):    {bare * 1000:8.1f} ms")
+        print(f"status --json, NVML live, worker on:   {status_s * 1000:8.1f} ms  "
+              f"(goal <= 150 ms: {'PASS' if status_s <= 0.15 else 'FAIL'}; {status_s / smi_s:.1f}x nvidia-smi)")
+        if profile_dir:
+            profile(cmd, profile_dir, "status_gpu")
+    finally:
+        subprocess.run([*cli, "stop", "gpuworker", "--grace", "5"], stdout=subprocess.DEVNULL)
 
 
 if __name__ == "__main__":

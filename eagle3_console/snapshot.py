@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
 import time
 from pathlib import Path
@@ -123,7 +122,7 @@ class Collector:
     def collect(self) -> Snapshot:
         self._table = None
         now = time.time()
-        snap = Snapshot(workspace=str(self.ws.root), host=socket.gethostname(), time=now)
+        snap = Snapshot(workspace=str(self.ws.root), host=os.uname().nodename, time=now)
         pipe = cfg.load(self.ws.config_path)
         latest: dict[str, Run | None] = {}
         refs: list[RunRef] = []

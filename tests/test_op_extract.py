@@ -296,3 +296,52 @@ def test_spec_argv_is_what_the_program_parses():
     for key, default in SPEC.params.items():
         if default is not None and not isinstance(default, bool) and key not in ("input", "output"):
             assert str(getattr(args, key)) == str(default) or key == "layer_ids", key
+
+
+@pytest.mark.parametrize("mode", ["fsync", "syncfs"])
+def test_sample_files_are_durable_before_the_config_says_complete(tiny, tmp_path, capsys, monkeypatch, mode):
+    """Every sample file's bytes (fsync before its rename) or the whole filesystem
+    (one syncfs) reach the disk before data_config.json says complete."""
+    from ops.extract import durable
+
+    target, prepared = tiny
+    out = tmp_path / "out"
+    events: list[tuple[str, str]] = []
+    real_fsync, real_syncfs = os.fsync, durable._syncfs
+
+    def spy_fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def spy_syncfs(path):
+        events.append(("syncfs", str(path)))
+        return real_syncfs(path)
+
+    def config_status():
+        cfg = out / DATA_CONFIG
+        return json.loads(cfg.read_text()).get("status") if cfg.exists() else None
+
+    import ops.common
+    real_write = ops.common.write_json_atomic
+
+    def spy_write(path, data):
+        if Path(path).name == DATA_CONFIG and data.get("status") == "complete":
+            events.append(("complete", str(path)))
+        return real_write(path, data)
+
+    monkeypatch.setattr(os, "fsync", spy_fsync)
+    monkeypatch.setattr(durable, "_syncfs", spy_syncfs)
+    monkeypatch.setattr("ops.extract.output.write_json_atomic", spy_write)
+    assert run_main(extract_main, extract_argv(target, prepared, out, "--durable", mode)) == 0
+    assert config_status() == "complete"
+    assert "extract: durable: " in capsys.readouterr().out
+    done_at = events.index(("complete", str(out / DATA_CONFIG)))
+    before = events[:done_at]
+    if mode == "fsync":
+        synced = {Path(p).name for kind, p in before if kind == "fsync"}
+        for idx in range(24):
+            assert sample_path(out, idx).name + ".tmp" in synced, idx
+        assert "rows_0-2000" in synced and out.name in synced   # the renames
+    else:
+        assert ("syncfs", str(out)) in before
+        assert not [p for kind, p in before if kind == "fsync" and ".safetensors" in p]

@@ -203,3 +203,17 @@ def test_spec_params_are_the_programs_flags(stage):
         assert getattr(args, key) == value
     code = f"import sys, ops.{stage}.spec; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
+
+
+def test_chunked_loss_and_fused_adamw_follow_the_default_loss_curve(assets, tmp_path):
+    """ops.train --loss chunked --fused-adamw (issue 11's speed levers) trains the
+    same run as the defaults, step for step (fp32 on the CPU: rounding only)."""
+    common = ("--max-steps", "6", "--save-every", "1000")
+    assert run_train(train_argv(assets, tmp_path / "default", *common)) == 0
+    assert run_train(train_argv(assets, tmp_path / "levers", *common, "--loss", "chunked", "--fused-adamw")) == 0
+    a, b = metrics(tmp_path / "default"), metrics(tmp_path / "levers")
+    assert sorted(a) == sorted(b) == list(range(1, 7))
+    for step in a:
+        assert b[step]["loss"] == pytest.approx(a[step]["loss"], rel=1e-4, abs=1e-5), step
+        assert b[step]["acc"] == pytest.approx(a[step]["acc"], abs=1e-3), step
+        assert b[step]["counted"] == a[step]["counted"]

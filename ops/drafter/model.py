@@ -19,6 +19,16 @@ Two ways through the same weights:
 
 The target's embedding is not a parameter here: it is frozen and passed in, so
 that neither DDP nor the checkpoint carries a vocab x hidden copy of it.
+
+Training-speed levers (issue 11), attributes of the module, each equal to the
+default within bf16 noise on the same batch (tests/test_drafter_levers.py):
+- ttt_attention "flex": the TTT mask as a FlexAttention block mask over all K
+  steps' key slots (one compiled kernel per length; blocks with no allowed
+  key are skipped, so steps 1..k cost a diagonal, not a full T x T each).
+  Backward needs CUDA (FlexAttention has none on the CPU).
+- loss "chunked": the LM head and the soft cross-entropy per chunk of rows in
+  one autograd node whose forward also computes its gradients, so the
+  [B, T, draft vocab] fp32 logits of K steps are never held at once.
 """
 
 from __future__ import annotations
@@ -63,6 +73,12 @@ class Eagle3Attention(nn.Module):
         b, _, t, _ = out.shape
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
 
+    def attend_flex(self, q, k, v, block_mask) -> torch.Tensor:
+        flex = _flex_attention()["compiled" if q.is_cuda else "eager"]
+        out = flex(q, k.to(q.dtype), v.to(q.dtype), block_mask=block_mask, enable_gqa=self.n_kv != self.n_heads)
+        b, _, t, _ = out.shape
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
+
 
 class Eagle3DecoderLayer(nn.Module):
     def __init__(self, cfg: DrafterConfig):
@@ -93,6 +109,34 @@ def ttt_mask(t: int, step: int, device) -> torch.Tensor:
     return torch.cat([causal] + [eye] * step, dim=1)
 
 
+def _flex_attention():
+    """FlexAttention, compiled on first use where it can be (CUDA)."""
+    global _FLEX
+    if _FLEX is None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _FLEX = {"eager": flex_attention, "compiled": torch.compile(flex_attention, dynamic=False)}
+    return _FLEX
+
+
+_FLEX = None
+
+
+def ttt_block_mask(t: int, step: int, slots: int, device):
+    """The BlockMask of ttt_mask(t, step) over `slots` x t key positions
+    (slots > step + 1 leaves the later steps' slots empty, so every step of one
+    length shares one compiled kernel; `step` is a tensor for the same reason)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    k = torch.tensor(step, device=device)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        slot = kv_idx // t
+        return ((slot == 0) & (kv_idx <= q_idx)) | ((slot >= 1) & (slot <= k) & (kv_idx - slot * t == q_idx))
+
+    return create_block_mask(mask_mod, None, None, t, slots * t, device=device)
+
+
 class DraftCache:
     """Keys/values of the drafter's one layer for incremental decoding."""
 
@@ -110,6 +154,10 @@ class DraftCache:
 
 
 class Eagle3Drafter(nn.Module):
+    ttt_attention = "mask"      # or "flex" (module docstring)
+    loss = "full"               # or "chunked"
+    loss_chunk_rows = 4096      # rows of [rows, draft vocab] fp32 a chunk of the chunked loss
+
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
         from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
@@ -158,10 +206,19 @@ class Eagle3Drafter(nn.Module):
                steps: int):
         """Yield (k, logits [B,T,Vd]) for k = 0..steps-1. Step k at index t reads
         token t+k+1 at position t+k and predicts token t+k+2."""
+        for k, hidden in self.unroll_states(input_ids, aux, embed_weight, steps):
+            yield k, self.lm_head(self.norm(hidden))
+
+    def unroll_states(self, input_ids: torch.Tensor, aux: torch.Tensor, embed_weight: torch.Tensor,
+                      steps: int):
+        """Yield (k, output state [B,T,H] pre-norm) for k = 0..steps-1 (see unroll)."""
         b, t = input_ids.shape
         hidden = self.fc(aux)
         pad_ids = F.pad(input_ids, (0, steps + 1))
         keys, values = [], []
+        flex = self.ttt_attention == "flex"
+        if self.ttt_attention not in ("mask", "flex"):
+            raise ValueError(f"ttt_attention {self.ttt_attention!r}: expected 'mask' or 'flex'")
         for k in range(steps):
             with torch.no_grad():
                 embeds = F.embedding(pad_ids[:, k + 1:k + 1 + t], embed_weight).to(hidden.dtype)
@@ -170,13 +227,29 @@ class Eagle3Drafter(nn.Module):
             q, kk, vv = self.midlayer.qkv(embeds, hidden, cos, sin)
             keys.append(kk)
             values.append(vv)
+            attn_mod = self.midlayer.self_attn
             if k == 0:
-                attn = self.midlayer.self_attn.attend(q, kk, vv, None, causal=True)
+                attn = attn_mod.attend(q, kk, vv, None, causal=True)
+            elif flex:
+                # Every step's keys in `steps` slots (the later ones zeros, masked
+                # out): one shape, so one compiled kernel for all k.
+                empty = [torch.zeros_like(kk)] * (steps - k - 1)
+                attn = attn_mod.attend_flex(q, torch.cat(keys + empty, 2), torch.cat(values + empty, 2),
+                                            self._block_mask(t, k, steps, aux.device))
             else:
-                attn = self.midlayer.self_attn.attend(q, torch.cat(keys, 2), torch.cat(values, 2),
-                                                      ttt_mask(t, k, aux.device))
+                attn = attn_mod.attend(q, torch.cat(keys, 2), torch.cat(values, 2),
+                                       ttt_mask(t, k, aux.device))
             hidden = self.midlayer.finish(hidden, attn)
-            yield k, self.lm_head(self.norm(hidden))
+            yield k, hidden
+
+    def _block_mask(self, t: int, step: int, slots: int, device):
+        cache = self.__dict__.setdefault("_block_masks", {})
+        key = (t, step, slots, str(device))
+        if key not in cache:
+            if len(cache) > 64:
+                cache.clear()
+            cache[key] = ttt_block_mask(t, step, slots, device)
+        return cache[key]
 
     def forward(self, input_ids: torch.Tensor, aux: torch.Tensor, embed_weight: torch.Tensor,
                 target_logits: torch.Tensor, target_ok: torch.Tensor, steps: int,
@@ -195,17 +268,26 @@ class Eagle3Drafter(nn.Module):
         pad_ok = F.pad(target_ok, (0, steps + 1))
         total = aux.new_zeros((), dtype=torch.float32)
         losses, correct, counts = [], [], []
-        for k, logits in self.unroll(input_ids, aux, embed_weight, steps):
-            logits = logits.float()
-            tgt = pad_logits[:, k + 1:k + 1 + t].float()
+        if self.loss not in ("full", "chunked"):
+            raise ValueError(f"loss {self.loss!r}: expected 'full' or 'chunked'")
+        for k, hidden in self.unroll_states(input_ids, aux, embed_weight, steps):
+            tgt = pad_logits[:, k + 1:k + 1 + t]
             ok = pad_ok[:, k + 1:k + 1 + t]
             okf = ok.float()
             n = okf.sum()
-            ce = -(torch.softmax(tgt, -1) * torch.log_softmax(logits, -1)).sum(-1)
-            loss_k = (ce * okf).sum() / n.clamp(min=1.0)
+            if self.loss == "chunked":
+                ce_sum, right = _ChunkedSoftCE.apply(self.norm(hidden), self.lm_head.weight, tgt, okf,
+                                                     self.loss_chunk_rows)
+            else:
+                logits = self.lm_head(self.norm(hidden)).float()
+                tgt = tgt.float()
+                ce = -(torch.softmax(tgt, -1) * torch.log_softmax(logits, -1)).sum(-1)
+                ce_sum = (ce * okf).sum()
+                right = ((logits.argmax(-1) == tgt.argmax(-1)) & ok).sum().float()
+            loss_k = ce_sum / n.clamp(min=1.0)
             total = total + (decay ** k) * loss_k
             losses.append(loss_k.detach())
-            correct.append(((logits.argmax(-1) == tgt.argmax(-1)) & ok).sum().float())
+            correct.append(right)
             counts.append(n.detach())
         return total, torch.stack(losses), torch.stack(correct), torch.stack(counts)
 
@@ -233,3 +315,47 @@ class Eagle3Drafter(nn.Module):
         cache.k, cache.v = k, v
         out = self.midlayer.finish(hidden, attn)
         return out, self.lm_head(self.norm(out))
+
+
+class _ChunkedSoftCE(torch.autograd.Function):
+    """sum over counted rows of soft CE(target logits, x @ W^T), and the count of
+    rows whose argmaxes agree, a chunk of rows at a time. The forward computes
+    d(sum)/dx and d(sum)/dW as it goes (d CE / d logits = softmax(logits) -
+    softmax(target)), so only [chunk, Vd] is ever live; backward scales them.
+    Matmuls in the autocast dtype where autocast is on, as nn.Linear's would be."""
+
+    @staticmethod
+    def forward(ctx, x, weight, target, okf, chunk_rows):
+        device = x.device.type
+        mm = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
+        h = x.shape[-1]
+        xs = x.reshape(-1, h)
+        ts = target.reshape(-1, target.shape[-1])
+        oks = okf.reshape(-1)
+        w = weight.to(mm)
+        with torch.autocast(device, enabled=False):
+            grad_x = torch.empty(xs.shape, dtype=x.dtype, device=x.device)
+            grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+            ce_sum = torch.zeros((), dtype=torch.float32, device=x.device)
+            right = torch.zeros((), dtype=torch.float32, device=x.device)
+            for i in range(0, xs.shape[0], chunk_rows):
+                xc = xs[i:i + chunk_rows].to(mm)
+                logits = (xc @ w.T).float()
+                tc = ts[i:i + chunk_rows].float()
+                okc = oks[i:i + chunk_rows]
+                log_p = torch.log_softmax(logits, -1)
+                p_t = torch.softmax(tc, -1)
+                ce_sum += (-(p_t * log_p).sum(-1) * okc).sum()
+                right += ((logits.argmax(-1) == tc.argmax(-1)).float() * okc).sum()
+                g = ((log_p.exp() - p_t) * okc[:, None]).to(mm)
+                grad_x[i:i + chunk_rows] = (g @ w).to(x.dtype)
+                grad_w += (g.T @ xc).float()
+        ctx.save_for_backward(grad_x.view(x.shape), grad_w)
+        ctx.weight_dtype = weight.dtype
+        ctx.mark_non_differentiable(right)
+        return ce_sum, right
+
+    @staticmethod
+    def backward(ctx, grad_sum, _grad_right):
+        grad_x, grad_w = ctx.saved_tensors
+        return grad_x * grad_sum.to(grad_x.dtype), (grad_w * grad_sum).to(ctx.weight_dtype), None, None, None

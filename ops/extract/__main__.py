@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from ops.common import run_main
+from ops.extract.durable import MODES
 from ops.extract.spec import SPEC
 
 
@@ -40,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cap on the share of each GPU's memory this process takes (leaves room for others)")
     p.add_argument("--tokens", type=int, default=d["tokens"],
                    help="token count for the disk estimate (default: the input's)")
+    p.add_argument("--durable", default=d["durable"], choices=MODES,
+                   help="how sample files reach the disk before data_config.json says complete: "
+                        "fsync each file before its rename, or one syncfs of the filesystem at the end")
     p.add_argument("--force", action="store_true", help="start even if the disk estimate exceeds free space")
     return p
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ops.common import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, BadInput
-from ops.extract import batching, output, preflight, target as target_mod
+from ops.extract import batching, durable, output, preflight, target as target_mod
 from ops.extract.capture import HiddenStateCapture
 from ops.extract.progress import Progress
 from ops.extract.samples import load_samples
@@ -205,7 +205,8 @@ class _Loop:
                                   bar=self.rank == 0,
                                   errors=lambda: writer_box[0].errors.count if writer_box else 0)
         writer = SampleWriter(self.args.writers, self.args.queue_size,
-                                    on_written=lambda idx, n: progress.add(1, n))
+                                    on_written=lambda idx, n: progress.add(1, n),
+                                    fsync=self.args.durable == "fsync")
         writer_box.append(writer)
         self.writer = writer
         batches = batching.plan_batches(mine, self.lengths.__getitem__, self.args.token_budget)
@@ -223,6 +224,10 @@ class _Loop:
             print(str(exc), file=sys.stderr, flush=True)
             raise SystemExit(EXIT_FAILURE) from None
         writer.close()
+        # Before progress.close(), so the closing tok/s pays for durability;
+        # before the caller's all_reduce, so every rank's files are down
+        # before rank 0 writes "complete".
+        log(durable.finish(self.out_dir, self.args.durable))
         progress.close()
         self.capture.close()
         for message in writer.errors.messages:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ops.extract.durable import DEFAULT as DURABLE
 from ops.formats import SAMPLE_RE, TMP_SUFFIX, BadSampleFile, check_whole
 from ops.spec import REQUIRED, EstimateContext, OpSpec, dtype_bytes
 
@@ -94,6 +95,7 @@ SPEC = OpSpec(
         "progress_interval": 5.0,   # seconds between `progress:` lines
         "memory_fraction": None,    # cap on each GPU's memory this process may take (0..1]
         "tokens": None,             # override for the estimate when no summary exists
+        "durable": DURABLE,         # "fsync" (each file) or "syncfs" (once, at the end): durable.py
         "force": False,
     },
     output_params=("output",),

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ops.extract.durable import fsync_path
 from ops.formats import TMP_SUFFIX
 
 
@@ -35,12 +36,14 @@ class WriterErrors:
     messages: list[str] = field(default_factory=list)
 
 
-def write_sample(path: Path, tensors: dict) -> None:
+def write_sample(path: Path, tensors: dict, fsync: bool = False) -> None:
     from safetensors.torch import save_file
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + TMP_SUFFIX)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
+    if fsync:   # durable.py: the bytes are on disk before the name says whole
+        fsync_path(tmp)
     os.replace(tmp, path)
 
 
@@ -48,11 +51,12 @@ class SampleWriter:
     """A bounded queue feeding `threads` writer threads."""
 
     def __init__(self, threads: int, queue_size: int,
-                 on_written: Callable[[int, int], None]) -> None:
+                 on_written: Callable[[int, int], None], fsync: bool = False) -> None:
         if threads < 1:
             raise ValueError(f"writers must be at least 1, got {threads}")
         self._queue: queue.Queue[WriteJob | None] = queue.Queue(maxsize=max(1, queue_size))
         self._on_written = on_written
+        self._fsync = fsync
         self.errors = WriterErrors()
         self._lock = threading.Lock()
         self._threads = [threading.Thread(target=self._work, name=f"extract-writer-{i}", daemon=True)
@@ -71,7 +75,7 @@ class SampleWriter:
             try:
                 if job.ready is not None:
                     job.ready.synchronize()
-                write_sample(job.path, job.tensors)
+                write_sample(job.path, job.tensors, self._fsync)
             except Exception as exc:  # noqa: BLE001 - one bad write must not stop the others
                 with self._lock:
                     self.errors.count += 1

@@ -55,6 +55,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--num-heads", type=int, default=None, help="override the target's num_attention_heads")
     p.add_argument("--num-kv-heads", type=int, default=None)
     p.add_argument("--intermediate-size", type=int, default=None)
+    # Speed levers (ops/drafter/model.py; equal to the defaults within bf16 noise,
+    # timed by benchmarks/train_throughput.py --levers).
+    p.add_argument("--ttt-attention", choices=("mask", "flex"), default="mask",
+                   help="TTT attention: explicit mask through SDPA, or a FlexAttention block mask (CUDA)")
+    p.add_argument("--loss", choices=("full", "chunked"), default="full",
+                   help="soft CE over full fp32 logits, or chunked with the LM head (less memory)")
+    p.add_argument("--fused-adamw", action="store_true", help="AdamW's fused kernel")
     return p.parse_args(argv)
 
 
@@ -156,6 +163,7 @@ def main(argv=None) -> int:
     torch.manual_seed(args.seed)
     model = Eagle3Drafter(cfg)
     model.init_from_target(head.lm_head, vocab.d2t, vocab.t2d)
+    model.ttt_attention, model.loss = args.ttt_attention, args.loss
     model.to(device)
     dtype = torch.bfloat16 if use_cuda else torch.float32
     view = TargetView(head, vocab, device, dtype, info.final_post_norm)
@@ -179,7 +187,8 @@ def main(argv=None) -> int:
     for name, p in model.named_parameters():
         (no_decay if p.dim() < 2 else decay).append(p)
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95))
+                             {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95),
+                            **({"fused": True} if args.fused_adamw else {}))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(total, warmup, args.min_lr_ratio))
 
     step = 0

@@ -73,6 +73,9 @@ SPEC = OpSpec(
         "num_heads": None,
         "num_kv_heads": None,
         "intermediate_size": None,
+        "ttt_attention": "mask",    # or "flex" (speed levers: ops/drafter/model.py)
+        "loss": "full",             # or "chunked"
+        "fused_adamw": False,
     },
     output_params=("output",),
     uses_target=True,

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Issue 11's GPU measurements in one call on a fresh nvidia-h200 machine, run
+# from the repository root:   bash benchmarks/gpu_session.sh
+# Nothing is installed: the machine's python3 (/opt/torch/.venv, see
+# /work/.library/device/KINDS.md) already has torch, transformers, safetensors,
+# numpy, psutil, nvidia-ml-py, typer and rich; PYTHONPATH puts this checkout
+# first (status --json never imports textual, which is not there).
+# Each step has its own time limit so that one slow step cannot eat the others'
+# (490 s of limits in all; about 8 minutes); each writes its log and JSON under $OUT.
+set -u
+OUT=${OUT:-/tmp/gpu-session-out}
+WORK=${BENCH_DIR:-/root/eagle3-bench}     # on the machine's disk (64 GiB): the filesystem measured
+mkdir -p "$OUT" "$WORK"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+PY=${PY:-python3}
+
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
+  $PY -c 'import sys, torch, transformers, typer, safetensors; print(sys.version.split()[0], "torch", torch.__version__, "transformers", transformers.__version__, "typer", typer.__version__, "safetensors", safetensors.__version__)'
+  df -hT "$WORK"; nproc; free -g
+} >"$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+step() {   # step NAME SECONDS COMMAND...
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  echo "== $name (limit ${limit}s): $*"
+  timeout -k 10 "$limit" "$@" >"$OUT/$name.log" 2>&1
+  echo "== $name: exit $? after $((SECONDS - t0)) s" | tee -a "$OUT/steps.txt"
+  grep -e '^error' -e 'Error' "$OUT/$name.log" | tail -n 3
+}
+
+step extract_8b 170 $PY benchmarks/extract_throughput.py --shape 8b --out "$WORK" --durable fsync,syncfs
+rm -rf "$WORK"/extract-throughput-*       # a step killed by its limit leaves its 16 GB target
+step train_8b 120 $PY benchmarks/train_throughput.py --shape 8b --seq 2048,4096 --out "$WORK" --program 2048
+# The levers: first one batch against today's path (gradients included: the CPU tests cannot
+# run FlexAttention's backward), then timed; flex compiles on the first step.
+step train_8b_levers 100 $PY benchmarks/train_throughput.py --shape 8b --seq 2048,4096 --out "$WORK" \
+  --levers flex,chunked,fused-adamw --check-levers
+step status 45 $PY benchmarks/status_cost.py --dir "$WORK/status" --log-gb 1 --repeat 5 --gpu-worker \
+  --profile "$OUT/profiles"
+# The MoE shape last (cheapest to lose): DeepSeek-V2-Lite's layer shapes, 8 of its 27 layers.
+step extract_moe 55 $PY benchmarks/extract_throughput.py --shape moe --layers 8 --samples 32 --naive-samples 4 \
+  --out "$WORK"
+rm -rf "$WORK"
+# The figures, one place (the call's output keeps only its last 12,000 characters).
+grep -h -e '^device:' -e '^shape ' -e '^matmul' -e '^direct write' -e '^bare forward' -e '^naive extractor' \
+  -e '^ops.extract --durable' -e '^durable:' -e '^train ' -e '^levers ' -e '^GPU worker' -e '^nvidia-smi' \
+  -e '^python -c pass' -e '^status --json' -e '^collect()' -e '^baseline' \
+  "$OUT"/extract_8b.log "$OUT"/train_8b.log "$OUT"/train_8b_levers.log "$OUT"/status.log "$OUT"/extract_moe.log \
+  2>/dev/null | tee "$OUT/summary.txt"
+cat "$OUT/steps.txt"
+echo "== done in $SECONDS s; files under $OUT"

@@ -1,0 +1,344 @@
+"""Drafter training throughput on shards read from disk through the real data
+loader, with MFU against a matmul rate measured in the same run (issue 11).
+
+Writes, for each --seq, a hidden-state output in extract's layout
+(ops.extract.writer.write_sample: random states, random ids), a draft vocab
+(vocab.safetensors) and a target folder holding only what ops.train reads of
+it (config.json; embedding, final norm, LM head), then loads them through
+ops.train's own readers (read_data, load_target_head, load_vocab,
+from_target, make_batches, BatchDataset in a DataLoader with ops.train's
+arguments) and runs ops.train's step (TargetView.targets, the drafter's K-step
+unroll under bf16 autocast, backward, clip, AdamW). Per step it times the
+wait for the next batch and the whole step (the step ends with a device sync).
+
+MFU counts useful FLOPs only (the issue's formula), per token of a T-token sample:
+  3 x (fc 2*3H*H + K x (q 2*2H*NH*D + k,v 2*2*2H*NKV*D + o 2*H*H
+       + MLP 3*2*H*I + LM head 2*H*Vd + causal attention 4*(T/2)*NH*D))
+--program SEQS also runs `python -m ops.train` itself on the same data (for
+those sample lengths) and prints its progress lines' tok/s beside ours.
+--levers flex,chunked,fused-adamw times the drafter's speed levers
+(ops/drafter/model.py) instead of today's path; --check-levers first compares
+one batch's loss, accuracies and gradients against today's path at this shape
+(the CPU tests cannot: FlexAttention has no CPU backward).
+Usage: python benchmarks/train_throughput.py [--shape 8b|tiny] [--seq 2048,4096] [--steps N] [--out DIR]
+       [--program 2048] [--levers flex,chunked,fused-adamw] [--check-levers]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import bench_common as bc  # noqa: E402
+
+SHAPES = {
+    #       target config, draft vocab, K, token budget, seqs, warm-up steps, timed steps
+    "8b": (bc.LLAMA_8B, 32000, 7, 16384, "2048,4096", 3, 10),
+    "tiny": (bc.LLAMA_TINY, 200, 3, 256, "64,128", 1, 3),
+}
+AUX_IDS = [1, 3, 4]   # any three layers: the ids only label the data
+LEVERS = ("flex", "chunked", "fused-adamw")
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def flops_per_token(cfg, k: int, t: int) -> float:
+    h, nh, nkv, d, i, vd = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
+                           cfg.head_dim, cfg.intermediate_size, cfg.draft_vocab_size)
+    step = (2 * 2 * h * nh * d + 2 * 2 * 2 * h * nkv * d + 2 * h * h + 3 * 2 * h * i + 2 * h * vd
+            + 4 * (t / 2) * nh * d)
+    return 3 * (2 * 3 * h * h + k * step)
+
+
+def write_target(path: Path, target_cfg: dict, device) -> None:
+    """config.json + the three tensors ops.train reads (a 16 GB body is never read)."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig
+
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = LlamaConfig(**target_cfg)
+    cfg.architectures = ["LlamaForCausalLM"]
+    cfg.save_pretrained(str(path))
+    v, h = target_cfg["vocab_size"], target_cfg["hidden_size"]
+    g = torch.Generator(device=device).manual_seed(0)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    save_file({"model.embed_tokens.weight": (torch.randn(v, h, generator=g, device=device) * 0.02).to(dtype).cpu(),
+               "lm_head.weight": (torch.randn(v, h, generator=g, device=device) * 0.02).to(dtype).cpu(),
+               "model.norm.weight": torch.ones(h, dtype=dtype)}, str(path / "model.safetensors"))
+
+
+def write_vocab(path: Path, target_vocab: int, draft_vocab: int) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    ids = torch.randperm(target_vocab, generator=torch.Generator().manual_seed(0))[:draft_vocab].sort().values
+    t2d = torch.zeros(target_vocab, dtype=torch.bool)
+    t2d[ids] = True
+    save_file({"d2t": ids - torch.arange(draft_vocab), "t2d": t2d}, str(path / "vocab.safetensors"))
+
+
+def write_data(path: Path, samples: int, seq: int, hidden: int, vocab: int, device) -> int:
+    """extract's layout, written by extract's own writer; returns the bytes."""
+    import torch
+    from ops.extract.writer import write_sample
+    from ops.formats import DATA_CONFIG, SAMPLE_LENGTHS, sample_path
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    g = torch.Generator(device=device).manual_seed(seq)
+    # A few distinct states, reused: generating 7 GB of normals on the CPU would
+    # take longer than the training it feeds. The bytes on disk are all written.
+    pool = [torch.randn(seq, 4 * hidden, generator=g, device=device).to(dtype).cpu() for _ in range(4)]
+    for idx in range(samples):
+        states = pool[idx % len(pool)]
+        write_sample(sample_path(path, idx), {
+            "input_ids": torch.randint(0, vocab, (seq,), dtype=torch.int64),
+            "loss_mask": torch.ones(seq, dtype=torch.uint8),
+            "aux_hidden_states": states[:, :3 * hidden], "final_hidden_states": states[:, 3 * hidden:]})
+    (path / SAMPLE_LENGTHS).write_text(json.dumps({str(i): seq for i in range(samples)}))
+    (path / DATA_CONFIG).write_text(json.dumps({
+        "status": "complete", "hidden_size": hidden, "layer_ids": AUX_IDS, "final_hidden_state": "post_norm",
+        "dtype": str(dtype).replace("torch.", ""), "total_samples": samples, "total_tokens": samples * seq}))
+    return bc.dir_bytes(path)
+
+
+def apply_levers(model, levers: list[str]) -> None:
+    model.ttt_attention = "flex" if "flex" in levers else "mask"
+    model.loss = "chunked" if "chunked" in levers else "full"
+
+
+def check_levers(model, view, batch, k: int, levers: list[str], device, dtype) -> str:
+    """One batch through today's path and the levers' path, same weights."""
+    import copy
+
+    import torch
+
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
+    input_ids = batch["input_ids"].to(device)
+    aux = batch["aux"].to(device, dtype=dtype)
+    tgt, ok = view.targets(batch["final"].to(device, dtype=dtype), batch["loss_mask"].to(device), batch["lengths"])
+    def one(variant, lv):
+        apply_levers(variant, lv)
+        variant.zero_grad(set_to_none=True)
+        try:
+            with autocast:
+                loss, losses, correct, counts = variant(input_ids, aux, view.embed, tgt, ok, k, 0.8)
+                loss.backward()
+        except torch.OutOfMemoryError as exc:
+            return str(exc).splitlines()[0]     # the text only: the traceback would pin the memory
+        grads = torch.cat([p.grad.float().flatten() for p in variant.parameters() if p.grad is not None])
+        variant.zero_grad(set_to_none=True)
+        return float(loss), (correct / counts.clamp(min=1)).tolist(), grads
+
+    today = copy.deepcopy(model)
+    out = [one(today, [])]
+    del today
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    out.append(one(model, levers))
+    apply_levers(model, [])
+    if isinstance(out[0], str) or isinstance(out[1], str):
+        which = "today's path" if isinstance(out[0], str) else "the levers"
+        return f"levers {','.join(levers)} not compared: {which} ran out of memory on one batch ({out[0] if isinstance(out[0], str) else out[1]})"
+    (l0, a0, g0), (l1, a1, g1) = out
+    cos = float(torch.nn.functional.cosine_similarity(g0, g1, 0))
+    rel = float((g1 - g0).norm() / g0.norm().clamp(min=1e-30))
+    return (f"levers {','.join(levers)} vs today's path on one batch: loss {l1:.5f} vs {l0:.5f} "
+            f"(rel {abs(l1 - l0) / max(abs(l0), 1e-30):.1e}); acc max diff {max(abs(x - y) for x, y in zip(a0, a1)):.4f}; "
+            f"gradient cosine {cos:.6f}, rel norm of the difference {rel:.1e}")
+
+
+def measure(work: Path, seq: int, k: int, budget: int, warmup: int, steps: int, workers: int,
+            device, rate: float, levers: list[str] = (), check: bool = False) -> dict:
+    """ops.train's step on ops.train's data path; per-step wait and step times."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from ops.drafter.config import from_target
+    from ops.drafter.data import BatchDataset, make_batches, read_data
+    from ops.drafter.model import Eagle3Drafter
+    from ops.drafter.target_head import load_target_head
+    from ops.drafter.vocab import load_vocab
+    from ops.train.__main__ import TargetView
+
+    use_cuda = device.type == "cuda"
+    info = read_data(work / f"data-{seq}")
+    head = load_target_head(work / "target")
+    vocab = load_vocab(work / "vocab", target_vocab_size=head.lm_head.shape[0])
+    cfg = from_target(work / "target", vocab.size, info.layer_ids)
+    torch.manual_seed(0)
+    model = Eagle3Drafter(cfg)
+    model.init_from_target(head.lm_head, vocab.d2t, vocab.t2d)
+    model.to(device)
+    dtype = torch.bfloat16 if use_cuda else torch.float32
+    view = TargetView(head, vocab, device, dtype, info.final_post_norm)
+    del head
+    batches = make_batches(dict(info.lengths), budget, max(seq, 4096))
+    dataset = BatchDataset(info, batches, max(seq, 4096))
+    loader = DataLoader(dataset, batch_size=None, sampler=list(range(len(batches))), num_workers=workers,
+                        pin_memory=use_cuda, persistent_workers=False)
+    decay, no_decay = [], []
+    for p in model.parameters():
+        (no_decay if p.dim() < 2 else decay).append(p)
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.0}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=1e-4, betas=(0.9, 0.95), **({"fused": True} if "fused-adamw" in levers else {}))
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if use_cuda else contextlib.nullcontext()
+    if use_cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    it = iter(loader)
+    waits, times, tokens, flops = [], [], [], []
+    model.train()
+    checked = None
+    if check:
+        checked = check_levers(model, view, dataset[0], k, list(levers), device, dtype)
+        log(checked)
+    apply_levers(model, list(levers))
+    for step in range(warmup + steps):
+        t0 = time.perf_counter()
+        batch = next(it)
+        t_data = time.perf_counter() - t0
+        input_ids = batch["input_ids"].to(device, non_blocking=True)
+        aux = batch["aux"].to(device, dtype=dtype, non_blocking=True)
+        final = batch["final"].to(device, dtype=dtype, non_blocking=True)
+        mask = batch["loss_mask"].to(device)
+        tgt, ok = view.targets(final, mask, batch["lengths"])
+        with autocast:
+            loss, losses, correct, counts = model(input_ids, aux, view.embed, tgt, ok, k, 0.8)
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        float(loss.detach())        # ops.train's finiteness check: the step ends synced
+        if step >= warmup:
+            waits.append(t_data)
+            times.append(time.perf_counter() - t0)
+            lengths = batch["lengths"].tolist()
+            tokens.append(sum(lengths))
+            flops.append(sum(n * flops_per_token(cfg, k, n) for n in lengths))
+    peak = (torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)) if use_cuda else None
+    total = sum(times)
+    return {"seq": seq, "batch_samples": len(batches[0]), "steps": steps, "tok_s": sum(tokens) / total,
+            "mfu": sum(flops) / total / rate, "data_wait": sum(waits) / total, "step_s": total / steps,
+            "peak_alloc": peak[0] if peak else None, "peak_reserved": peak[1] if peak else None,
+            "flops_per_token": flops_per_token(cfg, k, seq), "loss": float(loss.detach()),
+            "levers": list(levers), "check": checked}
+
+
+PROGRESS_RE = re.compile(r"progress: step (\d+)/(\d+) .* tok/s (\d+)")
+
+
+def run_program(work: Path, seq: int, k: int, budget: int, warmup: int, steps: int) -> float:
+    """`python -m ops.train` on the same data: its progress lines every `warmup`
+    steps; the mean tok/s of the windows after the first (the warm-up)."""
+    out = work / f"train-out-{seq}"
+    every = max(1, warmup)
+    total = every * max(2, (warmup + steps) // every)
+    argv = [sys.executable, "-m", "ops.train", "--data", str(work / f"data-{seq}"), "--vocab", str(work / "vocab"),
+            "--target", str(work / "target"), "--output", str(out), "--max-steps", str(total),
+            "--log-every", str(every), "--token-budget", str(budget), "--ttt-steps", str(k),
+            "--warmup-ratio", "0", "--save-every", str(10 ** 9), "--keep", "1"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(bc.ROOT), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run(argv, cwd=bc.ROOT, env=env, capture_output=True, text=True)
+    shutil.rmtree(out, ignore_errors=True)
+    found = [float(m[2]) for m in PROGRESS_RE.findall(proc.stdout)]
+    if proc.returncode != 0 or len(found) < 2:
+        raise SystemExit(f"error: ops.train exited {proc.returncode}:\n{(proc.stdout + proc.stderr)[-3000:]}")
+    return sum(found[1:]) / len(found[1:])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="8b")
+    ap.add_argument("--seq", default=None, help="comma-separated sample lengths (default: by shape)")
+    ap.add_argument("--steps", type=int, default=None, help="timed steps (default: by shape)")
+    ap.add_argument("--warmup", type=int, default=None)
+    ap.add_argument("--token-budget", type=int, default=None)
+    ap.add_argument("--ttt-steps", type=int, default=None)
+    ap.add_argument("--workers", type=int, default=2, help="DataLoader workers (ops.train's default)")
+    ap.add_argument("--program", default="", help="comma-separated lengths at which to also run python -m ops.train")
+    ap.add_argument("--levers", default="", help=f"comma-separated, of {', '.join(LEVERS)}")
+    ap.add_argument("--check-levers", action="store_true", help="compare one batch against today's path first")
+    ap.add_argument("--out", type=Path, default=None, help="working folder (default: a new temp folder)")
+    ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--json", type=Path, default=None)
+    a = ap.parse_args()
+
+    import torch
+
+    target_cfg, draft_vocab, k, budget, seqs, warmup, steps = SHAPES[a.shape]
+    k = a.ttt_steps or k
+    budget = a.token_budget or budget
+    warmup = a.warmup if a.warmup is not None else warmup
+    steps = a.steps or steps
+    seqs = [int(s) for s in (a.seq or seqs).split(",")]
+    program_seqs = {int(s) for s in a.program.split(",") if s.strip()}
+    levers = [x.strip() for x in a.levers.split(",") if x.strip()]
+    bad = [x for x in levers if x not in LEVERS]
+    if bad:
+        raise SystemExit(f"error: --levers {','.join(bad)}: expected some of {', '.join(LEVERS)}")
+    root = a.out or Path(tempfile.mkdtemp(prefix="train-throughput-"))
+    work = root / f"train-throughput-{a.shape}"
+    shutil.rmtree(work, ignore_errors=True)
+    device = bc.torch_device()
+    log(bc.device_line())
+    rate, what = bc.matmul_rate(device, torch.bfloat16 if device.type == "cuda" else torch.float32)
+    log(f"matmul {what}: {rate / 1e12:.1f} TFLOP/s (the MFU denominator)")
+    write_target(work / "target", target_cfg, device)
+    write_vocab(work / "vocab", target_cfg["vocab_size"], draft_vocab)
+    log(f"shape {a.shape}: hidden {target_cfg['hidden_size']}, intermediate {target_cfg['intermediate_size']}, "
+        f"heads {target_cfg['num_attention_heads']}/{target_cfg['num_key_value_heads']}, draft vocab {draft_vocab}, "
+        f"target vocab {target_cfg['vocab_size']}, K={k}, token budget {budget}")
+    results = []
+    for seq in seqs:
+        per_batch = max(1, budget // seq)
+        n = per_batch * (warmup + steps)
+        t0 = time.perf_counter()
+        written = write_data(work / f"data-{seq}", n, seq, target_cfg["hidden_size"], target_cfg["vocab_size"], device)
+        log(f"data {seq}: {n} samples x {seq} tokens, {written / 2**30:.2f} GiB on disk "
+            f"(written in {time.perf_counter() - t0:.0f} s)")
+        try:
+            r = measure(work, seq, k, budget, warmup, steps, a.workers, device, rate, levers, a.check_levers)
+        except torch.OutOfMemoryError as exc:
+            log(f"train {seq}-token samples, K={k}: does not fit ({str(exc).splitlines()[0]})")
+            results.append({"seq": seq, "oom": str(exc).splitlines()[0]})
+            torch.cuda.empty_cache()
+            continue
+        mem = (f"; peak memory {r['peak_alloc'] / 2**30:.1f} GiB allocated, {r['peak_reserved'] / 2**30:.1f} GiB "
+               f"reserved" if r["peak_alloc"] is not None else "")
+        if seq in program_seqs:
+            r["program_tok_s"] = run_program(work, seq, k, budget, warmup, steps)
+            mem += f"; python -m ops.train said {r['program_tok_s']:,.0f} tok/s"
+        log(f"train {seq}-token samples ({r['batch_samples']} a batch), K={k}"
+            + (f", levers {','.join(levers)}" if levers else "") + f": {r['tok_s']:,.0f} tok/s = "
+            f"{r['mfu']:.1%} MFU ({r['flops_per_token'] / 1e6:,.1f} MFLOP a token counted); "
+            f"{r['data_wait']:.1%} of step time waiting for data; {r['step_s'] * 1000:.0f} ms a step{mem}")
+        results.append(r)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        if not a.keep:
+            shutil.rmtree(work / f"data-{seq}", ignore_errors=True)
+    if not a.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    suffix = "_" + "_".join(levers) if levers else ""
+    bc.save_json({"shape": a.shape, "device": bc.device_line(), "matmul_flops": rate, "matmul": what, "k": k,
+                  "token_budget": budget, "levers": levers, "results": results},
+                 a.json or bc.default_json(f"train_throughput_{a.shape}{suffix}.json"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
