@@ -194,11 +194,12 @@ def runs_cmd(ctx: typer.Context, stage: Optional[str] = typer.Argument(None),
 
 @app.command()
 def logs(ctx: typer.Context, stage: str,
-         follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing new lines (like tail -F)."),
+         follow_: bool = typer.Option(False, "-f", "--follow",
+                                      help="Keep printing new lines (like tail -F) until the run ends."),
          lines: int = typer.Option(50, "-n", help="Lines from the end."),
          run_id: Optional[int] = typer.Option(None, "--run", help="A run id (default: the latest).")) -> None:
     """Print the tail of a stage's log."""
-    from eagle3_console.logtail import follow_file, last_lines
+    from eagle3_console.logtail import follow, run_ended, tail
     c = _ctx(ctx)
     with Registry(c.ws.db_path) as reg:
         try:
@@ -213,14 +214,13 @@ def logs(ctx: typer.Context, stage: str,
         err.print(f"error: stage {stage!r} has no runs yet")
         raise typer.Exit(EXIT_CRITICAL)
     path = Path(r.log_path)
-    for line in last_lines(path, lines):
+    shown, upto = tail(path, lines)
+    for line in shown:
         sys.stdout.write(line + "\n")
     sys.stdout.flush()
-    if follow:
+    if follow_:
         try:
-            for chunk in follow_file(path):
-                sys.stdout.write(chunk)
-                sys.stdout.flush()
+            follow(path, sys.stdout, run_ended(c.ws.db_path, r.id), start=upto)
         except KeyboardInterrupt:
             pass
 
