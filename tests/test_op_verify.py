@@ -99,8 +99,8 @@ def test_length_disagreeing_with_sample_lengths_and_running_status(out, tmp_path
     (out / DATA_CONFIG).write_text(json.dumps(config))
     code, report, _ = run_verify(capsys, "--input", str(out), "--report", str(tmp_path / "r.json"))
     assert code == 1
-    assert report["bad_files"] == [{"path": str(sample_path(out, 0)),
-                                    "reason": f"{lengths['0'] - 1} tokens, sample_lengths.json says {lengths['0']}"}]
+    assert [(b["path"], b["reason"], b["sample"]) for b in report["bad_files"]] == [
+        (str(sample_path(out, 0)), f"{lengths['0'] - 1} tokens, sample_lengths.json says {lengths['0']}", 0)]
     assert any("status 'running'" in p for p in report["problems"])
 
 
@@ -111,7 +111,8 @@ def test_deep_finds_nan(out, tmp_path, capsys):
     save_file(data, str(path))   # the header is still consistent: only loading finds it
     code, report, _ = run_verify(capsys, "--input", str(out), "--deep", str(N), "--report", str(tmp_path / "r.json"))
     assert code == 1
-    assert report["bad_files"] == [{"path": str(path), "reason": "final_hidden_states: 1 NaN/Inf values"}]
+    assert [(b["path"], b["reason"]) for b in report["bad_files"]] == [(str(path), "final_hidden_states: 1 NaN/Inf values")]
+    assert (report["good"], report["bad_samples"]) == (N - 1, 1)     # moved from good to bad, not both
 
 
 def test_deep_recompute_catches_a_wrong_layer_record(extracted, out, tmp_path, capsys):

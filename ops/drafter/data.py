@@ -159,8 +159,12 @@ class BatchDataset:
         return len(self.batches)
 
     def __getitem__(self, i: int) -> dict:
-        return collate([load_sample(self.info.samples[idx], self.info.hidden_size, self.max_len)
-                        for idx in self.batches[i]])
+        import torch
+
+        batch = collate([load_sample(self.info.samples[idx], self.info.hidden_size, self.max_len)
+                         for idx in self.batches[i]])
+        batch["samples"] = torch.tensor(self.batches[i])    # row -> sample index, for error messages
+        return batch
 
 
 def holdout_split(indices: list[int], n: int, seed: int) -> tuple[list[int], list[int]]:

@@ -9,6 +9,7 @@ whether the existing output was made with the same layers and shapes.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import sys
@@ -75,6 +76,32 @@ def package_versions() -> dict:
 def write_data_config(output: Path, config: dict) -> None:
     output.mkdir(parents=True, exist_ok=True)
     write_json_atomic(output / DATA_CONFIG, config)
+
+
+def rewrite_data_config(output: Path, config: dict) -> bool:
+    """Write data_config.json on a full disk: atomically when a temp file still
+    fits, else in place (the old file's blocks hold the new text: the status
+    word changed, hardly the size). False when neither could be written."""
+    path = output / DATA_CONFIG
+    try:
+        write_json_atomic(path, config)
+        return True
+    except OSError:
+        Path(str(path) + TMP_SUFFIX).unlink(missing_ok=True)
+    text = json.dumps(config, indent=2) + "\n"
+    try:
+        # Only into blocks the file already holds: a write that ran out of
+        # space half-way would leave no readable data_config at all.
+        if len(text.encode()) > os.stat(path).st_blocks * 512:
+            return False
+        with open(path, "r+") as fh:
+            fh.write(text)
+            fh.truncate()
+            fh.flush()
+            os.fsync(fh.fileno())
+        return True
+    except OSError:
+        return False
 
 
 def write_sample_lengths(output: Path, lengths: dict[int, int]) -> None:

@@ -11,6 +11,7 @@ only, so torch stays out of the spec's imports.
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import os
 import sys
 import time
@@ -24,8 +25,8 @@ from ops.extract import batching, durable, output, preflight, target as target_m
 from ops.extract.capture import HiddenStateCapture
 from ops.extract.progress import Progress
 from ops.extract.samples import load_samples
-from ops.extract.writer import SampleWriter, WriteJob
-from ops.formats import SAMPLE_RE, SHARD_ROWS, TMP_SUFFIX, sample_path
+from ops.extract.writer import DISK_FULL, SampleWriter, WriteJob
+from ops.formats import DATA_CONFIG, SAMPLE_RE, SHARD_ROWS, TMP_SUFFIX, sample_path
 from ops.layers import engine_ids, parse_layer_ids
 
 
@@ -45,8 +46,38 @@ def _distributed() -> tuple[int, int, int]:
 
 
 def extract(args) -> int:
+    """Extract, and on a full disk end with one line and an `incomplete` data_config, not a traceback."""
+    known: dict = {}
+    try:
+        return _extract(args, known)
+    except OSError as exc:
+        if exc.errno not in DISK_FULL:
+            raise
+        return _disk_full(known, exc)
+
+
+def _disk_full(known: dict, exc: OSError) -> int:
+    name = errno.errorcode.get(exc.errno, str(exc.errno))
+    where = exc.filename or known.get("out_dir", "the output")
+    why = f"disk full: {where}: {exc.strerror} ({name})"
+    rank = _distributed()[0]
+    config, out_dir = known.get("config"), known.get("out_dir")
+    note = ""
+    if rank == 0 and config is not None and out_dir is not None and (out_dir / DATA_CONFIG).exists():
+        on_disk, _ = output.scan_existing(out_dir)
+        config.update(status="incomplete", incomplete_reason=why,
+                      missing_samples=config["total_samples"] - len(on_disk & set(range(config["total_samples"]))))
+        if not output.rewrite_data_config(out_dir, config):
+            note = f"; {out_dir / DATA_CONFIG} could not be updated either"
+    print(f"extract: error: {where}: {exc.strerror} ({name}); free space and run again to resume{note}",
+          file=sys.stderr, flush=True)
+    return EXIT_FAILURE
+
+
+def _extract(args, known: dict) -> int:
     rank, world, local_rank = _distributed()
     out_dir = Path(args.output)
+    known["out_dir"] = out_dir
     info = target_mod.read_target(Path(args.target))
     samples = load_samples(Path(args.input), max_seq_len=args.max_seq_len, limit=args.num_samples)
     try:
@@ -85,6 +116,7 @@ def extract(args) -> int:
         "started_at": _now(),
     }
     output.check_resumable(out_dir, config)
+    known["config"] = config
 
     done, tmps = output.scan_existing(out_dir)
     for tmp in tmps:
@@ -93,6 +125,14 @@ def extract(args) -> int:
         if owner == rank:
             tmp.unlink(missing_ok=True)
     done &= set(range(total_samples))
+    # A file that exists was whole when renamed, but a disk, a copy or a hand
+    # can cut it since: verify's header check (cheap: headers only) decides
+    # what counts as done; the owner rank deletes the bad ones to rewrite them.
+    rewrite = _check_existing(out_dir, config, done, lengths)
+    done -= set(rewrite)
+    for idx in rewrite:
+        if idx % world == rank:
+            sample_path(out_dir, idx).unlink(missing_ok=True)
     remaining = sum(n for i, n in enumerate(lengths) if i not in done)
 
     params = {"input": args.input, "layer_ids": layer_ids, "dtype": dtype,
@@ -104,6 +144,10 @@ def extract(args) -> int:
         log(f"extract: {total_samples} samples, {total_tokens} tokens; aux layers {layer_ids} "
             f"(HF hidden_states {config['hf_hidden_states_indices']}, SGLang capture "
             f"{config['sglang_layers_to_capture']}) + final post-norm; {len(done)} already on disk")
+        if rewrite:
+            shown = "; ".join(f"{sample_path(out_dir, i).name}: {why}" for i, why in list(rewrite.items())[:10])
+            log(f"extract: resume: rewriting {len(rewrite)} sample file(s) on disk that fail verify's header "
+                f"check: {shown}" + (" ..." if len(rewrite) > 10 else ""))
         log(disk_text)
     if not fits:
         if not args.force:
@@ -141,7 +185,8 @@ def extract(args) -> int:
         loop = _Loop(model, layer_ids, samples, lengths, out_dir, done, args, rank, world)
         stats = loop.run(mine)
 
-    totals = [stats["new_samples"], stats["new_tokens"], stats["errors"]]
+    disk_full = stats.get("disk_full")
+    totals = [stats["new_samples"], stats["new_tokens"], stats["errors"], int(disk_full is not None)]
     elapsed = stats["elapsed"]
     if world > 1:
         import torch.distributed as dist
@@ -151,8 +196,10 @@ def extract(args) -> int:
         e = torch.tensor([elapsed], dtype=torch.float64)
         dist.all_reduce(e, op=dist.ReduceOp.MAX)
         totals, elapsed = [int(v) for v in t.tolist()], float(e.item())
-    new_samples, new_tokens, errors = totals
+    new_samples, new_tokens, errors, full_ranks = totals
     code = EXIT_OK
+    if full_ranks and world == 1:
+        raise disk_full     # extract() ends it with one line and an incomplete data_config
     if rank == 0:
         on_disk, _ = output.scan_existing(out_dir)
         missing = sorted(set(range(total_samples)) - on_disk)
@@ -164,6 +211,8 @@ def extract(args) -> int:
             config["status"] = "incomplete"
             config["missing_samples"] = len(missing)
             config["errors"] = errors
+            if full_ranks:
+                config["incomplete_reason"] = f"disk full: {full_ranks} rank(s) got ENOSPC writing to {out_dir}"
             output.write_data_config(out_dir, config)
             print(f"extract: incomplete: {len(missing)} samples missing (first: {missing[:10]}), "
                   f"{errors} write errors; run again to resume", file=sys.stderr, flush=True)
@@ -178,6 +227,15 @@ def extract(args) -> int:
         import torch.distributed as dist
         dist.destroy_process_group()
     return code
+
+
+def _check_existing(out_dir: Path, config: dict, done: set[int], lengths: list[int]) -> dict[int, str]:
+    """idx -> why, for the sample files on disk that verify's header check finds bad."""
+    from ops.verify.check import check_files, expected_from
+
+    paths = {i: str(sample_path(out_dir, i)) for i in done}
+    return {idx: reason for idx, _path, _tokens, reason in
+            check_files(paths, expected_from(config), dict(enumerate(lengths))) if reason is not None}
 
 
 def _barrier(world: int) -> None:
@@ -217,6 +275,8 @@ class _Loop:
                     continue
                 batching.run_with_oom_retry(batch, self.lengths.__getitem__, self.args.token_budget,
                                             self._forward, oom_types, log, self._free_cache)
+                if writer.errors.disk_full is not None:
+                    break       # every later write would fail the same way
         except batching.SampleTooLarge as exc:
             writer.close()
             progress.close()
@@ -230,10 +290,12 @@ class _Loop:
         log(durable.finish(self.out_dir, self.args.durable))
         progress.close()
         self.capture.close()
-        for message in writer.errors.messages:
-            print(f"extract: write error: {message}", file=sys.stderr, flush=True)
+        if writer.errors.disk_full is None:     # else one line says it (extract())
+            for message in writer.errors.messages:
+                print(f"extract: write error: {message}", file=sys.stderr, flush=True)
         return {"new_samples": progress.new_samples, "new_tokens": progress.new_tokens,
-                "errors": writer.errors.count, "elapsed": progress.elapsed()}
+                "errors": writer.errors.count, "elapsed": progress.elapsed(),
+                "disk_full": writer.errors.disk_full}
 
     def _free_cache(self) -> None:
         if torch.cuda.is_available():

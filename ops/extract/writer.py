@@ -10,8 +10,10 @@ file, so the bytes depend on the tensors alone (resume is byte-identical).
 
 from __future__ import annotations
 
+import errno
 import os
 import queue
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,10 +32,15 @@ class WriteJob:
     tokens: int = 0
 
 
+# A full disk (or quota): every later write fails the same way, so the loop stops.
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
 @dataclass
 class WriterErrors:
     count: int = 0
     messages: list[str] = field(default_factory=list)
+    disk_full: OSError | None = None      # the first ENOSPC/EDQUOT, with the path it hit
 
 
 def write_sample(path: Path, tensors: dict, fsync: bool = False) -> None:
@@ -41,10 +48,27 @@ def write_sample(path: Path, tensors: dict, fsync: bool = False) -> None:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + TMP_SUFFIX)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
-    if fsync:   # durable.py: the bytes are on disk before the name says whole
-        fsync_path(tmp)
+    try:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
+        if fsync:   # durable.py: the bytes are on disk before the name says whole
+            fsync_path(tmp)
+    except BaseException as exc:
+        # A half-written temp file holds the space a full disk needs for data_config.
+        tmp.unlink(missing_ok=True)
+        code = os_errno(exc)
+        if code is not None and not isinstance(exc, OSError):
+            raise OSError(code, os.strerror(code), str(tmp)) from exc
+        raise
     os.replace(tmp, path)
+
+
+def os_errno(exc: BaseException) -> int | None:
+    """The errno of an I/O failure: an OSError's, or the one safetensors' Rust
+    error carries in its text (`I/O error: ... (os error 28)`), else None."""
+    if isinstance(exc, OSError):
+        return exc.errno
+    m = re.search(r"\(os error (\d+)\)", str(exc))
+    return int(m.group(1)) if m else None
 
 
 class SampleWriter:
@@ -79,6 +103,8 @@ class SampleWriter:
             except Exception as exc:  # noqa: BLE001 - one bad write must not stop the others
                 with self._lock:
                     self.errors.count += 1
+                    if isinstance(exc, OSError) and exc.errno in DISK_FULL and self.errors.disk_full is None:
+                        self.errors.disk_full = exc
                     if len(self.errors.messages) < 20:
                         self.errors.messages.append(f"{job.path}: {type(exc).__name__}: {exc}")
             else:

@@ -113,6 +113,20 @@ class TargetView:
             return restricted, in_vocab & next_exists & next_masked
 
 
+def out_of_vocab(batch: dict, info, vocab_size: int, target: str) -> str | None:
+    """What is wrong when a batch holds a token id the target's embedding has
+    no row for (negative or >= vocab_size): the file, sample, position, id."""
+    ids = batch["input_ids"]
+    bad = (ids < 0) | (ids >= vocab_size)
+    if not bool(bad.any()):
+        return None
+    row, col = (int(v) for v in bad.nonzero()[0])
+    idx = int(batch["samples"][row])
+    return (f"{info.samples[idx]}: sample {idx} holds token id {int(ids[row, col])} at position {col}, "
+            f"outside the target's vocabulary of {vocab_size} ids ({target}); "
+            f"the hidden states were extracted with another tokenizer or target")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
@@ -249,6 +263,12 @@ def main(argv=None) -> int:
         sums = torch.zeros(3 * args.ttt_steps + 2, device=device)   # loss_k, correct_k, count_k, loss, tokens
         for micro in range(args.grad_accum):
             epoch, batch = next(it)
+            bad = out_of_vocab(batch, info, view.embed.shape[0], args.target)
+            if bad:
+                # Checked on the CPU copy: on the device the embedding lookup is
+                # a bare IndexError (a device-side assert on CUDA) naming nothing.
+                print(f"error: {bad}", file=sys.stderr, flush=True)
+                return 2
             input_ids = batch["input_ids"].to(device, non_blocking=True)
             aux = batch["aux"].to(device, dtype=dtype, non_blocking=True)
             final = batch["final"].to(device, dtype=dtype, non_blocking=True)

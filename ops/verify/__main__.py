@@ -92,7 +92,9 @@ def _deep(args, output: Path, report: Report) -> None:
         vocab = (read_json(Path(args.target) / "config.json") or {}).get("vocab_size")
     found = deep.load_checks({i: good[i] for i in chosen}, vocab)
     info: dict = {"loaded": len(chosen), "samples": chosen[:100], "bad": len(found)}
-    report.bad_files.extend(found)
+    index = {p: i for i, p in good.items()}
+    for b in found:
+        report.demote(b["path"], index[b["path"]], b["reason"])
     if args.target and args.recompute:
         if not (Path(args.target) / "config.json").is_file():
             raise BadInput(f"target {args.target}: no config.json")
@@ -101,7 +103,8 @@ def _deep(args, output: Path, report: Report) -> None:
         print(f"verify: recomputing {len(redo)} samples with {args.target}", flush=True)
         records, wrong = deep.recompute({i: good[i] for i in redo}, Path(args.target), config)
         info["recomputed"] = records
-        report.bad_files.extend(wrong)
+        for b in wrong:
+            report.demote(b["path"], index[b["path"]], b["reason"])
     elif args.recompute and not args.target:
         info["recomputed"] = "skipped: no --target"
     report.deep = info
@@ -115,8 +118,11 @@ def _good_paths(output: Path, report: Report) -> dict[int, str]:
 
 def _summary(report: Report) -> None:
     state = "OK" if report.ok else "FAILED"
-    print(f"verify: {state}: {report.good} good sample files, {report.tokens} tokens; "
-          f"{len(report.bad_files)} bad files, {len(report.missing)} missing indices, "
+    other = len(report.bad_files) - report.bad_samples
+    # Each sample index is in one bucket: the three add up to the total.
+    print(f"verify: {state}: {report.good + report.bad_samples + len(report.missing)} samples: "
+          f"{report.good} good ({report.tokens} tokens), {report.bad_samples} bad, "
+          f"{len(report.missing)} missing; {other} other bad files (not samples of this output), "
           f"{len(report.problems)} other problems; sample_lengths.json {report.sample_lengths}", flush=True)
     for problem in report.problems:
         print(f"verify: problem: {problem}", flush=True)

@@ -2,18 +2,24 @@
 
 Sits after extract (it reads the layout of shared/DESIGN.md through
 ops/formats.py) and before train and `clean` (which takes `bad_files`).
-Per file: the header parses, the file is as long as the header says, the
-keys, dtypes and shapes agree with each other and with data_config.json, the
-token count with sample_lengths.json. Over the directory: indices complete
-0..total-1, each file in its shard directory, no leftover temp files, totals
-equal data_config's.
+Per file (check_files, which a resumed extract runs too): the header parses,
+the file is as long as the header says, the keys, dtypes and shapes agree
+with each other and with data_config.json, the token count with
+sample_lengths.json. Over the directory: indices complete 0..total-1, each
+file in its shard directory, no leftover temp files, totals equal
+data_config's.
+
+Counting: every index 0..total-1 is exactly one of good, bad or missing, so
+good + bad + missing = total; files that are no sample of the output (temp
+files, strays, misplaced or beyond total) are listed among bad_files as
+"other", never counted as samples.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,10 +46,12 @@ class Report:
     status: str | None = None
     total_samples: int | None = None       # data_config's
     expected_tokens: int | None = None     # data_config's
-    checked: int = 0
+    checked: int = 0                       # sample files whose header was read
     good: int = 0
     tokens: int = 0                        # in the good files
-    bad_files: list[dict] = field(default_factory=list)   # {"path", "reason"}; `clean` removes these
+    # {"path", "reason", "sample" (its index, or None: no sample of this
+    # output), "size", "mtime_ns" (when verify saw it)}; `clean` removes these.
+    bad_files: list[dict] = field(default_factory=list)
     missing: list[int] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)     # not tied to one file
     sample_lengths: str = ""
@@ -55,14 +63,37 @@ class Report:
     def ok(self) -> bool:
         return not (self.bad_files or self.missing or self.problems)
 
-    def bad(self, path: Path | str, reason: str) -> None:
-        self.bad_files.append({"path": str(path), "reason": reason})
+    @property
+    def bad_samples(self) -> int:
+        return sum(1 for b in self.bad_files if b.get("sample") is not None)
+
+    def bad(self, path: Path | str, reason: str, sample: int | None = None) -> None:
+        """A bad file, once: a second finding on the same file joins its reason."""
+        for b in self.bad_files:
+            if b["path"] == str(path):
+                b["reason"] += f"; {reason}"
+                return
+        entry = {"path": str(path), "reason": reason, "sample": sample}
+        try:
+            st = os.stat(path)
+            entry.update(size=st.st_size, mtime_ns=st.st_mtime_ns)
+        except OSError:
+            pass
+        self.bad_files.append(entry)
+
+    def demote(self, path: str, sample: int, reason: str) -> None:
+        """A sample the header pass found good, found bad later (by --deep)."""
+        if sample in self.lengths and not any(b["path"] == path for b in self.bad_files):
+            self.good -= 1
+            self.tokens -= self.lengths[sample]
+        self.bad(path, reason, sample)
 
     def as_json(self) -> dict:
         return {
             "ok": self.ok, "output": self.output, "status": self.status,
             "total_samples": self.total_samples, "expected_tokens": self.expected_tokens,
             "checked": self.checked, "good": self.good, "tokens": self.tokens,
+            "bad_samples": self.bad_samples, "other_bad_files": len(self.bad_files) - self.bad_samples,
             "bad_files": self.bad_files, "missing_indices": ranges(self.missing),
             "missing_count": len(self.missing), "problems": self.problems,
             "sample_lengths": self.sample_lengths, "deep": self.deep,
@@ -136,12 +167,29 @@ def check_header(header: dict, exp: Expected) -> tuple[int | None, str | None]:
     return t, None
 
 
-def _check_file(path: str, exp: Expected) -> tuple[int | None, str | None]:
+def _check_file(path: str, exp: Expected, tokens: int | None) -> tuple[int | None, str | None]:
     try:
         header = check_whole(Path(path))
     except BadSampleFile as exc:
         return None, str(exc).removeprefix(f"{path}: ")
-    return check_header(header, exp)
+    found, reason = check_header(header, exp)
+    if reason is None and tokens is not None and found != tokens:
+        return None, f"{found} tokens, {SAMPLE_LENGTHS} says {tokens}"
+    return found, reason
+
+
+def check_files(paths: dict[int, str], exp: Expected, lengths: dict[int, int] | None = None,
+                workers: int = 8) -> Iterator[tuple[int, str, int | None, str | None]]:
+    """(idx, path, tokens, None) for each sample file whose header is whole and
+    consistent (with `exp`, and with lengths[idx] where given), else (idx, path,
+    None, reason); in index order. Headers only: no tensor data is read.
+    verify's header pass and a resumed extract's check of what is on disk."""
+    order = sorted(paths)
+    want = lengths or {}
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        results = pool.map(lambda i: _check_file(paths[i], exp, want.get(i)), order, chunksize=64)
+        for idx, (tokens, reason) in zip(order, results):
+            yield idx, paths[idx], tokens, reason
 
 
 def scan(output: Path, report: Report) -> dict[int, str]:
@@ -169,6 +217,9 @@ def scan(output: Path, report: Report) -> dict[int, str]:
                 idx = int(sm.group(1))
                 if not lo <= idx < hi:
                     report.bad(f.path, f"sample {idx} in shard directory {entry.name}")
+                    continue
+                if idx in found:
+                    report.bad(f.path, f"a second file for sample {idx} (also {found[idx]})")
                     continue
                 found[idx] = f.path
     return found
@@ -202,33 +253,28 @@ def verify_headers(output: Path, workers: int = 8,
         report.problems.append(f"{lengths_path}: values must be integer token counts; rebuilding it")
         recorded = None
     found = scan(output, report)
-    order = sorted(found)
-    paths = [found[i] for i in order]
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        results = pool.map(lambda p: _check_file(p, exp), paths, chunksize=64)
-        for n, (idx, path, (tokens, reason)) in enumerate(zip(order, paths, results), 1):
-            report.checked += 1
-            if reason is None and recorded is not None and str(idx) in recorded \
-                    and int(recorded[str(idx)]) != tokens:
-                reason = f"{tokens} tokens, {SAMPLE_LENGTHS} says {recorded[str(idx)]}"
-            if reason is None:
-                report.good += 1
-                report.tokens += tokens
-                report.lengths[idx] = tokens
-            else:
-                report.bad(path, reason)
-            if on_progress is not None:
-                on_progress(report, n)
-
     total = report.total_samples
     if total is None and recorded is not None:
         total = len(recorded)
     if total is None:
         total = max(found) + 1 if found else 0
-    report.missing = [i for i in range(total) if i not in found]
-    extra = [i for i in order if i >= total]
+    extra = sorted(i for i in found if i >= total)
     if extra:
         report.problems.append(f"{len(extra)} sample(s) beyond total_samples={total}: {ranges(extra)[:10]}")
+        for i in extra:
+            report.bad(found.pop(i), f"sample {i} beyond total_samples={total}")
+    want = {int(k): int(v) for k, v in recorded.items() if k.isdigit()} if recorded is not None else None
+    for n, (idx, path, tokens, reason) in enumerate(check_files(found, exp, want, workers), 1):
+        report.checked += 1
+        if reason is None:
+            report.good += 1
+            report.tokens += tokens
+            report.lengths[idx] = tokens
+        else:
+            report.bad(path, reason, idx)
+        if on_progress is not None:
+            on_progress(report, n)
+    report.missing = [i for i in range(total) if i not in found]
     if not report.missing and not report.bad_files and report.expected_tokens is not None \
             and report.tokens != report.expected_tokens:
         report.problems.append(f"{report.tokens} tokens in the files, data_config total_tokens says "

@@ -16,9 +16,14 @@ def result_line(report: dict) -> str | None:
     --deep loaded and recomputed (the check "errors: 0" alone never was)."""
     if "ok" not in report:
         return None
+    bad_files = report.get("bad_files") or []
+    # Reports before the buckets were counted apart: every bad file was a sample.
+    bad = report.get("bad_samples", len(bad_files))
+    other = report.get("other_bad_files", 0)
     line = (f"{'OK' if report['ok'] else 'FAILED'}: {report.get('good', 0):,} good sample files of "
             f"{report.get('total_samples') or report.get('checked', 0):,}, {report.get('tokens', 0):,} tokens; "
-            f"{len(report.get('bad_files') or [])} bad, {report.get('missing_count', 0)} missing")
+            f"{bad} bad, {report.get('missing_count', 0)} missing"
+            + (f"; {other} other bad files" if other else ""))
     deep = report.get("deep")
     if isinstance(deep, dict):
         line += f"; deep: {deep.get('loaded', 0)} loaded"
