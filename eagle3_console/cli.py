@@ -194,12 +194,12 @@ def runs_cmd(ctx: typer.Context, stage: Optional[str] = typer.Argument(None),
 
 @app.command()
 def logs(ctx: typer.Context, stage: str,
-         follow_: bool = typer.Option(False, "-f", "--follow",
-                                      help="Keep printing new lines (like tail -F) until the run ends."),
+         follow: bool = typer.Option(False, "-f", "--follow",
+                                     help="Keep printing new lines (like tail -F) until the run ends."),
          lines: int = typer.Option(50, "-n", help="Lines from the end."),
          run_id: Optional[int] = typer.Option(None, "--run", help="A run id (default: the latest).")) -> None:
     """Print the tail of a stage's log."""
-    from eagle3_console.logtail import follow, run_ended, tail
+    from eagle3_console.logtail import follow as follow_log, run_ended, tail
     c = _ctx(ctx)
     with Registry(c.ws.db_path) as reg:
         try:
@@ -218,9 +218,9 @@ def logs(ctx: typer.Context, stage: str,
     for line in shown:
         sys.stdout.write(line + "\n")
     sys.stdout.flush()
-    if follow_:
+    if follow:
         try:
-            follow(path, sys.stdout, run_ended(c.ws.db_path, r.id), start=upto)
+            follow_log(path, sys.stdout, run_ended(c.ws.db_path, r.id), start=upto)
         except KeyboardInterrupt:
             pass
 

@@ -6,6 +6,13 @@ Data flow: samples.py (prepare's output) -> batching.py (token-budget plan)
 monitor parses. Under torchrun rank r takes samples r::WORLD_SIZE; rank 0
 owns data_config.json and sample_lengths.json. Imported by __main__.main()
 only, so torch stays out of the spec's imports.
+
+Resume: a sample file on disk counts as done only when verify's header
+check (ops/verify/check.py check_files: header whole, file as long as it
+says, shapes and token count right) passes; the others are rewritten, and
+the log says how many and why. A full disk (ENOSPC/EDQUOT) stops the loop
+and ends the run with one line naming the path, data_config.json saying
+"incomplete" and why.
 """
 
 from __future__ import annotations
