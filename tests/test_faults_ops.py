@@ -103,11 +103,12 @@ def test_disk_full_marks_the_output_incomplete_and_ends_with_one_line(extracted,
     lines = [ln for ln in stderr.splitlines() if ln.startswith("extract")]
     assert len(lines) == 1, lines
     assert lines[0].startswith(f"extract: error: {mnt / 'out'}")
-    assert "No space left on device (ENOSPC); free space and run again to resume" in lines[0]
     config = json.loads((keep / "out" / DATA_CONFIG).read_text())
+    written = list((keep / "out").glob("rows_*/*.safetensors"))
+    assert lines[0].endswith(f": No space left on device (ENOSPC); {len(written)} of {N} samples on disk; "
+                             f"free space and run again to resume")
     assert config["status"] == "incomplete"
     assert config["incomplete_reason"].startswith(f"disk full: {mnt / 'out'}") and "ENOSPC" in config["incomplete_reason"]
-    written = list((keep / "out").glob("rows_*/*.safetensors"))
     assert 0 < len(written) < N and config["missing_samples"] == N - len(written)
     assert not list((keep / "out").glob("rows_*/*.tmp"))      # half-written temp files are removed
     for path in written:                                       # what was written is whole

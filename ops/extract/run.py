@@ -69,14 +69,15 @@ def _disk_full(known: dict, exc: OSError) -> int:
     why = f"disk full: {where}: {exc.strerror} ({name})"
     rank = _distributed()[0]
     config, out_dir = known.get("config"), known.get("out_dir")
-    note = ""
+    count, note = "", ""
     if rank == 0 and config is not None and out_dir is not None and (out_dir / DATA_CONFIG).exists():
-        on_disk, _ = output.scan_existing(out_dir)
-        config.update(status="incomplete", incomplete_reason=why,
-                      missing_samples=config["total_samples"] - len(on_disk & set(range(config["total_samples"]))))
+        total = config["total_samples"]
+        on_disk = len(output.scan_existing(out_dir)[0] & set(range(total)))
+        count = f"; {on_disk} of {total} samples on disk"
+        config.update(status="incomplete", incomplete_reason=why, missing_samples=total - on_disk)
         if not output.rewrite_data_config(out_dir, config):
             note = f"; {out_dir / DATA_CONFIG} could not be updated either"
-    print(f"extract: error: {where}: {exc.strerror} ({name}); free space and run again to resume{note}",
+    print(f"extract: error: {where}: {exc.strerror} ({name}){count}; free space and run again to resume{note}",
           file=sys.stderr, flush=True)
     return EXIT_FAILURE
 
