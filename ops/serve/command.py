@@ -10,11 +10,11 @@ ServerArgs.from_cli_args), so an upgrade that renames a flag breaks a test.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 from ops import layers
+from ops.spec import Lint
 
 PINNED_SGLANG = "0.5.23"
 SGLANG_LAUNCHER = "sglang.launch_server"
@@ -48,15 +48,6 @@ MANAGED = {
 MODES = ("target", "speculative")
 ALGORITHMS = ("EAGLE3", "EAGLE")
 DRAFTER_ARCH = "LlamaForCausalLMEagle3"
-
-
-@dataclass(frozen=True)
-class Lint:
-    level: str      # "error": the launch is refused; "warning": shown, not refused
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.level}: {self.message}"
 
 
 def extra_args_of(value: Any) -> list[str]:
