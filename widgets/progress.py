@@ -116,6 +116,9 @@ def result_text(st: StageStatus) -> Text | None:
     whose = st.result_whose()
     if whose:
         t.append(whose.rstrip(": ") + "\n", "yellow")
+    if r.get("engine"):
+        # Beside the reference bench's, each record says where it was measured.
+        t.append(f"engine {r['engine']}" + (f" {r['url']}" if r.get("url") else "") + "\n", "bold")
     t.append("acceptance length ", "dim")
     t.append(f"{al:.2f}", "bold green")
     k = r.get("draft_tokens")

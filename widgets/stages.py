@@ -54,7 +54,8 @@ def result_text(st: StageStatus) -> Text:
         return Text("-")
     if r.get("outputs_match") is False:
         return Text(f"AL {al:.2f} !=greedy", "bold red")
-    return Text(f"AL {al:.2f}", "bold green" if st.status == "succeeded" else "dim")
+    engine = " sglang" if r.get("engine") == "sglang" else ""
+    return Text(f"AL {al:.2f}{engine}", "bold green" if st.status == "succeeded" else "dim")
 
 
 def elapsed(st: StageStatus, now: float) -> float | None:
