@@ -56,6 +56,9 @@ def test_serve_stage_loading_then_ready_then_stopped(ws):
     # 1.5 s load + 0.5 s warm-up, read from the "fired up" line's stamp (whole seconds).
     assert 1.0 <= serve["time_to_ready_s"] < 20
     assert serve["running_reqs"] == 0 and serve["kv_usage"] == 0.0
+    text = ws.cli("status", "--no-gpus").stdout
+    assert f"serve: server ready http://127.0.0.1:{port}, ready after " in text
+    assert "; running 0, queued 0, KV 0%" in text
     log = (ws.root / ".eagle3").glob("logs/*serve.log")
     text = next(log).read_text()
     assert "serve: exec" in text and "tests.fake_launch_server" in text and "--mem-fraction-static" in text
