@@ -7,7 +7,6 @@ from __future__ import annotations
 from eagle3_console import config as cfg
 from eagle3_console import runs
 from eagle3_console.workspace import Workspace
-from tests.conftest import ROOT
 from tests.test_serve_e2e import free_port, pipeline
 from tests.test_tui_helpers import make_app, pane_text, run, wait_until
 
