@@ -194,3 +194,16 @@ def test_the_program_checks_with_sglangs_parser_before_exec(capsys, monkeypatch)
     # A flag no SGLang has: refused by SGLang's parser, before any exec.
     assert serve_main(["--target", "/m", "--extra-args", json.dumps(["--no-such-flag"])]) == 2
     assert "SGLang's own parser rejected the argv" in capsys.readouterr().err
+
+
+def test_the_specs_lint_resolves_paths_in_the_workspace_and_takes_the_target(tmp_path):
+    from ops.spec import EstimateContext
+    _drafter(tmp_path / "runs", [3, 31, 59], [3, 31, 59])       # tmp/runs/export
+    ctx = EstimateContext(root=tmp_path, params={"mode": "speculative", "drafter": "runs/export"},
+                          target={"path": "models/target", "architecture": "DeepseekV3ForCausalLM"})
+    assert command.errors(SPEC.extra["lint"](ctx, [0])) == []
+    # The llama rule (no config.json at the model path, no architecture): off by one.
+    ctx = EstimateContext(root=tmp_path, params=ctx.params, target={"path": "models/target",
+                                                                     "architecture": "LlamaForCausalLM"})
+    errs = command.errors(SPEC.extra["lint"](ctx, [0]))
+    assert len(errs) == 1 and "capture [4, 32, 60] on LlamaForCausalLM" in errs[0].message

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ops.serve import command
-from ops.spec import EstimateContext, OpSpec
+from ops.spec import EstimateContext, Lint, OpSpec
 
 
 @dataclass(frozen=True)
@@ -29,19 +28,17 @@ class ServeSpec(OpSpec):
         return super().argv(params, target_path=target_path, python=python)
 
 
-def lint(ctx: EstimateContext, gpus: list[int] | None) -> list[command.Lint]:
-    """The stage's lints for the plan (`run` prints them; errors refuse the launch)."""
+def lint(ctx: EstimateContext, gpus: list[int] | None) -> list[Lint]:
+    """The stage's lints for the plan (`run` prints them; errors refuse the launch).
+    Paths resolve against the workspace, as the supervisor's cwd makes them at run time."""
     params = dict(ctx.params)
-    if not params.get("model_path") and ctx.target.get("path"):
-        params["model_path"] = ctx.target["path"]
-    if not params.get("model_path"):
-        model = None
-    elif not Path(str(params["model_path"])).expanduser().is_absolute():
-        model = ctx.root / str(params["model_path"])
-    else:
-        model = Path(str(params["model_path"])).expanduser()
+    params.setdefault("model_path", None)
+    if not params["model_path"]:
+        params["model_path"] = ctx.target.get("path")
+    resolved = EstimateContext(root=ctx.root, params=params, target=ctx.target)
+    model = resolved.path("model_path")
     if params.get("drafter"):
-        params["drafter"] = str(ctx.path("drafter"))
+        params["drafter"] = str(resolved.path("drafter"))
     return command.lint(params, str(model) if model else None, gpus, ctx.target)
 
 
