@@ -87,3 +87,14 @@ def test_a_lint_error_refuses_the_launch_with_its_reason(ws):
     proc = ws.cli("run", "serve", check=3)
     assert "lint error: tp 2 x dp 1 = 2 GPUs, but the stage's gpus list has 1 (0)" in proc.stderr
     assert ws.latest("serve") is None
+
+
+def test_the_restart_plan_shows_the_lints_and_refuses_on_an_error(ws):
+    port = free_port()
+    ws.write(pipeline(port, env=', FAKE_SGLANG_FAIL = "oom"'))
+    ws.cli("run", "serve", check=0)
+    ws.wait_status("serve", ("failed",))
+    plan = ws.cli("restart", "serve", "--set", 'extra_args=["--disable-cuda-graph"]', check=0)
+    assert "lint warning: extra_args --disable-cuda-graph: deprecated in sglang 0.5.23" in plan.stdout
+    plan = ws.cli("restart", "serve", "--set", "tp=2", check=2)
+    assert "refused: stage 'serve': tp 2 x dp 1 = 2 GPUs, but the stage's gpus list has 1 (0)" in plan.stdout
