@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -51,6 +52,10 @@ def main() -> int:
     warmup_s = float(os.environ.get("FAKE_SGLANG_WARMUP_S", "0.5"))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 
+    # SGLang's scheduler / TP worker processes are children of launch_server (one per
+    # rank); here they only sleep, so that stop and kill-workers have children to reach.
+    workers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+               for _ in range(args.tp_size * args.dp_size)]
     say(f"{stamp(0)} Load weight begin. avail mem=94.10 GB")
     shards = 4
     for i in range(shards + 1):
@@ -72,6 +77,8 @@ def main() -> int:
             f"Current value: mem_fraction_static={mfs}")
         say("")
         say(f"{stamp()} Received sigquit from a child process. It usually means the child failed.")
+        for w in workers:
+            w.kill()
         return 1
     double = Double(host=args.host, port=args.port, speculative=bool(args.speculative_algorithm),
                     tp=args.tp_size, dp=args.dp_size, model_path=args.model_path).start()

@@ -5,6 +5,7 @@ the test double's endpoints. What is fake: SGLang itself (it cannot run here).""
 from __future__ import annotations
 
 import json
+import os
 import socket
 
 from tests.conftest import ROOT, wait_for
@@ -62,7 +63,12 @@ def test_serve_stage_loading_then_ready_then_stopped(ws):
     log = (ws.root / ".eagle3").glob("logs/*serve.log")
     text = next(log).read_text()
     assert "serve: exec" in text and "tests.fake_launch_server" in text and "--mem-fraction-static" in text
+    import psutil
+    leader = psutil.Process(ws.latest("serve").pid)
+    workers = leader.children()
+    assert len(workers) == 1 and os.getpgid(workers[0].pid) == ws.latest("serve").pgid
     ws.cli("stop", "serve", check=0)
+    assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
     st, _snap, _code = serve_state(ws)
     assert st["status"] == "killed" and st["serve"]["state"] == "stopped"
     with socket.socket() as s:
