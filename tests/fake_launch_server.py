@@ -14,7 +14,8 @@ Environment knobs: FAKE_SGLANG_LOAD_S (weight loading, default 1.5 s),
 FAKE_SGLANG_WARMUP_S (port open, not ready; default 0.5 s), FAKE_SGLANG_FAIL=oom
 (after loading: the scheduler's KV-pool RuntimeError of
 model_executor/pool_configurator.py, the sigquit line of entrypoints/engine.py,
-exit 1).
+exit 1); FAKE_SGLANG_ORPHANS=1 with it leaves the worker children running, as a
+TP worker that outlives its server does.
 """
 
 from __future__ import annotations
@@ -77,8 +78,9 @@ def main() -> int:
             f"Current value: mem_fraction_static={mfs}")
         say("")
         say(f"{stamp()} Received sigquit from a child process. It usually means the child failed.")
-        for w in workers:
-            w.kill()
+        if os.environ.get("FAKE_SGLANG_ORPHANS") != "1":    # else: workers outlive the server
+            for w in workers:
+                w.kill()
         return 1
     double = Double(host=args.host, port=args.port, speculative=bool(args.speculative_algorithm),
                     tp=args.tp_size, dp=args.dp_size, model_path=args.model_path).start()

@@ -104,3 +104,35 @@ def test_the_restart_plan_shows_the_lints_and_refuses_on_an_error(ws):
     assert "lint warning: extra_args --disable-cuda-graph: deprecated in sglang 0.5.23" in plan.stdout
     plan = ws.cli("restart", "serve", "--set", "tp=2", check=2)
     assert "refused: stage 'serve': tp 2 x dp 1 = 2 GPUs, but the stage's gpus list has 1 (0)" in plan.stdout
+
+
+def test_kill_workers_reaches_workers_that_outlived_the_server(ws):
+    import psutil
+    ws.write(pipeline(free_port(), tp=2, gpus="[0, 1]", env=', FAKE_SGLANG_FAIL = "oom", FAKE_SGLANG_ORPHANS = "1"'))
+    ws.cli("run", "serve", check=0)
+    run = ws.wait_status("serve", ("failed",))
+    left = _alive_in(run.pgid)
+    assert len(left) == 2                       # the two "TP workers", their server gone
+    plan = ws.cli("kill-workers", "serve", check=0)
+    assert all(str(p.pid) in plan.stdout for p in left)
+    ws.cli("kill-workers", "serve", "--yes", "--grace", "1")
+    assert not _alive_in(run.pgid)
+
+
+def _alive_in(pgid: int) -> list:
+    import psutil
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if _pgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:   # a zombie is dead, unreaped
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
