@@ -35,6 +35,12 @@ def derive(snap: Snapshot) -> list[Alert]:
                            findings["killed"].line))
         if "nccl" in findings:
             a.append(Alert(CRITICAL, "nccl", f"{st.name}: NCCL error", st.name, findings["nccl"].line))
+        if "server_died" in findings:
+            a.append(Alert(CRITICAL, "server_died", f"{st.name}: a process of the SGLang server died", st.name,
+                           findings["server_died"].line))
+        elif st.serve is not None and st.serve.state == "unhealthy":
+            a.append(Alert(CRITICAL, "server_unhealthy", f"{st.name}: SGLang server unhealthy at {st.serve.url}",
+                           st.name, st.serve.reason))
         if "traceback" in findings and st.status in ("running", "lost"):
             a.append(Alert(WARNING, "traceback", f"{st.name}: a Python traceback in the log", st.name,
                            findings["traceback"].line))

@@ -127,6 +127,9 @@ def run(ctx: typer.Context, stage: str,
     pipe = c.pipeline()
     try:
         overrides = cfg.parse_overrides(set_)
+        st = pipe.stage(stage)
+        for x in runs.lints(c.ws, pipe, st, runs.stage_params(st, overrides)):
+            err.print(f"lint {x}", highlight=False, markup=False)
         r = runs.launch(c.ws, pipe, stage, overrides, force=force)
     except cfg.ConfigError as exc:
         err.print(f"error: {exc}", highlight=False, markup=False)

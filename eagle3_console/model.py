@@ -104,7 +104,7 @@ class DiskUsage:
 
 @dataclass
 class LogFinding:
-    kind: str       # progress | loading | oom | nccl | traceback | errors | killed
+    kind: str       # progress | loading | oom | nccl | traceback | errors | killed | ready | server_died
     line: str       # the line it matched
     at_offset: int = 0
 
@@ -130,6 +130,25 @@ class LogState:
     @property
     def oom(self) -> LogFinding | None:
         return self.findings.get("oom")
+
+
+@dataclass
+class ServeState:
+    """A serve stage's SGLang server as eagle3_console/monitor/serve.py last saw it."""
+    state: str                          # loading | warming_up | ready | unhealthy | stopped
+    url: str
+    reason: str = ""                    # why this state (port closed, /ready 503, a timeout, ...)
+    load_pct: float | None = None       # weight loading, from the log
+    time_to_ready_s: float | None = None    # from the run's start to "fired up" / first ready
+    running_reqs: float | None = None
+    queued_reqs: float | None = None
+    kv_usage: float | None = None       # 0..1: sglang:token_usage
+    gen_tok_s: float | None = None      # generation throughput
+    accept_length: float | None = None  # speculative: SGLang's average accept length
+    speculative: bool = False
+    version: str | None = None          # the server's own (from /server_info)
+    metrics: bool | None = None         # whether /metrics answered
+    sampled_at: float | None = None     # when the figures were read
 
 
 @dataclass
@@ -162,6 +181,7 @@ class StageStatus:
     # once they ended, whether its outputs say it finished (runs.outputs_complete).
     alive: bool = False
     outputs_complete: bool | None = None
+    serve: ServeState | None = None        # a serve stage's server state and live figures
 
     @property
     def done(self) -> bool:

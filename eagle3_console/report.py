@@ -62,6 +62,8 @@ def print_status(console: Console, snap: Snapshot) -> None:
         line = st.result_said()
         if line:
             console.print(f"{st.name}: {line}", highlight=False)
+        if st.serve is not None:
+            console.print(f"{st.name}: {serve_line(st)}", highlight=False)
     g = snap.gpus
     if not g.available:
         console.print(f"GPUs: unavailable ({g.reason})", highlight=False)
@@ -87,6 +89,26 @@ def print_status(console: Console, snap: Snapshot) -> None:
     for a in snap.alerts:
         console.print(f"[{LEVEL_STYLE.get(a.level, '')}]{a.level.upper()}[/] {a.message}"
                       + (f"\n    {a.line.strip()[:160]}" if a.line else ""), highlight=False)
+
+
+def serve_line(st: StageStatus) -> str:
+    """A serve stage's server in a line: state, why, time to ready, live figures."""
+    sv = st.serve
+    out = f"server {sv.state.replace('_', ' ')} {sv.url}"
+    if sv.time_to_ready_s is not None:
+        out += f", ready after {human_duration(sv.time_to_ready_s)}"
+    if sv.state != "ready":
+        return out + (f" ({sv.reason})" if sv.reason else "")
+    figures = []
+    if sv.running_reqs is not None:
+        figures.append(f"running {sv.running_reqs:.0f}, queued {sv.queued_reqs or 0:.0f}")
+    if sv.kv_usage is not None:
+        figures.append(f"KV {100 * sv.kv_usage:.0f}%")
+    if sv.gen_tok_s is not None:
+        figures.append(f"{sv.gen_tok_s:.1f} tok/s")
+    if sv.accept_length is not None:
+        figures.append(f"accept length {sv.accept_length:.2f}")
+    return out + ("; " + ", ".join(figures) if figures else "")
 
 
 def _opt(v: float | int | None, unit: str) -> str:

@@ -156,6 +156,14 @@ def preflight(ws: Workspace, pipe: Pipeline, stage: Stage, params: dict[str, Any
     return Preflight(est, free, outs[0], written)
 
 
+def lints(ws: Workspace, pipe: Pipeline, stage: Stage, params: dict[str, Any]) -> list:
+    """What the op's own lint says about this launch (the serve op's: flags,
+    tp x dp against the gpus list, the drafter's aux layers); items print as
+    `error: ...` / `warning: ...`."""
+    check = stage.spec.extra.get("lint") if stage.spec else None
+    return list(check(estimate_context(ws, pipe, params), stage.gpus)) if check else []
+
+
 def reconcile(reg: Registry) -> list[Run]:
     """Mark runs whose supervisor is gone as lost; returns the ones it changed."""
     changed = []
@@ -253,6 +261,10 @@ def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, 
         # run before a short disk); the check that counts is repeated below.
         check_can_start(reg, pipe, stage, force, ws=ws, strays=False)
         check_outputs_apart(ws, pipe, stage, params)
+        bad = [x for x in lints(ws, pipe, stage, params) if x.level == "error"]
+        if bad and not force:
+            reg.record("run", "refused: lint", stage=stage.name, detail="; ".join(x.message for x in bad))
+            raise Refused(f"stage {stage.name!r}: " + "; ".join(x.message for x in bad), code=3)
         pf = preflight(ws, pipe, stage, params)
         if not pf.fits and not force:
             reg.record("run", "refused: disk", stage=stage.name,

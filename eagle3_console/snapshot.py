@@ -23,6 +23,7 @@ from eagle3_console.model import DiskUsage, GpuReport, Snapshot, StageStatus
 from eagle3_console.monitor.disk import DiskMonitor
 from eagle3_console.monitor.logs import LogFollower
 from eagle3_console.monitor.procs import ProcessTable, RunRef, attach_owners, orphans, process_alive
+from eagle3_console.monitor.serve import ServeMonitor
 from eagle3_console.monitor.shards import ShardMonitor
 from eagle3_console.registry import Registry, Run, id_path
 from eagle3_console.workspace import Workspace
@@ -40,6 +41,7 @@ class Collector:
         self._shards: dict[tuple[str, str], ShardMonitor] = {}
         self._disks: dict[tuple[str, str], DiskMonitor] = {}
         self._logs: dict[int, LogFollower] = {}
+        self._serves: dict[int, ServeMonitor] = {}     # a serve run's server, by run id
         self._leftovers: tuple[float, tuple, dict[str, list[tuple[int, float]]]] = (0.0, (), {})
         self._table: ProcessTable | None = None       # this pass's process table, when one was needed
         self._results: dict[Path, tuple[tuple[int, int], tuple[dict | None, str | None, float]]] = {}
@@ -108,6 +110,14 @@ class Collector:
             self._logs[run.id] = f
         return f
 
+    def _serve_monitor(self, run: Run, params: dict[str, Any]) -> ServeMonitor:
+        mon = self._serves.get(run.id)
+        if mon is None:
+            mon = ServeMonitor(str(params.get("host") or "127.0.0.1"), int(params.get("port") or 30000),
+                               speculative=params.get("mode") == "speculative", started=run.started)
+            self._serves[run.id] = mon
+        return mon
+
     def _nvml_instance(self) -> Any:
         if self._nvml is None:
             from eagle3_console.monitor.gpus import Nvml
@@ -153,6 +163,9 @@ class Collector:
         for rid in list(self._logs):
             if rid not in live_logs:
                 del self._logs[rid]
+        for rid in list(self._serves):
+            if rid not in live_logs:
+                del self._serves[rid]
         snap.gpus = self._sample_gpus(refs)
         snap.alerts = alerts.derive(snap)
         for name, pids in strays.items():
@@ -275,6 +288,8 @@ class Collector:
             # gone) is no rate now, and nothing is coming.
             st.rate = st.tokens_per_s = st.rate_unit = st.eta_s = None
         st.progress = fraction
+        if run and spec is not None and spec.extra.get("serve"):
+            st.serve = self._serve_monitor(run, params).sample(st.log, still_running, now)
         record = None
         if spec is not None and spec.result_file and outs:
             record = self._result(spec, Path(outs[0]) / spec.result_file)

@@ -14,7 +14,7 @@ import importlib
 
 from ops.spec import OpSpec
 
-KNOWN_OPS = ("prepare", "vocab", "extract", "verify", "train", "export", "bench")
+KNOWN_OPS = ("prepare", "vocab", "extract", "verify", "train", "export", "bench", "serve")
 
 
 def get_spec(name: str) -> OpSpec:

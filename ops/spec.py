@@ -174,3 +174,15 @@ REQUIRED: Any = _Required()
 
 def dtype_bytes(dtype: str | None) -> int:
     return DTYPE_BYTES.get(str(dtype or "bfloat16").lower().replace("torch.", ""), 2)
+
+
+@dataclass(frozen=True)
+class Lint:
+    """One finding of an op's lint (OpSpec.extra["lint"](ctx, gpus) -> [Lint]),
+    run before a launch: `run` prints each; an error refuses the launch (exit 3)."""
+
+    level: str      # "error" | "warning"
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.level}: {self.message}"

@@ -362,3 +362,53 @@ def test_transformers_weight_loading_bar_is_loading_not_progress(tmp_path):
     st = LogFollower(log).refresh()
     assert st.load_pct == 100.0
     assert (st.progress_done, st.progress_total) == (3, 8)
+
+
+# ---- SGLang's server (strings from sglang 0.5.23's source; logparse cites the files)
+
+def test_fixture_sglang_server_loading_then_ready():
+    from eagle3_console.monitor.logparse import line_time
+    st = LogFollower(FIXTURES / "sglang_server_ready.log").refresh()
+    assert st.load_pct == 100 and st.progress_done is None
+    ready = st.findings["ready"].line
+    assert ready == "[2026-12-01 10:29:52] The server is fired up and ready to roll!"
+    import time
+    assert line_time(ready) == time.mktime((2026, 12, 1, 10, 29, 52, 0, 0, -1))
+    assert line_time("The server is fired up and ready to roll!") is None
+    assert st.oom is None and "server_died" not in st.findings
+
+
+@pytest.mark.parametrize("line", [
+    "[2026-12-01 10:25:03 TP5] Scheduler hit an exception: Traceback (most recent call last):",
+    "[2026-12-01 10:25:03] DetokenizerManager hit an exception: Traceback (most recent call last):",
+    "[2026-12-01 10:25:03] TokenizerManager hit an exception: Traceback (most recent call last):",
+    "[2026-12-01 10:25:03] DataParallelController hit an exception: Traceback (most recent call last):",
+    "[2026-12-01 10:25:03] Received sigquit from a child process. It usually means the child failed.",
+    "RuntimeError: Rank 3 scheduler died during initialization (exit code: -9). If exit code is -9 (SIGKILL), "
+    "a common cause is the OS OOM killer. Run `dmesg -T | grep -i oom` to check.",
+])
+def test_sglang_server_death_signatures(tmp_path, line):
+    st = follow_text(tmp_path, line + "\n")
+    assert st.findings["server_died"].line == line
+
+
+@pytest.mark.parametrize("line", [
+    "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. Current value: mem_fraction_static=0.95",
+    "RuntimeError: Decode out of memory. Try to lower your batch size.",
+    "RuntimeError: Prefill out of memory. Try to lower your batch size.",
+])
+def test_sglang_out_of_memory_messages(tmp_path, line):
+    assert follow_text(tmp_path, line + "\n").oom.line == line
+
+
+def test_sglang_death_is_found_by_the_signature_scan_of_an_old_part(tmp_path):
+    log = tmp_path / "run.log"
+    log.write_text("[2026-12-01 10:25:03] Received sigquit from a child process. It usually means the child failed.\n"
+                   + "x" * 100 + "\n" + "filler line\n" * 20000)
+    st = LogFollower(log, first_open_bytes=4096).refresh()
+    assert "Received sigquit" in st.findings["server_died"].line
+
+
+def test_fixture_sglang_server_oom_also_says_the_server_died():
+    st = LogFollower(FIXTURES / "sglang_server_oom.log").refresh()
+    assert st.findings["server_died"].line.startswith("[2025-06-02 14:25:03] Received sigquit")

@@ -119,3 +119,20 @@ def test_the_selection_follows_the_active_stage_until_the_operator_moves(tmp_pat
             # ...and later passes do not take the selection back.
             assert app.selected == "prepare"
     run(main())
+
+
+def test_an_sglang_bench_result_is_labelled_with_its_engine(tmp_path):
+    result = {"engine": "sglang", "url": "http://127.0.0.1:30000", "acceptance_length": 2.91, "draft_tokens": 3,
+              "tok_s_speculative": 120.5, "tok_s_plain": 41.0, "speedup": 2.94, "outputs_match": True,
+              "prompts": [0, 1, 2], "tokens": 96}
+    bench_workspace(tmp_path, result)
+
+    async def main():
+        app = make_app(tmp_path, refresh_s=0.2)
+        async with app.run_test(size=(160, 48)) as pilot:
+            table = app.query_one("#stages")
+            await wait_until(pilot, lambda: app.snapshot is not None and "result" in table.columns_shown)
+            assert str(table.get_row("bench")[table.columns_shown.index("result")]) == "AL 2.91 sglang"
+            await wait_until(pilot, lambda: "engine sglang http://127.0.0.1:30000" in pane_text(app, "progress"))
+            assert "speed-up 2.94x" in pane_text(app, "progress")
+    run(main())

@@ -69,6 +69,37 @@ def summary(st: StageStatus, now: float) -> Text:
     return t
 
 
+def serve_text(st: StageStatus) -> Text | None:
+    """A serve stage's server: its state and why, time to ready, the live figures."""
+    sv = st.serve
+    if sv is None:
+        return None
+    t = Text()
+    t.append("server ", "dim")
+    t.append(sv.state.replace("_", " "), {"ready": "bold green", "unhealthy": "bold red"}.get(sv.state, "cyan"))
+    t.append(f" {sv.url}", "dim")
+    if sv.time_to_ready_s is not None:
+        t.append("  ready after ", "dim")
+        t.append(fmt.duration(sv.time_to_ready_s))
+    if sv.reason and sv.state != "ready":
+        t.append(f"\n{sv.reason}", "red" if sv.state == "unhealthy" else "dim")
+    if sv.state == "ready":
+        parts = []
+        if sv.running_reqs is not None:
+            parts.append(f"running {sv.running_reqs:.0f}  queued {sv.queued_reqs or 0:.0f}")
+        if sv.kv_usage is not None:
+            parts.append(f"KV {100 * sv.kv_usage:.0f}%")
+        if sv.gen_tok_s is not None:
+            parts.append(fmt.rate(sv.gen_tok_s, " tok/s"))
+        if sv.accept_length is not None:
+            parts.append(f"accept length {sv.accept_length:.2f}")
+        if parts:
+            t.append("\n" + "  ".join(parts))
+        if sv.metrics is False:
+            t.append("\n/metrics off (figures from /server_info)", "dim")
+    return t
+
+
 def _num(v) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
@@ -85,6 +116,9 @@ def result_text(st: StageStatus) -> Text | None:
     whose = st.result_whose()
     if whose:
         t.append(whose.rstrip(": ") + "\n", "yellow")
+    if r.get("engine"):
+        # Beside the reference bench's, each record says where it was measured.
+        t.append(f"engine {r['engine']}" + (f" {r['url']}" if r.get("url") else "") + "\n", "bold")
     t.append("acceptance length ", "dim")
     t.append(f"{al:.2f}", "bold green")
     k = r.get("draft_tokens")
@@ -227,7 +261,10 @@ class ProgressPane(VerticalScroll, can_focus=False):
             self._bars.paint(None, "")
             return
         result = result_text(st)
-        if result is None and st.result_said():
+        served = serve_text(st)
+        if served is not None:
+            text = served
+        elif result is None and st.result_said():
             # The op's own record (prepare's drops and truncation, vocab's coverage, ...).
             counts = summary(st, now)
             if st.status == "succeeded":

@@ -28,9 +28,15 @@ def is_oom(st: StageStatus) -> bool:
     return (st.log is not None and st.log.oom is not None) or any(a.code == "oom" for a in st.alerts)
 
 
+SERVE_STYLE = {"loading": "cyan", "warming_up": "cyan", "ready": "bold green", "unhealthy": "bold red"}
+
+
 def status_text(st: StageStatus) -> Text:
     label = st.status
     style = STATUS_STYLE.get(st.status, "")
+    if st.serve is not None and st.status == "running" and st.serve.state in SERVE_STYLE:
+        # A server runs for hours: whether it answers is its status.
+        label, style = st.serve.state.replace("_", " "), SERVE_STYLE[st.serve.state]
     if is_oom(st) and st.status != "running":
         label, style = f"{st.status} OOM", "bold white on red"
     elif is_oom(st):
@@ -48,7 +54,8 @@ def result_text(st: StageStatus) -> Text:
         return Text("-")
     if r.get("outputs_match") is False:
         return Text(f"AL {al:.2f} !=greedy", "bold red")
-    return Text(f"AL {al:.2f}", "bold green" if st.status == "succeeded" else "dim")
+    engine = " sglang" if r.get("engine") == "sglang" else ""
+    return Text(f"AL {al:.2f}{engine}", "bold green" if st.status == "succeeded" else "dim")
 
 
 def elapsed(st: StageStatus, now: float) -> float | None:

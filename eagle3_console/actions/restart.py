@@ -7,7 +7,7 @@ Data flow: config + registry + the last run's log (OOM?) -> RestartPlan ->
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,6 +31,7 @@ class RestartPlan:
     suggestion: tuple[str, Any, Any] | None = None  # offered after an OOM, not applied
     refusal: str | None = None
     force: bool = False
+    lints: list = field(default_factory=list)      # the op's lint (serve: flags, GPUs, drafter layers)
 
     def lines(self) -> list[str]:
         if self.refusal:
@@ -51,6 +52,7 @@ class RestartPlan:
             out.append(f"{self.halved[0]}: {self.halved[1]} -> {self.halved[2]} (halved after the OOM)")
         elif self.suggestion:
             out.append(f"suggested: --set {self.suggestion[0]}={self.suggestion[2]} (halved after the OOM)")
+        out += [f"lint {x}" for x in self.lints]
         out.append("argv: " + " ".join(self.argv))
         return out
 
@@ -104,6 +106,11 @@ def plan_restart(ws: Workspace, stage_name: str, overrides: dict[str, Any] | Non
         runs.check_outputs_apart(ws, pipe, stage, params)
     except runs.Refused as exc:
         plan.refusal = str(exc)
+        return plan
+    plan.lints = runs.lints(ws, pipe, stage, params)
+    bad = [x.message for x in plan.lints if x.level == "error"]
+    if bad and not force:
+        plan.refusal = f"stage {stage_name!r}: " + "; ".join(bad)
         return plan
     alive = bool(last) and (last.live or runs.stage_alive(last))
     # Workers that outlived a failed run still hold their GPU memory: a restart next to them OOMs again.

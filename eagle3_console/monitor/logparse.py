@@ -20,6 +20,13 @@ latest per kind):
   "killed"), which is what the halve-the-batch policy looks for;
 - nccl: `NCCL error`, `ncclInternalError` (and the other nccl*Error codes),
   `NCCL WARN`, ProcessGroupNCCL / watchdog timeouts;
+- SGLang's server (a serve stage; strings from sglang 0.5.23's source, each
+  cited at its pattern below): ready (`The server is fired up and ready to
+  roll!`, its `[YYYY-mm-dd HH:MM:SS]` prefix gives the time to ready) and
+  server_died (a scheduler / detokenizer / tokenizer / DP controller that
+  `hit an exception`, `Received sigquit from a child process`, a rank's
+  scheduler that `died during initialization`); its out-of-memory messages
+  are under oom, its weight loading under loading;
 - traceback: `Traceback (most recent call last):`; the finding is replaced by
   the final exception line once it arrives (e.g. `RuntimeError: ...`);
 - errors: an `errors: N` (or `errors=N`) counter -> LogState.errors;
@@ -36,6 +43,7 @@ not parsed: the registry records how a run ended.
 from __future__ import annotations
 
 import re
+import time
 
 from eagle3_console.model import LogFinding, LogState
 
@@ -48,13 +56,35 @@ _TQDM = re.compile(
     r"(?P<n>\d+(?:\.\d+)?[kMGTP]?)(?:/(?P<total>\d+(?:\.\d+)?[kMGTP]?))?[A-Za-z]*\s*"
     r"\[(?P<elapsed>[\d:]+)(?:<(?P<remaining>[\d:]+|\?))?,\s*"
     r"(?P<rate>\?|\d+(?:\.\d+)?[kMGTP]?)(?P<unit>[A-Za-z]*/[A-Za-z]+)")
-# Weight loading: vLLM/SGLang ("Loading safetensors checkpoint shards:  86% Completed")
+# Weight loading: vLLM/SGLang ("Loading safetensors checkpoint shards:  86% Completed";
+# SGLang: python/sglang/srt/model_loader/weight_utils.py, tqdm desc "Loading
+# {safetensors,pt,np_cache} checkpoint shards" with BAR_FORMAT of
+# python/sglang/srt/utils/common.py "{desc}: {percentage:3.0f}% Completed | ...")
 # and transformers 5 ("Loading weights:  86%|...| 64/75").
 _LOADING = re.compile(r"Loading (?:\w*\s*checkpoint shards|weights):\s*(\d+(?:\.\d+)?)%")
+# SGLang's own: "Not enough memory. Please try to increase --mem-fraction-static."
+# (python/sglang/srt/model_executor/pool_configurator.py, the KV pool gets no
+# tokens), "Out of memory. Try to lower your batch size.", "Prefill out of
+# memory. ...", "Decode out of memory. ..." (python/sglang/srt/mem_cache/allocation.py).
 _OOM = re.compile(
     r"CUDA out of memory|CUDA error: out of memory|OutOfMemoryError|Not enough memory"
-    r"|Prefill out of memory|Out of memory\. Try to lower your batch size"
+    r"|(?:Prefill|Decode) out of memory|Out of memory\. Try to lower your batch size"
     r"|(?:HIP|XPU) out of memory")
+# python/sglang/srt/entrypoints/http_server.py (_wait_and_warmup):
+# logger.info("The server is fired up and ready to roll!").
+_READY = "The server is fired up and ready to roll!"
+_STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
+# A child of the server died: python/sglang/srt/managers/scheduler.py
+# ("Scheduler hit an exception: {traceback}"), managers/detokenizer_manager.py
+# ("DetokenizerManager hit an exception"), managers/tokenizer_manager.py
+# ("TokenizerManager hit an exception"), managers/data_parallel_controller.py
+# ("DataParallelController hit an exception"); python/sglang/srt/entrypoints/engine.py
+# ("Received sigquit from a child process. It usually means the child failed.",
+# "Rank {rank} scheduler died during initialization (exit code: ...)").
+_SERVER_DIED = re.compile(
+    r"\b(?:Scheduler|DetokenizerManager|TokenizerManager|DataParallelController|MultiDetokenizerRouter"
+    r"|MultiTokenizerRouter) hit an exception"
+    r"|Received sigquit from a child process|Rank \d+ scheduler died during initialization")
 _KILLED = re.compile(
     r"^\s*Killed\s*$|\d\s+Killed\s+\S"
     r"|\bexit(?:ed)?\s*(?:with\s+)?(?:exit\s*)?code\s*[:=]?\s*-9\b"
@@ -68,6 +98,18 @@ _TRACEBACK = "Traceback (most recent call last):"
 _ERRORS = re.compile(r"\berrors?\s*[:=]\s*(\d+)")
 _SUMMARY = re.compile(r"\bprogress:\s+(.*)$")
 _PAIR = re.compile(r"(\S+)\s+(\S+)")
+
+
+def line_time(line: str) -> float | None:
+    """The local time SGLang's log format `[%Y-%m-%d %H:%M:%S...] ` puts first
+    (python/sglang/srt/utils/common.py configure_logger), as a Unix time."""
+    m = _STAMP.match(line)
+    if not m:
+        return None
+    try:
+        return time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"))
+    except ValueError:
+        return None
 
 
 def _num(text: str) -> float:
@@ -136,6 +178,11 @@ class LineParser:
             self._find("killed", stripped, offset, key="oom")
         if ("NCCL" in text or "nccl" in text or "Watchdog" in text) and _NCCL.search(text):
             self._find("nccl", stripped, offset)
+        if "fired up" in text and _READY in text:
+            self._find("ready", stripped, offset)
+        if ("hit an exception" in text or "sigquit" in text or "died during" in text) \
+                and _SERVER_DIED.search(text):
+            self._find("server_died", stripped, offset)
         if how == "summary":            # a summary line's errors are summed over ranks
             if " errors " in text:
                 self._find("errors", stripped, offset)

@@ -53,11 +53,12 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 # tqdm's rate is `X<unit>/s]`, `X<unit>/s, <postfix>]` or, below 1/s, `Xs/<unit>`.
 _KEYS = (b"/s]", b"/s,", b"s/it", b"s/sample", b"s/step", b"s/batch", b"checkpoint shards",
          b"memory", b"Memory", b"Killed", b"-9", b"ignal", b"SIGKILL", b"NCCL", b"nccl",
-         b"Watchdog", b"Traceback", b"rror", b"progress:")
+         b"Watchdog", b"Traceback", b"rror", b"progress:", b"fired up", b"hit an exception", b"sigquit",
+         b"died during")
 # For the signature-only scan: no progress, and no `errors` counter (a busy
 # progress line carries one; the latest value comes from the parsed end).
 _SIGNATURE_KEYS = (b"memory", b"Memory", b"Killed", b"-9", b"ignal", b"SIGKILL", b"NCCL", b"nccl",
-                   b"Watchdog", b"Traceback")
+                   b"Watchdog", b"Traceback", b"fired up", b"hit an exception", b"sigquit", b"died during")
 
 
 

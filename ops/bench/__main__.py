@@ -26,8 +26,13 @@ from pathlib import Path
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m ops.bench", description=__doc__.splitlines()[0])
-    p.add_argument("--drafter", required=True, help="export output directory (or its sglang/ or speculators/)")
-    p.add_argument("--target", required=True)
+    p.add_argument("--engine", choices=("reference", "sglang"), default="reference",
+                   help="reference: decode here with HF transformers; sglang: measure a live SGLang server")
+    p.add_argument("--drafter", default=None, help="export output directory (or its sglang/ or speculators/)")
+    p.add_argument("--target", default=None)
+    p.add_argument("--url", default=None, help="engine sglang: the speculative server (a serve stage's URL)")
+    p.add_argument("--baseline-url", default=None, help="engine sglang: a server without speculation")
+    p.add_argument("--timeout-s", type=float, default=600.0, help="engine sglang: per request")
     p.add_argument("--output", required=True)
     p.add_argument("--data", default=None, help="hidden-state data for prompts (default: the export's)")
     p.add_argument("--prompts-file", default=None, help='JSONL lines with "input_ids" (instead of --data)')
@@ -76,8 +81,68 @@ def prompts_from_file(path: Path, n: int) -> list[tuple[int, list[int]]]:
     return out
 
 
+def prompts_for(args) -> list[tuple[int, list[int]]]:
+    """Held-out prompts: --prompts-file, else the data's samples (the export's
+    holdout first, named by its export_info.json, when --drafter is given)."""
+    if args.prompts_file:
+        return prompts_from_file(Path(args.prompts_file), args.num_prompts)
+    info: dict = {}
+    if args.drafter:
+        from ops.export.formats import INFO_FILE, detect_format
+        ddir, _fmt = detect_format(Path(args.drafter))
+        info_path = ddir.parent / INFO_FILE
+        info = json.loads(info_path.read_text()) if info_path.exists() else {}
+    data = args.data or info.get("data")
+    if not data:
+        raise ValueError("no prompts: pass --data or --prompts-file (or --drafter whose export_info.json names data)")
+    return prompts_from_data(Path(data), list(info.get("holdout") or []), args.num_prompts)
+
+
+def write_result(out_dir: Path, result: dict) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / f"bench.json.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    os.replace(tmp, out_dir / "bench.json")
+
+
+def main_sglang(args) -> int:
+    from ops.bench.sglang import ServerError, run_bench
+
+    if not args.url:
+        print("error: engine sglang needs --url (the speculative serve stage's, e.g. http://127.0.0.1:30000)",
+              file=sys.stderr, flush=True)
+        return 2
+    try:
+        prompts = prompts_for(args)
+        if not prompts:
+            raise ValueError("no usable prompts (each needs >= 2 tokens before the answer)")
+        print(f"bench: engine sglang, {len(prompts)} prompts, {args.max_new_tokens} new tokens, {args.url}"
+              + (f" vs baseline {args.baseline_url}" if args.baseline_url else ""), flush=True)
+        result = run_bench(args.url, prompts, args.max_new_tokens, args.baseline_url, args.timeout_s,
+                           log=lambda m: print(m, flush=True))
+    except (ValueError, OSError, ServerError) as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    write_result(Path(args.output), result)
+    speed = f" | speed-up {result['speedup']:.2f}x (baseline {result['tok_s_plain']:.1f} tok/s)" \
+        if result["speedup"] is not None else ""
+    print(f"bench: engine sglang acceptance length {result['acceptance_length']:.2f} "
+          f"({result['tokens']} tokens / {result['spec_verify_ct']} verify steps) | "
+          f"{result['tok_s_speculative']:.1f} tok/s{speed}", flush=True)
+    if result["outputs_match"] is False:
+        print(f"error: speculative output differs from the baseline's greedy output on prompts "
+              f"{[m['prompt'] for m in result['mismatches']]}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.engine == "sglang":
+        return main_sglang(args)
+    if not args.drafter or not args.target:
+        print("error: engine reference needs --drafter and --target", file=sys.stderr, flush=True)
+        return 2
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -164,10 +229,8 @@ def main(argv=None) -> int:
         "speedup": t_plain / max(t_spec, 1e-9),
         "outputs_match": not mismatches, "mismatches": mismatches,
     }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / f"bench.json.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    os.replace(tmp, out_dir / "bench.json")
+    result["engine"] = "reference"
+    write_result(out_dir, result)
     print(f"bench: acceptance length {acc_len:.2f} (K={k}) | accept/pos "
           f"[{','.join(f'{p:.2f}' for p in per_pos)}] | speed-up {result['speedup']:.2f}x "
           f"(plain {result['tok_s_plain']:.1f} tok/s, speculative {result['tok_s_speculative']:.1f} tok/s) | "

@@ -3,16 +3,22 @@
 Output: <output>/bench.json (acceptance length, acceptance per draft position,
 speed-up, whether outputs matched greedy); the log's `bench:` line is the
 summary the console shows next to the stage.
+
+engine = "sglang" (ops/bench/sglang.py) measures a live SGLang server at
+`url` instead (a speculative serve stage), against `baseline_url` when given;
+its bench.json says "engine": "sglang" and its line is labelled so.
 """
 
 from __future__ import annotations
 
-from ops.spec import REQUIRED, OpSpec
+from ops.spec import REQUIRED, EstimateContext, Lint, OpSpec
 
 def result_line(r: dict) -> str | None:
     """bench.json in a line: what the whole pipeline was for."""
     if "acceptance_length" not in r:
         return None
+    if r.get("engine") == "sglang":
+        return sglang_line(r)
     per_pos = ", ".join(f"{a:.2f}" for a in r.get("accept_rate_per_position") or [])
     match = "speculative output == greedy" if r.get("outputs_match") else "OUTPUT DIFFERS FROM GREEDY"
     speed = f", speed-up {r['speedup']:.2f}x" if isinstance(r.get("speedup"), (int, float)) else ""
@@ -20,11 +26,48 @@ def result_line(r: dict) -> str | None:
             f"per position {per_pos}){speed}; {match}")
 
 
+def sglang_line(r: dict) -> str:
+    """The SGLang engine's record, labelled as such: acceptance where the drafter is served."""
+    k = f" (K={r['draft_tokens']})" if isinstance(r.get("draft_tokens"), int) else ""
+    tok_s = r.get("tok_s_speculative")
+    out = f"engine sglang: acceptance length {r['acceptance_length']:.2f}{k}"
+    if isinstance(tok_s, (int, float)):
+        out += f", {tok_s:.1f} tok/s"
+    if isinstance(r.get("speedup"), (int, float)):
+        out += f", speed-up {r['speedup']:.2f}x vs baseline"
+    if r.get("outputs_match") is False:
+        out += "; OUTPUT DIFFERS FROM BASELINE GREEDY"
+    elif r.get("outputs_match") is None:
+        out += "; no baseline"
+    return out
+
+
+def lint(ctx: EstimateContext, _gpus) -> list[Lint]:
+    """What each engine needs, said before the launch (argparse would say it only in the log)."""
+    p = ctx.params
+    engine = p.get("engine") or "reference"
+    if engine not in ("reference", "sglang"):
+        return [Lint("error", f"engine {engine!r}: expected reference or sglang")]
+    if engine == "reference" and not p.get("drafter"):
+        return [Lint("error", "engine reference needs params.drafter (export's output directory)")]
+    if engine == "sglang" and not p.get("url"):
+        return [Lint("error", "engine sglang needs params.url (the speculative serve stage's, "
+                              "e.g. http://127.0.0.1:30000)")]
+    if engine == "sglang" and not (p.get("data") or p.get("prompts_file") or p.get("drafter")):
+        return [Lint("error", "engine sglang needs held-out prompts: params.data, prompts_file or drafter "
+                              "(whose export_info.json names the data)")]
+    return []
+
+
 SPEC = OpSpec(
     name="bench",
     summary="reference EAGLE-3 speculative decoding (chain, top-1) vs greedy: acceptance length, speed-up",
     params={
-        "drafter": REQUIRED,        # export's output directory
+        "engine": "reference",      # reference (HF, here) | sglang (a live server at url)
+        "drafter": None,            # export's output directory (engine reference needs it)
+        "url": None,                # engine sglang: the speculative server
+        "baseline_url": None,       # engine sglang: the same target without speculation
+        "timeout_s": 600.0,
         "output": REQUIRED,
         "data": None,
         "prompts_file": None,
@@ -41,4 +84,5 @@ SPEC = OpSpec(
     estimate_bytes=lambda ctx: 64 * 1024,
     result_file="bench.json",
     result_line=result_line,
+    extra={"lint": lint},
 )

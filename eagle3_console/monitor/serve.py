@@ -1,0 +1,205 @@
+"""A serve stage's SGLang server: its state and live figures, read from the log and the server itself.
+
+Where it sits: snapshot.collect() keeps one ServeMonitor per serve run and
+calls sample() each pass with the run's parsed log; the ServeState lands on
+the stage (status --json, the stages table, the progress pane).
+
+States (what the operator waits through on a 22-minute load):
+- loading: the port is closed (weight-load % from the log's tqdm bar);
+- warming_up: the port accepts, but `/ready` is not 200 yet;
+- ready: `/ready` answered 200;
+- unhealthy: after ready, `/ready` not 200, a timeout, the port closed while
+  the process lives, or the log says a child died (scheduler, detokenizer);
+- stopped: the run is not running.
+
+Endpoints, as sglang 0.5.23 defines them (python/sglang/srt/entrypoints/http_server.py):
+- `/ready`: 200 when the tokenizer manager's status is Up, else 503, at once.
+  Not `/health`: with SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION (default on)
+  `/health` runs a one-token generation and sleeps a second before it
+  answers, longer than a refresh may wait.
+- `/server_info` (`/get_server_info` is its deprecated alias, which logs a
+  warning on every call): the resolved server args plus `version` and
+  `internal_states`, one dict per DP rank with `last_gen_throughput` and,
+  speculative, `avg_spec_accept_length`
+  (python/sglang/srt/managers/scheduler_components/internal_state.py).
+- `/metrics` (with --enable-metrics): Prometheus text; the gauges
+  `sglang:num_running_reqs`, `sglang:num_queue_reqs`, `sglang:token_usage`,
+  `sglang:gen_throughput`, `sglang:spec_accept_length`
+  (python/sglang/srt/observability/metrics_collector.py).
+
+Every request has a short timeout (TIMEOUT_S) and the figures are read at
+most every FIGURES_EVERY_S: a hung server costs a refresh a fraction of a
+second, never a stall. Standard library only (status --json imports this).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import socket
+import time
+
+from eagle3_console.model import LogState, ServeState
+from eagle3_console.monitor.logparse import line_time
+
+TIMEOUT_S = 0.3
+FIGURES_EVERY_S = 2.0
+
+_SAMPLE = re.compile(r"^(sglang:[a-z_]+)(?:\{[^}]*\})?\s+(\S+)")
+
+
+def port_open(host: str, port: int, timeout: float = TIMEOUT_S) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def http_get(host: str, port: int, path: str, timeout: float = TIMEOUT_S) -> tuple[int, bytes]:
+    """(status, body); OSError (timeouts included) when there is no answer in time."""
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    except http.client.HTTPException as exc:
+        raise OSError(f"bad HTTP answer: {exc}") from exc
+    finally:
+        conn.close()
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """SGLang's gauges from Prometheus text: request counts and throughput summed
+    over the series (one per DP rank), usage the highest, accept length the mean."""
+    values: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m:
+            try:
+                values.setdefault(m.group(1), []).append(float(m.group(2)))
+            except ValueError:
+                continue
+    out: dict[str, float] = {}
+    for name, how in (("sglang:num_running_reqs", sum), ("sglang:num_queue_reqs", sum),
+                      ("sglang:gen_throughput", sum), ("sglang:token_usage", max),
+                      ("sglang:spec_accept_length", lambda v: sum(v) / len(v))):
+        if values.get(name):
+            out[name] = how(values[name])
+    return out
+
+
+def connect_host(host: str) -> str:
+    # A server bound to every interface is reached on loopback.
+    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+
+
+class ServeMonitor:
+    def __init__(self, host: str, port: int, speculative: bool, started: float | None,
+                 timeout: float = TIMEOUT_S, figures_every_s: float = FIGURES_EVERY_S):
+        self.host, self.port = connect_host(host), int(port)
+        self.speculative = speculative
+        self.started = started
+        self.timeout = timeout
+        self.figures_every_s = figures_every_s
+        self.ever_ready = False
+        self.first_ready_at: float | None = None
+        self._last: ServeState | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def sample(self, log: LogState | None, running: bool, now: float | None = None) -> ServeState:
+        now = time.time() if now is None else now
+        findings = log.findings if log else {}
+        st = ServeState(state="stopped", url=self.url, load_pct=log.load_pct if log else None,
+                        speculative=self.speculative)
+        if "ready" in findings:
+            self.ever_ready = True
+        st.time_to_ready_s = self._time_to_ready(findings)
+        if not running:
+            st.reason = "the run is not running"
+            self._last = None
+            return st
+        died = findings.get("server_died")
+        if not port_open(self.host, self.port, self.timeout):
+            if self.ever_ready:
+                st.state, st.reason = "unhealthy", f"port {self.port} closed after the server was ready"
+            else:
+                st.state = "loading"
+                st.reason = f"port {self.port} not open yet" + (
+                    f"; weights {log.load_pct:.0f}% loaded" if log and log.load_pct is not None else "")
+            if died:
+                st.state, st.reason = "unhealthy", died.line
+            return st
+        try:
+            code, _body = http_get(self.host, self.port, "/ready", self.timeout)
+        except OSError as exc:
+            code, why = None, f"/ready: no answer within {self.timeout:g} s ({exc})"
+        else:
+            why = f"/ready answered {code}"
+        if code == 200:
+            st.state, st.reason = "ready", why
+            if self.first_ready_at is None:
+                self.first_ready_at = now     # when the log has no "fired up" line (yet)
+            self.ever_ready = True
+            st.time_to_ready_s = self._time_to_ready(findings)
+            self._figures(st, now)
+        elif self.ever_ready:
+            st.state, st.reason = "unhealthy", why
+        else:
+            st.state, st.reason = "warming_up", why
+        if died and st.state != "ready":
+            st.state, st.reason = "unhealthy", died.line
+        return st
+
+    def _time_to_ready(self, findings: dict) -> float | None:
+        if self.started is None:
+            return None
+        ready = findings.get("ready")
+        at = line_time(ready.line) if ready else None
+        at = at if at is not None else self.first_ready_at
+        return max(0.0, at - self.started) if at is not None else None
+
+    def _figures(self, st: ServeState, now: float) -> None:
+        last = self._last
+        if last is not None and last.sampled_at is not None and now - last.sampled_at < self.figures_every_s:
+            for key in ("running_reqs", "queued_reqs", "kv_usage", "gen_tok_s", "accept_length",
+                        "version", "metrics", "sampled_at"):
+                setattr(st, key, getattr(last, key))
+            return
+        st.sampled_at = now
+        try:
+            code, body = http_get(self.host, self.port, "/server_info", self.timeout)
+            if code == 404:     # a server older than the alias' deprecation
+                code, body = http_get(self.host, self.port, "/get_server_info", self.timeout)
+            info = json.loads(body) if code == 200 else {}
+        except (OSError, ValueError):
+            info = {}
+        if isinstance(info, dict):
+            st.version = info.get("version")
+            states = [s for s in info.get("internal_states") or [] if isinstance(s, dict)]
+            thr = [s["last_gen_throughput"] for s in states if isinstance(s.get("last_gen_throughput"), (int, float))]
+            acc = [s["avg_spec_accept_length"] for s in states
+                   if isinstance(s.get("avg_spec_accept_length"), (int, float))]
+            st.gen_tok_s = sum(thr) if thr else None
+            st.accept_length = sum(acc) / len(acc) if acc else None
+            if info.get("speculative_algorithm"):
+                st.speculative = True
+        try:
+            code, body = http_get(self.host, self.port, "/metrics", self.timeout)
+            metrics = parse_metrics(body.decode("utf-8", "replace")) if code == 200 else None
+        except OSError:
+            metrics = None
+        st.metrics = metrics is not None and bool(metrics)
+        if metrics:
+            st.running_reqs = metrics.get("sglang:num_running_reqs")
+            st.queued_reqs = metrics.get("sglang:num_queue_reqs")
+            st.kv_usage = metrics.get("sglang:token_usage")
+            if "sglang:gen_throughput" in metrics:
+                st.gen_tok_s = metrics["sglang:gen_throughput"]
+            if "sglang:spec_accept_length" in metrics and st.speculative:
+                st.accept_length = metrics["sglang:spec_accept_length"]
+        self._last = st

@@ -1,0 +1,155 @@
+"""bench with engine = "sglang": acceptance where the drafter will be served.
+
+Against a running SGLang server (a speculative `serve` stage's URL): the
+held-out prompts go one at a time through the native `/generate` API with
+greedy sampling (temperature 0), after `/flush_cache` (so no prompt's prefill
+is served from an earlier one's radix cache). Acceptance length is SGLang's own
+definition: total completion tokens / total `spec_verify_ct` of the responses'
+`meta_info` (python/sglang/srt/managers/tokenizer_manager.py,
+_calculate_spec_decoding_metrics: accept_length = completion_tokens /
+verify_ct, the bonus token included), per prompt and overall. With a
+baseline URL (a server without speculation) the same prompts are timed there
+and the speed-up is the ratio of output tokens/s; whether both servers gave
+the same greedy tokens is reported too.
+
+Standard library only (urllib): the bench host needs no SGLang client.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+FLUSHED_PREFIX = "Cache flushed."
+
+
+class ServerError(RuntimeError):
+    """The server did not answer as SGLang does; the message says what and where."""
+
+
+@dataclass
+class Answer:
+    output_ids: list[int]
+    completion_tokens: int
+    verify_ct: int | None
+    seconds: float
+
+
+def _request(url: str, path: str, body: dict | None, timeout: float) -> tuple[int, bytes]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url.rstrip("/") + path, data=data, method="POST" if data else "GET",
+                                 headers={"Content-Type": "application/json"} if data else {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+    except (urllib.error.URLError, OSError) as exc:
+        raise ServerError(f"{url}{path}: no answer ({getattr(exc, 'reason', exc)})") from None
+
+
+def server_info(url: str, timeout: float) -> dict:
+    code, body = _request(url, "/server_info", None, timeout)
+    if code == 404:     # before /get_server_info was deprecated for /server_info
+        code, body = _request(url, "/get_server_info", None, timeout)
+    if code != 200:
+        raise ServerError(f"{url}/server_info: HTTP {code}")
+    try:
+        return json.loads(body)
+    except ValueError:
+        raise ServerError(f"{url}/server_info: not JSON") from None
+
+
+def flush_cache(url: str, timeout: float) -> None:
+    code, body = _request(url, "/flush_cache", {}, timeout)
+    if code != 200:
+        raise ServerError(f"{url}/flush_cache: HTTP {code}: {body.decode('utf-8', 'replace').strip()} "
+                          f"(SGLang flushes only when no request runs or waits)")
+
+
+def generate(url: str, input_ids: list[int], max_new_tokens: int, timeout: float) -> Answer:
+    body = {"input_ids": input_ids,
+            "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens}}
+    t0 = time.perf_counter()
+    code, raw = _request(url, "/generate", body, timeout)
+    seconds = time.perf_counter() - t0
+    if code != 200:
+        raise ServerError(f"{url}/generate: HTTP {code}: {raw[:300].decode('utf-8', 'replace')}")
+    try:
+        out = json.loads(raw)
+        meta = out["meta_info"]
+        ids = out.get("output_ids") or []
+        completion = int(meta["completion_tokens"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ServerError(f"{url}/generate: not SGLang's answer (meta_info.completion_tokens: {exc})") from None
+    verify = meta.get("spec_verify_ct")
+    return Answer(list(ids), completion, int(verify) if verify is not None else None, seconds)
+
+
+def run_bench(url: str, prompts: list[tuple[int, list[int]]], max_new_tokens: int,
+              baseline_url: str | None = None, timeout: float = 600.0, log=print) -> dict:
+    """The bench on live servers; raises ServerError with the reason when a server fails."""
+    info = server_info(url, timeout)
+    if not info.get("speculative_algorithm"):
+        raise ServerError(f"{url}: not a speculative server (server_info.speculative_algorithm is "
+                          f"{info.get('speculative_algorithm')!r}); serve it with mode = \"speculative\"")
+    total = len(prompts) * (2 if baseline_url else 1)
+    results = {"spec": _pass(url, prompts, max_new_tokens, timeout, log, 0, total)}
+    if baseline_url:
+        results["base"] = _pass(baseline_url, prompts, max_new_tokens, timeout, log, len(prompts), total)
+    spec = results["spec"]
+    missing = [idx for (idx, _p), a in zip(prompts, spec) if not a.verify_ct]
+    if missing:
+        raise ServerError(f"{url}/generate: no meta_info.spec_verify_ct for prompts {missing}: the server did "
+                          f"not decode them speculatively")
+    tokens = sum(a.completion_tokens for a in spec)
+    verify = sum(a.verify_ct or 0 for a in spec)
+    seconds = sum(a.seconds for a in spec)
+    ndt = info.get("speculative_num_draft_tokens")
+    per_prompt = [{"prompt": idx, "prompt_tokens": len(p), "completion_tokens": a.completion_tokens,
+                   "spec_verify_ct": a.verify_ct, "acceptance_length": a.completion_tokens / a.verify_ct,
+                   "seconds": a.seconds, "tok_s": a.completion_tokens / max(a.seconds, 1e-9)}
+                  for (idx, p), a in zip(prompts, spec)]
+    result = {
+        "engine": "sglang", "url": url, "baseline_url": baseline_url,
+        "server": {k: info.get(k) for k in ("version", "model_path", "speculative_algorithm",
+                                             "speculative_draft_model_path", "speculative_num_steps",
+                                             "speculative_eagle_topk", "speculative_num_draft_tokens",
+                                             "tp_size", "dp_size")},
+        "prompts": [idx for idx, _ in prompts], "max_new_tokens": max_new_tokens,
+        # Drafts a verify step checks (chain): the most a step yields is this + 1.
+        "draft_tokens": int(ndt) - 1 if isinstance(ndt, int) else None,
+        "acceptance_length": tokens / verify, "tokens": tokens, "spec_verify_ct": verify,
+        "time_speculative_s": seconds, "tok_s_speculative": tokens / max(seconds, 1e-9),
+        "per_prompt": per_prompt, "speedup": None, "outputs_match": None, "mismatches": [],
+    }
+    if baseline_url:
+        base = results["base"]
+        b_tokens, b_seconds = sum(a.completion_tokens for a in base), sum(a.seconds for a in base)
+        result.update({"tokens_plain": b_tokens, "time_plain_s": b_seconds,
+                       "tok_s_plain": b_tokens / max(b_seconds, 1e-9)})
+        result["speedup"] = result["tok_s_speculative"] / max(result["tok_s_plain"], 1e-9)
+        mism = [{"prompt": idx, "first_diff": next((j for j, (x, y) in enumerate(zip(a.output_ids, b.output_ids))
+                                                    if x != y), min(len(a.output_ids), len(b.output_ids)))}
+                for (idx, _p), a, b in zip(prompts, spec, base) if a.output_ids != b.output_ids]
+        result["outputs_match"], result["mismatches"] = not mism, mism
+    return result
+
+
+def _pass(url: str, prompts, max_new_tokens: int, timeout: float, log, offset: int, total: int) -> list[Answer]:
+    flush_cache(url, timeout)
+    generate(url, prompts[0][1], 4, timeout)       # warm-up: first-request costs stay out of the timing
+    flush_cache(url, timeout)
+    out = []
+    for i, (_idx, ids) in enumerate(prompts):
+        a = generate(url, ids, max_new_tokens, timeout)
+        out.append(a)
+        if offset == 0:
+            acc = sum(x.completion_tokens for x in out) / max(1, sum(x.verify_ct or 0 for x in out))
+            log(f"progress: prompt {offset + i + 1}/{total} accept length {acc:.2f}")
+        else:
+            log(f"progress: prompt {offset + i + 1}/{total} baseline")
+    return out

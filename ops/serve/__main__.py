@@ -1,0 +1,100 @@
+"""python -m ops.serve: lint, check the argv with SGLang's own parser, then exec the server.
+
+The program replaces itself with `python -m sglang.launch_server ...`
+(os.execv): the supervisor's pid, process group and log stay the server's,
+so `stop`, `kill-workers` and the GPU owner mapping see SGLang's scheduler
+and TP workers as this run's children.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from ops.serve import command
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m ops.serve", description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default=None, help="the [target] path: the model when --model-path is not given")
+    ap.add_argument("--model-path", default=None)
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--dp", type=int, default=1)
+    ap.add_argument("--ep", type=int, default=1)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=30000)
+    ap.add_argument("--mem-fraction-static", type=float, default=None)
+    ap.add_argument("--context-length", type=int, default=None)
+    ap.add_argument("--mode", choices=command.MODES, default="target")
+    ap.add_argument("--drafter", default=None)
+    ap.add_argument("--speculative-algorithm", default="EAGLE3")
+    ap.add_argument("--num-steps", type=int, default=3)
+    ap.add_argument("--topk", type=int, default=1)
+    ap.add_argument("--num-draft-tokens", type=int, default=4)
+    ap.add_argument("--enable-metrics", action="store_true")
+    ap.add_argument("--extra-args", default=None, help="JSON list of argv words passed to SGLang")
+    ap.add_argument("--launcher", default=command.SGLANG_LAUNCHER)
+    return ap.parse_args(argv)
+
+
+def visible_gpus() -> list[int] | None:
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is None:
+        return None
+    return [int(g) for g in env.split(",") if g.strip().lstrip("-").isdigit()]
+
+
+def check_with_sglang(server_args: list[str]) -> str:
+    """Parse with the installed SGLang exactly as launch_server does (prepare_server_args
+    minus the config-file merge); raises SystemExit on a flag it refuses."""
+    import argparse as _argparse
+
+    import sglang
+    from sglang.srt.server_args import ServerArgs
+
+    parser = _argparse.ArgumentParser(prog="sglang.launch_server")
+    ServerArgs.add_cli_args(parser)
+    ServerArgs.from_cli_args(parser.parse_args(server_args))
+    return sglang.__version__
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    p = vars(args)
+    model = args.model_path or args.target
+    try:
+        lints = command.lint(p, model, visible_gpus())
+        server = command.server_argv(p, model or "")
+    except ValueError as exc:
+        print(f"serve: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    for x in lints:
+        print(f"serve: lint {x}", flush=True)
+    if command.errors(lints):
+        print(f"serve: refused: {len(command.errors(lints))} lint error(s) above", file=sys.stderr, flush=True)
+        return 2
+    if args.launcher == command.SGLANG_LAUNCHER:
+        try:
+            version = check_with_sglang(server)
+        except ImportError as exc:
+            print(f"serve: error: sglang is not importable here ({exc}); pip install sglang=={command.PINNED_SGLANG}",
+                  file=sys.stderr, flush=True)
+            return 2
+        except SystemExit:
+            print("serve: refused: SGLang's own parser rejected the argv (its message is above)",
+                  file=sys.stderr, flush=True)
+            return 2
+        if version != command.PINNED_SGLANG:
+            print(f"serve: lint warning: sglang {version} installed; flags were checked against "
+                  f"{command.PINNED_SGLANG}", flush=True)
+        print(f"serve: argv accepted by sglang {version}'s ServerArgs parser", flush=True)
+    full = [sys.executable, "-m", args.launcher] + server
+    print("serve: exec " + json.dumps(full), flush=True)
+    os.execv(sys.executable, full)
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""The argv of `python -m sglang.launch_server` for a serve stage, and the lints run before launch.
+
+Importable without torch or sglang: the console builds the plan from here.
+Everything SGLang-specific was read from sglang 0.5.23's installed source
+(PINNED_SGLANG); tests/test_op_serve.py checks these tables and every argv
+built here against that version's own parser (ServerArgs.add_cli_args +
+ServerArgs.from_cli_args), so an upgrade that renames a flag breaks a test.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+from ops import layers
+from ops.spec import Lint
+
+PINNED_SGLANG = "0.5.23"
+SGLANG_LAUNCHER = "sglang.launch_server"
+
+# Flags the pinned version still accepts but warns about, with what replaces
+# them: python/sglang/srt/server_args.py, ServerArgs.add_cli_args, "Deprecated
+# argument registrations" (DeprecatedStoreTrueAction / DeprecatedStoreConstAction
+# in python/sglang/srt/arg_groups/argparse_actions.py).
+DEPRECATED_FLAGS = {
+    "--disable-cuda-graph": "--cuda-graph-backend-decode disabled --cuda-graph-backend-prefill disabled",
+    "--enable-dp-attention": "--attn-dp-size <dp-size> in place of --dp-size <dp-size> with it",
+    "--monokernel-backend": "--enable-amd-monokernel",
+    "--enable-flashinfer-allreduce-fusion": "--flashinfer-allreduce-fusion-backend auto",
+}
+# Flags of earlier SGLang releases that the pinned parser no longer knows
+# (it would stop with "unrecognized arguments"); the test checks that they
+# are absent from its parser and that each replacement is present.
+REMOVED_FLAGS = {
+    "--enable-ep-moe": "--ep-size <n> (the ep param)",
+    "--enable-deepep-moe": "--moe-a2a-backend deepep",
+}
+# Flags this op sets from its own params: in extra_args they would fight them.
+MANAGED = {
+    "--model-path": "model_path", "--tp-size": "tp", "--dp-size": "dp", "--ep-size": "ep",
+    "--port": "port", "--host": "host", "--mem-fraction-static": "mem_fraction_static",
+    "--context-length": "context_length", "--speculative-algorithm": "speculative_algorithm",
+    "--speculative-draft-model-path": "drafter", "--speculative-num-steps": "num_steps",
+    "--speculative-eagle-topk": "topk", "--speculative-num-draft-tokens": "num_draft_tokens",
+    "--enable-metrics": "enable_metrics",
+}
+MODES = ("target", "speculative")
+ALGORITHMS = ("EAGLE3", "EAGLE")
+DRAFTER_ARCH = "LlamaForCausalLMEagle3"
+
+
+def extra_args_of(value: Any) -> list[str]:
+    """The extra_args param: a list of strings, or the JSON of one (as the argv carries it)."""
+    if value in (None, ""):
+        return []
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise ValueError(f"extra_args: expected a list of strings (JSON), got {value!r}") from None
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"extra_args: expected a list of strings, got {value!r}")
+    return list(value)
+
+
+def server_argv(p: dict[str, Any], model_path: str) -> list[str]:
+    """SGLang's flags (without the interpreter and module) for resolved params `p`."""
+    out = ["--model-path", str(model_path),
+           "--tp-size", str(int(p.get("tp") or 1)),
+           "--dp-size", str(int(p.get("dp") or 1)),
+           "--ep-size", str(int(p.get("ep") or 1)),
+           "--host", str(p.get("host") or "127.0.0.1"),
+           "--port", str(int(p.get("port") or 30000))]
+    if p.get("mem_fraction_static") not in (None, ""):
+        out += ["--mem-fraction-static", str(float(p["mem_fraction_static"]))]
+    if p.get("context_length") not in (None, ""):
+        out += ["--context-length", str(int(p["context_length"]))]
+    if p.get("enable_metrics", True):
+        out.append("--enable-metrics")       # /metrics: the live figures of the console
+    if (p.get("mode") or "target") == "speculative":
+        out += ["--speculative-algorithm", str(p.get("speculative_algorithm") or "EAGLE3"),
+                "--speculative-draft-model-path", str(p.get("drafter")),
+                "--speculative-num-steps", str(int(p.get("num_steps") or 3)),
+                "--speculative-eagle-topk", str(int(p.get("topk") or 1)),
+                "--speculative-num-draft-tokens", str(int(p.get("num_draft_tokens") or 4))]
+    return out + extra_args_of(p.get("extra_args"))
+
+
+def launch_argv(p: dict[str, Any], model_path: str, python: str) -> list[str]:
+    return [python, "-m", str(p.get("launcher") or SGLANG_LAUNCHER)] + server_argv(p, model_path)
+
+
+def _flags(args: Sequence[str]) -> list[str]:
+    return [a.split("=", 1)[0] for a in args if a.startswith("--")]
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _target_arch(model_path: str | None, target: dict[str, Any]) -> str | None:
+    if model_path:
+        cfg = _read_json(Path(model_path) / "config.json")
+        if cfg and cfg.get("architectures"):
+            return str(cfg["architectures"][0])
+        if cfg and cfg.get("model_type"):
+            return str(cfg["model_type"])
+    return target.get("architecture")
+
+
+def drafter_dir(path: Path) -> Path:
+    """An export output root holds sglang/; a path to that folder is taken as it is."""
+    return path / "sglang" if (path / "sglang" / "config.json").exists() else path
+
+
+def lint(p: dict[str, Any], model_path: str | None, gpus: Sequence[int] | None,
+         target: dict[str, Any] | None = None) -> list[Lint]:
+    """What is wrong with a serve stage before anything starts, each with its reason."""
+    target = target or {}
+    out: list[Lint] = []
+    tp, dp, ep = (int(p.get(k) or 1) for k in ("tp", "dp", "ep"))
+    mode = p.get("mode") or "target"
+    if mode not in MODES:
+        out.append(Lint("error", f"mode {mode!r}: expected one of {', '.join(MODES)}"))
+    if not model_path:
+        out.append(Lint("error", "no model: set params.model_path or [target].path"))
+    world = tp * dp
+    if gpus is None:
+        out.append(Lint("warning", f"no `gpus` list: SGLang takes the first tp x dp = {world} visible GPUs"))
+    elif len(gpus) != world:
+        # compute_world_size in python/sglang/srt/server_args.py: dp * tp * pp GPUs.
+        out.append(Lint("error", f"tp {tp} x dp {dp} = {world} GPUs, but the stage's gpus list has "
+                                 f"{len(gpus)} ({','.join(map(str, gpus))}); SGLang needs exactly tp x dp"))
+    if ep > 1 and ep != tp:
+        # python/sglang/srt/arg_groups/parallel_hook.py: "ep_size * moe_dp_size must be equal to tp_size".
+        out.append(Lint("error", f"ep {ep} with tp {tp}: SGLang requires ep x moe_dp_size == tp "
+                                 f"(moe_dp_size defaults to 1, so ep = tp)"))
+    mfs = p.get("mem_fraction_static")
+    if mfs not in (None, "") and not 0.0 < float(mfs) < 1.0:
+        out.append(Lint("error", f"mem_fraction_static {mfs}: expected a fraction between 0 and 1"))
+    try:
+        extra = extra_args_of(p.get("extra_args"))
+    except ValueError as exc:
+        return out + [Lint("error", str(exc))]
+    for flag in _flags(extra):
+        if flag in MANAGED:
+            out.append(Lint("error", f"extra_args sets {flag}, which the serve op sets from param "
+                                     f"{MANAGED[flag]!r}: set that param instead"))
+        elif flag in REMOVED_FLAGS:
+            out.append(Lint("error", f"extra_args {flag}: not a flag of sglang {PINNED_SGLANG} "
+                                     f"(removed); use {REMOVED_FLAGS[flag]}"))
+        elif flag in DEPRECATED_FLAGS:
+            out.append(Lint("warning", f"extra_args {flag}: deprecated in sglang {PINNED_SGLANG}; "
+                                       f"use {DEPRECATED_FLAGS[flag]}"))
+    if mode == "speculative":
+        out += _lint_speculative(p, model_path, target)
+    return out
+
+
+def _lint_speculative(p: dict[str, Any], model_path: str | None, target: dict[str, Any]) -> list[Lint]:
+    out: list[Lint] = []
+    algo = p.get("speculative_algorithm") or "EAGLE3"
+    if algo not in ALGORITHMS:
+        out.append(Lint("error", f"speculative_algorithm {algo!r}: expected one of {', '.join(ALGORITHMS)}"))
+    steps, topk, ndt = int(p.get("num_steps") or 3), int(p.get("topk") or 1), int(p.get("num_draft_tokens") or 4)
+    if topk == 1 and ndt != steps + 1:
+        # python/sglang/srt/arg_groups/speculative_hook.py (_handle_eagle_family).
+        out.append(Lint("warning", f"num_draft_tokens {ndt} with topk 1: SGLang adjusts it to "
+                                   f"num_steps + 1 = {steps + 1}"))
+    if not p.get("drafter"):
+        return out + [Lint("error", "mode speculative needs params.drafter (export's output directory)")]
+    ddir = drafter_dir(Path(str(p["drafter"])))
+    config = _read_json(ddir / "config.json")
+    if config is None:
+        return out + [Lint("error", f"{ddir / 'config.json'}: missing or not JSON; expected an SGLang "
+                                    f"drafter export ({DRAFTER_ARCH})")]
+    if algo == "EAGLE3" and DRAFTER_ARCH not in (config.get("architectures") or []):
+        out.append(Lint("error", f"{ddir / 'config.json'}: architectures {config.get('architectures')}, "
+                                 f"expected [{DRAFTER_ARCH!r}] for EAGLE3"))
+    ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    arch = _target_arch(model_path, target)
+    info = _read_json(ddir.parent / "export_info.json") or {}
+    want = info.get("sglang_layers_to_capture")
+    if want is None and info.get("layer_ids") is not None:
+        want = layers.sglang_capture_ids(info["layer_ids"])
+    if ids is None:
+        out.append(Lint("warning", f"{ddir / 'config.json'}: no eagle_config.eagle_aux_hidden_state_layer_ids; "
+                                   f"SGLang captures its default layers"))
+    elif arch is None:
+        out.append(Lint("warning", "target architecture unknown (no config.json at the model path, no "
+                                   "[target].architecture): the drafter's aux layer ids are not checked"))
+    elif want is None:
+        out.append(Lint("warning", f"{ddir.parent / 'export_info.json'}: missing; which layers the drafter "
+                                   f"was trained on is unknown, its aux ids {ids} are not checked"))
+    else:
+        got = layers.apply_sglang_rule(arch, ids)
+        if got != [int(v) for v in want]:
+            out.append(Lint("error", f"drafter aux ids {ids} make SGLang capture {got} on {arch} "
+                                     f"({layers.sglang_rule(arch)} rule), but the drafter was trained on "
+                                     f"capture {list(want)}; re-export for this target"))
+    return out
+
+
+def errors(lints: Sequence[Lint]) -> list[Lint]:
+    return [x for x in lints if x.level == "error"]

@@ -1,0 +1,215 @@
+"""A test double of SGLang's HTTP server: the endpoints the console and `bench` use, answered
+as sglang 0.5.23's source defines them. SGLang cannot run here (no GPU kernels); this is
+the boundary the readiness monitor and the SGLang bench are tested against.
+
+Mirrored from the installed sglang 0.5.23:
+- python/sglang/srt/entrypoints/http_server.py:
+  `/ready` 200 when the tokenizer manager's status is Up, else 503 (empty body);
+  `/health` (= `/health_generate`) 503 while Starting; when Up it sends a
+  one-token generation and `await asyncio.sleep(1)` before it answers 200
+  (SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION defaults on, environ.py);
+  `/server_info` (and its deprecated alias `/get_server_info`): the resolved
+  server args, `launch_command`, the scheduler info, `startup_time`,
+  `internal_states` (a list, one dict per DP rank), `version`, `frontend`;
+  `/generate` (POST): `{"text", "output_ids", "meta_info"}`, a list of them for
+  a batch; `/flush_cache` (GET/POST): 200 "Cache flushed.\\nPlease check backend
+  logs ..." or 400 "Flush cache failed.\\n" while requests run.
+- python/sglang/srt/managers/tokenizer_manager.py (meta_info): `id`,
+  `finish_reason` ({"type": "length", "length": n} when max_new_tokens ends it),
+  `prompt_tokens`, `weight_version`, `num_retractions`, `reasoning_tokens`,
+  `completion_tokens`, `cached_tokens`, `e2e_latency`; speculative
+  (_calculate_spec_decoding_metrics): `spec_accept_rate` = correct drafts /
+  (verify_ct x (num_draft_tokens - 1)), `spec_accept_length` =
+  completion_tokens / spec_verify_ct, `spec_num_correct_drafts`,
+  `spec_num_proposed_drafts`, `spec_verify_ct`.
+- python/sglang/srt/managers/scheduler_components/internal_state.py: each
+  internal state has `last_gen_throughput`, and `avg_spec_accept_length` when
+  speculative.
+- python/sglang/srt/observability/metrics_collector.py: Prometheus gauges
+  `sglang:num_running_reqs`, `sglang:num_queue_reqs`, `sglang:gen_throughput`,
+  `sglang:token_usage`, `sglang:cache_hit_rate`, `sglang:spec_accept_length`,
+  labels model_name, engine_type, tp_rank, pp_rank, moe_ep_rank.
+
+What is modelled, not mirrored: generation itself. Greedy output ids are a
+fixed function of the prompt (the same with and without speculation, as greedy
+speculative decoding must be); a speculative server accepts `accept_length`
+tokens per verify step; each step (or token, without speculation) takes
+`step_s`, so the speed-up is measurable.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+VERSION = "0.5.23"
+FLUSHED = ("Cache flushed.\nPlease check backend logs for more details. "
+           "(When there are running or waiting requests, the operation will not be performed.)\n")
+
+
+class Double:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, speculative: bool = False,
+                 accept_length: float = 3.0, num_steps: int = 3, num_draft_tokens: int = 4,
+                 step_s: float = 0.001, vocab: int = 32000, tp: int = 1, dp: int = 1,
+                 model_path: str = "/models/target", metrics: bool = True, health_sleep_s: float = 1.0):
+        self.speculative, self.accept_length = speculative, float(accept_length)
+        self.num_steps, self.num_draft_tokens = num_steps, num_draft_tokens
+        self.step_s, self.vocab, self.tp, self.dp = step_s, vocab, tp, dp
+        self.model_path, self.metrics, self.health_sleep_s = model_path, metrics, health_sleep_s
+        self.status = "Starting"            # ServerStatus: Starting | Up | UnHealthy
+        self.running = 0
+        self.flushes = 0
+        self.requests: list[dict] = []
+        self.last_gen_throughput = 0.0
+        self.startup_time = time.time()
+        self.hang = False                   # accept connections, never answer
+        self.lock = threading.Lock()
+        double = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):      # quiet: the fake launcher prints SGLang's lines itself
+                pass
+
+            def do_GET(self):
+                double.handle(self, "GET")
+
+            def do_POST(self):
+                double.handle(self, "POST")
+
+            do_PUT = do_POST
+
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.server.daemon_threads = True
+        self.host, self.port = self.server.server_address[:2]
+        self.thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> "Double":
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    # ------------------------------------------------------------ responses
+    def _send(self, h, code: int, body: bytes = b"", ctype: str = "application/json") -> None:
+        h.send_response(code)
+        if body:
+            h.send_header("Content-Type", ctype)
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+
+    def handle(self, h, method: str) -> None:
+        if self.hang:
+            time.sleep(30)
+            return
+        path = h.path.split("?", 1)[0]
+        if path == "/ready":
+            return self._send(h, 200 if self.status == "Up" else 503)
+        if path in ("/health", "/health_generate"):
+            if self.status == "Starting":
+                return self._send(h, 503)
+            time.sleep(self.health_sleep_s)
+            return self._send(h, 200 if self.status == "Up" else 503)
+        if path in ("/server_info", "/get_server_info") and method == "GET":
+            return self._send(h, 200, json.dumps(self.server_info()).encode())
+        if path == "/metrics" and method == "GET":
+            if not self.metrics:
+                return self._send(h, 404, b'{"detail":"Not Found"}')
+            return self._send(h, 200, self.metrics_text().encode(), "text/plain; version=0.0.4; charset=utf-8")
+        if path == "/flush_cache":
+            if self.running:
+                return self._send(h, 400, b"Flush cache failed.\n", "text/plain")
+            self.flushes += 1
+            return self._send(h, 200, FLUSHED.encode(), "text/plain")
+        if path == "/generate" and method in ("POST", "PUT"):
+            length = int(h.headers.get("Content-Length") or 0)
+            try:
+                req = json.loads(h.rfile.read(length) or b"{}")
+            except ValueError:
+                return self._send(h, 400, json.dumps({"error": "invalid JSON"}).encode())
+            return self._send(h, 200, json.dumps(self.generate(req)).encode())
+        return self._send(h, 404, b'{"detail":"Not Found"}')
+
+    def server_info(self) -> dict:
+        state = {"world_size": self.tp * self.dp, "startup_time": self.startup_time,
+                 "effective_max_running_requests_per_dp": 256,
+                 "last_gen_throughput": self.last_gen_throughput}
+        if self.speculative:
+            state["avg_spec_accept_length"] = self.accept_length
+        return {
+            "model_path": self.model_path, "tp_size": self.tp, "dp_size": self.dp, "port": self.port,
+            "speculative_algorithm": "EAGLE3" if self.speculative else None,
+            "speculative_num_steps": self.num_steps if self.speculative else None,
+            "speculative_num_draft_tokens": self.num_draft_tokens if self.speculative else None,
+            "launch_command": None, "max_total_num_tokens": 61440, "startup_time": self.startup_time,
+            "internal_states": [dict(state) for _ in range(self.dp)],
+            "version": VERSION, "frontend": "python",
+        }
+
+    def metrics_text(self) -> str:
+        labels = (f'engine_type="unified",model_name="{self.model_path}",moe_ep_rank="0",pp_rank="0",'
+                  f'tp_rank="0"')
+        lines = []
+        gauges = [("num_running_reqs", "The number of running requests.", self.running),
+                  ("num_queue_reqs", "The number of requests in the waiting queue.", 0),
+                  ("gen_throughput", "The generation throughput (token/s).", self.last_gen_throughput),
+                  ("cache_hit_rate", "The prefix cache hit rate.", 0.0),
+                  ("token_usage", "The token usage.", 0.25 if self.running else 0.0)]
+        if self.speculative:
+            gauges.append(("spec_accept_length", "Mean acceptance length of speculative decoding "
+                           "(accepted drafts + bonus token per forward).", self.accept_length))
+        for name, doc, value in gauges:
+            lines += [f"# HELP sglang:{name} {doc}", f"# TYPE sglang:{name} gauge",
+                      f"sglang:{name}{{{labels}}} {float(value)}"]
+        return "\n".join(lines) + "\n"
+
+    def _one(self, ids: list[int], sp: dict) -> dict:
+        n = int(sp.get("max_new_tokens", 128))
+        out = [(sum(ids) + 7 * i) % self.vocab for i in range(n)]
+        t0 = time.time()
+        steps = math.ceil(n / self.accept_length) if self.speculative else n
+        with self.lock:
+            self.running += 1
+        try:
+            time.sleep(steps * self.step_s)
+        finally:
+            with self.lock:
+                self.running -= 1
+        e2e = time.time() - t0
+        self.last_gen_throughput = n / e2e if e2e > 0 else 0.0
+        meta = {"id": uuid.uuid4().hex, "finish_reason": {"type": "length", "length": n},
+                "prompt_tokens": len(ids), "weight_version": "default", "num_retractions": 0,
+                "reasoning_tokens": 0, "completion_tokens": n, "cached_tokens": 0, "e2e_latency": e2e}
+        if self.speculative and steps > 0:
+            correct = n - steps         # every verify step yields one bonus token
+            proposed = steps * (self.num_draft_tokens - 1)
+            meta.update({"spec_accept_rate": correct / proposed, "spec_accept_length": n / steps,
+                         "spec_num_correct_drafts": correct, "spec_num_proposed_drafts": proposed,
+                         "spec_verify_ct": steps})
+        return {"text": " ".join(f"t{t}" for t in out), "output_ids": out, "meta_info": meta}
+
+    def generate(self, req: dict):
+        self.requests.append(req)
+        sp = req.get("sampling_params") or {}
+        ids = req.get("input_ids")
+        if ids is None:
+            text = req.get("text")
+            batch = [text] if isinstance(text, str) else list(text or [])
+            ids = [[ord(c) % self.vocab for c in t] for t in batch]
+            single = isinstance(text, str)
+        else:
+            single = bool(ids) and isinstance(ids[0], int)
+            ids = [ids] if single else ids
+        outs = [self._one(list(i), sp) for i in ids]
+        return outs[0] if single else outs

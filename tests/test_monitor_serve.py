@@ -1,0 +1,127 @@
+"""The serve readiness monitor against the SGLang test double (tests/sglang_double.py), real sockets."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from eagle3_console.model import LogFinding, LogState
+from eagle3_console.monitor.serve import ServeMonitor, parse_metrics
+from tests.sglang_double import Double
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def double():
+    d = Double(speculative=True, accept_length=3.2).start()
+    yield d
+    d.stop()
+
+
+def log_with(**findings) -> LogState:
+    st = LogState(path="x.log")
+    for kind, line in findings.items():
+        st.findings[kind] = LogFinding(kind=kind, line=line)
+    return st
+
+
+def test_loading_while_the_port_is_closed_with_the_load_percentage():
+    log = log_with(loading="Loading safetensors checkpoint shards:  86% Completed | 55/64")
+    log.load_pct = 86.0
+    st = ServeMonitor("127.0.0.1", free_port(), True, started=time.time()).sample(log, running=True)
+    assert st.state == "loading" and st.load_pct == 86.0
+    assert "not open yet; weights 86% loaded" in st.reason
+    assert st.running_reqs is None and st.time_to_ready_s is None
+
+
+def test_warming_up_then_ready_with_live_figures(double):
+    mon = ServeMonitor("0.0.0.0", double.port, True, started=time.time() - 100)
+    st = mon.sample(log_with(), running=True)
+    assert st.state == "warming_up" and st.reason == "/ready answered 503"
+    double.status = "Up"
+    double.running, double.last_gen_throughput = 2, 91.5
+    st = mon.sample(log_with(), running=True)
+    assert st.state == "ready" and st.url == f"http://127.0.0.1:{double.port}"
+    assert (st.running_reqs, st.queued_reqs, st.kv_usage, st.gen_tok_s) == (2, 0, 0.25, 91.5)
+    assert st.accept_length == 3.2 and st.speculative and st.metrics is True and st.version == "0.5.23"
+    assert 99 <= st.time_to_ready_s < 105      # first seen ready: no "fired up" line in this log
+
+
+def test_time_to_ready_comes_from_the_fired_up_line(double):
+    double.status = "Up"
+    started = time.mktime((2026, 12, 1, 10, 0, 5, 0, 0, -1))
+    log = log_with(ready="[2026-12-01 10:29:52] The server is fired up and ready to roll!")
+    st = ServeMonitor("127.0.0.1", double.port, True, started=started).sample(log, running=True)
+    assert st.state == "ready" and st.time_to_ready_s == 29 * 60 + 47
+
+
+def test_figures_without_metrics_come_from_server_info():
+    d = Double(speculative=True, accept_length=2.5, metrics=False, dp=2).start()
+    try:
+        d.status, d.last_gen_throughput = "Up", 40.0
+        st = ServeMonitor("127.0.0.1", d.port, True, started=None).sample(log_with(), running=True)
+        assert st.state == "ready" and st.metrics is False
+        assert st.gen_tok_s == 80.0 and st.accept_length == 2.5    # summed / averaged over the DP ranks
+        assert st.running_reqs is None
+    finally:
+        d.stop()
+
+
+def test_a_hung_server_is_unhealthy_within_the_timeout(double):
+    double.status = "Up"
+    mon = ServeMonitor("127.0.0.1", double.port, True, started=None)
+    assert mon.sample(log_with(), running=True).state == "ready"
+    double.hang = True
+    t0 = time.monotonic()
+    st = mon.sample(log_with(), running=True)
+    took = time.monotonic() - t0
+    assert st.state == "unhealthy" and "no answer within 0.3 s" in st.reason
+    assert took < 1.0
+
+
+def test_unhealthy_after_ready_and_when_a_child_died(double):
+    double.status = "Up"
+    mon = ServeMonitor("127.0.0.1", double.port, False, started=None)
+    assert mon.sample(log_with(), running=True).state == "ready"
+    double.status = "UnHealthy"
+    assert mon.sample(log_with(), running=True).reason == "/ready answered 503"
+    double.stop()
+    st = mon.sample(log_with(server_died="[2026-12-01 10:25:03] Received sigquit from a child process."),
+                    running=True)
+    assert st.state == "unhealthy" and "Received sigquit" in st.reason
+
+
+def test_stopped_when_the_run_is_not_running(double):
+    double.status = "Up"
+    st = ServeMonitor("127.0.0.1", double.port, False, started=None).sample(log_with(), running=False)
+    assert st.state == "stopped"
+
+
+def test_figures_are_read_at_most_every_interval(double):
+    double.status = "Up"
+    mon = ServeMonitor("127.0.0.1", double.port, True, started=None, figures_every_s=60)
+    double.running = 1
+    assert mon.sample(log_with(), running=True).running_reqs == 1
+    double.running = 5
+    assert mon.sample(log_with(), running=True).running_reqs == 1     # cached
+    assert mon.sample(log_with(), running=True, now=time.time() + 61).running_reqs == 5
+
+
+def test_parse_metrics_sums_requests_over_dp_ranks_and_takes_the_highest_usage():
+    text = "\n".join([
+        "# HELP sglang:num_running_reqs The number of running requests.",
+        "# TYPE sglang:num_running_reqs gauge",
+        'sglang:num_running_reqs{dp_rank="0",engine_type="unified",model_name="m",tp_rank="0"} 3.0',
+        'sglang:num_running_reqs{dp_rank="1",engine_type="unified",model_name="m",tp_rank="0"} 4.0',
+        'sglang:token_usage{dp_rank="0"} 0.5', 'sglang:token_usage{dp_rank="1"} 0.75',
+        'sglang:spec_accept_length{dp_rank="0"} 2.0', 'sglang:spec_accept_length{dp_rank="1"} 3.0',
+        'sglang:gen_throughput{dp_rank="0"} NaN-ish'])
+    m = parse_metrics(text)
+    assert m == {"sglang:num_running_reqs": 7.0, "sglang:token_usage": 0.75, "sglang:spec_accept_length": 2.5}

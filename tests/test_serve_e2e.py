@@ -1,0 +1,138 @@
+"""The serve stage end to end on CPU: real supervisor, real subprocesses, the fake
+`launch_server` (tests/fake_launch_server.py) printing SGLang's log lines and serving
+the test double's endpoints. What is fake: SGLang itself (it cannot run here)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+from tests.conftest import ROOT, wait_for
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pipeline(port: int, tp: int = 1, gpus: str = "[0]", env: str = "") -> str:
+    return f"""
+[target]
+path = "models/target"
+architecture = "DeepseekV3ForCausalLM"
+
+[stages.serve]
+op = "serve"
+gpus = {gpus}
+params = {{ tp = {tp}, port = {port}, launcher = "tests.fake_launch_server", mem_fraction_static = 0.85 }}
+env = {{ PYTHONPATH = "{ROOT}", FAKE_SGLANG_LOAD_S = "1.5", FAKE_SGLANG_WARMUP_S = "0.5"{env} }}
+"""
+
+
+def serve_state(ws) -> tuple[dict, dict, int]:
+    proc = ws.cli("status", "--json", "--no-gpus")
+    snap = json.loads(proc.stdout)
+    st = next(s for s in snap["stages"] if s["name"] == "serve")
+    return st, snap, proc.returncode
+
+
+def test_serve_stage_loading_then_ready_then_stopped(ws):
+    port = free_port()
+    ws.write(pipeline(port))
+    ws.cli("run", "serve", check=0)
+    seen = []
+
+    def ready():
+        st, _snap, _code = serve_state(ws)
+        if st["serve"]:
+            seen.append(st["serve"]["state"])
+        return st if st["serve"] and st["serve"]["state"] == "ready" else None
+    st = wait_for(ready, timeout=30, poll=0.1)
+    assert "loading" in seen                 # the port stays closed while the weights load
+    serve = st["serve"]
+    assert serve["url"] == f"http://127.0.0.1:{port}" and serve["version"] == "0.5.23"
+    assert serve["load_pct"] == 100 and serve["metrics"] is True
+    # 1.5 s load + 0.5 s warm-up, read from the "fired up" line's stamp (whole seconds).
+    assert 1.0 <= serve["time_to_ready_s"] < 20
+    assert serve["running_reqs"] == 0 and serve["kv_usage"] == 0.0
+    text = ws.cli("status", "--no-gpus").stdout
+    assert f"serve: server ready http://127.0.0.1:{port}, ready after " in text
+    assert "; running 0, queued 0, KV 0%" in text
+    log = (ws.root / ".eagle3").glob("logs/*serve.log")
+    text = next(log).read_text()
+    assert "serve: exec" in text and "tests.fake_launch_server" in text and "--mem-fraction-static" in text
+    import psutil
+    leader = psutil.Process(ws.latest("serve").pid)
+    workers = leader.children()
+    assert len(workers) == 1 and os.getpgid(workers[0].pid) == ws.latest("serve").pgid
+    ws.cli("stop", "serve", check=0)
+    assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
+    st, _snap, _code = serve_state(ws)
+    assert st["status"] == "killed" and st["serve"]["state"] == "stopped"
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0      # the server's process is gone
+
+
+def test_a_crash_with_sglangs_oom_message_is_a_critical_oom_alert(ws):
+    ws.write(pipeline(free_port(), env=', FAKE_SGLANG_FAIL = "oom"'))
+    ws.cli("run", "serve", check=0)
+    ws.wait_status("serve", ("failed",))
+    st, snap, code = serve_state(ws)
+    oom = [a for a in snap["alerts"] if a["code"] == "oom"]
+    assert oom and oom[0]["level"] == "critical"
+    assert oom[0]["line"].startswith("RuntimeError: Not enough memory. Please try to increase --mem-fraction-static")
+    assert "mem_fraction_static=0.85" in oom[0]["line"]
+    assert any(a["code"] == "server_died" for a in snap["alerts"])
+    assert code == 2 and st["serve"]["state"] == "stopped"
+
+
+def test_a_lint_error_refuses_the_launch_with_its_reason(ws):
+    ws.write(pipeline(free_port(), tp=2, gpus="[0]"))
+    proc = ws.cli("run", "serve", check=3)
+    assert "lint error: tp 2 x dp 1 = 2 GPUs, but the stage's gpus list has 1 (0)" in proc.stderr
+    assert ws.latest("serve") is None
+
+
+def test_the_restart_plan_shows_the_lints_and_refuses_on_an_error(ws):
+    port = free_port()
+    ws.write(pipeline(port, env=', FAKE_SGLANG_FAIL = "oom"'))
+    ws.cli("run", "serve", check=0)
+    ws.wait_status("serve", ("failed",))
+    plan = ws.cli("restart", "serve", "--set", 'extra_args=["--disable-cuda-graph"]', check=0)
+    assert "lint warning: extra_args --disable-cuda-graph: deprecated in sglang 0.5.23" in plan.stdout
+    plan = ws.cli("restart", "serve", "--set", "tp=2", check=2)
+    assert "refused: stage 'serve': tp 2 x dp 1 = 2 GPUs, but the stage's gpus list has 1 (0)" in plan.stdout
+
+
+def test_kill_workers_reaches_workers_that_outlived_the_server(ws):
+    import psutil
+    ws.write(pipeline(free_port(), tp=2, gpus="[0, 1]", env=', FAKE_SGLANG_FAIL = "oom", FAKE_SGLANG_ORPHANS = "1"'))
+    ws.cli("run", "serve", check=0)
+    run = ws.wait_status("serve", ("failed",))
+    left = _alive_in(run.pgid)
+    assert len(left) == 2                       # the two "TP workers", their server gone
+    plan = ws.cli("kill-workers", "serve", check=0)
+    assert all(str(p.pid) in plan.stdout for p in left)
+    ws.cli("kill-workers", "serve", "--yes", "--grace", "1")
+    assert not _alive_in(run.pgid)
+
+
+def _alive_in(pgid: int) -> list:
+    import psutil
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if _pgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:   # a zombie is dead, unreaped
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
