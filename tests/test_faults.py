@@ -23,7 +23,7 @@ from tests.conftest import PY, ROOT, stage_cmd
 SLEEPER = f"""
 [stages.sleeper]
 argv = {stage_cmd("sleeper.py", "--seconds", "{seconds}")}
-params = {{ seconds = 30 }}
+params = {{ seconds = 30.0 }}
 """
 
 
