@@ -223,3 +223,32 @@ def test_train_names_the_file_sample_and_id_outside_the_vocabulary(tmp_path, req
     assert line == (f"error: {victim}: sample {idx} holds token id {vocab + 5} at position 2, outside the "
                     f"target's vocabulary of {vocab} ids ({assets['target']}); the hidden states were "
                     f"extracted with another tokenizer or target")
+
+
+def test_clean_offers_the_samples_verify_reported_under_a_succeeded_run(out, tmp_path):
+    """Before: clean refused ("run N succeeded: its outputs are complete") and only a
+    manual delete removed a sample verify had found truncated."""
+    from tests.conftest import WS
+    ws = WS(tmp_path)
+    ws.write(f"""
+[stages.extract]
+op = "extract"
+params = {{ input = "prep", output = "{out}" }}
+
+[stages.verify]
+op = "verify"
+depends_on = ["extract"]
+params = {{ input = "{out}", report = "runs/verify.json" }}
+""")
+    ws.record_finished_run("extract", {"input": "prep", "output": str(out)}, status="succeeded")
+    cut = sample_path(out, 5)
+    cut.write_bytes(cut.read_bytes()[:-7])
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p != cut}
+    assert ws.cli("clean", "extract").returncode == 2             # nothing reported yet: refused
+    _verify(out, tmp_path / "runs" / "verify.json")
+    plan = ws.cli("clean", "extract")
+    assert plan.returncode == 0 and str(cut) in plan.stdout and "verify" in plan.stdout, plan.stdout
+    ws.cli("clean", "extract", "--yes", check=0)
+    assert not cut.exists()
+    assert all(p.read_bytes() == b for p, b in before.items())    # nothing else touched
+    assert len(list((tmp_path / ".eagle3" / "trash").rglob(cut.name))) == 1

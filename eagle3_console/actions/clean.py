@@ -177,6 +177,14 @@ def plan_clean(ws: Workspace, stage_name: str, purge: bool = False) -> CleanPlan
         plan.nothing_to_do = True
         return plan
     if run.status == "succeeded":
+        # A complete output is never cleaned, except the samples a verify stage's
+        # report names as bad (still unchanged since): resume rewrites those.
+        bad, report = _verify_reported(ws, pipe, roots)
+        if bad:
+            plan.files = [(b.path, b.size) for b in bad]
+            plan.why = (f"run {run.id} succeeded, but verify's report {report} names these as bad; "
+                        f"`run {stage_name}` again rewrites them")
+            return plan
         plan.refusal = (f"run {run.id} of {stage_name!r} succeeded: its outputs are complete and are never cleaned; "
                         f"to redo the stage, move {', '.join(map(str, roots)) or 'its output'} aside yourself and run it again")
         return plan
@@ -221,6 +229,26 @@ def plan_clean(ws: Workspace, stage_name: str, purge: bool = False) -> CleanPlan
         plan.refusal = f"no partial files under {', '.join(map(str, roots))}"
         plan.nothing_to_do = True
     return plan
+
+
+def _verify_reported(ws: Workspace, pipe: cfg.Pipeline, roots: list[Path]) -> tuple[list, Path | None]:
+    """The bad files that a verify stage of this pipeline reported under one of
+    `roots` (ops.verify.reported: only files inside the root, unchanged since)."""
+    from ops.verify.reported import ReportError, reported_bad_files
+    for other in pipe.stages.values():
+        if other.op != "verify" or not other.params.get("input") or not other.params.get("report"):
+            continue
+        data = ws.resolve(str(other.params["input"]))
+        if data not in roots:
+            continue
+        report = ws.resolve(str(other.params["report"]))
+        try:
+            bad = reported_bad_files(report, data)
+        except ReportError:
+            continue
+        if bad:
+            return bad, report
+    return [], None
 
 
 def _fresh_dir(path: Path) -> Path:
