@@ -18,8 +18,6 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from eagle3_console import config as cfg
 from eagle3_console.registry import Registry, StateError, id_path
@@ -32,8 +30,25 @@ app = typer.Typer(add_completion=False, no_args_is_help=False, rich_markup_mode=
 # soft_wrap: plans list paths that must stay greppable, never folded.
 # Piped (cron, grep) output is not folded to 80 columns.
 _PIPE_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
-out = Console(soft_wrap=True, width=_PIPE_WIDTH)
-err = Console(stderr=True, soft_wrap=True, width=_PIPE_WIDTH)
+
+
+class _LazyConsole:
+    """A rich Console made on first use: `status --json` (cron, every minute)
+    prints with print() and never pays rich's import."""
+
+    def __init__(self, **kwargs: object) -> None:
+        self._kwargs = kwargs
+        self._console = None
+
+    def __getattr__(self, name: str):
+        if self._console is None:
+            from rich.console import Console
+            self._console = Console(**self._kwargs)
+        return getattr(self._console, name)
+
+
+out = _LazyConsole(soft_wrap=True, width=_PIPE_WIDTH)
+err = _LazyConsole(stderr=True, soft_wrap=True, width=_PIPE_WIDTH)
 
 
 # The workspace of this invocation, for main()'s last-resort error line.
@@ -184,6 +199,7 @@ def runs_cmd(ctx: typer.Context, stage: Optional[str] = typer.Argument(None),
     if as_json:
         print(json.dumps([r.__dict__ for r in rows], indent=2))
         return
+    from rich.table import Table
     t = Table("run", "stage", "status", "pid", "started", "ended", "exit", "restart of", "reason")
     for col in t.columns[:-1]:
         col.no_wrap = True
