@@ -102,7 +102,8 @@ class OpSpec:
     def argv(self, params: dict[str, Any], target_path: str | None = None,
              python: str | None = None) -> list[str]:
         """The full command line. Params become `--key-with-dashes value`;
-        True becomes a bare flag, False/None are left out, lists are joined
+        True becomes a bare flag, False/None are left out (False is `--no-key`
+        where the default is True), lists are joined
         with commas. Unknown params are an error (caught by config too)."""
         unknown = sorted(set(params) - set(self.params))
         if unknown:
@@ -118,6 +119,8 @@ class OpSpec:
             flag = "--" + key.replace("_", "-")
             if value is True:
                 out.append(flag)
+            elif value is False and self.params.get(key) is True:
+                out.append("--no-" + key.replace("_", "-"))    # off, where the op's default is on
             elif value is False or value is None:
                 continue
             elif isinstance(value, (list, tuple)):

@@ -22,26 +22,32 @@ import os
 import sys
 import time
 from pathlib import Path
+from ops.common import spec_defaults
+from ops.bench.spec import SPEC
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m ops.bench", description=__doc__.splitlines()[0])
+    p.add_argument("--engine", choices=("reference", "sglang"),
+                   help="reference: decode here with HF transformers; sglang: measure a live SGLang server")
+    p.add_argument("--drafter", help="export output directory (or its sglang/ or speculators/)")
+    p.add_argument("--target", default=None)
+    p.add_argument("--url", help="engine sglang: the speculative server (a serve stage's URL)")
+    p.add_argument("--baseline-url", help="engine sglang: a server without speculation")
+    p.add_argument("--timeout-s", type=float, help="engine sglang: per request")
+    p.add_argument("--output")
+    p.add_argument("--data", help="hidden-state data for prompts (default: the export's)")
+    p.add_argument("--prompts-file", help='JSONL lines with "input_ids" (instead of --data)')
+    p.add_argument("--num-prompts", type=int)
+    p.add_argument("--max-new-tokens", type=int)
+    p.add_argument("--draft-tokens", type=int, help="K: drafts per target forward")
+    p.add_argument("--device")
+    p.add_argument("--dtype", help="auto (the target's), bfloat16, float16, float32")
+    return spec_defaults(p, SPEC)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m ops.bench", description=__doc__.splitlines()[0])
-    p.add_argument("--engine", choices=("reference", "sglang"), default="reference",
-                   help="reference: decode here with HF transformers; sglang: measure a live SGLang server")
-    p.add_argument("--drafter", default=None, help="export output directory (or its sglang/ or speculators/)")
-    p.add_argument("--target", default=None)
-    p.add_argument("--url", default=None, help="engine sglang: the speculative server (a serve stage's URL)")
-    p.add_argument("--baseline-url", default=None, help="engine sglang: a server without speculation")
-    p.add_argument("--timeout-s", type=float, default=600.0, help="engine sglang: per request")
-    p.add_argument("--output", required=True)
-    p.add_argument("--data", default=None, help="hidden-state data for prompts (default: the export's)")
-    p.add_argument("--prompts-file", default=None, help='JSONL lines with "input_ids" (instead of --data)')
-    p.add_argument("--num-prompts", type=int, default=8)
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--draft-tokens", type=int, default=5, help="K: drafts per target forward")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto", help="auto (the target's), bfloat16, float16, float32")
-    return p.parse_args(argv)
+    return build_parser().parse_args(argv)
 
 
 def prompts_from_data(data_dir: Path, indices: list[int], n: int) -> list[tuple[int, list[int]]]:

@@ -21,6 +21,8 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from ops.common import spec_defaults
+from ops.export.spec import SPEC
 
 DTYPES = ("bfloat16", "float16", "float32")
 # Relative logit error allowed after casting the weights (fp32 must round-trip exactly).
@@ -28,19 +30,23 @@ CHECK_TOL = {"float32": 1e-5, "bfloat16": 3e-2, "float16": 5e-3}
 MIN_TOP1_AGREEMENT = 0.97
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m ops.export", description=__doc__.splitlines()[0])
-    p.add_argument("--checkpoint", required=True, help="train output directory (newest checkpoint) or a step_<N> dir")
-    p.add_argument("--output", required=True)
-    p.add_argument("--format", default="both", choices=("both", "sglang", "speculators"))
-    p.add_argument("--dtype", default="bfloat16", choices=DTYPES)
-    p.add_argument("--speculative-tokens", type=int, default=0, help="written into the speculators config "
+    p.add_argument("--checkpoint", help="train output directory (newest checkpoint) or a step_<N> dir")
+    p.add_argument("--output")
+    p.add_argument("--format", choices=("both", "sglang", "speculators"))
+    p.add_argument("--dtype", choices=DTYPES)
+    p.add_argument("--speculative-tokens", type=int, help="written into the speculators config "
                    "(0: the training unroll depth)")
     p.add_argument("--target", default=None, help="the target's checkpoint (default: the one training used)")
-    p.add_argument("--check", action="store_true")
-    p.add_argument("--check-samples", type=int, default=4)
-    p.add_argument("--data", default=None, help="hidden states for --check (default: training's)")
-    return p.parse_args(argv)
+    p.add_argument("--check", action=argparse.BooleanOptionalAction)
+    p.add_argument("--check-samples", type=int)
+    p.add_argument("--data", help="hidden states for --check (default: training's)")
+    return spec_defaults(p, SPEC)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def write_format(out: Path, fmt: str, config: dict, state: dict) -> Path:

@@ -12,40 +12,39 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from ops.common import run_main
+from ops.common import run_main, spec_defaults
 from ops.extract.durable import MODES
 from ops.extract.spec import SPEC
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m ops.extract", description=SPEC.summary)
-    d = SPEC.params
     p.add_argument("--target", required=True, help="local Hugging Face model directory")
-    p.add_argument("--input", required=True, help="prepare's output directory (samples.safetensors)")
-    p.add_argument("--output", required=True, help="hidden-state output directory")
-    p.add_argument("--layer-ids", default=d["layer_ids"],
+    p.add_argument("--input", help="prepare's output directory (samples.safetensors)")
+    p.add_argument("--output", help="hidden-state output directory")
+    p.add_argument("--layer-ids",
                    help="canonical aux layers (0-indexed layer whose OUTPUT is captured), "
                         "e.g. 2,30,58; auto = [1, N//2-1, N-4]")
-    p.add_argument("--max-seq-len", type=int, default=d["max_seq_len"])
-    p.add_argument("--token-budget", type=int, default=d["token_budget"],
+    p.add_argument("--max-seq-len", type=int)
+    p.add_argument("--token-budget", type=int,
                    help="padded tokens per forward batch; halved for a batch that runs out of memory")
-    p.add_argument("--num-samples", type=int, default=d["num_samples"], help="only the first N samples")
-    p.add_argument("--device", default=d["device"], help="auto, cpu, cuda, cuda:N, balanced (device_map=auto)")
-    p.add_argument("--dtype", default=d["dtype"], help="auto (the checkpoint's), bfloat16, float16, float32")
-    p.add_argument("--writers", type=int, default=d["writers"], help="writer threads")
-    p.add_argument("--queue-size", type=int, default=d["queue_size"],
+    p.add_argument("--num-samples", type=int, help="only the first N samples")
+    p.add_argument("--device", help="auto, cpu, cuda, cuda:N, balanced (device_map=auto)")
+    p.add_argument("--dtype", help="auto (the checkpoint's), bfloat16, float16, float32")
+    p.add_argument("--writers", type=int, help="writer threads")
+    p.add_argument("--queue-size", type=int,
                    help="samples waiting for a writer before the forward loop waits")
-    p.add_argument("--progress-interval", type=float, default=d["progress_interval"],
+    p.add_argument("--progress-interval", type=float,
                    help="seconds between `progress:` lines")
-    p.add_argument("--memory-fraction", type=float, default=d["memory_fraction"],
+    p.add_argument("--memory-fraction", type=float,
                    help="cap on the share of each GPU's memory this process takes (leaves room for others)")
-    p.add_argument("--tokens", type=int, default=d["tokens"],
+    p.add_argument("--tokens", type=int,
                    help="token count for the disk estimate (default: the input's)")
-    p.add_argument("--durable", default=d["durable"], choices=MODES,
+    p.add_argument("--durable", choices=MODES,
                    help="how sample files reach the disk before data_config.json says complete: "
                         "fsync each file before its rename, or one syncfs of the filesystem at the end")
     p.add_argument("--force", action="store_true", help="start even if the disk estimate exceeds free space")
-    return p
+    return spec_defaults(p, SPEC)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -15,24 +15,28 @@ import sys
 import time
 from pathlib import Path
 
-from ops.common import BadInput, progress, run_main
+from ops.common import BadInput, progress, run_main, spec_defaults
 from ops.prepare.spec import SPEC
 
 CHUNK = 256                 # conversations per tokenizer batch call / worker task
 PARALLEL_FROM = 4096        # below this many rows, worker start-up costs more than it saves
 
 
-def parse_args(argv):
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m ops.prepare", description=__doc__.splitlines()[0])
-    p.add_argument("--input", required=True, help="conversations JSONL (ShareGPT or OpenAI rows)")
-    p.add_argument("--output", required=True, help="output directory")
-    p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: --target)")
+    p.add_argument("--input", help="conversations JSONL (ShareGPT or OpenAI rows)")
+    p.add_argument("--output", help="output directory")
+    p.add_argument("--tokenizer", help="tokenizer directory (default: --target)")
     p.add_argument("--target", default=None, help="the target model directory")
-    p.add_argument("--max-seq-len", type=int, default=4096)
-    p.add_argument("--workers", type=int, default=0, help="0 = auto")
-    p.add_argument("--limit", type=int, default=None, help="read only the first N rows")
+    p.add_argument("--max-seq-len", type=int)
+    p.add_argument("--workers", type=int, help="0 = auto")
+    p.add_argument("--limit", type=int, help="read only the first N rows")
     p.add_argument("--trust-remote-code", action="store_true")
-    args = p.parse_args(argv)
+    return spec_defaults(p, SPEC)
+
+
+def parse_args(argv):
+    args = build_parser().parse_args(argv)
     if args.max_seq_len < 1:
         raise BadInput(f"--max-seq-len must be >= 1, got {args.max_seq_len}")
     if args.limit is not None and args.limit < 1:

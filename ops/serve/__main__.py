@@ -14,29 +14,35 @@ import os
 import sys
 
 from ops.serve import command
+from ops.common import spec_defaults
+from ops.serve.spec import SPEC
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m ops.serve", description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default=None, help="the [target] path: the model when --model-path is not given")
+    ap.add_argument("--model-path")
+    ap.add_argument("--tp", type=int)
+    ap.add_argument("--dp", type=int)
+    ap.add_argument("--ep", type=int)
+    ap.add_argument("--host")
+    ap.add_argument("--port", type=int)
+    ap.add_argument("--mem-fraction-static", type=float)
+    ap.add_argument("--context-length", type=int)
+    ap.add_argument("--mode", choices=command.MODES)
+    ap.add_argument("--drafter")
+    ap.add_argument("--speculative-algorithm")
+    ap.add_argument("--num-steps", type=int)
+    ap.add_argument("--topk", type=int)
+    ap.add_argument("--num-draft-tokens", type=int)
+    ap.add_argument("--enable-metrics", action=argparse.BooleanOptionalAction)
+    ap.add_argument("--extra-args", help="JSON list of argv words passed to SGLang")
+    ap.add_argument("--launcher")
+    return spec_defaults(ap, SPEC)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m ops.serve", description=__doc__.splitlines()[0])
-    ap.add_argument("--target", default=None, help="the [target] path: the model when --model-path is not given")
-    ap.add_argument("--model-path", default=None)
-    ap.add_argument("--tp", type=int, default=1)
-    ap.add_argument("--dp", type=int, default=1)
-    ap.add_argument("--ep", type=int, default=1)
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=30000)
-    ap.add_argument("--mem-fraction-static", type=float, default=None)
-    ap.add_argument("--context-length", type=int, default=None)
-    ap.add_argument("--mode", choices=command.MODES, default="target")
-    ap.add_argument("--drafter", default=None)
-    ap.add_argument("--speculative-algorithm", default="EAGLE3")
-    ap.add_argument("--num-steps", type=int, default=3)
-    ap.add_argument("--topk", type=int, default=1)
-    ap.add_argument("--num-draft-tokens", type=int, default=4)
-    ap.add_argument("--enable-metrics", action="store_true")
-    ap.add_argument("--extra-args", default=None, help="JSON list of argv words passed to SGLang")
-    ap.add_argument("--launcher", default=command.SGLANG_LAUNCHER)
-    return ap.parse_args(argv)
+    return build_parser().parse_args(argv)
 
 
 def visible_gpus() -> list[int] | None:

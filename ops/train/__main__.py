@@ -21,48 +21,54 @@ import os
 import sys
 import time
 from pathlib import Path
+from ops.common import spec_defaults
+from ops.train.spec import SPEC
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m ops.train", description=__doc__.splitlines()[0])
-    p.add_argument("--data", required=True, help="extract output directory (hidden states)")
-    p.add_argument("--vocab", required=True, help="vocab output directory (vocab.safetensors)")
+    p.add_argument("--data", help="extract output directory (hidden states)")
+    p.add_argument("--vocab", help="vocab output directory (vocab.safetensors)")
     p.add_argument("--target", required=True, help="the target's Hugging Face checkpoint directory")
-    p.add_argument("--output", required=True)
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: epochs decide)")
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--min-lr-ratio", type=float, default=0.0)
-    p.add_argument("--warmup-ratio", type=float, default=0.02)
-    p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--grad-clip", type=float, default=0.5)
-    p.add_argument("--token-budget", type=int, default=16384, help="padded tokens per micro-batch per rank")
-    p.add_argument("--max-len", type=int, default=4096)
-    p.add_argument("--grad-accum", type=int, default=1)
-    p.add_argument("--ttt-steps", type=int, default=7)
-    p.add_argument("--decay", type=float, default=0.8)
-    p.add_argument("--save-every", type=int, default=500)
-    p.add_argument("--keep", type=int, default=3, help="checkpoints kept (0: all)")
-    p.add_argument("--log-every", type=int, default=10)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--holdout", type=int, default=0, help="samples kept out of training (for bench)")
-    p.add_argument("--stop-at", type=int, default=0,
+    p.add_argument("--output")
+    p.add_argument("--epochs", type=int)
+    p.add_argument("--max-steps", type=int, help="stop after this many steps (0: epochs decide)")
+    p.add_argument("--lr", type=float)
+    p.add_argument("--min-lr-ratio", type=float)
+    p.add_argument("--warmup-ratio", type=float)
+    p.add_argument("--weight-decay", type=float)
+    p.add_argument("--grad-clip", type=float)
+    p.add_argument("--token-budget", type=int, help="padded tokens per micro-batch per rank")
+    p.add_argument("--max-len", type=int)
+    p.add_argument("--grad-accum", type=int)
+    p.add_argument("--ttt-steps", type=int)
+    p.add_argument("--decay", type=float)
+    p.add_argument("--save-every", type=int)
+    p.add_argument("--keep", type=int, help="checkpoints kept (0: all)")
+    p.add_argument("--log-every", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--workers", type=int)
+    p.add_argument("--holdout", type=int, help="samples kept out of training (for bench)")
+    p.add_argument("--stop-at", type=int,
                    help="leave after this step with a checkpoint, the schedule still spanning the whole run "
                         "(train in slices; --resume continues)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --output")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    p.add_argument("--num-heads", type=int, default=None, help="override the target's num_attention_heads")
-    p.add_argument("--num-kv-heads", type=int, default=None)
-    p.add_argument("--intermediate-size", type=int, default=None)
+    p.add_argument("--device", help="auto | cpu | cuda")
+    p.add_argument("--num-heads", type=int, help="override the target's num_attention_heads")
+    p.add_argument("--num-kv-heads", type=int)
+    p.add_argument("--intermediate-size", type=int)
     # Speed levers (ops/drafter/model.py; equal to the defaults within bf16 noise,
     # timed by benchmarks/train_throughput.py --levers).
-    p.add_argument("--ttt-attention", choices=("mask", "flex"), default="mask",
+    p.add_argument("--ttt-attention", choices=("mask", "flex"),
                    help="TTT attention: explicit mask through SDPA, or a FlexAttention block mask (CUDA)")
-    p.add_argument("--loss", choices=("full", "chunked"), default="full",
+    p.add_argument("--loss", choices=("full", "chunked"),
                    help="soft CE over full fp32 logits, or chunked with the LM head (less memory)")
     p.add_argument("--fused-adamw", action="store_true", help="AdamW's fused kernel")
-    return p.parse_args(argv)
+    return spec_defaults(p, SPEC)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def lr_lambda(total: int, warmup: int, min_ratio: float):

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ops.common import BadInput, read_json, run_main, write_json_atomic
+from ops.common import BadInput, read_json, run_main, write_json_atomic, spec_defaults
 from ops.formats import DATA_CONFIG
 from ops.verify.check import Report, verify_headers
 from ops.verify.spec import SPEC
@@ -25,17 +25,16 @@ _LIST_LIMIT = 50
 
 
 def build_parser() -> argparse.ArgumentParser:
-    d = SPEC.params
     p = argparse.ArgumentParser(prog="python -m ops.verify", description=SPEC.summary)
-    p.add_argument("--input", required=True, help="extract's output directory")
-    p.add_argument("--deep", type=int, default=d["deep"], help="load N random samples (NaN/Inf, mask, ids)")
-    p.add_argument("--recompute", type=int, default=d["recompute"],
+    p.add_argument("--input", help="extract's output directory")
+    p.add_argument("--deep", type=int, help="load N random samples (NaN/Inf, mask, ids)")
+    p.add_argument("--recompute", type=int,
                    help="with --deep and --target: recompute this many of them with the target")
     p.add_argument("--target", default=None, help="the target model directory (used by --deep only)")
-    p.add_argument("--report", default=d["report"], help="write the JSON report here")
-    p.add_argument("--seed", type=int, default=d["seed"])
-    p.add_argument("--workers", type=int, default=d["workers"])
-    return p
+    p.add_argument("--report", help="write the JSON report here")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--workers", type=int)
+    return spec_defaults(p, SPEC)
 
 
 class _Ticker:

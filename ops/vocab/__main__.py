@@ -15,22 +15,26 @@ import sys
 import time
 from pathlib import Path
 
-from ops.common import BadInput, read_json, resolve_target_vocab, run_main, write_json_atomic
+from ops.common import BadInput, read_json, resolve_target_vocab, run_main, write_json_atomic, spec_defaults
 from ops.vocab.spec import SPEC
 
 VOCAB = "vocab.safetensors"
 VOCAB_JSON = "vocab.json"
 
 
-def parse_args(argv):
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m ops.vocab", description=__doc__.splitlines()[0])
-    p.add_argument("--input", required=True, help="prepare's output directory")
-    p.add_argument("--output", required=True, help="output directory")
+    p.add_argument("--input", help="prepare's output directory")
+    p.add_argument("--output", help="output directory")
     p.add_argument("--target", default=None, help="the target model directory (config.json vocab_size)")
-    p.add_argument("--draft-vocab-size", type=int, default=32000)
-    p.add_argument("--target-vocab-size", type=int, default=None,
+    p.add_argument("--draft-vocab-size", type=int)
+    p.add_argument("--target-vocab-size", type=int,
                    help="default: the target's config.json vocab_size, else the tokenizer's size")
-    args = p.parse_args(argv)
+    return spec_defaults(p, SPEC)
+
+
+def parse_args(argv):
+    args = build_parser().parse_args(argv)
     if args.draft_vocab_size < 1:
         raise BadInput(f"--draft-vocab-size must be >= 1, got {args.draft_vocab_size}")
     if args.target_vocab_size is not None and args.target_vocab_size < 1:
