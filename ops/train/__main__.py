@@ -139,6 +139,7 @@ def main(argv=None) -> int:
     from ops.drafter import checkpoint as ck
     from ops.drafter.config import from_target
     from ops.drafter.data import BatchDataset, holdout_split, make_batches, read_data
+    from ops.drafter.metrics import simulated_acceptance_length
     from ops.drafter.model import Eagle3Drafter
     from ops.drafter.target_head import load_target_head
     from ops.drafter.vocab import load_vocab
@@ -307,6 +308,7 @@ def main(argv=None) -> int:
             rec = {"step": step, "total": total, "epoch": epoch, "loss": float(sums[3 * k]),
                    "step_loss": [round(float(x), 5) for x in sums[:k]],
                    "acc": [round(a, 4) for a in acc], "counted": [int(c) for c in sums[2 * k:3 * k]],
+                   "simulated_acceptance_length": round(simulated_acceptance_length(acc), 4),
                    "tok_s": window_tokens / elapsed, "lr": sched.get_last_lr()[0],
                    "grad_norm": float(grad_norm)}
             if is_main:
