@@ -51,6 +51,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="leave after this step with a checkpoint, the schedule still spanning the whole run "
                         "(train in slices; --resume continues)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --output")
+    p.add_argument("--report-to", default="none", choices=("none", "tensorboard"),
+                   help="also write the metrics as TensorBoard scalars under <output>/tb/")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--num-heads", type=int, default=None, help="override the target's num_attention_heads")
     p.add_argument("--num-kv-heads", type=int, default=None)
@@ -160,6 +162,12 @@ def main(argv=None) -> int:
             print(msg, flush=True)
 
     output = Path(args.output)
+    from ops.train.report import ReportError, open_report
+    try:
+        report = open_report(args.report_to, output, write=is_main)
+    except ReportError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
     try:
         info = read_data(Path(args.data))
         head = load_target_head(Path(args.target))
@@ -317,6 +325,8 @@ def main(argv=None) -> int:
                       f"lr {rec['lr']:.3e} epoch {epoch}", flush=True)
                 with open(metrics_path, "a") as fh:
                     fh.write(json.dumps(rec) + "\n")
+                if report is not None:
+                    report.log(rec)
             window_tokens, window_t0 = 0, time.monotonic()
         stopping = step == args.stop_at
         if step % args.save_every == 0 or step == total or stopping:
@@ -331,6 +341,8 @@ def main(argv=None) -> int:
             log(f"stop-at: leaving after step {step} of {total}")
             break
     bar.close()
+    if report is not None:
+        report.close()
     if exit_code == 0:
         log(f"done: {step} steps; newest checkpoint {ck.newest(output)}")
     if world > 1:
