@@ -73,6 +73,7 @@ SPEC = OpSpec(
         "workers": 2,
         "holdout": 0,
         "resume": False,
+        "report_to": "none",        # or "tensorboard": scalars under <output>/tb/ (the tensorboard extra)
         "device": "auto",
         "num_heads": None,
         "num_kv_heads": None,
