@@ -414,7 +414,7 @@ def exporter(ctx: typer.Context,
     if interval <= 0:
         err.print(f"error: --interval {interval}: must be > 0", highlight=False, markup=False)
         raise typer.Exit(EXIT_UNKNOWN)
-    col = Collector(c.ws, gpus=not no_gpus)
+    col = Collector(c.ws, gpus=not no_gpus, curves=False)
     try:
         code = exp.serve(col.collect, host, port, interval,
                          say=lambda m: out.print(m, highlight=False, markup=False, soft_wrap=True))
