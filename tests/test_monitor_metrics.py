@@ -97,3 +97,21 @@ params = { data = "data/hs", vocab = "data/vocab", output = "runs/train" }
     train = next(s for s in data["stages"] if s["name"] == "train")
     assert "curves" not in train and train["result"]["step"] == 3
     assert all("curves" not in s for s in Collector(w, gpus=False).collect().to_dict()["stages"])
+
+
+def test_an_extractions_tok_s_history_is_its_latest_runs():
+    from eagle3_console.model import StageStatus
+    from eagle3_console.monitor.metrics import CurveTracker
+
+    tracker = CurveTracker()
+
+    def st(run_id, status, tok_s):
+        return StageStatus(name="extract", op="extract", status=status, run_id=run_id, tokens_per_s=tok_s)
+    assert tracker.curves(st(1, "running", None), 1.0) is None      # no rate yet: no curve
+    tracker.curves(st(1, "running", 100.0), 2.0)
+    c = tracker.curves(st(1, "running", 300.0), 3.0)
+    assert c.tok_s == [100.0, 300.0] and c.tok_s_times == [2.0, 3.0]
+    # Ended: the history stays (no new point); a new run starts its own.
+    assert tracker.curves(st(1, "failed", None), 4.0).tok_s == [100.0, 300.0]
+    assert tracker.curves(st(2, "running", 50.0), 5.0).tok_s == [50.0]
+    assert tracker.curves(st(1, "failed", None), 6.0) is None        # the older run's was dropped
