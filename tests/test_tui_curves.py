@@ -143,6 +143,8 @@ def test_the_lines_say_the_latest_values_and_fit_the_width():
     assert tall[1].split()[0] == "3" and tall[4].split()[0] == "1"       # the chart's range
     # Accuracies on a fixed 0..1 scale: 0.5 throughout is mid-height, not a full bar.
     assert sparkline([0.5, 0.5], 2, 0.0, 1.0) == "▅▅" or sparkline([0.5, 0.5], 2, 0.0, 1.0) == "▄▄"
+    # A short run spans the width it has, a point repeated per column.
+    assert sparkline([1.0, 2.0], 10) == "▁" * 5 + "█" * 5
     # An extraction's tok/s.
     ext = Curves(tok_s=[1000.0, 3000.0, 2000.0], tok_s_times=[0.0, 1.0, 2.0])
     line = _text(ext, tall=False, width=40)

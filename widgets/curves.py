@@ -29,11 +29,14 @@ CHART_ROWS = 4
 
 
 def resample(values: Sequence[float], width: int) -> list[float]:
-    """`width` columns (fewer when there are fewer points): each the mean of its bucket."""
-    vals = [v for v in values]
+    """`width` columns: each the mean of its bucket, or, with fewer points than
+    columns, each point repeated (a short run spans the pane, as a long one does)."""
+    vals = list(values)
     n = len(vals)
+    if n == 0:
+        return []
     if n <= width:
-        return vals
+        return [vals[i * n // width] for i in range(width)]
     out = []
     for i in range(width):
         bucket = [v for v in vals[i * n // width:(i + 1) * n // width] if not math.isnan(v)]
