@@ -56,11 +56,13 @@ class _Families:
             fam = self._by_name[name] = GaugeMetricFamily(name, doc, labels=list(labels))
         fam.add_metric([str(x) for x in labels.values()], v)
 
-    def info(self, name: str, doc: str, labels: dict[str, str]) -> None:
+    def info(self, name: str, doc: str, info: dict[str, str], labels: dict[str, str] | None = None) -> None:
+        """`name`_info{labels, info} 1 (the name is given without _info)."""
+        labels = labels or {}
         fam = self._by_name.get(name)
         if fam is None:
-            fam = self._by_name[name] = InfoMetricFamily(name, doc)
-        fam.add_metric([], {k: str(v) for k, v in labels.items()})
+            fam = self._by_name[name] = InfoMetricFamily(name, doc, labels=list(labels))
+        fam.add_metric([str(x) for x in labels.values()], {k: str(v) for k, v in info.items()})
 
     def all(self) -> list[Any]:
         return list(self._by_name.values())
@@ -140,8 +142,8 @@ def _gpus(f: _Families, snap: Snapshot) -> None:
 
 def _stage(f: _Families, st: StageStatus) -> None:
     lab = {"stage": st.name}
-    f.gauge("eagle3_stage_info", "The stage's op (empty: a custom argv stage), one series a stage.",
-            dict(lab, op=st.op or ""), 1)
+    f.info("eagle3_stage", "The stage's op (empty: a custom argv stage), one series a stage.",
+           {"op": st.op or ""}, lab)
     for s in STATUSES:
         f.gauge("eagle3_stage_status", "1 for the stage's status (its latest run's), 0 for the others.",
                 dict(lab, status=s), 1 if st.status == s else 0)
