@@ -412,6 +412,36 @@ def watch(ctx: typer.Context,
         raise typer.Exit(EXIT_LOCKED)
 
 
+# ------------------------------------------------------------------ exporter
+EXPORTER_PORT = 9457   # not nvitop-exporter's 8000 / 5050, dcgm-exporter's 9400, node_exporter's 9100
+
+
+@app.command()
+def exporter(ctx: typer.Context,
+             port: int = typer.Option(EXPORTER_PORT, "--port", help="TCP port (0: any free one, printed)."),
+             host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
+             interval: float = typer.Option(5.0, "--interval", help="Seconds between snapshots (scrapes read the last one)."),
+             no_gpus: bool = typer.Option(False, "--no-gpus", help="Skip NVML.")) -> None:
+    """Serve the snapshot as Prometheus metrics on http://HOST:PORT/metrics."""
+    from eagle3_console import exporter as exp
+    from eagle3_console.snapshot import Collector
+    c = _ctx(ctx)
+    c.pipeline()
+    if interval <= 0:
+        err.print(f"error: --interval {interval}: must be > 0", highlight=False, markup=False)
+        raise typer.Exit(EXIT_UNKNOWN)
+    col = Collector(c.ws, gpus=not no_gpus, curves=False)
+    try:
+        code = exp.serve(col.collect, host, port, interval,
+                         say=lambda m: out.print(m, highlight=False, markup=False, soft_wrap=True))
+    except OSError as exc:
+        err.print(f"error: cannot listen on {host}:{port}: {exc.strerror or exc}", highlight=False, markup=False)
+        raise typer.Exit(EXIT_UNKNOWN)
+    finally:
+        col.close()
+    raise typer.Exit(code)
+
+
 WORKSPACE_FLAGS = ("-w", "--workspace")
 
 

@@ -152,6 +152,18 @@ class ServeState:
 
 
 @dataclass
+class Curves:
+    """A stage's history for the console's plots (the TUI's collector only; never in
+    status --json): train's metrics.jsonl windows, an extraction's tok/s samples."""
+    steps: list[int] = field(default_factory=list)
+    loss: list[float] = field(default_factory=list)
+    acc: list[list[float]] = field(default_factory=list)       # acc[k-1]: TTT step k over the windows
+    sim_al: list[float] = field(default_factory=list)
+    tok_s: list[float] = field(default_factory=list)           # tokens/s, one a sampling pass while running
+    tok_s_times: list[float] = field(default_factory=list)
+
+
+@dataclass
 class StageStatus:
     name: str
     op: str | None
@@ -182,6 +194,7 @@ class StageStatus:
     alive: bool = False
     outputs_complete: bool | None = None
     serve: ServeState | None = None        # a serve stage's server state and live figures
+    curves: Curves | None = None           # plots' history (monitor/metrics.py), TUI only
 
     @property
     def done(self) -> bool:
@@ -238,6 +251,8 @@ class Snapshot:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["health"] = self.health
+        for st in d["stages"]:
+            st.pop("curves", None)          # a plot's history: no part of the JSON contract
         gpus = d.pop("gpus")
         if gpus["available"]:
             d["gpus"] = gpus["gpus"]

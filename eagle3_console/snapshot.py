@@ -22,6 +22,7 @@ from eagle3_console import runs as runs_mod
 from eagle3_console.model import DiskUsage, GpuReport, Snapshot, StageStatus
 from eagle3_console.monitor.disk import DiskMonitor
 from eagle3_console.monitor.logs import LogFollower
+from eagle3_console.monitor.metrics import CurveTracker
 from eagle3_console.monitor.procs import ProcessTable, RunRef, attach_owners, orphans, process_alive
 from eagle3_console.monitor.serve import ServeMonitor
 from eagle3_console.monitor.shards import ShardMonitor
@@ -33,8 +34,12 @@ CACHE_VERSION = 1
 
 
 class Collector:
-    def __init__(self, ws: Workspace, nvml: Any = None, persist: bool = False, gpus: bool = True):
+    def __init__(self, ws: Workspace, nvml: Any = None, persist: bool = False, gpus: bool = True,
+                 curves: bool | None = None):
         self.ws = ws
+        # Curves' history (the TUI's plots) by default where a collector lives on
+        # (persist=False); one-shot `status`/`watch` processes (persist=True) skip it.
+        self._curves = CurveTracker() if (not persist if curves is None else curves) else None
         self.persist = persist
         self._nvml = nvml
         self._want_gpus = gpus
@@ -297,6 +302,8 @@ class Collector:
             record = self._result(spec, self.ws.resolve(str(params[spec.result_path_param])))
         if record is not None:
             st.result, st.result_line, st.result_time = record
+        if self._curves is not None:
+            st.curves = self._curves.curves(st, now)
         return st, disks
 
     def _result(self, spec: Any, path: Path) -> tuple[dict | None, str | None, float] | None:

@@ -19,6 +19,7 @@ from textual.containers import VerticalScroll
 from eagle3_console.model import StageStatus
 from widgets import fmt
 from widgets.body import Body, retitle
+from widgets.curves import CurvesBody
 
 
 def bar(fraction: float | None, style: str = "green") -> ProgressBar:
@@ -247,8 +248,11 @@ class ProgressPane(VerticalScroll, can_focus=False):
         # far less often, and a repaint costs what the body holds.
         self._body = Body("select a stage")
         self._bars = Body("")
+        self._curves = CurvesBody("")
 
     def compose(self):
+        # The curves first: a short pane (80x24) shows them before it scrolls.
+        yield self._curves
         yield self._body
         yield self._bars
 
@@ -256,6 +260,7 @@ class ProgressPane(VerticalScroll, can_focus=False):
         title = "Progress" if st is None else (
             f"Progress: {st.name}" + (f" (run {st.run_id})" if st.run_id else ""))
         retitle(self, title)
+        self._curves.show(st)
         if st is None:
             self._body.paint(None, "select a stage")
             self._bars.paint(None, "")

@@ -53,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="leave after this step with a checkpoint, the schedule still spanning the whole run "
                         "(train in slices; --resume continues)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --output")
+    p.add_argument("--report-to", choices=("none", "tensorboard"),
+                   help="also write the metrics as TensorBoard scalars under <output>/tb/")
     p.add_argument("--device", help="auto | cpu | cuda")
     p.add_argument("--num-heads", type=int, help="override the target's num_attention_heads")
     p.add_argument("--num-kv-heads", type=int)
@@ -145,6 +147,7 @@ def main(argv=None) -> int:
     from ops.drafter import checkpoint as ck
     from ops.drafter.config import from_target
     from ops.drafter.data import BatchDataset, holdout_split, make_batches, read_data
+    from ops.drafter.metrics import simulated_acceptance_length
     from ops.drafter.model import Eagle3Drafter
     from ops.drafter.target_head import load_target_head
     from ops.drafter.vocab import load_vocab
@@ -165,6 +168,12 @@ def main(argv=None) -> int:
             print(msg, flush=True)
 
     output = Path(args.output)
+    from ops.train.report import ReportError, open_report
+    try:
+        report = open_report(args.report_to, output, write=is_main)
+    except ReportError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
     try:
         info = read_data(Path(args.data))
         head = load_target_head(Path(args.target))
@@ -313,6 +322,7 @@ def main(argv=None) -> int:
             rec = {"step": step, "total": total, "epoch": epoch, "loss": float(sums[3 * k]),
                    "step_loss": [round(float(x), 5) for x in sums[:k]],
                    "acc": [round(a, 4) for a in acc], "counted": [int(c) for c in sums[2 * k:3 * k]],
+                   "simulated_acceptance_length": round(simulated_acceptance_length(acc), 4),
                    "tok_s": window_tokens / elapsed, "lr": sched.get_last_lr()[0],
                    "grad_norm": float(grad_norm)}
             if is_main:
@@ -321,6 +331,8 @@ def main(argv=None) -> int:
                       f"lr {rec['lr']:.3e} epoch {epoch}", flush=True)
                 with open(metrics_path, "a") as fh:
                     fh.write(json.dumps(rec) + "\n")
+                if report is not None:
+                    report.log(rec)
             window_tokens, window_t0 = 0, time.monotonic()
         stopping = step == args.stop_at
         if step % args.save_every == 0 or step == total or stopping:
@@ -335,6 +347,8 @@ def main(argv=None) -> int:
             log(f"stop-at: leaving after step {step} of {total}")
             break
     bar.close()
+    if report is not None:
+        report.close()
     if exit_code == 0:
         log(f"done: {step} steps; newest checkpoint {ck.newest(output)}")
     if world > 1:

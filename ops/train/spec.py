@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ops.drafter.metrics import from_record
 from ops.drafter.sizes import drafter_params
 from ops.spec import REQUIRED, EstimateContext, OpSpec
 
@@ -35,12 +36,15 @@ def partial_files(root: Path) -> list[Path]:
 
 def result_line(metrics: dict) -> str | None:
     """The last line of metrics.jsonl: where the loss and the per-step
-    accuracy stand (step 1 is what the first draft token's acceptance follows)."""
+    accuracy stand (step 1 is what the first draft token's acceptance follows),
+    and the acceptance length those accuracies simulate (bench's scale)."""
     if "step" not in metrics:
         return None
     acc = metrics.get("acc") or []
+    sim = from_record(metrics)
     return (f"step {metrics['step']}/{metrics.get('total', '?')}: loss {metrics.get('loss', float('nan')):.4f}"
-            + (f", accuracy per step {'/'.join(f'{a:.2f}' for a in acc)}" if acc else ""))
+            + (f", accuracy per step {'/'.join(f'{a:.2f}' for a in acc)}" if acc else "")
+            + (f", simulated AL {sim:.2f}" if sim is not None else ""))
 
 SPEC = OpSpec(
     name="train",
@@ -69,6 +73,7 @@ SPEC = OpSpec(
         "workers": 2,
         "holdout": 0,
         "resume": False,
+        "report_to": "none",        # or "tensorboard": scalars under <output>/tb/ (the tensorboard extra)
         "device": "auto",
         "num_heads": None,
         "num_kv_heads": None,
