@@ -16,7 +16,7 @@ from eagle3_console.units import human_bytes
 
 LEVEL_STYLE = {"ok": "green", "warning": "yellow", "critical": "bold red", "unknown": "magenta"}
 STATUS_STYLE = {"running": "cyan", "succeeded": "green", "failed": "bold red", "killed": "yellow",
-                "lost": "magenta", "pending": "cyan", "never": "dim"}
+                "lost": "magenta", "pending": "cyan", "never": "dim", "stale": "yellow"}
 
 
 def human_duration(s: float | None) -> str:

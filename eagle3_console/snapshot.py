@@ -140,6 +140,7 @@ class Collector:
         snap = Snapshot(workspace=str(self.ws.root), host=os.uname().nodename, time=now)
         pipe = cfg.load(self.ws.config_path)
         latest: dict[str, Run | None] = {}
+        succeeded: dict[str, Run] = {}
         refs: list[RunRef] = []
         strays: dict[str, list[int]] = {}
         # A registry once created is always opened (it raises StateError when its
@@ -149,6 +150,9 @@ class Collector:
                 runs_mod.reconcile(reg)
                 for name in pipe.order():
                     latest[name] = reg.latest(name)
+                    ok = latest_success(reg, latest[name])
+                    if ok is not None:
+                        succeeded[name] = ok
                 recent = reg.runs(limit=50)
                 if reg.has_predecessor:
                     # Only in a registry started over an earlier one's logs: a walk a pass.
@@ -171,6 +175,7 @@ class Collector:
         for rid in list(self._serves):
             if rid not in live_logs:
                 del self._serves[rid]
+        mark_stale(snap.stages, succeeded)
         snap.gpus = self._sample_gpus(refs)
         snap.alerts = alerts.derive(snap)
         for name, pids in strays.items():
@@ -334,6 +339,33 @@ class Collector:
 
 LEFTOVER_CHECK_S = 5.0
 LEFTOVER_GRACE_S = 10.0
+
+def latest_success(reg: Registry, latest: Run | None) -> Run | None:
+    """The stage's latest succeeded run (its latest run, most often)."""
+    if latest is None or latest.status == "succeeded":
+        return latest
+    return next((r for r in reg.runs(latest.stage, limit=200) if r.status == "succeeded"), None)
+
+
+def mark_stale(stages: list[StageStatus], succeeded: dict[str, Run]) -> None:
+    """A succeeded stage whose run started before a dependency's latest
+    success, or whose dependency is itself stale, becomes `stale`. `stages`
+    is in pipeline order (dependencies first), so staleness flows downstream
+    in one pass."""
+    by_name = {st.name: st for st in stages}
+    for st in stages:
+        if st.status != "succeeded" or st.started is None:
+            continue
+        for dep in st.depends_on:
+            dep_ok = succeeded.get(dep)
+            if dep_ok is not None and dep_ok.ended is not None and dep_ok.ended > st.started:
+                st.stale = f"{dep} succeeded again (run {dep_ok.id}) after run {st.run_id} started"
+            elif dep in by_name and by_name[dep].status == "stale":
+                st.stale = f"{dep} is stale"
+            if st.stale:
+                st.status = "stale"
+                break
+
 
 def _read_last_json_line(path: Path, tail_bytes: int = 65536) -> dict | None:
     """The last complete line of a JSON-lines file, reading only its end."""

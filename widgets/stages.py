@@ -21,7 +21,7 @@ from widgets.body import retitle
 
 COLUMNS = ("stage", "status", "run", "started", "elapsed", "progress", "rate", "ETA", "exit", "result")
 STATUS_STYLE = {"running": "bold green", "pending": "cyan", "succeeded": "green", "failed": "bold red",
-                "killed": "bold yellow", "lost": "bold magenta", "never": "dim"}
+                "killed": "bold yellow", "lost": "bold magenta", "never": "dim", "stale": "yellow"}
 
 
 def is_oom(st: StageStatus) -> bool:
