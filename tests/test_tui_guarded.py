@@ -94,3 +94,60 @@ def test_each_kill_dialog_executes_the_plan_it_shows_when_keys_race(ws):
         for r in (ra, rb):
             if process_alive(r.pid, r.create_time):
                 runs.stop(Workspace.at(ws.root), r.stage, grace_s=2)
+
+
+def chain() -> str:
+    return f"""
+[stages.up]
+argv = {stage_cmd("progress.py", "--n", "2", "--sleep", "0.01")}
+
+[stages.down]
+argv = {stage_cmd("progress.py", "--n", "2", "--sleep", "0.01")}
+depends_on = ["up"]
+"""
+
+
+def test_start_on_complete_outputs_asks_first_and_names_what_it_makes_stale(ws):
+    """`s` on a succeeded stage goes through plan-and-confirm as `r` does
+    (it used to rerun at once and rewrite the outputs); afterwards the
+    downstream stage shows stale."""
+    ws.write(chain())
+    for name in ("up", "down"):
+        launch(ws, name)
+        ws.wait_status(name, ("succeeded",))
+    first = ws.latest("up").id
+
+    async def main():
+        app = make_app(ws.root, refresh_s=0.2)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await select(pilot, app, "up")
+            dialog = await open_dialog(pilot, app, "s")
+            text = plan_text(dialog)
+            assert "start up again (last run 1: succeeded)" in text and "its outputs are complete" in text
+            assert "makes stale (their outputs were made from the current ones): down" in text
+            assert "argv: " in text and "progress.py" in text
+            await pilot.press("escape")           # cancelled: nothing started
+            await wait_until(pilot, lambda: not isinstance(app.screen, ActionDialog))
+            assert ws.latest("up").id == first
+            dialog = await open_dialog(pilot, app, "s")
+            await confirm(pilot, dialog)
+            await wait_until(pilot, lambda: (r := ws.latest("up")) and r.id != first and r.status == "succeeded")
+            await wait_until(pilot, lambda: stage_of(app, "down").status == "stale")
+            from widgets.stages import StageTable
+            table = app.query_one(StageTable)
+            cells = [str(c) for c in table.get_row("down")]
+            assert "stale" in cells
+    run(main())
+
+
+def test_start_on_a_stage_that_never_ran_starts_at_once(ws):
+    ws.write(chain())
+
+    async def main():
+        app = make_app(ws.root, refresh_s=0.2)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await select(pilot, app, "up")
+            await pilot.press("s")
+            await wait_until(pilot, lambda: (s := stage_of(app, "up")) and s.status == "succeeded")
+            assert not any(isinstance(s, ActionDialog) for s in app.screen_stack)
+    run(main())
