@@ -25,9 +25,13 @@ def derive(snap: Snapshot) -> list[Alert]:
             last = findings.get("traceback")
             a.append(Alert(CRITICAL, "stage_failed", f"{st.name} failed ({why})", st.name,
                            last.line if last else last_program_line(log)))
-        if st.status == "lost":
+        if st.status == "lost" and st.alive:
             a.append(Alert(CRITICAL, "lost", f"{st.name}: supervisor of run {st.run_id} is gone; "
                                              f"the stage's processes are still watched", st.name))
+        elif st.status == "lost":
+            # Stopped, or died unrecorded: nothing of it runs, nothing is watched.
+            a.append(Alert(WARNING, "lost", f"{st.name}: run {st.run_id} lost: its supervisor and its processes "
+                                            f"are gone; how it ended was not recorded", st.name))
         if "oom" in findings:
             a.append(Alert(CRITICAL, "oom", f"{st.name}: out of memory", st.name, findings["oom"].line))
         if "killed" in findings and st.status != "killed":

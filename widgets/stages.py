@@ -45,8 +45,8 @@ def status_text(st: StageStatus) -> Text:
 
 
 def result_text(st: StageStatus) -> Text:
-    """The stage's result in a cell: bench's mean acceptance length (tokens
-    per target forward), red when speculative output differed from greedy,
+    """The stage's result in a cell: bench's acceptance length (completion
+    tokens / verify steps, SGLang's), red when speculative output differed from greedy,
     dim when the stage's latest run did not produce it (an earlier run's)."""
     r = st.result or {}
     al = r.get("acceptance_length")
