@@ -85,7 +85,8 @@ class Collector:
                 pass
 
     # -------------------------------------------------------------- monitors
-    def _shard_monitor(self, stage: str, root: str, expected: int | None, tokens: int | None) -> ShardMonitor:
+    def _shard_monitor(self, stage: str, root: str, expected: int | None, tokens: int | None,
+                       sample_glob: str | None = None) -> ShardMonitor:
         key = (stage, root)
         mon = self._shards.get(key)
         if mon is None:
@@ -93,11 +94,14 @@ class Collector:
             mon = None
             if state:
                 try:
-                    mon = ShardMonitor.from_state(state, root, expected_samples=expected, expected_tokens=tokens)
+                    mon = ShardMonitor.from_state(state, root, expected_samples=expected, expected_tokens=tokens,
+                                                  sample_glob=sample_glob)
                 except (KeyError, TypeError, ValueError):
                     mon = None
-            mon = mon or ShardMonitor(root, expected_samples=expected, expected_tokens=tokens)
+            mon = mon or ShardMonitor(root, expected_samples=expected, expected_tokens=tokens,
+                                      sample_glob=sample_glob)
             self._shards[key] = mon
+        mon.use_glob(sample_glob)
         mon.expected_samples = expected if expected is not None else mon.expected_samples
         return mon
 
@@ -266,13 +270,17 @@ class Collector:
         fraction: float | None = None
         if outs and uses_shards and (run or Path(outs[0]).exists()):
             tokens = spec.expected_tokens(ctx) if spec else None
-            mon = self._shard_monitor(stage.name, outs[0], expected, tokens)
+            mon = self._shard_monitor(stage.name, outs[0], expected, tokens, stage.sample_glob)
             sp = mon.refresh(now=now)
-            st.shards = sp
-            if sp.samples_expected:
-                fraction = min(1.0, sp.samples_done / sp.samples_expected)
-            st.rate, st.tokens_per_s, st.eta_s = sp.samples_per_s, sp.tokens_per_s, sp.eta_s
-            st.rate_unit = "samples/s"
+            # A custom stage whose files match neither its pattern nor a known
+            # layout counts nothing: its log says how far it is (0/40 next to
+            # the log's 21/40 was a count that disagreed).
+            if spec is not None or sp.samples_done:
+                st.shards = sp
+                if sp.samples_expected:
+                    fraction = min(1.0, sp.samples_done / sp.samples_expected)
+                st.rate, st.tokens_per_s, st.eta_s = sp.samples_per_s, sp.tokens_per_s, sp.eta_s
+                st.rate_unit = "samples/s"
             disk_mon = self._disks.get((stage.name, outs[0]))
             if disk_mon is None or disk_mon.index is not mon.index:
                 disk_mon = DiskMonitor(stage.name, outs[0], estimate, index=mon.index)
@@ -291,7 +299,8 @@ class Collector:
             fraction = min(1.0, (log.progress_done or 0) / log.progress_total)
             st.rate, st.eta_s = log.rate, log.eta_s
             st.rate_unit = log.rate_unit if log.rate is not None else None
-        if st.status == "succeeded":
+        if st.status == "succeeded" and not (st.shards and st.shards.samples_expected):
+            # Done is all; but a count shown says how much, and the percentage is that count's.
             fraction = 1.0
         if not still_running:
             # The last window of an ended run (or of a lost one whose processes are
