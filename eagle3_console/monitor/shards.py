@@ -311,7 +311,12 @@ class ShardMonitor:
         return self._lengths
 
     def _config_int(self, key: str) -> int | None:
+        """An integer data_config.json records: `total_samples` (ours, the
+        seed's) or, in a speculators tree, its `data.num_samples`."""
         value = self._config.get(key)
+        data = self._config.get("data")
+        if value is None and key == "total_samples" and isinstance(data, dict):
+            key, value = "data.num_samples", data.get("num_samples")
         if value is None:
             return None
         try:
