@@ -170,8 +170,12 @@ def execute_kill(ctx: Context, st: StageStatus, option: Option, progress: Progre
 # ------------------------------------------------------------------ clean
 def plan_clean(ctx: Context, st: StageStatus) -> DialogSpec:
     p = actions.plan_clean(ctx.ws, st.name)
+    # The refusal heads the dialog once; the plan's lines say what was kept.
+    lines = [ln for ln in p.lines() if not (p.refusal and ln.endswith(p.refusal))]
+    label = "NOTHING TO CLEAN" if p.nothing_to_do else "REFUSED"
     return DialogSpec(title=f"Clean the partial outputs of {st.name}", confirm_label="Clean",
-                      options=[Option("clean", "clean", p.lines(), p.refusal, plan=p)], type_to_confirm=st.name)
+                      options=[Option("clean", "clean", lines, p.refusal, plan=p, refusal_label=label)],
+                      type_to_confirm=st.name)
 
 
 def execute_clean(ctx: Context, st: StageStatus, option: Option, progress: Progress) -> tuple[bool, list[str]]:
