@@ -3,8 +3,11 @@ drafter (trained, untrained, miswired), and the acceptance length separates a
 trained drafter from an untrained or miswired one on a learnable toy target.
 
 Measured on this toy (64 samples, 8 held out, 84 steps, K=3, 24 new tokens,
-8 prompts): trained 2.16, untrained 1.00 (no draft ever accepted), aux ids off by
-one 1.50, d2t zeroed 1.00; the margin
+8 prompts), acceptance length as SGLang counts it (completion tokens / verify
+steps): trained 2.13 (192/90), aux ids off by one 1.54 (192/125), d2t zeroed
+1.04 (192/184), untrained 1.04 (no draft ever accepted: each verify step yields
+its bonus token, and each prompt's prefill one more); `pytest -s
+tests/test_op_bench.py` prints the bench lines. The margin
 asserted below (0.5) sits well inside that gap and well above noise."""
 
 from __future__ import annotations
