@@ -431,7 +431,7 @@ def test_train_figures_come_from_one_source(tmp_path):
     assert (state.progress_done, state.progress_total) == (30, 72)
     record = {"step": 30, "total": 72, "loss": 2.1234, "acc": [0.61, 0.42, 0.3]}
     line = result_line(record)
-    assert line == "loss 2.1234 at step 30, accuracy per step 0.61/0.42/0.30"
+    assert line.startswith("loss 2.1234 at step 30, accuracy per step 0.61/0.42/0.30") and "/72" not in line
     st = StageStatus("train", "train", "running", progress=30 / 72, log=state, result_line=line)
     text = summary(st, 0.0).plain
     assert "done 30/72" in text

@@ -131,7 +131,7 @@ def test_an_sglang_bench_result_is_labelled_with_its_engine(tmp_path):
         app = make_app(tmp_path, refresh_s=0.2)
         async with app.run_test(size=(160, 48)) as pilot:
             table = app.query_one("#stages")
-            await wait_until(pilot, lambda: app.snapshot is not None and "result" in table.columns_shown)
+            await wait_until(pilot, lambda: app.main_screen.snapshot is not None and "result" in table.columns_shown)
             assert str(table.get_row("bench")[table.columns_shown.index("result")]) == "AL 2.91 sglang"
             await wait_until(pilot, lambda: "engine sglang http://127.0.0.1:30000" in pane_text(app, "progress"))
             assert "speed-up 2.94x" in pane_text(app, "progress")
