@@ -9,7 +9,7 @@ notifications and `status`'s exit code read them; nothing here samples.
 from __future__ import annotations
 
 from eagle3_console.model import CRITICAL, WARNING, Alert, GpuInfo, LogState, Snapshot
-from eagle3_console.units import gib
+from eagle3_console.units import human_bytes
 
 LOW_FREE_FRACTION = 0.05
 
@@ -25,9 +25,13 @@ def derive(snap: Snapshot) -> list[Alert]:
             last = findings.get("traceback")
             a.append(Alert(CRITICAL, "stage_failed", f"{st.name} failed ({why})", st.name,
                            last.line if last else last_program_line(log)))
-        if st.status == "lost":
+        if st.status == "lost" and st.alive:
             a.append(Alert(CRITICAL, "lost", f"{st.name}: supervisor of run {st.run_id} is gone; "
                                              f"the stage's processes are still watched", st.name))
+        elif st.status == "lost":
+            # Stopped, or died unrecorded: nothing of it runs, nothing is watched.
+            a.append(Alert(WARNING, "lost", f"{st.name}: run {st.run_id} lost: its supervisor and its processes "
+                                            f"are gone; how it ended was not recorded", st.name))
         if "oom" in findings:
             a.append(Alert(CRITICAL, "oom", f"{st.name}: out of memory", st.name, findings["oom"].line))
         if "killed" in findings and st.status != "killed":
@@ -53,10 +57,10 @@ def derive(snap: Snapshot) -> list[Alert]:
         if d.fits is False:
             need = (d.projected_bytes or d.estimate_bytes or 0) - d.written_bytes
             alerts.append(Alert(WARNING, "disk_short",
-                                f"{d.stage}: output projected to need {gib(need)} more but "
-                                f"{gib(d.free_bytes)} is free at {d.path}", d.stage))
+                                f"{d.stage}: output projected to need {human_bytes(need, '?')} more but "
+                                f"{human_bytes(d.free_bytes, '?')} is free at {d.path}", d.stage))
         elif d.free_bytes is not None and d.total_bytes and d.free_bytes < LOW_FREE_FRACTION * d.total_bytes:
-            alerts.append(Alert(WARNING, "disk_low", f"{d.stage}: only {gib(d.free_bytes)} free at {d.path}",
+            alerts.append(Alert(WARNING, "disk_low", f"{d.stage}: only {human_bytes(d.free_bytes, '?')} free at {d.path}",
                                 d.stage))
     for stage_alert in alerts:
         st = snap.stage(stage_alert.stage) if stage_alert.stage else None
@@ -77,7 +81,7 @@ def derive(snap: Snapshot) -> list[Alert]:
                 if p.run_id is not None and p.run_id in finished:
                     alerts.append(Alert(WARNING, "orphan_gpu_memory",
                                         f"GPU {gpu.index}: pid {p.pid} of finished run {p.run_id} ({p.stage}) "
-                                        f"still holds {gib(p.used_bytes)}", p.stage))
+                                        f"still holds {human_bytes(p.used_bytes, '?')}", p.stage))
     return alerts
 
 
@@ -113,11 +117,11 @@ def unaccounted_gpu_memory(gpus: list[GpuInfo]) -> Alert | None:
             continue
         total += held
         pids = ", ".join(f"pid {p.pid}" for p in foreign)
-        parts.append(f"GPU {gpu.index} {gib(held)}" + (f" ({pids} not visible here)" if pids else ""))
+        parts.append(f"GPU {gpu.index} {human_bytes(held, '?')}" + (f" ({pids} not visible here)" if pids else ""))
     if not parts:
         return None
     return Alert(WARNING, "gpu_memory_unaccounted",
-                 f"{gib(total)} of GPU memory held by no process visible here: " + "; ".join(parts[:4])
+                 f"{human_bytes(total, '?')} of GPU memory held by no process visible here: " + "; ".join(parts[:4])
                  + (f"; and {len(parts) - 4} more GPU(s)" if len(parts) > 4 else "")
                  + " (another container or pid namespace, or a process still exiting)")
 

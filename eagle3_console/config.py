@@ -27,7 +27,7 @@ def argv_params(part: str) -> list[str]:
 TARGET_KEYS = {"path": str, "num_layers": int, "hidden_size": int, "dtype": str, "vocab_size": int,
                "architecture": str}
 STAGE_KEYS = {"op", "argv", "params", "outputs", "gpus", "depends_on", "batch_param", "restart",
-              "env", "description", "expected_samples", "estimate_bytes"}
+              "env", "description", "expected_samples", "estimate_bytes", "sample_glob"}
 TOP_KEYS = {"target", "stages", "workspace"}
 # A pipeline has a handful of stages; a file of thousands is a generated
 # mistake, and loading it would cost minutes on every `status` (seen: 200,000
@@ -63,6 +63,7 @@ class Stage:
     description: str = ""
     expected_samples: int | None = None
     estimate_bytes: int | None = None
+    sample_glob: str | None = None      # a custom stage's sample files under its first output (fnmatch)
 
     @property
     def spec(self) -> OpSpec | None:
@@ -271,6 +272,12 @@ def _parse_stage(path: Path, name: str, body: Any) -> Stage:
             raise ConfigError(path, f"{where}.estimate_bytes", f"expected a size in bytes >= 0, got {st.estimate_bytes}")
     if st.expected_samples is not None and st.expected_samples < 0:
         raise ConfigError(path, f"{where}.expected_samples", f"expected a count >= 0, got {st.expected_samples}")
+    if "sample_glob" in body:
+        glob = _expect(path, f"{where}.sample_glob", body["sample_glob"], str)
+        if not glob or glob.startswith("/") or ".." in glob.split("/"):
+            raise ConfigError(path, f"{where}.sample_glob",
+                              f"{glob!r}: expected a pattern relative to the stage's first output, e.g. \"sample_*.bin\"")
+        st.sample_glob = glob
     return st
 
 

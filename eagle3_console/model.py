@@ -167,7 +167,7 @@ class Curves:
 class StageStatus:
     name: str
     op: str | None
-    status: str                     # never | pending | running | succeeded | failed | killed | lost
+    status: str                     # never | pending | running | succeeded | stale | failed | killed | lost
     run_id: int | None = None
     pid: int | None = None
     started: float | None = None
@@ -195,6 +195,9 @@ class StageStatus:
     outputs_complete: bool | None = None
     serve: ServeState | None = None        # a serve stage's server state and live figures
     curves: Curves | None = None           # plots' history (monitor/metrics.py), TUI only
+    # Why a succeeded run is `stale`: a dependency succeeded again after it
+    # started, so its outputs no longer follow from its inputs.
+    stale: str | None = None
 
     @property
     def done(self) -> bool:
@@ -215,6 +218,8 @@ class StageStatus:
             return f"an earlier run's result (latest run {self.run_id}: {self.status}): "
         if self.status in ("running", "pending", "lost"):
             return "so far: "
+        if self.status == "stale":
+            return f"stale ({self.stale}): "
         return "" if self.status == "succeeded" else f"run {self.run_id} {self.status}: "
 
     def result_said(self) -> str | None:
@@ -248,11 +253,20 @@ class Snapshot:
     def stage(self, name: str) -> StageStatus | None:
         return next((s for s in self.stages if s.name == name), None)
 
+    def downstream(self, name: str) -> list[str]:
+        """The stages that depend on `name`, directly or through others, in pipeline order."""
+        found: set[str] = {name}
+        for st in self.stages:          # pipeline order: a dependency comes before its dependents
+            if found & set(st.depends_on):
+                found.add(st.name)
+        return [st.name for st in self.stages if st.name in found and st.name != name]
+
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["health"] = self.health
-        for st in d["stages"]:
-            st.pop("curves", None)          # a plot's history: no part of the JSON contract
+        for st, sd in zip(self.stages, d["stages"]):
+            sd.pop("curves", None)          # a plot's history: no part of the JSON contract
+            sd["result_said"] = st.result_said()     # whose the record is (stale, an earlier run's...)
         gpus = d.pop("gpus")
         if gpus["available"]:
             d["gpus"] = gpus["gpus"]

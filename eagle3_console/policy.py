@@ -135,11 +135,11 @@ def apply(ws: Workspace, snap: Snapshot, say: Callable[[str], None], nvml: Any =
 
 
 def ready(pipe: cfg.Pipeline, snap: Snapshot) -> list[str]:
-    """Stages that never ran and whose dependencies are all done, in pipeline order."""
+    """Stages that never ran (or are stale) and whose dependencies are all done, in pipeline order."""
     status = {s.name: s.status for s in snap.stages}
     done = {s.name for s in snap.stages if s.done}
     return [name for name in pipe.order()
-            if status.get(name) == "never"
+            if status.get(name) in ("never", "stale")      # stale: its outputs no longer follow its inputs
             and all(dep in done for dep in pipe.stages[name].depends_on)]
 
 
@@ -167,7 +167,7 @@ def settled(snap: Snapshot) -> bool:
     if all(s.done for s in snap.stages):
         return True
     done = {s.name for s in snap.stages if s.done}
-    startable = [s for s in snap.stages if s.status == "never" and all(d in done for d in s.depends_on)]
+    startable = [s for s in snap.stages if s.status in ("never", "stale") and all(d in done for d in s.depends_on)]
     return not startable and any(s.status in ("failed", "killed", "lost") and not s.done for s in snap.stages)
 
 

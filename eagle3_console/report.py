@@ -12,20 +12,11 @@ from rich.console import Console
 from rich.table import Table
 
 from eagle3_console.model import Snapshot, StageStatus
-from eagle3_console.units import human_bytes
+from eagle3_console.units import human_bytes, human_duration
 
 LEVEL_STYLE = {"ok": "green", "warning": "yellow", "critical": "bold red", "unknown": "magenta"}
 STATUS_STYLE = {"running": "cyan", "succeeded": "green", "failed": "bold red", "killed": "yellow",
-                "lost": "magenta", "pending": "cyan", "never": "dim"}
-
-
-def human_duration(s: float | None) -> str:
-    if s is None:
-        return "-"
-    s = int(s)
-    h, rem = divmod(s, 3600)
-    m, sec = divmod(rem, 60)
-    return f"{h}h{m:02d}m" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")
+                "lost": "magenta", "pending": "cyan", "never": "dim", "stale": "yellow"}
 
 
 def _exit(st: StageStatus) -> str:

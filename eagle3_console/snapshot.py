@@ -85,7 +85,8 @@ class Collector:
                 pass
 
     # -------------------------------------------------------------- monitors
-    def _shard_monitor(self, stage: str, root: str, expected: int | None, tokens: int | None) -> ShardMonitor:
+    def _shard_monitor(self, stage: str, root: str, expected: int | None, tokens: int | None,
+                       sample_glob: str | None = None) -> ShardMonitor:
         key = (stage, root)
         mon = self._shards.get(key)
         if mon is None:
@@ -93,11 +94,14 @@ class Collector:
             mon = None
             if state:
                 try:
-                    mon = ShardMonitor.from_state(state, root, expected_samples=expected, expected_tokens=tokens)
+                    mon = ShardMonitor.from_state(state, root, expected_samples=expected, expected_tokens=tokens,
+                                                  sample_glob=sample_glob)
                 except (KeyError, TypeError, ValueError):
                     mon = None
-            mon = mon or ShardMonitor(root, expected_samples=expected, expected_tokens=tokens)
+            mon = mon or ShardMonitor(root, expected_samples=expected, expected_tokens=tokens,
+                                      sample_glob=sample_glob)
             self._shards[key] = mon
+        mon.use_glob(sample_glob)
         mon.expected_samples = expected if expected is not None else mon.expected_samples
         return mon
 
@@ -140,6 +144,7 @@ class Collector:
         snap = Snapshot(workspace=str(self.ws.root), host=os.uname().nodename, time=now)
         pipe = cfg.load(self.ws.config_path)
         latest: dict[str, Run | None] = {}
+        succeeded: dict[str, Run] = {}
         refs: list[RunRef] = []
         strays: dict[str, list[int]] = {}
         # A registry once created is always opened (it raises StateError when its
@@ -149,6 +154,9 @@ class Collector:
                 runs_mod.reconcile(reg)
                 for name in pipe.order():
                     latest[name] = reg.latest(name)
+                    ok = latest_success(reg, latest[name])
+                    if ok is not None:
+                        succeeded[name] = ok
                 recent = reg.runs(limit=50)
                 if reg.has_predecessor:
                     # Only in a registry started over an earlier one's logs: a walk a pass.
@@ -171,6 +179,7 @@ class Collector:
         for rid in list(self._serves):
             if rid not in live_logs:
                 del self._serves[rid]
+        mark_stale(snap.stages, succeeded)
         snap.gpus = self._sample_gpus(refs)
         snap.alerts = alerts.derive(snap)
         for name, pids in strays.items():
@@ -261,13 +270,17 @@ class Collector:
         fraction: float | None = None
         if outs and uses_shards and (run or Path(outs[0]).exists()):
             tokens = spec.expected_tokens(ctx) if spec else None
-            mon = self._shard_monitor(stage.name, outs[0], expected, tokens)
+            mon = self._shard_monitor(stage.name, outs[0], expected, tokens, stage.sample_glob)
             sp = mon.refresh(now=now)
-            st.shards = sp
-            if sp.samples_expected:
-                fraction = min(1.0, sp.samples_done / sp.samples_expected)
-            st.rate, st.tokens_per_s, st.eta_s = sp.samples_per_s, sp.tokens_per_s, sp.eta_s
-            st.rate_unit = "samples/s"
+            # A custom stage whose files match neither its pattern nor a known
+            # layout counts nothing: its log says how far it is (0/40 next to
+            # the log's 21/40 was a count that disagreed).
+            if spec is not None or sp.samples_done:
+                st.shards = sp
+                if sp.samples_expected:
+                    fraction = min(1.0, sp.samples_done / sp.samples_expected)
+                st.rate, st.tokens_per_s, st.eta_s = sp.samples_per_s, sp.tokens_per_s, sp.eta_s
+                st.rate_unit = "samples/s"
             disk_mon = self._disks.get((stage.name, outs[0]))
             if disk_mon is None or disk_mon.index is not mon.index:
                 disk_mon = DiskMonitor(stage.name, outs[0], estimate, index=mon.index)
@@ -286,7 +299,8 @@ class Collector:
             fraction = min(1.0, (log.progress_done or 0) / log.progress_total)
             st.rate, st.eta_s = log.rate, log.eta_s
             st.rate_unit = log.rate_unit if log.rate is not None else None
-        if st.status == "succeeded":
+        if st.status == "succeeded" and not (st.shards and st.shards.samples_expected):
+            # Done is all; but a count shown says how much, and the percentage is that count's.
             fraction = 1.0
         if not still_running:
             # The last window of an ended run (or of a lost one whose processes are
@@ -334,6 +348,33 @@ class Collector:
 
 LEFTOVER_CHECK_S = 5.0
 LEFTOVER_GRACE_S = 10.0
+
+def latest_success(reg: Registry, latest: Run | None) -> Run | None:
+    """The stage's latest succeeded run (its latest run, most often)."""
+    if latest is None or latest.status == "succeeded":
+        return latest
+    return next((r for r in reg.runs(latest.stage, limit=200) if r.status == "succeeded"), None)
+
+
+def mark_stale(stages: list[StageStatus], succeeded: dict[str, Run]) -> None:
+    """A succeeded stage whose run started before a dependency's latest
+    success, or whose dependency is itself stale, becomes `stale`. `stages`
+    is in pipeline order (dependencies first), so staleness flows downstream
+    in one pass."""
+    by_name = {st.name: st for st in stages}
+    for st in stages:
+        if st.status != "succeeded" or st.started is None:
+            continue
+        for dep in st.depends_on:
+            dep_ok = succeeded.get(dep)
+            if dep_ok is not None and dep_ok.ended is not None and dep_ok.ended > st.started:
+                st.stale = f"{dep} succeeded again (run {dep_ok.id}) after run {st.run_id} started"
+            elif dep in by_name and by_name[dep].status == "stale":
+                st.stale = f"{dep} is stale"
+            if st.stale:
+                st.status = "stale"
+                break
+
 
 def _read_last_json_line(path: Path, tail_bytes: int = 65536) -> dict | None:
     """The last complete line of a JSON-lines file, reading only its end."""

@@ -1,25 +1,16 @@
-"""Byte amounts in words, for the headless side (plans, alerts, refusals, `status`).
-
-The TUI's compact df-style figures are widgets/fmt.py's; these are the
-sentence forms ("6.6 GiB") that go into messages and the events table.
+"""Byte amounts and durations in words: the one formatter of each lives in
+ops/units.py (ops may not import eagle3_console; the console may import ops),
+so a stage's log, the panes, `status`, plans and alerts print a figure alike.
 """
 
 from __future__ import annotations
 
-GIB = 2**30
+from ops.units import human_bytes, human_duration
 
-
-def human_bytes(n: int | float | None, missing: str = "-") -> str:
-    """5 B, 4.9 KiB, 6.6 GiB, 1.2 TiB; `missing` for an unknown amount."""
-    if n is None:
-        return missing
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return missing  # unreachable
+__all__ = ["gib", "human_bytes", "human_duration"]
 
 
 def gib(n: int | None) -> str:
-    """Always in GiB ("923.0 GiB"), for disk and GPU-memory sentences; "?" when unknown."""
-    return "?" if n is None else f"{n / GIB:.1f} GiB"
+    """The former always-GiB sentence form ("931322.6 GiB" next to a table's
+    909.5 TiB): now human_bytes itself, kept for the callers not moved yet."""
+    return human_bytes(n, "?")

@@ -231,7 +231,7 @@ def test_demo_runs_the_whole_pipeline_and_the_drafter_learns(ws: WS, demo_assets
     assert f"truncated {summary['truncated']} at" in lines["prepare"]
     assert "coverage" in lines["vocab"] and lines["vocab"].startswith("draft vocabulary ")
     assert f"aux layers {config['layer_ids']}" in lines["extract"]
-    assert lines["train"].startswith("step ") and "accuracy per step" in lines["train"]
+    assert lines["train"].startswith("loss ") and "accuracy per step" in lines["train"]
     assert lines["export"].endswith("reload check passed")
     assert lines["bench"].startswith("acceptance length ")
     assert lines["verify"].startswith(f"OK: {summary['samples']:,} good sample files of {summary['samples']:,}")

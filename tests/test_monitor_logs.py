@@ -412,3 +412,27 @@ def test_sglang_death_is_found_by_the_signature_scan_of_an_old_part(tmp_path):
 def test_fixture_sglang_server_oom_also_says_the_server_died():
     st = LogFollower(FIXTURES / "sglang_server_oom.log").refresh()
     assert st.findings["server_died"].line.startswith("[2025-06-02 14:25:03] Received sigquit")
+
+
+def test_train_figures_come_from_one_source(tmp_path):
+    """train's tqdm refreshes every 2 s while its `progress: step S/T` line and
+    metrics.jsonl are written together: the pane said `done 25/72` (tqdm),
+    `so far: step 30/72` (metrics) and `overall 34%` at once. The step line is
+    progress too, and the record says at which step its loss was measured, not
+    a second progress figure."""
+    from eagle3_console.model import StageStatus
+    from ops.train.spec import result_line
+    from widgets.progress import bar_rows, summary
+
+    log = tmp_path / "train.log"
+    log.write_text("train:  35%|###       | 25/72 [00:20<00:38, 1.23step/s]\n"
+                   "progress: step 30/72 loss 2.1234 acc [0.610,0.420,0.300] tok/s 5123 lr 1.000e-03 epoch 0\n")
+    state = LogFollower(log).refresh()
+    assert (state.progress_done, state.progress_total) == (30, 72)
+    record = {"step": 30, "total": 72, "loss": 2.1234, "acc": [0.61, 0.42, 0.3]}
+    line = result_line(record)
+    assert line.startswith("loss 2.1234 at step 30, accuracy per step 0.61/0.42/0.30") and "/72" not in line
+    st = StageStatus("train", "train", "running", progress=30 / 72, log=state, result_line=line)
+    text = summary(st, 0.0).plain
+    assert "done 30/72" in text
+    assert [r[3] for r in bar_rows(st) if r[0] == "overall"] == ["41%"]      # 30/72, floored

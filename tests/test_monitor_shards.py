@@ -235,3 +235,21 @@ def test_restored_monitor_reads_sample_lengths_only_when_needed(tmp_path):
     assert "sample_lengths.json" in p.error and p.tokens_done == 10 + 11 + 5
     restored = ShardMonitor.from_state(json.loads(json.dumps(again.to_state())), tmp_path)
     assert "sample_lengths.json" in restored.refresh().error
+
+
+def test_speculators_total_is_read_from_its_own_data_config(tmp_path):
+    """speculators records its count under data.num_samples, not total_samples."""
+    for i in range(4):
+        (tmp_path / f"data_{i}.pt").write_bytes(b"x")
+    config(tmp_path, data={"num_samples": 10, "seq_length": 2048})
+    p = ShardMonitor(tmp_path).refresh()
+    assert (p.samples_done, p.samples_expected, p.complete) == (4, 10, False)
+    assert p.eta_s is None or p.eta_s > 0
+    for i in range(4, 10):
+        (tmp_path / f"data_{i}.pt").write_bytes(b"x")
+    config(tmp_path, data={"num_samples": "ten"})
+    p = ShardMonitor(tmp_path).refresh()
+    assert p.samples_expected is None and "data.num_samples should be an integer" in p.error
+    config(tmp_path, data={"num_samples": 10})
+    p = ShardMonitor(tmp_path).refresh()
+    assert (p.samples_done, p.samples_expected, p.complete) == (10, 10, True)

@@ -3,8 +3,11 @@ drafter (trained, untrained, miswired), and the acceptance length separates a
 trained drafter from an untrained or miswired one on a learnable toy target.
 
 Measured on this toy (64 samples, 8 held out, 84 steps, K=3, 24 new tokens,
-8 prompts): trained 2.16, untrained 1.00 (no draft ever accepted), aux ids off by
-one 1.50, d2t zeroed 1.00; the margin
+8 prompts), acceptance length as SGLang counts it (completion tokens / verify
+steps): trained 2.13 (192/90), aux ids off by one 1.54 (192/125), d2t zeroed
+1.04 (192/184), untrained 1.04 (no draft ever accepted: each verify step yields
+its bonus token, and each prompt's prefill one more); `pytest -s
+tests/test_op_bench.py` prints the bench lines. The margin
 asserted below (0.5) sits well inside that gap and well above noise."""
 
 from __future__ import annotations
@@ -71,8 +74,16 @@ def test_trained_drafter_accepts_more_and_output_equals_greedy(assets, drafters,
     # Every token came from a target forward: tokens = prefill token + verify output, capped.
     assert trained["target_forwards_speculative"] < trained["target_forwards_plain"]
     assert trained["speedup"] > 0 and trained["tokens"] == 8 * 24
+    # Acceptance length is SGLang's: completion tokens / verify steps, the bonus token included.
+    for r in (trained, untrained):
+        assert r["acceptance_length"] == r["completion_tokens"] / r["verify_forwards"]
+        assert r["completion_tokens"] == r["tokens"]           # outputs match: as many tokens as greedy's
+    # No draft accepted: each verify step yields its bonus token, and each prompt's prefill one more.
+    assert untrained["completion_tokens"] == untrained["verify_forwards"] + 8
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("bench: acceptance length")]
     assert len(lines) == 2 and "greedy match 8/8" in lines[0]
+    assert f"(completion tokens / verify steps: {trained['completion_tokens']}/{trained['verify_forwards']}, K=3)" \
+        in lines[0]
 
 
 def test_miswired_drafters_still_decode_exactly_but_accept_less(assets, drafters, tmp_path):

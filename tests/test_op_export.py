@@ -142,3 +142,31 @@ def test_check_catches_damaged_exports(assets, trained, tmp_path):
 def test_missing_checkpoint_is_a_clear_error(tmp_path, capsys):
     assert export(tmp_path / "nothing", tmp_path / "out") == 2
     assert "nothing" in capsys.readouterr().err
+
+
+def test_speculators_names_the_target_so_it_loads_from_any_directory(assets, trained, tmp_path, monkeypatch):
+    """The console passes the target as eagle3.toml says it (`assets/target`,
+    relative to the workspace): the export must name it absolutely, or
+    speculators, loaded from another directory, takes it for a Hub id."""
+    from transformers import AutoConfig
+
+    target = Path(assets["target"]).resolve()
+    monkeypatch.chdir(target.parent)
+    out = tmp_path / "export"
+    assert export(trained, out, "--target", target.name, "--format", "speculators") == 0
+    name = json.loads((out / "speculators" / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"]
+    assert name == str(target)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    # What speculators does with it: the verifier's config through transformers.
+    assert AutoConfig.from_pretrained(name).model_type == json.loads((target / "config.json").read_text())["model_type"]
+    info = json.loads((out / "export_info.json").read_text())
+    assert info["target"] == str(target)
+
+
+def test_a_target_given_as_a_model_id_stays_a_model_id(trained, tmp_path):
+    out = tmp_path / "export"
+    assert export(trained, out, "--target", "meta-llama/Llama-3.1-8B-Instruct", "--format", "speculators") == 0
+    sp = json.loads((out / "speculators" / "config.json").read_text())
+    assert sp["speculators_config"]["verifier"]["name_or_path"] == "meta-llama/Llama-3.1-8B-Instruct"

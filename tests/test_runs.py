@@ -3,6 +3,7 @@ a vanished supervisor shows as lost; refusals and stop work. Real processes."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -105,8 +106,17 @@ def test_supervisor_killed_shows_lost_and_stage_still_watched(ws):
     # The stage still lives: a second run is refused, stop still reaches it.
     again = ws.cli("run", "slow")
     assert again.returncode == 2 and "already has a live run" in again.stderr
+    status = json.loads(ws.cli("status", "--json", "--no-gpus").stdout)
+    alert = next(a for a in status["alerts"] if a["code"] == "lost")
+    assert alert["level"] == "critical" and "still watched" in alert["message"]
     ws.cli("stop", "slow", "--grace", "2", check=0)
     wait_for(lambda: not process_alive(lost.pid, lost.create_time))
+    # Stopped: nothing of it runs any more, and saying "still watched" at CRITICAL would be false.
+    proc = ws.cli("status", "--json", "--no-gpus")
+    alert = next(a for a in json.loads(proc.stdout)["alerts"] if a["code"] == "lost")
+    assert alert["level"] == "warning" and proc.returncode == 1
+    assert alert["message"] == (f"slow: run {lost.id} lost: its supervisor and its processes are gone; "
+                                f"how it ended was not recorded")
 
 
 def test_failed_exit_code_recorded(ws):

@@ -64,7 +64,7 @@ def test_panes_follow_real_runs_and_the_selected_stage(ws):
         async with app.run_test(size=(160, 48)) as pilot:
             await wait_until(pilot, lambda: (s := stage_of(app, "slow")) and s.status == "running")
             # The running stage is selected at first.
-            assert app.selected == "slow"
+            assert app.main_screen.selected == "slow"
             table = app.query_one("#stages")
             assert "running" in str(table.get_row("slow")[1])
             await select(pilot, app, "extract")
@@ -326,9 +326,9 @@ def test_a_failing_sampler_is_shown_not_fatal(ws):
     async def main():
         app = make_app(ws.root, refresh_s=0.1)
         async with app.run_test(size=(120, 40)) as pilot:
-            await wait_until(pilot, lambda: app.snapshot is not None)
+            await wait_until(pilot, lambda: app.main_screen.snapshot is not None)
             (ws.root / "eagle3.toml").write_text("[stages.broken]\nnope = 1\n")
-            await wait_until(pilot, lambda: app.sampler_error and "stages.broken" in app.sampler_error)
+            await wait_until(pilot, lambda: app.main_screen.sampler_error and "stages.broken" in app.main_screen.sampler_error)
             assert "SAMPLER ERROR" in rendered(app.query_one("#header"))
             # The UI still answers.
             await pilot.press("question_mark")
@@ -346,11 +346,11 @@ def test_an_oom_that_happens_while_watching_is_announced_with_what_to_do(ws, lin
         notify = app.notify
         app.notify = lambda message, **kw: (notes.append((message, kw.get("severity"))), notify(message, **kw))[1]
         async with app.run_test(size=(120, 40)) as pilot:
-            await wait_until(pilot, lambda: app.snapshot is not None)
+            await wait_until(pilot, lambda: app.main_screen.snapshot is not None)
             launch(ws, "extract", linger=linger)     # crashes with an OOM traceback at sample 12
             await wait_until(pilot, lambda: any("out of memory" in m for m, _ in notes), timeout=30)
             # The stage's exit comes later (linger): still one notice, the OOM's.
-            await wait_until(pilot, lambda: app.snapshot.stage("extract").status == "failed", timeout=30)
+            await wait_until(pilot, lambda: app.main_screen.snapshot.stage("extract").status == "failed", timeout=30)
             await pilot.pause(0.6)           # a few more passes: announced once
             oom = [(m, sev) for m, sev in notes if "extract" in m and sev == "error"]
             assert len(oom) == 1, notes
@@ -397,8 +397,8 @@ def test_many_shards_fold_so_the_ones_being_written_stay_in_view():
 
 
 def test_a_failure_long_after_its_oom_gets_its_own_notice(ws, monkeypatch):
-    import eagle3_console.app as app_mod
-    monkeypatch.setattr(app_mod, "CAUSE_WINDOW_S", 0.3)      # "long after", scaled down
+    from eagle3_console import announce
+    monkeypatch.setattr(announce, "CAUSE_WINDOW_S", 0.3)      # "long after", scaled down
     ws.write(pipeline(ws.root))
 
     async def main():
@@ -407,7 +407,7 @@ def test_a_failure_long_after_its_oom_gets_its_own_notice(ws, monkeypatch):
         notify = app.notify
         app.notify = lambda message, **kw: (notes.append(message), notify(message, **kw))[1]
         async with app.run_test(size=(120, 40)) as pilot:
-            await wait_until(pilot, lambda: app.snapshot is not None)
+            await wait_until(pilot, lambda: app.main_screen.snapshot is not None)
             launch(ws, "extract", linger=2.0)
             await wait_until(pilot, lambda: any("out of memory" in m for m in notes), timeout=30)
             await wait_until(pilot, lambda: any("failed (exit code 1)" in m for m in notes), timeout=30)

@@ -71,9 +71,9 @@ def test_bench_result_in_the_table_and_the_progress_pane(tmp_path, size):
         app = make_app(tmp_path, refresh_s=0.2)
         async with app.run_test(size=size) as pilot:
             table = app.query_one("#stages")
-            await wait_until(pilot, lambda: app.snapshot is not None and "result" in table.columns_shown)
+            await wait_until(pilot, lambda: app.main_screen.snapshot is not None and "result" in table.columns_shown)
             # Nothing runs or failed: the stage that ran last is shown, here bench.
-            assert app.selected == "bench"
+            assert app.main_screen.selected == "bench"
             cell = table.get_row("bench")[table.columns_shown.index("result")]
             assert str(cell) == "AL 2.71" and "green" in str(cell.style)
             assert str(table.get_row("prepare")[table.columns_shown.index("result")]) == "-"
@@ -96,7 +96,7 @@ def test_a_speculative_output_that_differs_from_greedy_stands_out(tmp_path):
         app = make_app(tmp_path, refresh_s=0.2)
         async with app.run_test(size=(160, 48)) as pilot:
             table = app.query_one("#stages")
-            await wait_until(pilot, lambda: app.snapshot is not None and "result" in table.columns_shown)
+            await wait_until(pilot, lambda: app.main_screen.snapshot is not None and "result" in table.columns_shown)
             cell = table.get_row("bench")[table.columns_shown.index("result")]
             assert "!=greedy" in str(cell) and "red" in str(cell.style)
             await wait_until(pilot, lambda: "OUTPUT DIFFERS FROM GREEDY on 1 prompts" in pane_text(app, "progress"))
@@ -109,15 +109,15 @@ def test_the_selection_follows_the_active_stage_until_the_operator_moves(tmp_pat
     async def main():
         app = make_app(tmp_path, refresh_s=0.2)
         async with app.run_test(size=(160, 48)) as pilot:
-            await wait_until(pilot, lambda: app.selected == "bench")
+            await wait_until(pilot, lambda: app.main_screen.selected == "bench")
             # The operator moves up to prepare: the panes follow the cursor...
             await pilot.press("up")
-            await wait_until(pilot, lambda: app.selected == "prepare")
+            await wait_until(pilot, lambda: app.main_screen.selected == "prepare")
             await wait_until(pilot, lambda: "Progress: prepare" in str(app.query_one("#progress").border_title))
-            passes = app.passes
-            await wait_until(pilot, lambda: app.passes >= passes + 3)
+            passes = app.main_screen.passes
+            await wait_until(pilot, lambda: app.main_screen.passes >= passes + 3)
             # ...and later passes do not take the selection back.
-            assert app.selected == "prepare"
+            assert app.main_screen.selected == "prepare"
     run(main())
 
 
@@ -131,7 +131,7 @@ def test_an_sglang_bench_result_is_labelled_with_its_engine(tmp_path):
         app = make_app(tmp_path, refresh_s=0.2)
         async with app.run_test(size=(160, 48)) as pilot:
             table = app.query_one("#stages")
-            await wait_until(pilot, lambda: app.snapshot is not None and "result" in table.columns_shown)
+            await wait_until(pilot, lambda: app.main_screen.snapshot is not None and "result" in table.columns_shown)
             assert str(table.get_row("bench")[table.columns_shown.index("result")]) == "AL 2.91 sglang"
             await wait_until(pilot, lambda: "engine sglang http://127.0.0.1:30000" in pane_text(app, "progress"))
             assert "speed-up 2.94x" in pane_text(app, "progress")

@@ -95,7 +95,7 @@ def console(_tmp_path) -> ConsoleApp:
 
 def on_train(app: ConsoleApp):
     async def run_before(pilot) -> None:
-        await wait_until(pilot, lambda: app.passes >= 1)
+        await wait_until(pilot, lambda: app.main_screen.passes >= 1)
         await select(pilot, app, "train")
         await pilot.pause()
         await wait_until(pilot, lambda: not any(b.pending_fit for b in app.query(Body)))

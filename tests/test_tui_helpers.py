@@ -66,14 +66,14 @@ async def wait_until(pilot, pred: Callable[[], Any], timeout: float = 30.0) -> A
 
 
 def stage_of(app: ConsoleApp, name: str):
-    return app.snapshot.stage(name) if app.snapshot else None
+    return app.main_screen.snapshot.stage(name) if app.main_screen.snapshot else None
 
 
 async def select(pilot, app: ConsoleApp, stage: str) -> None:
     await wait_until(pilot, lambda: stage_of(app, stage))
     from widgets.stages import StageTable
     app.query_one(StageTable).select(stage)
-    await wait_until(pilot, lambda: app.selected == stage)
+    await wait_until(pilot, lambda: app.main_screen.selected == stage)
 
 
 def run(coro) -> Any:

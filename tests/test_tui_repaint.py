@@ -47,6 +47,28 @@ def test_a_following_log_renders_only_the_lines_appended():
     asyncio.run(main())
 
 
+def test_the_log_says_following_only_while_it_follows():
+    """A finished run's log gets no new line: scrolling up must change the
+    subtitle by itself (it said `following` after the operator scrolled up)."""
+    async def main():
+        pane = LogPane()
+        async with Host(pane).run_test(size=(100, 30)) as pilot:
+            pane.show("extract", 1, LogState(path="x.log", tail=tail(200)))
+            await pilot.pause()
+            assert pane.border_subtitle == "following"
+            pane.view.focus()
+            await pilot.press("pageup")
+            await pilot.pause()
+            assert not pane.view.following and pane.border_subtitle == "scrolled (end: follow)"
+            pane.show("extract", 1, LogState(path="x.log", tail=tail(200)))     # the same tail again
+            await pilot.pause()
+            assert pane.border_subtitle == "scrolled (end: follow)"
+            await pilot.press("end")
+            await pilot.pause()
+            assert pane.view.following and pane.border_subtitle == "following"
+    asyncio.run(main())
+
+
 def test_a_filter_keeping_only_the_last_lines_drops_the_others():
     async def main():
         pane = LogPane()

@@ -24,7 +24,7 @@ def test_serve_state_in_the_table_and_figures_in_the_progress_pane(tmp_path):
             table = app.query_one("#stages")
 
             def status_cell() -> str:
-                if app.snapshot is None or "serve" not in [s.name for s in app.snapshot.stages]:
+                if app.main_screen.snapshot is None or "serve" not in [s.name for s in app.main_screen.snapshot.stages]:
                     return ""
                 value = str(table.get_row("serve")[table.columns_shown.index("status")])
                 seen.add(value)

@@ -47,7 +47,7 @@ def console(tmp_path, gpus: int | None) -> ConsoleApp:
 
 def first_pass(app: ConsoleApp):
     async def run_before(pilot) -> None:
-        await wait_until(pilot, lambda: app.passes >= 1)
+        await wait_until(pilot, lambda: app.main_screen.passes >= 1)
         await pilot.pause()
         # Panes check their height after a repaint; let those settle.
         await wait_until(pilot, lambda: not any(b.pending_fit for b in app.query(Body)))

@@ -16,7 +16,7 @@ progress() and finished()."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -34,6 +34,9 @@ class Option:
     refusal: str | None = None
     # How a refusal is headed: "NOTHING TO KILL" reads as the good news it is.
     refusal_label: str = "REFUSED"
+    # The plan these lines describe, executed as is on confirm: each dialog
+    # carries its own, so a second dialog opened meanwhile cannot swap it.
+    plan: Any = None
 
 
 @dataclass

@@ -1,27 +1,21 @@
 """Formatting of snapshot values for the panes: bytes, durations, rates,
 timestamps. Pure functions; every widget formats through here so that a value
-reads the same in every pane."""
+reads the same in every pane. Bytes and durations are ops/units.py's (the one
+formatter of each, shared with `status`, plans, alerts and the ops' logs)."""
 
 from __future__ import annotations
 
 import signal as _signal
 from datetime import datetime
 
+from eagle3_console.units import human_bytes, human_duration
+
 DASH = "-"
 
 
 def nbytes(n: int | float | None) -> str:
-    """Bytes in binary units, 3 significant digits (df -h style): 923G, 27.0G, 912M."""
-    if n is None:
-        return DASH
-    n = float(n)
-    for unit in ("B", "K", "M", "G", "T", "P"):
-        if abs(n) < 1024 or unit == "P":
-            if unit == "B":
-                return f"{int(n)}B"
-            return f"{n:.1f}{unit}" if abs(n) < 100 else f"{n:.0f}{unit}"
-        n /= 1024
-    return DASH  # unreachable
+    """Bytes in a narrow pane: human_bytes' figure, compact (923.0G, 27.0G, 912.0M)."""
+    return human_bytes(n, DASH, compact=True)
 
 
 def gib(n: int | None) -> str:
@@ -29,17 +23,8 @@ def gib(n: int | None) -> str:
 
 
 def duration(s: float | None, coarse: bool = False) -> str:
-    """Seconds as 45s, 12m05s (coarse: 12m), 2h03m, 3d04h."""
-    if s is None or s < 0:
-        return DASH
-    s = int(s)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m" if coarse else f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+    """Seconds as 45s, 12m05s (coarse: 12m), 2h03m, 3d04h: human_duration's."""
+    return human_duration(s, DASH, coarse=coarse)
 
 
 def clock(t: float | None, now: float | None = None) -> str:

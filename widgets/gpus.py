@@ -120,8 +120,9 @@ class GpuPane(VerticalScroll, can_focus=False):
         history = tuple(tuple(h) for h in self._history.values())
         key = (report.gpus, width, short, history)
         if short:
-            # Short terminal: several GPUs a line, so that 8 show in 4 lines at 80 columns.
-            per_line = max(1, min(4, width // 38))
+            # Short terminal: several GPUs a line, so that 8 show in 2 lines at 80
+            # columns (the stage table needs the rows); owners get the room left.
+            per_line = max(1, min(4, width // 19))
             self._body.paint(key, lambda: self._compact(report.gpus, per_line))
             return
         if len(report.gpus) > 8 and width >= 150:

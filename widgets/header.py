@@ -13,6 +13,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from eagle3_console.model import LEVEL_RANK, Snapshot
+from widgets import fmt
 
 HEALTH_STYLE = {"ok": "bold green", "warning": "bold yellow", "critical": "bold white on red",
                 "unknown": "bold magenta"}
@@ -62,22 +63,28 @@ class HeaderBar(Static):
                 left.append(f" {alert.message}")
                 if more:
                     left.append(f" (+{more})", "dim")
-        right = Text(no_wrap=True, overflow="ellipsis", justify="right")
-        if readonly:
-            right.append("read-only ", "bold cyan")
-        right.append(workspace, "cyan")
-        right.append(f"  {host}  ")
         # Minutes: a seconds clock would repaint the header every second for
         # nothing an operator reads (elapsed times and the log show liveness).
-        fmt_ = "%Y-%m-%d %H:%M" if self.size.width >= 120 else "%H:%M"
-        right.append(datetime.fromtimestamp(now).strftime(fmt_))
+        clock = datetime.fromtimestamp(now).strftime("%Y-%m-%d %H:%M" if self.size.width >= 120 else "%H:%M")
+        # At 80 columns the alert (left) needs the room more than the workspace path.
+        # A short alert leaves the rest to the path.
+        base = self.size.width // 2 if self.size.width >= 120 else self.size.width * 2 // 5
+        room = max(20, base, self.size.width - 2 - left.cell_len - 2)
+        tail = f"  {host}  {clock}"
+        lead = "read-only " if readonly else ""
+        # The clock and host are never cut: the workspace path gives way, from its front.
+        right = Text(no_wrap=True, overflow="ellipsis", justify="right")
+        right.append(lead, "bold cyan")
+        # (A space first: a cut alert on the left and a cut path do not run together as "……".)
+        right.append(" " + fmt.path_tail(workspace, max(room - len(tail) - len(lead) - 1, 1)), "cyan")
+        right.append(tail)
         key = (left, right, self.size.width)
         if key == self._key:
             return
         self._key = key
         grid = Table.grid(expand=True)
         grid.add_column(ratio=1, no_wrap=True, overflow="ellipsis")
-        grid.add_column(no_wrap=True, justify="right", max_width=max(20, self.size.width // 2))
+        grid.add_column(no_wrap=True, justify="right", max_width=room)
         grid.add_row(left, right)
         # One fixed line: never worth a relayout of the screen.
         self.update(grid, layout=False)

@@ -55,7 +55,8 @@ class HelpScreen(ModalScreen[None]):
                               "memory; files with counts and bytes) with the focus on Cancel.", "italic"))
             yield Static(Text("The selection follows the active stage (running, else failed, else the last run) "
                               "until you move the cursor. The stages table's result column is bench's acceptance "
-                              "length (AL: tokens per target forward, bonus included); select bench for the whole "
+                              "length (AL: completion tokens / verify steps, the bonus token included, as SGLang counts it); "
+                              "select bench for the whole "
                               "result. Narrow terminals drop the started and run columns.", "italic"))
         yield Footer()
 

@@ -107,9 +107,16 @@ class LogView(Log):
         self._strips.clear()
         self._style = None
 
+    class Following(Message):
+        """Following the end started or stopped (the pane's subtitle says which)."""
+
     def watch_scroll_y(self, old: float, new: float) -> None:
         super().watch_scroll_y(old, new)
-        self.following = new >= self.max_scroll_y
+        following = new >= self.max_scroll_y
+        if following != self.following:
+            self.following = following
+            # Said now, not at the next new line: a finished run's log gets none.
+            self.post_message(self.Following())
 
     def on_resize(self) -> None:
         if self.following:
@@ -145,6 +152,7 @@ class LogPane(Vertical):
         self._key: tuple | None = None
         self._shown: list[str] | None = None
         self._shown_filter = ""
+        self._n_err = 0
 
     def compose(self) -> ComposeResult:
         yield self.filter_input
@@ -194,13 +202,20 @@ class LogPane(Vertical):
         else:
             self.view.scroll_to(y=scroll_y, animate=False, immediate=True)
             self.view.following = False
-        n_err = sum(1 for ln in lines if is_error_line(ln))
-        sub = "following" if follow else "scrolled (end: follow)"
+        self._n_err = sum(1 for ln in lines if is_error_line(ln))
+        self._subtitle()
+
+    def _subtitle(self) -> None:
+        sub = "following" if self.view.following else "scrolled (end: follow)"
         if self.filter_text:
-            sub = f"filter {self.filter_text!r}: {len(lines)} lines · " + sub
-        if n_err:
-            sub = f"{n_err} error lines · " + sub
+            sub = f"filter {self.filter_text!r}: {len(self._shown or [])} lines · " + sub
+        if self._n_err:
+            sub = f"{self._n_err} error lines · " + sub
         retitle(self, subtitle=sub)
+
+    def on_log_view_following(self, event: LogView.Following) -> None:
+        event.stop()
+        self._subtitle()
 
     def open_filter(self) -> None:
         self.add_class("-filtering")

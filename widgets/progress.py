@@ -152,6 +152,10 @@ def result_details(st: StageStatus) -> Text | None:
     plain, spec = _num(r.get("tok_s_plain")), _num(r.get("tok_s_speculative"))
     if plain is not None and spec is not None:
         lines.append(f"{spec:.1f} tok/s speculative vs {plain:.1f} plain")
+    done, steps = r.get("completion_tokens"), r.get("verify_forwards")
+    if isinstance(done, int) and isinstance(steps, int):
+        # What the AL is, in its own numbers (SGLang's: completion tokens / verify steps).
+        lines.append(f"AL = {done} completion tokens / {steps} verify steps")
     fwd_plain, fwd_spec = r.get("target_forwards_plain"), r.get("target_forwards_speculative")
     if fwd_plain is not None and fwd_spec is not None:
         lines.append(f"target forwards {fwd_spec} vs {fwd_plain} plain")

@@ -21,7 +21,7 @@ from widgets.body import retitle
 
 COLUMNS = ("stage", "status", "run", "started", "elapsed", "progress", "rate", "ETA", "exit", "result")
 STATUS_STYLE = {"running": "bold green", "pending": "cyan", "succeeded": "green", "failed": "bold red",
-                "killed": "bold yellow", "lost": "bold magenta", "never": "dim"}
+                "killed": "bold yellow", "lost": "bold magenta", "never": "dim", "stale": "yellow"}
 
 
 def is_oom(st: StageStatus) -> bool:
@@ -45,8 +45,8 @@ def status_text(st: StageStatus) -> Text:
 
 
 def result_text(st: StageStatus) -> Text:
-    """The stage's result in a cell: bench's mean acceptance length (tokens
-    per target forward), red when speculative output differed from greedy,
+    """The stage's result in a cell: bench's acceptance length (completion
+    tokens / verify steps, SGLang's), red when speculative output differed from greedy,
     dim when the stage's latest run did not produce it (an earlier run's)."""
     r = st.result or {}
     al = r.get("acceptance_length")

@@ -32,7 +32,7 @@ latest per kind):
 - errors: an `errors: N` (or `errors=N`) counter -> LogState.errors;
 - our summary line, printed by the ops (ops/extract/progress.py):
       progress: samples 972/1000 tokens 502983 errors 0 tok/s 2910.5
-  i.e. `progress:` then `key value` pairs: `samples|items|steps D/T`,
+  i.e. `progress:` then `key value` pairs: `samples|items|step(s)|prompt(s) D/T`,
   `tokens N`, `errors N`, `<unit>/s X` (`tok/s` -> tokens_per_s, others ->
   rate), `eta_s X`; a trailing `rank R/W` marks one rank's share, and ranks
   are summed.
@@ -231,7 +231,7 @@ class LineParser:
             try:
                 if key == "rank":
                     rank = value.split("/")[0]
-                elif key in ("samples", "items", "steps", "prompt", "prompts"):
+                elif key in ("samples", "items", "step", "steps", "prompt", "prompts"):
                     done, _, total = value.partition("/")
                     fields["unit"] = key
                     fields["done"] = int(done)

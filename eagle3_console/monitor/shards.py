@@ -12,6 +12,9 @@ Layouts (shared/DESIGN.md), told apart by where the sample files are:
 - speculators_pt:  data_<i>.pt in the root              (speculators)
 - speculators_hs:  hs_<i>.safetensors in the root        (speculators)
 A mix is counted in full and named after the layout holding most samples.
+- glob:            a custom stage's own `sample_glob` (e.g. `sample_*.bin`),
+                   matched against each file's path under the root (fnmatch:
+                   `*` also crosses `/`); then only those files count.
 
 Tokens: sample_lengths.json ({"idx": n_tokens}) when present, else the
 `input_ids` shape in the safetensors header of each sample, read once per new
@@ -29,8 +32,10 @@ last `window_s` seconds. ETA = samples left / samples per second.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
+import re
 import time
 from collections import Counter, deque
 from pathlib import Path
@@ -43,6 +48,8 @@ from ops.formats import (DATA_CONFIG, SAMPLE_LENGTHS, SAMPLE_RE, SHARD_DIR_RE, T
 STATE_VERSION = 1
 EAGLE3, SPECFORGE, SPEC_PT, SPEC_HS, NONE = (
     "eagle3", "specforge", "speculators_pt", "speculators_hs", "none")
+GLOB = "glob"
+_LAST_INT = re.compile(r"(\d+)(?!.*\d)")
 
 
 def _classify(rel_dir: str, name: str) -> tuple[str, int, str] | None:
@@ -61,8 +68,9 @@ def _classify(rel_dir: str, name: str) -> tuple[str, int, str] | None:
 class ShardMonitor:
     def __init__(self, root: str | os.PathLike, expected_samples: int | None = None,
                  expected_tokens: int | None = None, index: TreeIndex | None = None,
-                 window_s: float = 60.0) -> None:
+                 window_s: float = 60.0, sample_glob: str | None = None) -> None:
         self.root = Path(root)
+        self.sample_glob = sample_glob
         self.expected_samples = expected_samples
         self.expected_tokens = expected_tokens
         self.index = index if index is not None else TreeIndex(self.root)
@@ -85,6 +93,19 @@ class ShardMonitor:
         self._idx_sum = 0                               # with the count: a fingerprint of the sample set
         self._restored_tokens: tuple[list, int | None] | None = None
         self._restored_lengths_error: str | None = None
+
+    def use_glob(self, sample_glob: str | None) -> None:
+        """Count the files matching this pattern instead (None: the known layouts)."""
+        if sample_glob != self.sample_glob:
+            self.sample_glob = sample_glob
+            self._synced = False
+
+    def _glob_sample(self, rel: str) -> int | None:
+        """The index of a file the custom pattern names (its last number, else 0); None if it does not."""
+        if not fnmatch.fnmatchcase(rel, self.sample_glob):
+            return None
+        m = _LAST_INT.search(rel.rpartition("/")[2])
+        return int(m.group(1)) if m else 0
 
     # ---- refresh -------------------------------------------------------
     def refresh(self, now: float | None = None, refresh_index: bool = True) -> ShardProgress:
@@ -131,6 +152,9 @@ class ShardMonitor:
         self._header_tokens, self._bad = {}, {}
         match = SAMPLE_RE.match
         for rel_dir in self.index.dirs():
+            if self.sample_glob:
+                self._resync_glob(rel_dir)
+                continue
             if rel_dir == "":
                 layouts = {"safetensors": SPEC_HS, "pt": SPEC_PT, "ckpt": SPEC_PT}
             elif "/" not in rel_dir and SHARD_DIR_RE.match(rel_dir):
@@ -163,12 +187,24 @@ class ShardMonitor:
         self._tokens_cache = None
         self._synced = True
 
+    def _resync_glob(self, rel_dir: str) -> None:
+        prefix = f"{rel_dir}/" if rel_dir else ""
+        for name in self.index.files_in(rel_dir):
+            self._add(prefix + name)
+
     def _add(self, rel: str, read_header: bool = True) -> None:
         rel_dir, _, name = rel.rpartition("/")
         if name.endswith(TMP_SUFFIX):
             self._tmp.add(rel)
             return
-        cls = _classify(rel_dir, name)
+        if self.sample_glob:
+            idx = self._glob_sample(rel)
+            if idx is None:
+                return
+            # Not a hidden-state file: no header to read, no token count.
+            cls: tuple[str, int, str] | None = (GLOB, idx, "")
+        else:
+            cls = _classify(rel_dir, name)
         if cls is None:
             return
         layout, idx, ext = cls
@@ -275,7 +311,12 @@ class ShardMonitor:
         return self._lengths
 
     def _config_int(self, key: str) -> int | None:
+        """An integer data_config.json records: `total_samples` (ours, the
+        seed's) or, in a speculators tree, its `data.num_samples`."""
         value = self._config.get(key)
+        data = self._config.get("data")
+        if value is None and key == "total_samples" and isinstance(data, dict):
+            key, value = "data.num_samples", data.get("num_samples")
         if value is None:
             return None
         try:
@@ -331,15 +372,15 @@ class ShardMonitor:
         for rel_dir, n in self._per_dir.items():
             if n <= 0:
                 continue
-            if rel_dir == "":
-                shards.append(ShardCount(".", n, expected))
-                continue
             m = SHARD_DIR_RE.match(rel_dir)
+            if rel_dir == "" or m is None:       # flat, or a custom pattern's own folders
+                shards.append(ShardCount(rel_dir or ".", n, expected if rel_dir == "" else None))
+                continue
             a, b = int(m.group(1)), int(m.group(2))
             rows = (min(b, expected) if expected is not None else b) - a
             shards.append(ShardCount(rel_dir, n, max(rows, 0)))
-        shards.sort(key=lambda s: (-1, 0) if s.name == "." else
-                    (int(SHARD_DIR_RE.match(s.name).group(1)), 0))
+        shards.sort(key=lambda s: (-1, 0, "") if s.name == "." else
+                    (int(m.group(1)), 0, "") if (m := SHARD_DIR_RE.match(s.name)) else (0, 1, s.name))
 
         sps, tps = self._rate(now, done, tokens)
         eta: float | None = None
@@ -394,6 +435,7 @@ class ShardMonitor:
         return {
             "version": STATE_VERSION,
             "root": os.fspath(self.root),
+            "glob": self.sample_glob,
             "index": self.index.to_state(),
             "header_tokens": self._header_tokens,
             "bad": self._bad,
@@ -404,11 +446,12 @@ class ShardMonitor:
 
     @classmethod
     def from_state(cls, state: dict, root: str | os.PathLike, expected_samples: int | None = None,
-                   expected_tokens: int | None = None, window_s: float = 60.0) -> "ShardMonitor":
-        """Rebuild from to_state(); another version or root gives a fresh monitor."""
-        mon = cls(root, expected_samples, expected_tokens, window_s=window_s)
+                   expected_tokens: int | None = None, window_s: float = 60.0,
+                   sample_glob: str | None = None) -> "ShardMonitor":
+        """Rebuild from to_state(); another version, root or pattern gives a fresh monitor."""
+        mon = cls(root, expected_samples, expected_tokens, window_s=window_s, sample_glob=sample_glob)
         if (not isinstance(state, dict) or state.get("version") != STATE_VERSION
-                or state.get("root") != os.fspath(mon.root)):
+                or state.get("root") != os.fspath(mon.root) or state.get("glob") != sample_glob):
             return mon
         try:
             mon.index = TreeIndex.from_state(state["index"], mon.root)
@@ -423,5 +466,5 @@ class ShardMonitor:
             mon._errors = {str(k): str(v) for k, v in (state.get("errors") or {}).items()}
             mon._restored_lengths_error = mon._errors.get(SAMPLE_LENGTHS)
         except (KeyError, TypeError, ValueError):
-            return cls(root, expected_samples, expected_tokens, window_s=window_s)
+            return cls(root, expected_samples, expected_tokens, window_s=window_s, sample_glob=sample_glob)
         return mon

@@ -7,8 +7,8 @@ token, i.e. the conversation up to the assistant's answer; or --prompts-file
 JSONL with "input_ids") -> ops.bench.speculative -> <output>/bench.json and a
 `bench:` summary line the console shows next to the stage.
 
-Reports the mean acceptance length (tokens per verifying target forward, the
-bonus token included), the acceptance rate per draft position (conditional:
+Reports the acceptance length as SGLang defines it (completion tokens / verify
+steps, the bonus token included: its `spec_verify_ct`), the acceptance rate per draft position (conditional:
 draft i accepted given drafts 1..i-1 were), and the speed-up against plain
 greedy decoding timed in the same process on the same prompts. Exits 1 when
 the speculative output differs from plain greedy output.
@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts-file", help='JSONL lines with "input_ids" (instead of --data)')
     p.add_argument("--num-prompts", type=int)
     p.add_argument("--max-new-tokens", type=int)
-    p.add_argument("--draft-tokens", type=int, help="K: drafts per target forward")
+    p.add_argument("--draft-tokens", type=int, help="K: drafts per verify step")
     p.add_argument("--device")
     p.add_argument("--dtype", help="auto (the target's), bfloat16, float16, float32")
     return spec_defaults(p, SPEC)
@@ -202,7 +202,7 @@ def main(argv=None) -> int:
     speculative(runner, drafter, embed, prompts[0][1], 4, k, eos, SpecStats())
     stats = SpecStats()
     t_plain = t_spec = 0.0
-    fw_plain = fw_spec = tokens = 0
+    fw_plain = fw_spec = tokens = completion = 0
     mismatches = []
     for i, (idx, prompt) in enumerate(prompts):
         t0 = time.perf_counter()
@@ -215,12 +215,15 @@ def main(argv=None) -> int:
         fw_plain += f1
         fw_spec += f2
         tokens += len(ref)
+        completion += len(got)
         if got != ref:
             first = next((j for j, (a, b) in enumerate(zip(got, ref)) if a != b), min(len(got), len(ref)))
             mismatches.append({"prompt": idx, "first_diff": first, "greedy": ref, "speculative": got})
         print(f"progress: prompt {i + 1}/{len(prompts)} accept length "
-              f"{stats.tokens_from_verify / max(1, stats.verify_forwards):.2f}", flush=True)
-    acc_len = stats.tokens_from_verify / max(1, stats.verify_forwards)
+              f"{completion / max(1, stats.verify_forwards):.2f}", flush=True)
+    # SGLang's definition (completion tokens / spec_verify_ct): the prefill's token
+    # counts, the bonus token of each verify step counts; compare it with a server's.
+    acc_len = completion / max(1, stats.verify_forwards)
     per_pos = [a / r if r else 0.0 for a, r in zip(stats.accepted_at, stats.reached)]
     frac_pos = [a / max(1, stats.verify_forwards) for a in stats.accepted_at]
     result = {
@@ -228,7 +231,7 @@ def main(argv=None) -> int:
         "dtype": str(dtype).replace("torch.", ""), "aux_layer_ids": dcfg.aux_layer_ids,
         "prompts": [idx for idx, _ in prompts], "max_new_tokens": args.max_new_tokens, "draft_tokens": k,
         "acceptance_length": acc_len, "accept_rate_per_position": per_pos,
-        "accepted_fraction_per_position": frac_pos, "verify_forwards": stats.verify_forwards,
+        "accepted_fraction_per_position": frac_pos, "verify_forwards": stats.verify_forwards, "completion_tokens": completion,
         "target_forwards_plain": fw_plain, "target_forwards_speculative": fw_spec, "tokens": tokens,
         "time_plain_s": t_plain, "time_speculative_s": t_spec,
         "tok_s_plain": tokens / max(t_plain, 1e-9), "tok_s_speculative": tokens / max(t_spec, 1e-9),
@@ -237,7 +240,8 @@ def main(argv=None) -> int:
     }
     result["engine"] = "reference"
     write_result(out_dir, result)
-    print(f"bench: acceptance length {acc_len:.2f} (K={k}) | accept/pos "
+    print(f"bench: acceptance length {acc_len:.2f} (completion tokens / verify steps: {completion}/"
+          f"{stats.verify_forwards}, K={k}) | accept/pos "
           f"[{','.join(f'{p:.2f}' for p in per_pos)}] | speed-up {result['speedup']:.2f}x "
           f"(plain {result['tok_s_plain']:.1f} tok/s, speculative {result['tok_s_speculative']:.1f} tok/s) | "
           f"greedy match {len(prompts) - len(mismatches)}/{len(prompts)}", flush=True)

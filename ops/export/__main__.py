@@ -107,6 +107,14 @@ def check(ref_model, written: dict[str, Path], meta: dict, args, target: Path) -
     return report
 
 
+def target_ref(value: str) -> str:
+    """How the exported configs name the target: a local one as an absolute
+    path (speculators takes a relative `verifier.name_or_path` for a Hub id
+    when loaded from any other directory, and fails), a model id as given."""
+    path = Path(value).expanduser()
+    return str(path.resolve()) if value and path.exists() else value
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
@@ -122,7 +130,7 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
     cfg = model.cfg
-    target = Path(args.target or meta.get("target", ""))
+    target = Path(target_ref(args.target or meta.get("target", "")))
     dtype = getattr(torch, args.dtype)
     state = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in model.trainable_state().items()}
     fmts = ("sglang", "speculators") if args.format == "both" else (args.format,)
@@ -131,7 +139,8 @@ def main(argv=None) -> int:
     try:
         configs = {"sglang": lambda: fm.sglang_config(cfg, args.dtype),
                    "speculators": lambda: fm.speculators_config(
-                       cfg, args.dtype, args.speculative_tokens or int(meta.get("ttt_steps", 7)), str(target))}
+                       cfg, args.dtype, args.speculative_tokens or int(meta.get("ttt_steps", 7)),
+                       target_ref(args.target or meta.get("target", "")))}
         written = {}
         for fmt in fmts:
             written[fmt] = write_format(out, fmt, configs[fmt](), fm.to_format(state, fmt))
@@ -141,7 +150,7 @@ def main(argv=None) -> int:
         return 2
     info = {
         "checkpoint": str(ckpt), "step": meta.get("step"), "dtype": args.dtype,
-        "target": str(target), "target_architecture": cfg.target_architecture,
+        "target": target_ref(args.target or meta.get("target", "")), "target_architecture": cfg.target_architecture,
         "target_model_type": cfg.target_model_type, "target_num_layers": cfg.target_num_layers,
         "draft_vocab_size": cfg.draft_vocab_size, "formats": {k: str(v) for k, v in written.items()},
         "holdout": meta.get("holdout", []), "data": meta.get("data"),

@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 from ops.extract.spec import estimate_bytes
+from ops.units import human_bytes
 from ops.spec import EstimateContext
 
 
@@ -23,14 +24,6 @@ def free_bytes(path: Path) -> int:
     return shutil.disk_usage(probe).free
 
 
-def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
 def disk_check(params: dict, target: dict, output: Path, remaining_share: float) -> tuple[bool, str]:
     """(fits, message). `remaining_share`: the share of tokens not yet on disk."""
     ctx = EstimateContext(root=Path.cwd(), params=params, target=target)
@@ -39,6 +32,6 @@ def disk_check(params: dict, target: dict, output: Path, remaining_share: float)
         return True, "disk estimate unavailable (no token count); skipping the free-space check"
     need = int(total * remaining_share)
     free = free_bytes(output)
-    text = (f"disk: estimate {human(total)} in all, {human(need)} still to write; "
-            f"{human(free)} free on the filesystem of {output}")
+    text = (f"disk: estimate {human_bytes(total)} in all, {human_bytes(need)} still to write; "
+            f"{human_bytes(free)} free on the filesystem of {output}")
     return need <= free, text

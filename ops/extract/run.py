@@ -29,6 +29,7 @@ import torch
 
 from ops.common import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, BadInput
 from ops.extract import batching, durable, output, preflight, target as target_mod
+from ops.units import human_bytes
 from ops.extract.capture import HiddenStateCapture
 from ops.extract.progress import Progress
 from ops.extract.samples import load_samples
@@ -185,7 +186,7 @@ def _extract(args, known: dict) -> int:
             + (f" [rank {rank}/{world}]" if world > 1 else ""))
         stats = {"new_samples": 0, "new_tokens": 0, "errors": 0, "elapsed": 0.0}
     else:
-        log(f"loading target {info.path} ({preflight.human(info.weight_bytes)}, {dtype}) "
+        log(f"loading target {info.path} ({human_bytes(info.weight_bytes)}, {dtype}) "
             f"on {placement.describe()}" + (f" [rank {rank}/{world}]" if world > 1 else ""))
         t0 = time.monotonic()
         model = target_mod.load_model(info, dtype, placement)

@@ -42,7 +42,9 @@ def result_line(metrics: dict) -> str | None:
         return None
     acc = metrics.get("acc") or []
     sim = from_record(metrics)
-    return (f"step {metrics['step']}/{metrics.get('total', '?')}: loss {metrics.get('loss', float('nan')):.4f}"
+    # The step says when the loss was measured; how far training is comes from
+    # the log's `progress: step S/T` alone (one source for that figure).
+    return (f"loss {metrics.get('loss', float('nan')):.4f} at step {metrics['step']}"
             + (f", accuracy per step {'/'.join(f'{a:.2f}' for a in acc)}" if acc else "")
             + (f", simulated AL {sim:.2f}" if sim is not None else ""))
 

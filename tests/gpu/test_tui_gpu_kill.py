@@ -3,7 +3,7 @@
 prints an out-of-memory traceback and exits 1. Driven as an operator would,
 in ConsoleApp (App.run_test) with the real NVML:
 
-  the GPU pane's data ties the worker's pid to the run    (app.snapshot.gpus)
+  the GPU pane's data ties the worker's pid to the run    (app.main_screen.snapshot.gpus)
   `c` before the kill: refused, the worker is alive
   `k`, confirm: the dialog waits until NVML shows the memory released
   pynvml, asked directly: the pid is gone, memory back near the baseline
@@ -113,7 +113,7 @@ def test_kill_clean_restart_from_the_console_on_a_real_gpu(nvml, tmp_path, capsy
         app = ConsoleApp(ws, nvml=nvml, refresh_s=0.5, kill_release_timeout_s=60.0)
         async with app.run_test(size=(160, 48)) as pilot:
             def worker_on_gpu():
-                s = app.snapshot
+                s = app.main_screen.snapshot
                 st = s and s.stage("hog")
                 if not st or st.status != "failed":
                     return None
@@ -167,9 +167,9 @@ def test_kill_clean_restart_from_the_console_on_a_real_gpu(nvml, tmp_path, capsy
                            for p in workers)
             assert used_after_kill[gpu_index] - baseline[gpu_index] <= TOLERANCE, figures
             # ...and the console's own data says so on a later pass.
-            passes = app.passes
-            await wait_until(pilot, lambda: app.passes >= passes + 2)
-            assert not [p for g in app.snapshot.gpus.gpus for p in g.processes if p.pid == proc.pid]
+            passes = app.main_screen.passes
+            await wait_until(pilot, lambda: app.main_screen.passes >= passes + 2)
+            assert not [p for g in app.main_screen.snapshot.gpus.gpus for p in g.processes if p.pid == proc.pid]
 
             # Clean now: offered, the partial file listed, the stage name typed, moved to the trash.
             dialog = await open_dialog(pilot, app, "c")
