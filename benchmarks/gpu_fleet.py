@@ -277,8 +277,10 @@ def step1(ctx: dict) -> tuple[str, dict]:
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         pids = nvml_pids()
-        if sum(len(v) for v in pids.values()) >= n:
+        if sum(len([p for p in v if p != os.getpid()]) for v in pids.values()) >= n:
             break
+        if stage_of(status_json(ws), "extract")["status"] in ("failed", "succeeded", "killed", "lost"):
+            break       # the checks below then say what the stage did
         time.sleep(0.5)
     time.sleep(1.0)    # past the CUDA context: the memory moves less between the two readings
     smi = sh(["nvidia-smi", "--query-gpu=index,memory.used,memory.total", "--format=csv,noheader,nounits"])
@@ -296,8 +298,8 @@ def step1(ctx: dict) -> tuple[str, dict]:
     mem = []
     for idx, (used, total) in smi_rows.items():
         g = next((g for g in gpus if g["index"] == idx), None)
-        if g is None:
-            mem.append({"index": idx, "listed": False})
+        if g is None or g.get("mem_used") is None or g.get("mem_total") is None:
+            mem.append({"index": idx, "listed": g is not None, "console": g})
             continue
         used_c, total_c = g["mem_used"] / 2**20, g["mem_total"] / 2**20
         lo, hi = min(used, smi2_rows[idx]), max(used, smi2_rows[idx])
@@ -386,7 +388,9 @@ def step4(ctx: dict) -> tuple[str, dict]:
             base = ctx["idle_mem"] or {}
             data["nvml"] = {str(i): {"during": before.get(i), "after": after[i], "idle": base.get(i)} for i in after}
             released = all(after[i] <= base.get(i, 0) + 64 * 2**20 for i in after)
-            pids_left = nvml_pids()
+            # This script's own CUDA context (it built the target) is in the baseline, not a leftover.
+            pids_left = {i: [p for p in v if p != os.getpid()] for i, v in nvml_pids().items()}
+            released = released and not any(pids_left.values())
         else:
             released, pids_left = None, {}
         killed = True
@@ -467,7 +471,9 @@ def step5(ctx: dict) -> tuple[str, dict]:
     cfg = json.loads((ctx["target"] / "config.json").read_text())
     layer_ids = parse_layer_ids("auto", cfg["num_hidden_layers"])
     cap = HiddenStateCapture(model, layer_ids)
-    dev = cap.base.get_input_embeddings().weight.device
+    # Offloaded modules keep their weights on "meta" between calls; the hooks move inputs
+    # to the execution device, which is the first GPU.
+    dev = torch.device("cuda:0")
     samples = load_samples(ctx["prep2"], max_seq_len=4096, limit=None)
     worst_abs = worst_rel = 0.0
     k = min(8, len(samples.lengths()))
@@ -554,6 +560,10 @@ def main() -> int:
     write_workspace(ctx["ws"], target, cfg_d, prep4, ctx["out4"], ngpu, budget, s4)
     log(f"workspace {ctx['ws']}: stage extract = torchrun x{ngpu} ops.extract, {s4} samples x {seq} tokens")
     if 1 in want or 4 in want:
+        # The baseline step 4 compares against: this process's own CUDA context (from building
+        # the target) included, nothing of step 2's runs (they have exited).
+        ctx["idle_mem"] = nvml_used() if cuda else None
+        RESULTS["baseline_mem_before_step1"] = ctx["idle_mem"]
         step(1, step1, ctx)
         if 4 in want:
             step(4, step4, ctx)
@@ -573,6 +583,10 @@ def main() -> int:
     if 5 in want:
         step(5, step5, ctx)
 
+    logs = ctx["ws"] / ".eagle3" / "logs"
+    if logs.is_dir():   # the stage runs' own logs (the work folder goes): their tails
+        RESULTS["stage_logs"] = {p.name: p.read_text(errors="replace").splitlines()[-60:]
+                                 for p in sorted(logs.glob("*.log"))}
     RESULTS["total_s"] = round(time.monotonic() - t_start, 1)
     (a.out / "results.json").write_text(json.dumps(RESULTS, indent=1, default=str))
     shutil.rmtree(work, ignore_errors=True)
