@@ -117,6 +117,23 @@ def nvml_used() -> dict[int, int] | None:
         return None
 
 
+def nvml_versions() -> dict | str:
+    """used MiB as NVML's v1 (the console's call) and v2 (reserved memory left out) say:
+    which one nvidia-smi follows explains a gap between them."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        out = {}
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            v1 = pynvml.nvmlDeviceGetMemoryInfo(h).used
+            v2 = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2).used
+            out[str(i)] = [round(v1 / 2**20), round(v2 / 2**20)]
+        return out
+    except Exception as exc:  # noqa: BLE001 - an older binding without v2: said
+        return f"{type(exc).__name__}: {exc}"
+
+
 def nvml_pids() -> dict[int, list[int]]:
     import pynvml
     pynvml.nvmlInit()
@@ -309,7 +326,10 @@ def step1(ctx: dict) -> tuple[str, dict]:
                     "ok": diff <= tol_mib and abs(total_c - total) <= 1})
     procs = [dict(gpu=g["index"], pid=pr["pid"], run_id=pr.get("run_id"), stage=pr.get("stage"), how=pr.get("how"))
              for g in gpus for pr in g.get("processes", [])]
+    # This script holds a context on GPU 0 (it built the target): not a worker of the run.
+    procs = [pr for pr in procs if pr["pid"] != os.getpid()]
     mapped = [pr for pr in procs if pr["run_id"] == st["run_id"]]
+    data["nvml_v1_v2_used_mib"] = nvml_versions()
     time.sleep(2.0)    # the TUI's next refresh after the workers reached their GPUs
     texts = tui.capture(ws, sizes)
     shown = {size: sum(1 for i in smi_rows if re.search(rf"\b{i}\b", t)) for size, t in texts.items()}
@@ -384,7 +404,7 @@ def step4(ctx: dict) -> tuple[str, dict]:
         time.sleep(0.5)
         after = nvml_used() if ctx["cuda"] else None
         if after is not None:
-            # The memory an idle machine holds was read before any step (the driver's own share).
+            # Read just before step 1: the driver's share and this script's context, no worker.
             base = ctx["idle_mem"] or {}
             data["nvml"] = {str(i): {"during": before.get(i), "after": after[i], "idle": base.get(i)} for i in after}
             released = all(after[i] <= base.get(i, 0) + 64 * 2**20 for i in after)
@@ -411,6 +431,9 @@ def step4(ctx: dict) -> tuple[str, dict]:
     data["rerun"] = (p.stdout + p.stderr)[-400:]
     fin = wait_stage(ws, ("succeeded", "failed", "killed", "lost"), 240)
     data["rerun_status"] = fin["status"]
+    logs = sorted((ws / ".eagle3" / "logs").glob("*-extract.log"))
+    m = re.search(r"; (\d+) already on disk", logs[-1].read_text(errors="replace")) if logs else None
+    data["resumed_from"] = int(m.group(1)) if m else None
     ref = ctx["work"] / "x4-ref"
     rr = run_extract(n, ctx["target"], ctx["prep4"], ref, ctx["budget"])
     a, b = sample_files(sha_listing(out)), sample_files(sha_listing(ref))
@@ -429,7 +452,7 @@ def step4(ctx: dict) -> tuple[str, dict]:
     ok = killed and released is not False and partial_only and fin["status"] == "succeeded" and not differ
     return (f"{'OK' if ok else 'CHECK'}: {head}clean rc {data['clean']['rc']} removed {len(gone)} file(s), "
             f"{'only partials' if partial_only else 'NOT only partials: ' + str(gone[:5] + changed[:5])}; re-run "
-            f"{fin['status']}; {len(same)}/{len(b)} samples sha256-identical to an uninterrupted {rr['ranks']}-rank "
+            f"{fin['status']} (it found {data['resumed_from']} samples on disk); {len(same)}/{len(b)} samples sha256-identical to an uninterrupted {rr['ranks']}-rank "
             f"run{tol}{where}"), data
 
 
