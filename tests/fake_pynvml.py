@@ -92,6 +92,8 @@ class FakeGpu:
     name: str = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
     mem_total: int = 95 * GiB + 994 * (1 << 20)     # 97,887 MiB: 94.97 GiB as torch prints it
     mem_used: int = 0
+    mem_reserved: int = 0                   # the driver's; v1's `used` counts it, v2's (nvidia-smi's) does not
+    no_v2: bool = False                     # a driver without nvmlDeviceGetMemoryInfo_v2
     util: int = 0
     temp: int = 35
     power_mw: int = 75_000
@@ -195,9 +197,19 @@ class FakeNvml:
     def nvmlDeviceGetUUID(self, handle: int) -> str:
         return self._enter("nvmlDeviceGetUUID", handle, "uuid").uuid
 
-    def nvmlDeviceGetMemoryInfo(self, handle: int) -> SimpleNamespace:
+    # pynvml: nvmlDeviceGetMemoryInfo(handle, version=None); with version=nvmlMemory_v2
+    # it calls nvmlDeviceGetMemoryInfo_v2, whose `used` excludes `reserved`.
+    nvmlMemory_v2 = 0x02000028
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int, version: int | None = None) -> SimpleNamespace:
         g = self._enter("nvmlDeviceGetMemoryInfo", handle, "memory")
-        return SimpleNamespace(total=g.mem_total, used=g.mem_used, free=g.mem_total - g.mem_used)
+        reserved = getattr(g, "mem_reserved", 0)
+        if version:
+            if getattr(g, "no_v2", False):
+                raise self.NVMLError_FunctionNotFound("nvmlDeviceGetMemoryInfo_v2")
+            return SimpleNamespace(total=g.mem_total, used=g.mem_used, reserved=reserved,
+                                   free=g.mem_total - g.mem_used - reserved, version=version)
+        return SimpleNamespace(total=g.mem_total, used=g.mem_used + reserved, free=g.mem_total - g.mem_used - reserved)
 
     def nvmlDeviceGetUtilizationRates(self, handle: int) -> SimpleNamespace:
         g = self._enter("nvmlDeviceGetUtilizationRates", handle, "utilization")

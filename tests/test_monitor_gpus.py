@@ -66,6 +66,21 @@ def test_every_gpu_sampled(count, procs):
     assert all(g.processes == [] for g in report.gpus[:-1])
 
 
+def test_memory_is_nvidia_smis_v2_reading_falling_back_to_v1():
+    """On an H200 the v1 call read 616 MiB more than nvidia-smi (the driver's reserved
+    memory; benchmarks/gpu_fleet.py step 1): v2 where the driver has it, else v1, asked once."""
+    fake = FakeNvml(2)
+    for g in fake.gpus:
+        g.mem_used, g.mem_reserved = 4 * GiB, 616 << 20
+    fake.gpus[1].no_v2 = True
+    nvml = Nvml(module=fake)
+    first = nvml.sample()
+    assert first.gpus[0].mem_used == 4 * GiB                   # v2: what nvidia-smi shows
+    assert first.gpus[1].mem_used == 4 * GiB + (616 << 20)     # v1 on the old driver, no error
+    assert first.gpus[1].error is None
+    assert nvml.sample().gpus[1].mem_used == 4 * GiB + (616 << 20)
+
+
 def test_lost_gpu_degrades_only_itself(procs):
     fake = FakeNvml(8)
     worker = procs()
