@@ -383,7 +383,7 @@ def watch(ctx: typer.Context,
           once: bool = typer.Option(False, "--once", help="One pass, then exit with the status code."),
           interval: float = typer.Option(30.0, "--interval", help="Seconds between passes."),
           no_gpus: bool = typer.Option(False, "--no-gpus"),
-          advance: bool = typer.Option(False, "--advance", help="Also start each stage that never ran once its dependencies succeeded."),
+          advance: bool = typer.Option(False, "--advance", help="Also start each stage that never ran (or is stale) once its dependencies are done."),
           until_done: bool = typer.Option(False, "--until-done", help="Exit once every stage succeeded (or nothing more can start).")) -> None:
     """Apply the policies (restart with backoff, halve the batch after an OOM) under an exclusive lock."""
     from eagle3_console import policy
