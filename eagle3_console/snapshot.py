@@ -28,6 +28,7 @@ from eagle3_console.monitor.serve import ServeMonitor
 from eagle3_console.monitor.shards import ShardMonitor
 from eagle3_console.registry import Registry, Run, id_path
 from eagle3_console.workspace import Workspace
+from ops.spec import read_json_dict
 
 CACHE_NAME = "monitors.json"
 CACHE_VERSION = 1
@@ -331,7 +332,7 @@ class Collector:
         cached = self._results.get(path)
         if cached is not None and cached[0] == key:
             return cached[1]
-        record = _read_last_json_line(path) if path.suffix == ".jsonl" else _read_json(path)
+        record = _read_last_json_line(path) if path.suffix == ".jsonl" else read_json_dict(path)
         if not isinstance(record, dict):
             record = None
         line = None
@@ -393,13 +394,6 @@ def _read_last_json_line(path: Path, tail_bytes: int = 65536) -> dict | None:
             continue        # a line being written, or cut by the seek
     return None
 
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def collect(ws: Workspace, nvml: Any = None, persist: bool = False) -> Snapshot:

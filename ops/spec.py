@@ -44,6 +44,16 @@ class EstimateContext:
             return None
 
 
+def read_json_dict(path: Path) -> dict | None:
+    """A JSON object from `path`, or None when absent, unreadable, not JSON or not
+    an object (records written by ops, read by the console and other ops)."""
+    try:
+        value = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def unvouched_files(root: Path, record: str, payload: str) -> list[Path]:
     """Partial files of an op that writes one payload file and then a JSON record
     saying `"status": "complete"` (prepare: samples + summary; vocab: mapping +

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PY, ROOT, stage_cmd
+from tests.conftest import EXPORT_PIPELINE, PY, ROOT, stage_cmd
 
 SLEEPER = f"""
 [stages.sleeper]
@@ -209,18 +209,7 @@ def test_a_lost_op_run_with_complete_outputs_counts_as_done_for_dependents(ws):
     from eagle3_console import config as cfg, policy, runs
     from eagle3_console.snapshot import Collector
     from eagle3_console.workspace import Workspace
-    ws.write("""
-[target]
-path = "models/target"
-num_layers = 2
-hidden_size = 8
-dtype = "bfloat16"
-vocab_size = 10
-
-[stages.export]
-op = "export"
-params = { checkpoint = "out/ckpt", output = "out/export" }
-
+    ws.write(EXPORT_PIPELINE + """
 [stages.after]
 argv = ["true"]
 depends_on = ["export"]

@@ -4,14 +4,12 @@ the CLI as a real subprocess."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import time
 
 import pytest
 
 from eagle3_console import logtail
-from tests.conftest import PY, stage_cmd
+from tests.conftest import stage_cmd
 
 GIB = 1 << 30
 

@@ -107,7 +107,6 @@ def test_the_restart_plan_shows_the_lints_and_refuses_on_an_error(ws):
 
 
 def test_kill_workers_reaches_workers_that_outlived_the_server(ws):
-    import psutil
     ws.write(pipeline(free_port(), tp=2, gpus="[0, 1]", env=', FAKE_SGLANG_FAIL = "oom", FAKE_SGLANG_ORPHANS = "1"'))
     ws.cli("run", "serve", check=0)
     run = ws.wait_status("serve", ("failed",))
