@@ -1,0 +1,96 @@
+"""Where `ops.extract`'s time goes: the real program in this process under
+torch.profiler, on the shapes of benchmarks/extract_throughput.py (issue 11).
+
+Prints the top operators by device time and by host time, the share of the
+run's wall time the device spent in kernels, and, beside it in the same
+invocation, the program's tok/s at 4 (the default) and 8 writer threads
+without the profiler. Run on a GPU machine from the repository root:
+
+    python3 benchmarks/profile_extract.py --shape 8b --samples 64
+
+`--shape tiny` runs on the CPU (a smoke run; the figures mean nothing there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import bench_common as bc  # noqa: E402
+from benchmarks.extract_throughput import SHAPES, build_config, build_target  # noqa: E402
+
+TOKS_RE = re.compile(r"([\d,]+) tokens? .*?([\d,.]+) tok/s")
+
+
+def extract(target: Path, prepared: Path, out: Path, *extra: str) -> float:
+    """The program in this process; its wall time from call to return, seconds."""
+    from ops.common import run_main
+    from ops.extract.__main__ import main
+    shutil.rmtree(out, ignore_errors=True)
+    t0 = time.perf_counter()
+    code = run_main(main, ["--target", str(target), "--input", str(prepared), "--output", str(out),
+                           "--progress-interval", "30", *extra])
+    if code != 0:
+        raise SystemExit(f"error: ops.extract exited {code}")
+    return time.perf_counter() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="8b")
+    ap.add_argument("--samples", type=int, default=64)
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--out", type=Path, default=None, help="work folder (default: a temp folder)")
+    ap.add_argument("--top", type=int, default=12)
+    args = ap.parse_args()
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    device = bc.torch_device()
+    print(bc.device_line(), flush=True)
+    work = Path(tempfile.mkdtemp(prefix="profile-extract-", dir=args.out))
+    try:
+        cfg, dtype, note = build_config(args.shape, None)
+        model = build_target(cfg, dtype, work / "target", device)
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        seq = min(args.seq, 64) if args.shape == "tiny" else args.seq
+        tokens = bc.write_prepared(work / "prepared", args.samples, seq, cfg.vocab_size)
+        # Warm (load + first kernels), then the two writer counts without the profiler.
+        extract(work / "target", work / "prepared", work / "out")
+        timed = {}
+        for writers in (4, 8):
+            timed[writers] = extract(work / "target", work / "prepared", work / "out", "--writers", str(writers))
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        with profile(activities=acts) as prof:
+            wall = extract(work / "target", work / "prepared", work / "out")
+        events = prof.key_averages()
+        dev_attr = "self_device_time_total" if hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
+        kernel_us = sum(getattr(e, dev_attr, 0) for e in events)
+        print(f"shape {args.shape}: {args.samples} samples x {seq} tokens = {tokens:,} tokens {note}")
+        for writers, t in timed.items():
+            print(f"ops.extract --writers {writers} (no profiler, load included): {t:.1f} s, "
+                  f"{tokens / t:,.0f} tok/s over the whole call")
+        print(f"profiled call: {wall:.1f} s wall; device kernels {kernel_us / 1e6:.1f} s "
+              f"= {kernel_us / 1e6 / wall:.0%} of the wall time")
+        if device.type == "cuda":
+            print(f"-- top {args.top} by device time")
+            print(events.table(sort_by=dev_attr, row_limit=args.top, max_name_column_width=60))
+        print(f"-- top {args.top} by host time")
+        print(events.table(sort_by="self_cpu_time_total", row_limit=args.top, max_name_column_width=60))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
