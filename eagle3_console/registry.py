@@ -183,7 +183,6 @@ class Registry:
                     self.conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('predecessor', '1')")
                 row = self.conn.execute("SELECT value FROM meta WHERE key = 'registry_id'").fetchone()
             self.registry_id = row[0]
-            self._inode = os.stat(db_path).st_ino
         except sqlite3.Error as exc:
             hint = "" if os.access(db_path.parent, os.W_OK) else f" ({db_path.parent} is not writable)"
             raise StateError(f"state database {db_path}: {exc}{hint}") from None
@@ -215,17 +214,6 @@ class Registry:
     def has_predecessor(self) -> bool:
         """Whether this registry was started where an earlier one had run stages."""
         return self.conn.execute("SELECT 1 FROM meta WHERE key = 'predecessor'").fetchone() is not None
-
-    def check_same(self) -> None:
-        """Raise StateError when the file at our path is no longer the database
-        this connection opened (deleted or replaced under a long-lived reader
-        such as the TUI or `watch`: its writes would go to an unlinked inode)."""
-        try:
-            ino = os.stat(self.path).st_ino
-        except FileNotFoundError:
-            raise StateError(f"state database {self.path} has vanished under this process") from None
-        if ino != self._inode:
-            raise StateError(f"state database {self.path} was replaced under this process")
 
     def close(self) -> None:
         self.conn.close()

@@ -7,7 +7,6 @@ supervisor vanished shows as `lost`.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -18,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_console.config import Pipeline, Stage
-from eagle3_console.monitor.disk import free_space
+from eagle3_console.monitor.disk import room_for
 from eagle3_console.monitor.procs import ProcessTable, orphans, process_alive
 from eagle3_console.monitor.tree import TreeIndex
 from eagle3_console.registry import Registry, Run
 from eagle3_console.units import human_bytes
 from eagle3_console.workspace import Workspace
-from ops.spec import EstimateContext, value_type_error
+from ops.spec import EstimateContext, read_json_dict, value_type_error
 
 PENDING_GRACE_S = 30.0
 
@@ -51,14 +50,11 @@ class Preflight:
     free_bytes: int | None
     path: str | None
     written_bytes: int = 0          # already under the outputs (a resume needs only the rest)
+    fits: bool = True               # monitor.disk.room_for's verdict (True when nothing is estimated)
 
     @property
     def remaining_bytes(self) -> int | None:
         return None if self.estimate_bytes is None else max(0, self.estimate_bytes - self.written_bytes)
-
-    @property
-    def fits(self) -> bool:
-        return self.remaining_bytes is None or self.free_bytes is None or self.remaining_bytes <= self.free_bytes
 
     def shortfall(self) -> str:
         """The refusal's sentence, sizes in a unit that shows them."""
@@ -144,7 +140,6 @@ def preflight(ws: Workspace, pipe: Pipeline, stage: Stage, params: dict[str, Any
     outs = output_paths(ws, stage, params)
     if est is None or not outs:
         return Preflight(est, None, outs[0] if outs else None)
-    free, _total = free_space(outs[0])
     # One listing of what is there (the monitors' own index; a resume's outputs
     # are thousands of files, not millions): the estimate counts the whole output.
     written = 0
@@ -153,7 +148,8 @@ def preflight(ws: Workspace, pipe: Pipeline, stage: Stage, params: dict[str, Any
             index = TreeIndex(o)
             index.refresh()
             written += index.total_bytes
-    return Preflight(est, free, outs[0], written)
+    fits, free = room_for(outs[0], est, written)
+    return Preflight(est, free, outs[0], written, fits=fits is not False)
 
 
 def lints(ws: Workspace, pipe: Pipeline, stage: Stage, params: dict[str, Any]) -> list:
@@ -208,10 +204,10 @@ def outputs_complete(ws: Workspace, stage: Stage, run: Run) -> bool:
     try:
         if record.stat().st_mtime < (run.started or run.created) - 1.0:
             return False
-        data = json.loads(record.read_text())
-    except (OSError, ValueError):
+    except OSError:
         return False
-    return isinstance(data, dict) and data.get("status", "complete") == "complete"
+    data = read_json_dict(record)
+    return data is not None and data.get("status", "complete") == "complete"
 
 
 def dependency_done(ws: Workspace, stage: Stage, run: Run | None) -> bool:

@@ -36,12 +36,7 @@ class EstimateContext:
     def read_json(self, key: str, name: str) -> dict | None:
         """`<param key's path>/<name>` parsed, or None when absent or unreadable."""
         base = self.path(key)
-        if base is None:
-            return None
-        try:
-            return json.loads((base / name).read_text())
-        except (OSError, ValueError):
-            return None
+        return None if base is None else read_json_dict(base / name)
 
 
 def read_json_dict(path: Path) -> dict | None:
@@ -62,10 +57,7 @@ def unvouched_files(root: Path, record: str, payload: str) -> list[Path]:
     if not root.is_dir():
         return []
     out = sorted(p for p in root.iterdir() if p.name.endswith(".tmp") and p.is_file())
-    try:
-        complete = json.loads((root / record).read_text()).get("status") == "complete"
-    except (OSError, ValueError, AttributeError):
-        complete = False
+    complete = (read_json_dict(root / record) or {}).get("status") == "complete"
     if not complete and (root / payload).is_file():
         out.append(root / payload)
     return out
