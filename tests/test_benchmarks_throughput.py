@@ -34,7 +34,8 @@ def test_extract_throughput_tiny_prints_its_ratios(tmp_path):
     assert out.startswith("device: CPU")
     assert re.search(r"compute floor [\d,]+ tok/s", out)
     assert re.search(r"write floor [\d,]+ tok/s", out)
-    assert re.search(r"bare forward \d+ x 64: [\d,]+ tok/s", out)
+    assert re.search(r"bare forward \d+ x 64 with an all-ones mask: [\d,]+ tok/s", out)
+    assert re.search(r"bare forward \d+ x 64 without a mask: [\d,]+ tok/s", out)
     assert re.search(r"naive extractor .*: [\d,]+ tok/s", out)
     for mode in ("fsync", "syncfs"):
         line = next(ln for ln in out.splitlines() if ln.startswith(f"ops.extract --durable {mode}:"))

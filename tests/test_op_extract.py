@@ -113,6 +113,35 @@ def test_captured_states_are_hf_hidden_states_at_canonical_layers(tiny, tmp_path
         torch.testing.assert_close(logits, ref.logits[0], atol=1e-5, rtol=1e-4)
 
 
+def test_an_unpadded_batch_passes_no_mask_and_gets_the_same_states(tiny, tmp_path, capsys, monkeypatch):
+    """Equal lengths: the forward runs without an attention mask (no device
+    sync for transformers' all-ones check) and the states are still the
+    reference forward's."""
+    from ops.extract.capture import HiddenStateCapture
+
+    target, _ = tiny
+    prepared = make_prepared(tmp_path / "prep", n=6, min_len=20, max_len=20, seed=3)
+    masks = []
+    real_call = HiddenStateCapture.__call__
+
+    def spy(self, input_ids, attention_mask):
+        masks.append(attention_mask)
+        return real_call(self, input_ids, attention_mask)
+
+    monkeypatch.setattr(HiddenStateCapture, "__call__", spy)
+    out = tmp_path / "out"
+    assert run_main(extract_main, extract_argv(target, prepared, out, "--token-budget", "60")) == 0
+    assert len(masks) == 2 and all(m is None for m in masks)
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(target)).eval()
+    for idx in range(6):
+        data = load_file(str(sample_path(out, idx)))
+        with torch.no_grad():
+            ref = model(data["input_ids"][None], output_hidden_states=True)
+        for j, k in enumerate(AUX):
+            torch.testing.assert_close(data["aux_hidden_states"][:, 32 * j:32 * (j + 1)],
+                                       ref.hidden_states[k + 1][0], atol=1e-5, rtol=1e-4)
+
+
 def test_kill_9_halfway_then_resume_is_byte_identical(tmp_path):
     # hidden 64 and one sample a batch: slow enough on CPU to be killed halfway.
     target = make_target(tmp_path / "target", hidden=64)

@@ -41,7 +41,7 @@ def base_model(model) -> torch.nn.Module:
 class HiddenStateCapture:
     """Hooks on the aux layers; `__call__(input_ids, attention_mask)` returns
     (aux [B, L, len(ids) * H] in canonical order, final [B, L, H]) on the
-    device of the last layer."""
+    device of the last layer. A batch without padding passes no mask."""
 
     def __init__(self, model, layer_ids: Sequence[int]) -> None:
         self.model = model
@@ -70,7 +70,8 @@ class HiddenStateCapture:
         self.close()
 
     @torch.inference_mode()
-    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, input_ids: torch.Tensor,
+                 attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         self._captured.clear()
         try:
             out = self.base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)

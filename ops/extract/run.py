@@ -312,31 +312,30 @@ class _Loop:
 
     def _forward(self, batch: list[int]) -> None:
         longest = max(self.lengths[i] for i in batch)
-        ids = torch.zeros((len(batch), longest), dtype=torch.long)
-        mask = torch.zeros((len(batch), longest), dtype=torch.long)
+        cuda = self.input_device.type == "cuda"
+        # Pinned inputs: a copy from pageable memory makes the host wait for
+        # the stream (CUDA's sync rules for pageable H2D), i.e. for the last
+        # batch's forward, and the GPU then idles while this one is launched.
+        ids = torch.zeros((len(batch), longest), dtype=torch.long, pin_memory=cuda)
         rows = []
         for row, idx in enumerate(batch):
             tok, loss = self.samples.get(idx)
             n = len(tok)
             ids[row, :n] = torch.from_numpy(tok.astype(np.int64))
-            mask[row, :n] = 1
             rows.append((row, idx, tok, loss, n))
-        aux, final = self.capture(ids.to(self.input_device), mask.to(self.input_device))
+        mask = None
+        if any(n < longest for *_, n in rows):
+            # Only a padded batch needs the mask: with one, transformers asks
+            # the device whether it is all ones (a sync), without one it
+            # takes the causal path the all-ones mask would take anyway.
+            mask = torch.zeros((len(batch), longest), dtype=torch.long, pin_memory=cuda)
+            for row, _idx, _tok, _loss, n in rows:
+                mask[row, :n] = 1
+            mask = mask.to(self.input_device, non_blocking=True)
+        aux, final = self.capture(ids.to(self.input_device, non_blocking=True), mask)
         ready = None
         if aux.is_cuda:
-            # Copy on a side stream so the next forward starts at once; the
-            # writers wait on the event, the allocator on record_stream.
-            stream = self._copy_streams.get(aux.device)
-            if stream is None:
-                stream = self._copy_streams[aux.device] = torch.cuda.Stream(device=aux.device)
-            stream.wait_stream(torch.cuda.current_stream(aux.device))
-            with torch.cuda.stream(stream):
-                aux_host = aux.to("cpu", non_blocking=True)
-                final_host = final.to("cpu", non_blocking=True)
-            aux.record_stream(stream)
-            final.record_stream(stream)
-            ready = torch.cuda.Event()
-            ready.record(stream)
+            aux_host, final_host, ready = self._to_host(aux, final)
         else:
             aux_host, final_host = aux, final
         for row, idx, tok, loss, n in rows:
@@ -349,3 +348,29 @@ class _Loop:
                 "final_hidden_states": final_host[row, :n],
             }
             self.writer.submit(WriteJob(idx, sample_path(self.out_dir, idx), tensors, ready, n))
+
+    def _to_host(self, aux, final):
+        """Copy the batch's states into pinned host memory on a side stream.
+
+        Pinned, so the copy is a real asynchronous DMA (into pageable memory
+        cudaMemcpyAsync blocks the host until it is done) and runs on the
+        copy engine beside the next forward. The buffers come from torch's
+        caching host allocator, which records the copy's event and reuses a
+        block only after it, so freeing a view in a writer thread is safe;
+        the bound on them is the writers' queue. The writers wait on `ready`,
+        the device allocator on record_stream.
+        """
+        stream = self._copy_streams.get(aux.device)
+        if stream is None:
+            stream = self._copy_streams[aux.device] = torch.cuda.Stream(device=aux.device)
+        stream.wait_stream(torch.cuda.current_stream(aux.device))
+        aux_host = torch.empty(aux.shape, dtype=aux.dtype, pin_memory=True)
+        final_host = torch.empty(final.shape, dtype=final.dtype, pin_memory=True)
+        with torch.cuda.stream(stream):
+            aux_host.copy_(aux, non_blocking=True)
+            final_host.copy_(final, non_blocking=True)
+        aux.record_stream(stream)
+        final.record_stream(stream)
+        ready = torch.cuda.Event()
+        ready.record(stream)
+        return aux_host, final_host, ready
