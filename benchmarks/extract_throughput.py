@@ -132,6 +132,32 @@ def bare_forward(model, batch: int, seq: int, vocab: int, device, reps: int, wit
     return reps * batch * seq / (time.perf_counter() - t0)
 
 
+def writer_rate(out: Path, samples: int, seq: int, aux_width: int, hidden: int, threads: int,
+                fsync: bool) -> float:
+    """tok/s of ops.extract's writers alone (SampleWriter, safetensors, fsync
+    as the op does) on host tensors of the sample's shape: the bound the
+    disk path puts on extraction, with no GPU in it."""
+    import numpy as np
+    import torch
+    from ops.extract.writer import SampleWriter, WriteJob
+    from ops.formats import sample_path
+
+    aux = torch.randn(seq, aux_width).to(torch.bfloat16)
+    final = torch.randn(seq, hidden).to(torch.bfloat16)
+    ids = torch.from_numpy(np.zeros(seq, dtype=np.int64))
+    mask = torch.ones(seq, dtype=torch.uint8)
+    writer = SampleWriter(threads, 32, on_written=lambda idx, n: None, fsync=fsync)
+    t0 = time.perf_counter()
+    for idx in range(samples):
+        writer.submit(WriteJob(idx, sample_path(out, idx), {"input_ids": ids, "loss_mask": mask,
+                                                              "aux_hidden_states": aux,
+                                                              "final_hidden_states": final}, None, seq))
+    writer.close()
+    dt = time.perf_counter() - t0
+    shutil.rmtree(out, ignore_errors=True)
+    return samples * seq / dt
+
+
 def naive_extract(model, prepared: Path, out: Path, n: int, layer_ids: list[int], device) -> tuple[float, int]:
     """What a first script does: every hidden state, one sample a forward, torch.save + fsync."""
     import torch
@@ -296,6 +322,12 @@ def main() -> int:
     write_floor = bw / bytes_token
     log(f"direct write ({how}) in {work}: {bw / 1e6:,.0f} MB/s -> write floor {write_floor:,.0f} tok/s")
     floor = min(compute_floor, write_floor)
+    writers = {}
+    for threads in (4, 8):
+        writers[threads] = writer_rate(work / "writer-probe", min(samples, 64), seq,
+                                       len(layer_ids) * cfg.hidden_size, cfg.hidden_size, threads, True)
+        log(f"ops.extract's writers alone ({threads} threads, safetensors + fsync a file): "
+            f"{writers[threads]:,.0f} tok/s = {writers[threads] * bytes_token / 1e6:,.0f} MB/s")
     floor_name = "compute" if compute_floor <= write_floor else "write"
 
     reps = 3 if device.type == "cuda" else 2
@@ -343,6 +375,7 @@ def main() -> int:
                   "params": total_params, "active_params": active, "matmul_flops": rate, "matmul": what,
                   "compute_floor_tok_s": compute_floor, "write_bytes_s": bw, "write_probe": how,
                   "write_floor_tok_s": write_floor, "bytes_per_token": bytes_token,
+                  "writers_alone_tok_s": {str(k): v for k, v in writers.items()},
                   "bare_tok_s": {str(k): v for k, v in bare.items()}, "naive_tok_s": naive,
                   "extract": runs}, a.json or bc.default_json(f"extract_throughput_{a.shape}.json"))
     return 0
