@@ -133,25 +133,25 @@ def bare_forward(model, batch: int, seq: int, vocab: int, device, reps: int, wit
 
 
 def writer_rate(out: Path, samples: int, seq: int, aux_width: int, hidden: int, threads: int,
-                fsync: bool) -> float:
-    """tok/s of ops.extract's writers alone (SampleWriter, safetensors, fsync
-    as the op does) on host tensors of the sample's shape: the bound the
-    disk path puts on extraction, with no GPU in it."""
+                mode: str) -> float:
+    """tok/s of ops.extract's writers alone (SampleWriter from one file image
+    of the sample's shape, durable as `mode` makes the op): the bound the disk
+    path puts on extraction, with no GPU in it."""
     import numpy as np
     import torch
+    from ops.extract.sample_file import sample_image
     from ops.extract.writer import SampleWriter, WriteJob
     from ops.formats import sample_path
 
-    aux = torch.randn(seq, aux_width).to(torch.bfloat16)
-    final = torch.randn(seq, hidden).to(torch.bfloat16)
-    ids = torch.from_numpy(np.zeros(seq, dtype=np.int64))
-    mask = torch.ones(seq, dtype=torch.uint8)
-    writer = SampleWriter(threads, 32, on_written=lambda idx, n: None, fsync=fsync)
+    image = sample_image({"input_ids": torch.from_numpy(np.zeros(seq, dtype=np.int64)),
+                          "loss_mask": torch.ones(seq, dtype=torch.uint8),
+                          "aux_hidden_states": torch.randn(seq, aux_width).to(torch.bfloat16),
+                          "final_hidden_states": torch.randn(seq, hidden).to(torch.bfloat16)})
+    writer = SampleWriter(threads, 32, on_written=lambda idx, n: None,
+                          fsync=mode in ("fsync", "direct"), direct=mode == "direct")
     t0 = time.perf_counter()
     for idx in range(samples):
-        writer.submit(WriteJob(idx, sample_path(out, idx), {"input_ids": ids, "loss_mask": mask,
-                                                              "aux_hidden_states": aux,
-                                                              "final_hidden_states": final}, None, seq))
+        writer.submit(WriteJob(idx, sample_path(out, idx), image, None, seq))
     writer.close()
     dt = time.perf_counter() - t0
     shutil.rmtree(out, ignore_errors=True)
@@ -323,11 +323,13 @@ def main() -> int:
     log(f"direct write ({how}) in {work}: {bw / 1e6:,.0f} MB/s -> write floor {write_floor:,.0f} tok/s")
     floor = min(compute_floor, write_floor)
     writers = {}
-    for threads in (4, 8):
-        writers[threads] = writer_rate(work / "writer-probe", min(samples, 64), seq,
-                                       len(layer_ids) * cfg.hidden_size, cfg.hidden_size, threads, True)
-        log(f"ops.extract's writers alone ({threads} threads, safetensors + fsync a file): "
-            f"{writers[threads]:,.0f} tok/s = {writers[threads] * bytes_token / 1e6:,.0f} MB/s")
+    for wmode in ("fsync", "direct"):
+        for threads in (4, 8):
+            key = f"{wmode}-{threads}"
+            writers[key] = writer_rate(work / "writer-probe", min(samples, 64), seq,
+                                       len(layer_ids) * cfg.hidden_size, cfg.hidden_size, threads, wmode)
+            log(f"ops.extract's writers alone ({threads} threads, --durable {wmode}): "
+                f"{writers[key]:,.0f} tok/s = {writers[key] * bytes_token / 1e6:,.0f} MB/s")
     floor_name = "compute" if compute_floor <= write_floor else "write"
 
     reps = 3 if device.type == "cuda" else 2
@@ -375,7 +377,7 @@ def main() -> int:
                   "params": total_params, "active_params": active, "matmul_flops": rate, "matmul": what,
                   "compute_floor_tok_s": compute_floor, "write_bytes_s": bw, "write_probe": how,
                   "write_floor_tok_s": write_floor, "bytes_per_token": bytes_token,
-                  "writers_alone_tok_s": {str(k): v for k, v in writers.items()},
+                  "writers_alone_tok_s": writers,
                   "bare_tok_s": {str(k): v for k, v in bare.items()}, "naive_tok_s": naive,
                   "extract": runs}, a.json or bc.default_json(f"extract_throughput_{a.shape}.json"))
     return 0

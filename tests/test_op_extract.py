@@ -327,7 +327,7 @@ def test_spec_argv_is_what_the_program_parses():
             assert str(getattr(args, key)) == str(default) or key == "layer_ids", key
 
 
-@pytest.mark.parametrize("mode", ["fsync", "syncfs"])
+@pytest.mark.parametrize("mode", ["fsync", "direct", "syncfs"])
 def test_sample_files_are_durable_before_the_config_says_complete(tiny, tmp_path, capsys, monkeypatch, mode):
     """Every sample file's bytes (fsync before its rename) or the whole filesystem
     (one syncfs) reach the disk before data_config.json says complete."""
@@ -339,11 +339,13 @@ def test_sample_files_are_durable_before_the_config_says_complete(tiny, tmp_path
     real_fsync, real_syncfs = os.fsync, durable._syncfs
 
     def spy_fsync(fd):
-        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        direct = bool(int(Path(f"/proc/self/fdinfo/{fd}").read_text().split("flags:")[1].split()[0], 8)
+                      & getattr(os, "O_DIRECT", 0))
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"), direct))
         return real_fsync(fd)
 
     def spy_syncfs(path):
-        events.append(("syncfs", str(path)))
+        events.append(("syncfs", str(path), False))
         return real_syncfs(path)
 
     def config_status():
@@ -355,7 +357,7 @@ def test_sample_files_are_durable_before_the_config_says_complete(tiny, tmp_path
 
     def spy_write(path, data):
         if Path(path).name == DATA_CONFIG and data.get("status") == "complete":
-            events.append(("complete", str(path)))
+            events.append(("complete", str(path), False))
         return real_write(path, data)
 
     monkeypatch.setattr(os, "fsync", spy_fsync)
@@ -364,13 +366,26 @@ def test_sample_files_are_durable_before_the_config_says_complete(tiny, tmp_path
     assert run_main(extract_main, extract_argv(target, prepared, out, "--durable", mode)) == 0
     assert config_status() == "complete"
     assert "extract: durable: " in capsys.readouterr().out
-    done_at = events.index(("complete", str(out / DATA_CONFIG)))
+    done_at = events.index(("complete", str(out / DATA_CONFIG), False))
     before = events[:done_at]
-    if mode == "fsync":
-        synced = {Path(p).name for kind, p in before if kind == "fsync"}
+    if mode in ("fsync", "direct"):
+        synced = {Path(p).name: direct for kind, p, direct in before if kind == "fsync"}
         for idx in range(24):
-            assert sample_path(out, idx).name + ".tmp" in synced, idx
+            name = sample_path(out, idx).name + ".tmp"
+            assert name in synced, idx
+            # O_DIRECT where the filesystem takes it (tmp_path's here; not tmpfs).
+            assert synced[name] == (mode == "direct" and _takes_o_direct(tmp_path)), idx
         assert "rows_0-2000" in synced and out.name in synced   # the renames
     else:
-        assert ("syncfs", str(out)) in before
-        assert not [p for kind, p in before if kind == "fsync" and ".safetensors" in p]
+        assert ("syncfs", str(out), False) in before
+        assert not [p for kind, p, _ in before if kind == "fsync" and ".safetensors" in p]
+
+
+def _takes_o_direct(directory: Path) -> bool:
+    try:
+        fd = os.open(directory / "o_direct_probe", os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644)
+    except OSError:
+        return False
+    os.close(fd)
+    (directory / "o_direct_probe").unlink()
+    return True

@@ -7,10 +7,13 @@ Two ways to close that gap (param `durable`):
 - "fsync": each writer fsyncs its file before the rename (the write-back
   overlaps the forwards of later batches); at the end one fsync of each
   shard directory and of the output directory makes the renames durable;
+- "direct": each file written with O_DIRECT (sample_file.py: the page cache
+  bypassed, so no write-back to wait for) and fsynced for its metadata, then
+  the directories as for "fsync";
 - "syncfs": nothing per file; one syncfs(2) of the output's filesystem at the
   end (cheaper per file, but the whole write-back waits at the end and it
   also flushes other processes' dirty data on that filesystem).
-benchmarks/extract_throughput.py --durable fsync,syncfs measures both in one
+benchmarks/extract_throughput.py --durable fsync,direct,syncfs measures them in one
 invocation; DEFAULT is whichever cost less on the GPU machine.
 """
 
@@ -24,7 +27,7 @@ from pathlib import Path
 
 from ops.formats import SHARD_DIR_RE
 
-MODES = ("fsync", "syncfs")
+MODES = ("fsync", "direct", "syncfs")
 DEFAULT = "fsync"
 
 
@@ -57,13 +60,14 @@ def _syncfs(path: Path) -> str:
 def finish(out_dir: Path, mode: str) -> str:
     """Make every sample file under `out_dir` and its name durable; a log line."""
     t0 = time.monotonic()
-    if mode == "fsync":
+    if mode in ("fsync", "direct"):
         with os.scandir(out_dir) as top:
             shards = [Path(e.path) for e in top if e.is_dir() and SHARD_DIR_RE.match(e.name)]
         for shard in shards:
             fsync_path(shard)
         fsync_path(out_dir)
-        how = f"files fsynced before rename, {len(shards)} shard dirs fsynced"
+        how = (f"files {'written with O_DIRECT and ' if mode == 'direct' else ''}fsynced before rename, "
+               f"{len(shards)} shard dirs fsynced")
     elif mode == "syncfs":
         how = f"one {_syncfs(out_dir)} of the output's filesystem"
     else:

@@ -32,6 +32,7 @@ from ops.extract import batching, durable, output, preflight, target as target_m
 from ops.units import human_bytes
 from ops.extract.capture import HiddenStateCapture
 from ops.extract.progress import Progress
+from ops.extract.sample_file import SampleImage
 from ops.extract.samples import load_samples
 from ops.extract.writer import DISK_FULL, SampleWriter, WriteJob
 from ops.formats import DATA_CONFIG, SAMPLE_RE, SHARD_ROWS, TMP_SUFFIX, sample_path
@@ -273,7 +274,8 @@ class _Loop:
                                   errors=lambda: writer_box[0].errors.count if writer_box else 0)
         writer = SampleWriter(self.args.writers, self.args.queue_size,
                                     on_written=lambda idx, n: progress.add(1, n),
-                                    fsync=self.args.durable == "fsync")
+                                    fsync=self.args.durable in ("fsync", "direct"),
+                                    direct=self.args.durable == "direct")
         writer_box.append(writer)
         self.writer = writer
         batches = batching.plan_batches(mine, self.lengths.__getitem__, self.args.token_budget)
@@ -333,44 +335,48 @@ class _Loop:
                 mask[row, :n] = 1
             mask = mask.to(self.input_device, non_blocking=True)
         aux, final = self.capture(ids.to(self.input_device, non_blocking=True), mask)
-        ready = None
-        if aux.is_cuda:
-            aux_host, final_host, ready = self._to_host(aux, final)
-        else:
-            aux_host, final_host = aux, final
-        for row, idx, tok, loss, n in rows:
-            if idx in self.done:
-                continue   # recomputed only to keep the batch's shapes (and bytes) as planned
-            tensors = {
-                "input_ids": torch.from_numpy(tok.astype(np.int64)),
-                "loss_mask": torch.from_numpy(loss.astype(np.uint8)),
-                "aux_hidden_states": aux_host[row, :n],
-                "final_hidden_states": final_host[row, :n],
-            }
-            self.writer.submit(WriteJob(idx, sample_path(self.out_dir, idx), tensors, ready, n))
+        todo = [r for r in rows if r[1] not in self.done]   # the others ran only to keep the planned shapes
+        images = {idx: SampleImage(self._specs(aux, final, n), pin=aux.is_cuda) for _row, idx, _t, _l, n in todo}
+        for _row, idx, tok, loss, _n in todo:
+            images[idx].views["input_ids"].copy_(torch.from_numpy(tok.astype(np.int64)))
+            images[idx].views["loss_mask"].copy_(torch.from_numpy(loss.astype(np.uint8)))
+        ready = self._to_host(aux, final, todo, images) if aux.is_cuda else None
+        if not aux.is_cuda:
+            for row, idx, _tok, _loss, n in todo:
+                images[idx].views["aux_hidden_states"].copy_(aux[row, :n])
+                images[idx].views["final_hidden_states"].copy_(final[row, :n])
+        for _row, idx, _tok, _loss, n in todo:
+            self.writer.submit(WriteJob(idx, sample_path(self.out_dir, idx), images[idx], ready, n))
 
-    def _to_host(self, aux, final):
-        """Copy the batch's states into pinned host memory on a side stream.
+    @staticmethod
+    def _specs(aux, final, n: int) -> dict:
+        return {"input_ids": (torch.int64, (n,)), "loss_mask": (torch.uint8, (n,)),
+                "aux_hidden_states": (aux.dtype, (n, aux.shape[-1])),
+                "final_hidden_states": (final.dtype, (n, final.shape[-1]))}
+
+    def _to_host(self, aux, final, todo, images) -> object:
+        """Copy each sample's states from the device into its pinned file image
+        on a side stream; the event the writers wait on.
 
         Pinned, so the copy is a real asynchronous DMA (into pageable memory
         cudaMemcpyAsync blocks the host until it is done) and runs on the
-        copy engine beside the next forward. The buffers come from torch's
-        caching host allocator, which records the copy's event and reuses a
-        block only after it, so freeing a view in a writer thread is safe;
-        the bound on them is the writers' queue. The writers wait on `ready`,
-        the device allocator on record_stream.
+        copy engine beside the next forward; into the image, so the bytes
+        the GPU wrote are the bytes the disk gets. The blocks come from
+        torch's caching host allocator, which records the copy's event and
+        reuses a block only after it, so dropping an image in a writer
+        thread is safe; the bound on them is the writers' queue. The device
+        allocator waits for the copy through record_stream.
         """
         stream = self._copy_streams.get(aux.device)
         if stream is None:
             stream = self._copy_streams[aux.device] = torch.cuda.Stream(device=aux.device)
         stream.wait_stream(torch.cuda.current_stream(aux.device))
-        aux_host = torch.empty(aux.shape, dtype=aux.dtype, pin_memory=True)
-        final_host = torch.empty(final.shape, dtype=final.dtype, pin_memory=True)
         with torch.cuda.stream(stream):
-            aux_host.copy_(aux, non_blocking=True)
-            final_host.copy_(final, non_blocking=True)
+            for row, idx, _tok, _loss, n in todo:
+                images[idx].views["aux_hidden_states"].copy_(aux[row, :n], non_blocking=True)
+                images[idx].views["final_hidden_states"].copy_(final[row, :n], non_blocking=True)
         aux.record_stream(stream)
         final.record_stream(stream)
         ready = torch.cuda.Event()
         ready.record(stream)
-        return aux_host, final_host, ready
+        return ready

@@ -95,7 +95,7 @@ SPEC = OpSpec(
         "progress_interval": 5.0,   # seconds between `progress:` lines
         "memory_fraction": None,    # cap on each GPU's memory this process may take (0..1]
         "tokens": None,             # override for the estimate when no summary exists
-        "durable": DURABLE,         # "fsync" (each file) or "syncfs" (once, at the end): durable.py
+        "durable": DURABLE,         # "fsync" / "direct" (each file; O_DIRECT) or "syncfs" (once, at the end): durable.py
         "force": False,
     },
     output_params=("output",),

@@ -3,7 +3,8 @@
 Sits after the forward pass (capture.py) and before the disk. The loop puts
 one job per sample into a bounded queue and goes on with the next forward;
 `writers` threads wait for the device-to-host copy (a CUDA event) and write
-`data_<idx>.safetensors.tmp`, then rename it: a file that exists is whole.
+`data_<idx>.safetensors.tmp` from the sample's file image (sample_file.py:
+the copy lands in the image), then rename it: a file that exists is whole.
 The loop blocks only when the queue is full. No metadata goes into a sample
 file, so the bytes depend on the tensors alone (resume is byte-identical).
 """
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ops.extract.durable import fsync_path
+from ops.extract.sample_file import SampleImage, sample_image, write_image
 from ops.formats import TMP_SUFFIX
 
 
@@ -27,7 +28,7 @@ from ops.formats import TMP_SUFFIX
 class WriteJob:
     idx: int
     path: Path
-    tensors: dict                 # name -> CPU tensor (a view into the batch's host copy)
+    image: SampleImage | None     # the file's bytes; its hidden states may still be in flight
     ready: object | None = None   # a torch.cuda.Event recorded after the copy, or None
     tokens: int = 0
 
@@ -43,15 +44,15 @@ class WriterErrors:
     disk_full: OSError | None = None      # the first ENOSPC/EDQUOT, with the path it hit
 
 
-def write_sample(path: Path, tensors: dict, fsync: bool = False) -> None:
-    from safetensors.torch import save_file
-
+def write_sample(path: Path, data: SampleImage | dict, fsync: bool = False, direct: bool = False) -> None:
+    """`data`: an image, or host tensors (laid out into one). `fsync`: the
+    bytes are on disk before the name says whole (durable.py); `direct`:
+    written with O_DIRECT, and fsynced."""
+    image = data if isinstance(data, SampleImage) else sample_image(data)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + TMP_SUFFIX)
     try:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
-        if fsync:   # durable.py: the bytes are on disk before the name says whole
-            fsync_path(tmp)
+        write_image(tmp, image, direct=direct, sync=fsync or direct)
     except BaseException as exc:
         # A half-written temp file holds the space a full disk needs for data_config.
         tmp.unlink(missing_ok=True)
@@ -75,12 +76,12 @@ class SampleWriter:
     """A bounded queue feeding `threads` writer threads."""
 
     def __init__(self, threads: int, queue_size: int,
-                 on_written: Callable[[int, int], None], fsync: bool = False) -> None:
+                 on_written: Callable[[int, int], None], fsync: bool = False, direct: bool = False) -> None:
         if threads < 1:
             raise ValueError(f"writers must be at least 1, got {threads}")
         self._queue: queue.Queue[WriteJob | None] = queue.Queue(maxsize=max(1, queue_size))
         self._on_written = on_written
-        self._fsync = fsync
+        self._fsync, self._direct = fsync, direct
         self.errors = WriterErrors()
         self._lock = threading.Lock()
         self._threads = [threading.Thread(target=self._work, name=f"extract-writer-{i}", daemon=True)
@@ -99,7 +100,7 @@ class SampleWriter:
             try:
                 if job.ready is not None:
                     job.ready.synchronize()
-                write_sample(job.path, job.tensors, self._fsync)
+                write_sample(job.path, job.image, self._fsync, self._direct)
             except Exception as exc:  # noqa: BLE001 - one bad write must not stop the others
                 with self._lock:
                     self.errors.count += 1
@@ -110,7 +111,7 @@ class SampleWriter:
             else:
                 self._on_written(job.idx, job.tokens)
             finally:
-                job.tensors = {}
+                job.image = None    # the pinned block goes back to torch's host cache
 
     def close(self) -> None:
         """Wait for every queued sample to be written."""
