@@ -14,6 +14,7 @@ without the profiler. Run on a GPU machine from the repository root:
 from __future__ import annotations
 
 import argparse
+import collections
 import re
 import shutil
 import sys
@@ -40,6 +41,40 @@ def extract(target: Path, prepared: Path, out: Path, *extra: str) -> float:
     if code != 0:
         raise SystemExit(f"error: ops.extract exited {code}")
     return time.perf_counter() - t0
+
+
+def sync_sites(device, call) -> collections.Counter | None:
+    """Run `call` with CUDA's sync debug mode on; where each synchronizing
+    call came from (the innermost frames in ops/ or transformers/), counted."""
+    import traceback
+    import warnings
+
+    import torch
+
+    if device.type != "cuda":
+        return None
+    sites: collections.Counter = collections.Counter()
+    real_show = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" not in str(message):
+            return real_show(message, category, filename, lineno, file, line)
+        frames = [f for f in traceback.extract_stack()[:-2]
+                  if "/ops/" in f.filename or "transformers/" in f.filename]
+        sites[" <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in frames[-3:][::-1])
+              or f"{filename}:{lineno}"] += 1
+
+    warnings.showwarning = show
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = show
+            call()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+        warnings.showwarning = real_show
+    return sites
 
 
 def main() -> int:
@@ -93,6 +128,7 @@ def main() -> int:
             wall = extract(work / "target", work / "prepared", work / "out", *extra)
         finally:
             run_mod._Loop.run = real_run
+        syncs = sync_sites(device, lambda: extract(work / "target", work / "prepared", work / "out", *extra))
         prof = box["prof"]
         events = prof.key_averages()
         dev_attr = "self_device_time_total" if hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
@@ -103,6 +139,11 @@ def main() -> int:
         # The tables' footers give the self host and device totals to set against this wall time.
         print(f"profiled call: {wall:.1f} s wall (load included); the profiled extraction loop: "
               f"{box['loop']:.2f} s = {tokens / box['loop']:,.0f} tok/s under the profiler")
+        if syncs is not None:
+            print(f"-- host-device syncs in the loop's thread (torch.cuda.set_sync_debug_mode): "
+                  f"{sum(syncs.values())} in all" + ("" if syncs else ", none"))
+            for where, n in syncs.most_common(8):
+                print(f"{n:6d} x {where}")
         if device.type == "cuda":
             print(f"-- top {args.top} by device time")
             print(events.table(sort_by=dev_attr, row_limit=args.top, max_name_column_width=60))

@@ -34,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--writers", type=int, help="writer threads")
     p.add_argument("--queue-size", type=int,
                    help="samples waiting for a writer before the forward loop waits")
+    p.add_argument("--host-batches", type=int,
+                   help="batches of sample files held in (pinned) host memory at once; then the forward waits")
     p.add_argument("--progress-interval", type=float,
                    help="seconds between `progress:` lines")
     p.add_argument("--memory-fraction", type=float,
@@ -42,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="token count for the disk estimate (default: the input's)")
     p.add_argument("--durable", choices=MODES,
                    help="how sample files reach the disk before data_config.json says complete: "
-                        "fsync each file before its rename, or one syncfs of the filesystem at the end")
+                        "fsync each file before its rename (direct: written with O_DIRECT), "
+                        "or one syncfs of the filesystem at the end")
     p.add_argument("--force", action="store_true", help="start even if the disk estimate exceeds free space")
     return spec_defaults(p, SPEC)
 

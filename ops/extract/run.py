@@ -33,6 +33,7 @@ from ops.units import human_bytes
 from ops.extract.capture import HiddenStateCapture
 from ops.extract.progress import Progress
 from ops.extract.sample_file import SampleImage
+from ops.extract.staging import SlabPool
 from ops.extract.samples import load_samples
 from ops.extract.writer import DISK_FULL, SampleWriter, WriteJob
 from ops.formats import DATA_CONFIG, SAMPLE_RE, SHARD_ROWS, TMP_SUFFIX, sample_path
@@ -97,6 +98,9 @@ def _extract(args, known: dict) -> int:
     dtype = target_mod.resolve_dtype(args.dtype, info)
     if args.token_budget <= 0:
         raise BadInput(f"token_budget must be positive, got {args.token_budget}")
+    for name in ("writers", "queue_size", "host_batches"):
+        if getattr(args, name) < 1:
+            raise BadInput(f"{name} must be at least 1, got {getattr(args, name)}")
     lengths = samples.lengths()
     total_samples, total_tokens = len(lengths), sum(lengths)
 
@@ -263,6 +267,7 @@ class _Loop:
         self.samples, self.lengths, self.out_dir, self.done = samples, lengths, out_dir, done
         self.args, self.rank, self.world = args, rank, world
         self._copy_streams: dict = {}
+        self._pool: SlabPool | None = None
 
     def run(self, mine: list[int]) -> dict:
         done_mine = [i for i in mine if i in self.done]
@@ -279,6 +284,7 @@ class _Loop:
         writer_box.append(writer)
         self.writer = writer
         batches = batching.plan_batches(mine, self.lengths.__getitem__, self.args.token_budget)
+        self.batches = batches
         oom_types = (torch.cuda.OutOfMemoryError,)
         try:
             for batch in batches:
@@ -336,7 +342,8 @@ class _Loop:
             mask = mask.to(self.input_device, non_blocking=True)
         aux, final = self.capture(ids.to(self.input_device, non_blocking=True), mask)
         todo = [r for r in rows if r[1] not in self.done]   # the others ran only to keep the planned shapes
-        images = {idx: SampleImage(self._specs(aux, final, n), pin=aux.is_cuda) for _row, idx, _t, _l, n in todo}
+        carved = self._slabs(aux, final).take([self._specs(aux, final, n) for *_, n in todo])
+        images = {r[1]: image for r, image in zip(todo, carved)}
         for _row, idx, tok, loss, _n in todo:
             images[idx].views["input_ids"].copy_(torch.from_numpy(tok.astype(np.int64)))
             images[idx].views["loss_mask"].copy_(torch.from_numpy(loss.astype(np.uint8)))
@@ -347,6 +354,15 @@ class _Loop:
                 images[idx].views["final_hidden_states"].copy_(final[row, :n])
         for _row, idx, _tok, _loss, n in todo:
             self.writer.submit(WriteJob(idx, sample_path(self.out_dir, idx), images[idx], ready, n))
+
+    def _slabs(self, aux, final) -> SlabPool:
+        """The pool, sized at the first batch (when the states' dtype and width
+        are known) to the largest planned batch, so every batch fits a slab."""
+        if self._pool is None:
+            largest = max(sum(SampleImage.padded_size(self._specs(aux, final, self.lengths[i])) for i in batch)
+                          for batch in self.batches)
+            self._pool = SlabPool(self.args.host_batches, largest, pin=aux.is_cuda)
+        return self._pool
 
     @staticmethod
     def _specs(aux, final, n: int) -> dict:

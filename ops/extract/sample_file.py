@@ -41,30 +41,28 @@ class SampleImage:
 
     `views[name]` is a tensor over the image's bytes of that name's shape and
     dtype: copy into it (from the device, non_blocking, when the image is
-    pinned) and the file is ready once the copy has landed.
+    pinned) and the file is ready once the copy has landed. `buffer`: an
+    ALIGN-aligned uint8 tensor of padded_size(specs) bytes to lay it in (a
+    slab's share, staging.py); by default one of its own. `release()` hands
+    the bytes back once written.
     """
 
-    def __init__(self, specs: dict[str, tuple[torch.dtype, tuple[int, ...]]], pin: bool = False) -> None:
-        order = sorted(specs, key=lambda k: (-_ENUM_ORDER.index(_ST_DTYPES[specs[k][0]]), k))
-        header: dict = {}
-        offsets: dict[str, tuple[int, int]] = {}
-        at = 0
-        for name in order:
-            dtype, shape = specs[name]
-            n = _nbytes(dtype, shape)
-            header[name] = {"dtype": _ST_DTYPES[dtype], "shape": list(shape), "data_offsets": [at, at + n]}
-            offsets[name] = (at, n)
-            at += n
-        raw = json.dumps(header, separators=(",", ":")).encode()
-        raw += b" " * (-len(raw) % 8)
+    def __init__(self, specs: dict[str, tuple[torch.dtype, tuple[int, ...]]], pin: bool = False,
+                 buffer: torch.Tensor | None = None, on_release=None) -> None:
+        raw, offsets, data = _layout(specs)
         start = 8 + len(raw)
-        self.size = start + at
-        # O_DIRECT wants an ALIGN-aligned address: the CPU allocator gives
-        # 64 bytes, so take ALIGN more and start at the first aligned byte.
+        self.size = start + data
         padded = self.size + (-self.size % ALIGN)
-        block = torch.empty(padded + ALIGN, dtype=torch.uint8, pin_memory=pin)
-        skip = -block.data_ptr() % ALIGN
-        self.buffer = block[skip:skip + padded]
+        if buffer is None:
+            # O_DIRECT wants an ALIGN-aligned address: the CPU allocator gives
+            # 64 bytes, so take ALIGN more and start at the first aligned byte.
+            block = torch.empty(padded + ALIGN, dtype=torch.uint8, pin_memory=pin)
+            skip = -block.data_ptr() % ALIGN
+            buffer = block[skip:skip + padded]
+        elif buffer.numel() < padded:
+            raise ValueError(f"buffer of {buffer.numel()} bytes for a {padded}-byte sample image")
+        self.buffer = buffer[:padded]
+        self._on_release = on_release
         self.buffer[:8] = torch.frombuffer(bytearray(struct.pack("<Q", len(raw))), dtype=torch.uint8)
         self.buffer[8:start] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
         self.views = {}
@@ -72,12 +70,41 @@ class SampleImage:
             dtype, shape = specs[name]
             self.views[name] = self.buffer[start + off:start + off + n].view(dtype).view(shape)
 
+    @staticmethod
+    def padded_size(specs: dict) -> int:
+        raw, _offsets, data = _layout(specs)
+        size = 8 + len(raw) + data
+        return size + (-size % ALIGN)
+
     def aligned(self) -> bool:
         return self.buffer.data_ptr() % ALIGN == 0
 
     def memory(self) -> memoryview:
         """The padded image (ALIGN-sized), as bytes for os.write."""
         return memoryview(self.buffer.numpy()).cast("B")
+
+    def release(self) -> None:
+        """The file is written (or given up): its bytes may be reused."""
+        self.views = {}
+        callback, self._on_release = self._on_release, None
+        if callback is not None:
+            callback()
+
+
+def _layout(specs: dict) -> tuple[bytes, dict[str, tuple[int, int]], int]:
+    """(header JSON padded to 8 bytes, name -> (offset, nbytes), data bytes)."""
+    order = sorted(specs, key=lambda k: (-_ENUM_ORDER.index(_ST_DTYPES[specs[k][0]]), k))
+    header: dict = {}
+    offsets: dict[str, tuple[int, int]] = {}
+    at = 0
+    for name in order:
+        dtype, shape = specs[name]
+        n = _nbytes(dtype, shape)
+        header[name] = {"dtype": _ST_DTYPES[dtype], "shape": list(shape), "data_offsets": [at, at + n]}
+        offsets[name] = (at, n)
+        at += n
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    return raw + b" " * (-len(raw) % 8), offsets, at
 
 
 def _nbytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:

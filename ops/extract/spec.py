@@ -92,6 +92,7 @@ SPEC = OpSpec(
         "dtype": "auto",
         "writers": 4,               # writer threads
         "queue_size": 32,           # samples queued for the writers before the forward waits
+        "host_batches": 3,          # batches of file images in host (pinned) memory; then the forward waits
         "progress_interval": 5.0,   # seconds between `progress:` lines
         "memory_fraction": None,    # cap on each GPU's memory this process may take (0..1]
         "tokens": None,             # override for the estimate when no summary exists

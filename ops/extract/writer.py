@@ -111,7 +111,9 @@ class SampleWriter:
             else:
                 self._on_written(job.idx, job.tokens)
             finally:
-                job.image = None    # the pinned block goes back to torch's host cache
+                if job.image is not None:
+                    job.image.release()     # its slab's share may be reused (staging.py)
+                job.image = None
 
     def close(self) -> None:
         """Wait for every queued sample to be written."""
