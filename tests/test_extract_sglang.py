@@ -18,10 +18,12 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -168,3 +170,172 @@ def test_the_hf_engine_does_not_look_at_sglangs_version(tmp_path):
     p = _run(ARGV[2:], f"{tmp_path}{os.pathsep}{REPO}")
     assert "sglang" not in p.stderr and p.returncode == 2   # the missing target, not the engine
     assert "config.json" in p.stderr
+
+
+# ---------------------------------------------------------------- (c) the forward path, doubled
+
+torch = pytest.importorskip("torch")
+
+from safetensors.torch import load_file  # noqa: E402
+from tests import sglang_forward_double as double  # noqa: E402
+from tests.test_op_extract import extract_argv, make_prepared, make_target  # noqa: E402
+
+from ops.common import run_main  # noqa: E402
+from ops.extract.__main__ import main as extract_main  # noqa: E402
+from ops.formats import DATA_CONFIG, sample_path  # noqa: E402
+from ops.verify.__main__ import main as verify_main  # noqa: E402
+
+N = 16
+
+
+@pytest.fixture(scope="module")
+def hf_run(tmp_path_factory):
+    """The HF engine's output for the tiny target: what the SGLang engine must match."""
+    root = tmp_path_factory.mktemp("sglang_engine")
+    target, prepared = make_target(root / "target"), make_prepared(root / "prep", n=N, seed=5)
+    assert run_main(extract_main, extract_argv(target, prepared, root / "hf", "--token-budget", "120")) == 0
+    return target, prepared, root / "hf"
+
+
+@pytest.fixture
+def doubled(monkeypatch):
+    double.LOADS.clear()
+    monkeypatch.setattr(sglang_capture, "load", double.load)
+    return double.LOADS
+
+
+def _files(out: Path) -> dict[int, bytes]:
+    return {i: sample_path(out, i).read_bytes() for i in range(N)}
+
+
+def test_sglang_engine_writes_the_hf_engines_files_byte_for_byte(hf_run, doubled, tmp_path, capsys):
+    target, prepared, hf_out = hf_run
+    out = tmp_path / "sg"
+    code = run_main(extract_main, extract_argv(target, prepared, out, "--token-budget", "120", "--engine", "sglang"))
+    stdout = capsys.readouterr().out
+    assert code == 0, stdout
+    assert _files(out) == _files(hf_out)
+    config, hf_config = (json.loads((d / DATA_CONFIG).read_text()) for d in (out, hf_out))
+    assert config["status"] == "complete"
+    assert (config["extraction_method"], config["sglang_version"], config["tp"], config["ep"]) == \
+        ("sglang", "0.5.23", 1, 1)
+    assert hf_config["extraction_method"] == "hf_transformers_forward_hooks" and "sglang_version" not in hf_config
+    for key in ("layer_ids", "sglang_layers_to_capture", "sglang_config_layer_ids", "hidden_size", "aux_hidden_size",
+                "dtype", "total_samples", "total_tokens", "final_hidden_state", "world_size"):
+        assert config[key] == hf_config[key], key
+    # What SGLang was asked for: the draft-config ids, which its llama rule turns into k + 1.
+    (load,) = doubled
+    argv = load["argv"]
+    at = argv.index("--return-aux-hidden-state-layer-ids")
+    assert argv[at + 1:at + 4] == [str(i) for i in config["sglang_config_layer_ids"]]
+    assert load["runner"].model.model.layers_to_capture == config["sglang_layers_to_capture"] == [2, 4, 5]
+    # One forward per planned batch, each freeing its slots (the double's pools hold one batch).
+    assert load["pools"].token_to_kv_pool_allocator.clears == len(load["runner"].forwards) > 1
+    assert "loading target" in stdout and "in SGLang 0.5.23 (tp 1, ep 1, float32)" in stdout
+    assert f"progress: samples {N}/{N}" in stdout and "rank" not in stdout.split("progress:")[-1]
+    assert run_main(verify_main, ["--input", str(out), "--deep", "3"]) == 0, capsys.readouterr()
+
+
+def test_resume_rewrites_a_cut_file_and_reloads_nothing_when_done(hf_run, doubled, tmp_path, capsys):
+    target, prepared, hf_out = hf_run
+    out = tmp_path / "sg"
+    argv = extract_argv(target, prepared, out, "--token-budget", "120", "--engine", "sglang")
+    assert run_main(extract_main, argv) == 0
+    cut = sample_path(out, 3)
+    cut.write_bytes(cut.read_bytes()[:-40])
+    capsys.readouterr()
+    assert run_main(extract_main, argv) == 0
+    stdout = capsys.readouterr().out
+    assert "rewriting 1 sample file(s)" in stdout and f"{N - 1} already on disk" in stdout
+    assert _files(out) == _files(hf_out)
+    assert len(doubled) == 2
+    assert run_main(extract_main, argv) == 0
+    assert "nothing to extract" in capsys.readouterr().out and len(doubled) == 2   # no third load
+
+
+def test_an_oom_halves_the_batch_as_with_the_hf_engine(hf_run, monkeypatch, tmp_path, capsys):
+    target, prepared, hf_out = hf_run
+    double.LOADS.clear()
+    monkeypatch.setattr(sglang_capture, "load", lambda *a, **kw: double.load(*a, oom_above_tokens=70, **kw))
+    out = tmp_path / "sg"
+    assert run_main(extract_main, extract_argv(target, prepared, out, "--token-budget", "120",
+                                               "--engine", "sglang")) == 0
+    stdout = capsys.readouterr().out
+    assert "OOM: halving token budget to" in stdout
+    forwards = double.LOADS[0]["runner"].forwards
+    assert any(len(f) * max(f) > 70 for f in forwards)          # it did run out
+    for idx in range(N):
+        a, b = load_file(str(sample_path(out, idx))), load_file(str(sample_path(hf_out, idx)))
+        for key in a:   # other batches, other padding: equal up to float noise
+            torch.testing.assert_close(a[key], b[key], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("hidden_states", None, "SGLang returned no hidden states"),
+    ("last_hidden_states", None, "SGLang returned no hidden states"),
+])
+def test_a_forward_without_the_states_is_an_error_naming_the_cause(field, value, message):
+    out = SimpleNamespace(hidden_states=torch.zeros(5, 6), last_hidden_states=torch.zeros(5, 2))
+    setattr(out, field, value)
+    with pytest.raises(RuntimeError, match=message):
+        sglang_capture.split_states(out, [2, 3], n_aux=3)
+
+
+def test_split_states_refuses_rows_that_are_not_every_token():
+    out = SimpleNamespace(hidden_states=torch.zeros(2, 6), last_hidden_states=torch.zeros(2, 2))
+    with pytest.raises(RuntimeError, match="2 aux / 2 final rows for 5 tokens"):
+        sglang_capture.split_states(out, [2, 3], n_aux=3)        # LAST mode: one row per sample
+    out = SimpleNamespace(hidden_states=torch.zeros(5, 4), last_hidden_states=torch.zeros(5, 2))
+    with pytest.raises(RuntimeError, match="captured 2 aux layers, 3 asked"):
+        sglang_capture.split_states(out, [2, 3], n_aux=3)
+
+
+def test_a_capture_that_is_not_k_plus_one_stops_the_load(hf_run):
+    model = double.TargetModel(SimpleNamespace(config=None))
+    model.set_eagle3_layers_to_capture([1, 3, 4])
+    sglang_capture.check_capture(model, [2, 4, 5])
+    with pytest.raises(RuntimeError, match=r"SGLang captures layers \[2, 4, 5\], expected \[1, 3, 4\]"):
+        sglang_capture.check_capture(model, [1, 3, 4])
+
+
+@pytest.mark.parametrize("extra,env,message", [
+    (["--tp", "2"], {}, "engine sglang: tp 2 but 1 process(es) (WORLD_SIZE): launch one process per TP rank"),
+    (["--tp", "4", "--ep", "3"], {"WORLD_SIZE": "4"}, "engine sglang: ep 3 must divide tp 4"),
+    (["--memory-fraction", "0.5"], {}, "engine sglang: memory_fraction is the HF engine's cap"),
+    (["--device", "cpu"], {}, "engine sglang: device 'cpu': SGLang places rank r on GPU LOCAL_RANK"),
+])
+def test_params_the_engine_cannot_honour_are_refused_in_one_line(hf_run, doubled, tmp_path, capsys, monkeypatch,
+                                                                 extra, env, message):
+    target, prepared, _ = hf_run
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    code = run_main(extract_main, extract_argv(target, prepared, tmp_path / "o", "--engine", "sglang", *extra),
+                    prog="extract")
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"extract: error: {message}") and err.count("\n") == 1, err
+    assert doubled == [] and not (tmp_path / "o").exists()
+
+
+def test_torchrun_two_tp_ranks_one_writer(hf_run, tmp_path):
+    """Two CPU ranks as one TP group (the double's gloo group for SGLang's): rank 0
+    hands each batch to rank 1, both run every forward, rank 0 alone writes;
+    a re-run with nothing left lets rank 1 go without a load."""
+    target, prepared, hf_out = hf_run
+    out = tmp_path / "sg"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_port", str(29500 + (os.getpid() + 7) % 1000), "tests/sglang_torchrun_double.py",
+           *extract_argv(target, prepared, out, "--token-budget", "120", "--engine", "sglang", "--tp", "2")]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert _files(out) == _files(hf_out)
+    config = json.loads((out / DATA_CONFIG).read_text())
+    assert (config["status"], config["tp"], config["world_size"]) == ("complete", 2, 1)
+    assert proc.stdout.count("loading target") == 1 and proc.stdout.count(f"progress: samples {N}/{N}") >= 1
+    said = dict(re.findall(r"double: rank (\d) (loads \d+ forwards \d+ samples \d+)", proc.stderr))
+    assert said["0"] == said["1"] and said["0"].startswith("loads 1 ") and said["0"].endswith(f"samples {N}"), said
+    again = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "nothing to extract" in again.stdout and "loading target" not in again.stdout
+    said = dict(re.findall(r"double: rank (\d) (loads \d+)", again.stderr))
+    assert said == {"0": "loads 0", "1": "loads 0"}, again.stderr[-2000:]

@@ -33,12 +33,15 @@ token-budget batch:
   kept because `features.aux_hidden_state_capture` is set).
   `return_hidden_states_before_norm=False`: with it, `_get_hidden_states_to_store`
   would return the pre-norm state in place of the aux.
-- TP ranks: every decoder layer ends in the row-parallel all-reduce
-  (GroupCoordinator.all_reduce in distributed/parallel_state.py), so each
-  rank holds the full [tokens, H] residual stream and the same captures;
-  rank 0 writes. Attention DP and LayerNorm SP are left off (attn_dp_size 1,
-  enable_layernorm_sp False): under either, a rank holds only its share of
-  the tokens.
+- TP ranks: a capture is the residual stream at the next layer's input, taken
+  after `stream.complete(...)` finishes the pending row-parallel all-reduce
+  (layers/layer_boundary/stage.py `_prepare_attention`: "Aux consumers need a
+  materialized output before the input norm"), and the final state is the
+  final norm of that stream; so with plain TP every rank holds the same full
+  [tokens, H] states and rank 0 writes. Attention DP and LayerNorm SP stay
+  off (attn_dp_size 1, enable_layernorm_sp False: there a rank holds only its
+  share of the tokens, `capture_move` / `maybe_exit_gather`), and `load`
+  refuses a setup that needs the MLP sync (utils/common.py require_mlp_sync).
 
 Every SGLang name called here is in sglang_engine.INTERNALS (checked against
 the installed source by tests/test_sglang_engine.py).
@@ -83,6 +86,7 @@ def server_args(argv: Sequence[str]):
 
 def internals() -> SimpleNamespace:
     """The SGLang callables the forward path uses, imported on the GPU host."""
+    from sglang.srt.managers.overlap_utils import resolve_forward_inputs
     from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch
     from sglang.srt.sampling.sampling_params import SamplingParams
@@ -90,7 +94,8 @@ def internals() -> SimpleNamespace:
 
     return SimpleNamespace(Req=Req, ScheduleBatch=ScheduleBatch, ForwardBatch=ForwardBatch,
                            CaptureHiddenMode=CaptureHiddenMode, SamplingParams=SamplingParams,
-                           SpeculativeAlgorithm=SpeculativeAlgorithm)
+                           SpeculativeAlgorithm=SpeculativeAlgorithm,
+                           resolve_forward_inputs=resolve_forward_inputs)
 
 
 @dataclass
@@ -143,6 +148,11 @@ class SGLangTarget:
             enable_overlap=False, spec_algorithm=sg.SpeculativeAlgorithm.NONE)
         try:
             batch.prepare_for_extend()
+            # prepare_for_extend leaves the ids in pinned host staging; the
+            # scheduler's non-overlap path copies them up just before the
+            # forward (scheduler.py run_batch). No future map: a prefill of
+            # new requests reads none (overlap_utils.py).
+            sg.resolve_forward_inputs(batch, None)
             fb = sg.ForwardBatch.init_new(batch, self.runner, capture_hidden_mode=sg.CaptureHiddenMode.FULL,
                                           return_hidden_states_before_norm=False)
             out = self.runner.forward(forward_batch=fb)
@@ -172,6 +182,7 @@ def load(argv: Sequence[str], *, tp_rank: int, gpu_id: int, expected_capture: Se
     from sglang.srt.runtime_context import SpawnRanks, get_device, publish
     from sglang.srt.server_args import PortArgs
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from sglang.srt.utils.common import require_mlp_sync
 
     args = server_args(argv)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -192,21 +203,29 @@ def load(argv: Sequence[str], *, tp_rank: int, gpu_id: int, expected_capture: Se
     initialize_fp8_gemm_config()
     initialize_fp4_gemm_config()
     initialize_bf16_gemm_config()
+    if require_mlp_sync():
+        raise RuntimeError("engine sglang: this setup needs SGLang's MLP sync (attention DP or an MoE "
+                           "all-to-all backend), which the engine's plain prefill batch does not do")
     worker = TpModelWorker(server_args=args, gpu_id=gpu_id, nccl_port=nccl_port)
     runner = worker.model_runner
     runner.account_preloaded_weights(preloaded_weights_bytes=worker.preloaded_weights_bytes)
     worker.alloc_memory_pool()
     worker.init_attention_backends()       # calls set_eagle3_layers_to_capture
-    captured = list(getattr(getattr(runner.model, "model", None), "layers_to_capture", None) or [])
-    if captured != list(expected_capture):
-        raise RuntimeError(f"SGLang captures layers {captured}, expected {list(expected_capture)} "
-                           f"(ops/layers.py's rule for this architecture no longer SGLang's?)")
+    check_capture(runner.model, expected_capture)
     kv = build_kv_cache(
         server_args=args, model_config=model_config, tp_worker=worker, page_size=runner.page_size,
         spec_algorithm=SpeculativeAlgorithm.NONE, enable_metrics=False, enable_kv_cache_events=False,
         enable_hierarchical_cache=False)
     pools = Pools(kv.req_to_token_pool, kv.token_to_kv_pool_allocator, kv.tree_cache)
     return SGLangTarget(runner, pools, model_config, n_aux)
+
+
+def check_capture(model, expected: Sequence[int]) -> None:
+    """The layers the target's set_eagle3_layers_to_capture chose are the canonical k + 1."""
+    captured = list(getattr(getattr(model, "model", None), "layers_to_capture", None) or [])
+    if not getattr(model, "capture_aux_hidden_states", False) or captured != list(expected):
+        raise RuntimeError(f"SGLang captures layers {captured}, expected {list(expected)} "
+                           f"(ops/layers.py's rule for this architecture no longer SGLang's?)")
 
 
 def tp_cpu_group():
