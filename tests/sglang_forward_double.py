@@ -36,8 +36,9 @@ Mirrored from the installed sglang 0.5.23 (python/sglang/srt/...):
   HF's hidden_states[i]; the final state is the final norm's output.
   `set_eagle3_layers_to_capture` is SGLang's own, compiled from the installed
   source (as tests/test_sglang_engine.py does).
-- mem_cache: `ReqToTokenPool.clear()`, `BaseTokenToKVPoolAllocator.clear()`
-  free every slot; an allocation beyond the pool's size fails.
+- mem_cache: `ReqToTokenPool.size`, `BaseTokenToKVPoolAllocator.available_size()`;
+  `ReqToTokenPool.clear()`, `BaseTokenToKVPoolAllocator.clear()` free every
+  slot; an allocation beyond the pool's size fails.
 
 What is modelled, not mirrored: the numbers. The model is a transformers
 Llama run in batches padded as the HF engine pads them (capture.py), so that
@@ -93,6 +94,9 @@ class Pool:
         if self.used + n > self.size:
             raise RuntimeError(f"Prefill out of memory: {n} slots asked, {self.size - self.used} free")
         self.used += n
+
+    def available_size(self) -> int:
+        return self.size - self.used
 
     def clear(self) -> None:
         self.used = 0
@@ -237,7 +241,8 @@ def internals() -> SimpleNamespace:
 LOADS: list[dict] = []
 
 
-def load(argv, *, tp_rank: int, gpu_id: int, expected_capture, n_aux: int, oom_above_tokens: int | None = None):
+def load(argv, *, tp_rank: int, gpu_id: int, expected_capture, n_aux: int, oom_above_tokens: int | None = None,
+         req_slots: int = 64, kv_slots: int = 256):
     """sglang_capture.load, doubled: the argv through SGLang's real parser, the
     capture ids through SGLang's own set_eagle3_layers_to_capture (as
     init_attention_backends passes return_aux_hidden_state_layer_ids), the
@@ -259,7 +264,7 @@ def load(argv, *, tp_rank: int, gpu_id: int, expected_capture, n_aux: int, oom_a
     runner.init_attention_backends(args.return_aux_hidden_state_layer_ids)
     sglang_capture.check_capture(runner.model, expected_capture)
     # Room for one batch of the tests' budgets, not for all their tokens.
-    pools = sglang_capture.Pools(Pool(64), Pool(256), tree_cache=None)
+    pools = sglang_capture.Pools(Pool(req_slots), Pool(kv_slots), tree_cache=None)
     LOADS.append({"argv": list(argv), "tp_rank": tp_rank, "gpu_id": gpu_id, "runner": runner, "pools": pools})
     return sglang_capture.SGLangTarget(runner, pools, model_config=None, n_aux=n_aux, sg=internals())
 

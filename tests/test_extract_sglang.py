@@ -270,6 +270,30 @@ def test_an_oom_halves_the_batch_as_with_the_hf_engine(hf_run, monkeypatch, tmp_
             torch.testing.assert_close(a[key], b[key], atol=1e-5, rtol=1e-4)
 
 
+def test_a_batch_larger_than_the_pools_runs_in_several_extends(hf_run, monkeypatch, tmp_path, capsys):
+    target, prepared, hf_out = hf_run
+    double.LOADS.clear()
+    monkeypatch.setattr(sglang_capture, "load", lambda *a, **kw: double.load(*a, req_slots=4, kv_slots=70, **kw))
+    out = tmp_path / "sg"
+    assert run_main(extract_main, extract_argv(target, prepared, out, "--token-budget", "120",
+                                               "--engine", "sglang")) == 0, capsys.readouterr()
+    forwards = double.LOADS[0]["runner"].forwards
+    assert max(len(f) for f in forwards) <= 3 and max(sum(f) for f in forwards) <= 70
+    for idx in range(N):
+        a, b = load_file(str(sample_path(out, idx))), load_file(str(sample_path(hf_out, idx)))
+        for key in a:
+            torch.testing.assert_close(a[key], b[key], atol=1e-5, rtol=1e-4)
+
+
+def test_a_sample_larger_than_the_kv_pool_is_the_one_sample_oom(hf_run, monkeypatch, tmp_path, capsys):
+    target, prepared, _ = hf_run
+    monkeypatch.setattr(sglang_capture, "load", lambda *a, **kw: double.load(*a, kv_slots=20, **kw))
+    code = run_main(extract_main, extract_argv(target, prepared, tmp_path / "sg", "--token-budget", "120",
+                                               "--engine", "sglang"), prog="extract")
+    err = capsys.readouterr().err
+    assert code == 1 and "alone does not fit in device memory" in err and "exceeds SGLang's KV pool (20 tokens" in err
+
+
 @pytest.mark.parametrize("field,value,message", [
     ("hidden_states", None, "SGLang returned no hidden states"),
     ("last_hidden_states", None, "SGLang returned no hidden states"),

@@ -131,6 +131,30 @@ class SGLangTarget:
         self.sg = sg if sg is not None else internals()
 
     def forward(self, token_lists: Sequence[Sequence[int]]):
+        """The batch, in as few extends as the pools hold (the request pool
+        bounds the samples, the KV pool the tokens of one extend)."""
+        import torch
+
+        max_reqs = max(1, int(self.pools.req_to_token_pool.size) - 1)   # slot 0 may be reserved
+        max_tokens = int(self.pools.token_to_kv_pool_allocator.available_size())
+        groups, current, tokens = [], [], 0
+        for t in token_lists:
+            if len(t) > max_tokens:
+                raise torch.cuda.OutOfMemoryError(f"a sample of {len(t)} tokens exceeds SGLang's KV pool "
+                                                  f"({max_tokens} tokens; raise mem_fraction_static)")
+            if current and (len(current) == max_reqs or tokens + len(t) > max_tokens):
+                groups.append(current)
+                current, tokens = [], 0
+            current.append(t)
+            tokens += len(t)
+        if current:
+            groups.append(current)
+        pieces = [self._extend(g) for g in groups]
+        if len(pieces) == 1:
+            return pieces[0]
+        return torch.cat([a for a, _ in pieces]), torch.cat([f for _, f in pieces])
+
+    def _extend(self, token_lists: Sequence[Sequence[int]]):
         sg = self.sg
         params = sg.SamplingParams(max_new_tokens=1, temperature=0.0)
         reqs = []
@@ -179,7 +203,7 @@ def load(argv: Sequence[str], *, tp_rank: int, gpu_id: int, expected_capture: Se
     from sglang.srt.layers.quantization.unquant import initialize_bf16_gemm_config
     from sglang.srt.managers.tp_worker import TpModelWorker
     from sglang.srt.mem_cache.kv_cache_builder import build_kv_cache
-    from sglang.srt.runtime_context import SpawnRanks, get_device, publish
+    from sglang.srt.runtime_context import SpawnRanks, get_device, get_model, publish
     from sglang.srt.server_args import PortArgs
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
     from sglang.srt.utils.common import require_mlp_sync
@@ -207,10 +231,18 @@ def load(argv: Sequence[str], *, tp_rank: int, gpu_id: int, expected_capture: Se
         raise RuntimeError("engine sglang: this setup needs SGLang's MLP sync (attention DP or an MoE "
                            "all-to-all backend), which the engine's plain prefill batch does not do")
     worker = TpModelWorker(server_args=args, gpu_id=gpu_id, nccl_port=nccl_port)
+    overlap_load = get_model().is_startup_weight_load_overlap
+    if overlap_load:
+        worker.start_startup_weight_load()
     runner = worker.model_runner
     runner.account_preloaded_weights(preloaded_weights_bytes=worker.preloaded_weights_bytes)
     worker.alloc_memory_pool()
     worker.init_attention_backends()       # calls set_eagle3_layers_to_capture
+    # Both graph backends are off, so this captures nothing; it is where the
+    # runner gets the eager runner its forward() dispatches an extend to.
+    worker.init_cuda_graphs()
+    if overlap_load:
+        worker.finalize_startup_weight_load()
     check_capture(runner.model, expected_capture)
     kv = build_kv_cache(
         server_args=args, model_config=model_config, tp_worker=worker, page_size=runner.page_size,
