@@ -342,8 +342,9 @@ def test_params_the_engine_cannot_honour_are_refused_in_one_line(hf_run, doubled
 
 def test_torchrun_two_tp_ranks_one_writer(hf_run, tmp_path):
     """Two CPU ranks as one TP group (the double's gloo group for SGLang's): rank 0
-    hands each batch to rank 1, both run every forward, rank 0 alone writes;
-    a re-run with nothing left lets rank 1 go without a load."""
+    hands each batch to rank 1, both run the same extends (cut to the smaller
+    rank's pools), rank 0 alone writes; a re-run with nothing left lets rank 1
+    go without a load."""
     target, prepared, hf_out = hf_run
     out = tmp_path / "sg"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
@@ -352,7 +353,10 @@ def test_torchrun_two_tp_ranks_one_writer(hf_run, tmp_path):
            *extract_argv(target, prepared, out, "--token-budget", "120", "--engine", "sglang", "--tp", "2")]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert _files(out) == _files(hf_out)
+    for idx in range(N):    # cut to rank 1's smaller KV pool: other padding than the HF run's
+        a, b = load_file(str(sample_path(out, idx))), load_file(str(sample_path(hf_out, idx)))
+        for key in a:
+            torch.testing.assert_close(a[key], b[key], atol=1e-5, rtol=1e-4)
     config = json.loads((out / DATA_CONFIG).read_text())
     assert (config["status"], config["tp"], config["world_size"]) == ("complete", 2, 1)
     assert proc.stdout.count("loading target") == 1 and proc.stdout.count(f"progress: samples {N}/{N}") >= 1

@@ -129,14 +129,17 @@ class SGLangTarget:
     def __init__(self, runner, pools: Pools, model_config, n_aux: int, sg: SimpleNamespace | None = None) -> None:
         self.runner, self.pools, self.model_config, self.n_aux = runner, pools, model_config, n_aux
         self.sg = sg if sg is not None else internals()
+        # What one extend may hold: the request pool bounds the samples, the KV
+        # pool the tokens. Every TP rank must cut a batch alike (its extends are
+        # collectives), so sglang_run takes the minimum over the ranks.
+        self.max_reqs = max(1, int(pools.req_to_token_pool.size) - 1)   # slot 0 may be reserved
+        self.max_tokens = int(pools.token_to_kv_pool_allocator.available_size())
 
     def forward(self, token_lists: Sequence[Sequence[int]]):
-        """The batch, in as few extends as the pools hold (the request pool
-        bounds the samples, the KV pool the tokens of one extend)."""
+        """The batch, in as few extends as the pools hold."""
         import torch
 
-        max_reqs = max(1, int(self.pools.req_to_token_pool.size) - 1)   # slot 0 may be reserved
-        max_tokens = int(self.pools.token_to_kv_pool_allocator.available_size())
+        max_reqs, max_tokens = self.max_reqs, self.max_tokens
         groups, current, tokens = [], [], 0
         for t in token_lists:
             if len(t) > max_tokens:

@@ -148,8 +148,15 @@ def _plan(args):
 
 def load_target(args, rank: int, local: int):
     info, layer_ids, ids, argv = _plan(args)
-    return sglang_capture.load(argv, tp_rank=rank, gpu_id=local, expected_capture=ids["sglang_layers_to_capture"],
-                               n_aux=len(layer_ids))
+    target = sglang_capture.load(argv, tp_rank=rank, gpu_id=local,
+                                 expected_capture=ids["sglang_layers_to_capture"], n_aux=len(layer_ids))
+    if tp_coords()[1] > 1:
+        import torch.distributed as dist
+
+        limits = torch.tensor([target.max_reqs, target.max_tokens], dtype=torch.int64)
+        dist.all_reduce(limits, op=dist.ReduceOp.MIN, group=sglang_capture.tp_cpu_group())
+        target.max_reqs, target.max_tokens = (int(v) for v in limits.tolist())
+    return target
 
 
 def leader_loop(info, dtype, layer_ids, samples, lengths, out_dir, done, args):
