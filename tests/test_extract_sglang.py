@@ -233,7 +233,9 @@ def test_sglang_engine_writes_the_hf_engines_files_byte_for_byte(hf_run, doubled
     assert load["pools"].token_to_kv_pool_allocator.clears == len(load["runner"].forwards) > 1
     assert "loading target" in stdout and "in SGLang 0.5.23 (tp 1, ep 1, float32)" in stdout
     assert f"progress: samples {N}/{N}" in stdout and "rank" not in stdout.split("progress:")[-1]
-    assert run_main(verify_main, ["--input", str(out), "--deep", "3"]) == 0, capsys.readouterr()
+    assert run_main(verify_main, ["--input", str(out), "--deep", "3", "--recompute", "3",
+                                  "--target", str(target)]) == 0, capsys.readouterr()
+    assert "verify: recomputing 3 samples with" in capsys.readouterr().out
 
 
 def test_resume_rewrites_a_cut_file_and_reloads_nothing_when_done(hf_run, doubled, tmp_path, capsys):

@@ -5,7 +5,9 @@ Data flow: samples.py (prepare's output) -> batching.py (token-budget plan)
 -> output.py (data_config, sample_lengths); progress.py prints what the log
 monitor parses. Under torchrun rank r takes samples r::WORLD_SIZE; rank 0
 owns data_config.json and sample_lengths.json. Imported by __main__.main()
-only, so torch stays out of the spec's imports.
+only, so torch stays out of the spec's imports. With engine "sglang",
+sglang_run.py enters at extract(): its loop is a _Loop whose forward is
+SGLang's, rank 0 the whole data world, the other TP ranks its followers.
 
 Resume: a sample file on disk counts as done only when verify's header
 check (ops/verify/check.py check_files: header whole, file as long as it
