@@ -1,7 +1,9 @@
 """`python -m ops.extract --target MODEL --input PREPARED --output DIR [...]`
 
 The program of the extract stage (its spec: ops/extract/spec.py; the loop:
-ops/extract/run.py). Under torchrun each rank takes samples r::WORLD_SIZE.
+ops/extract/run.py). Under torchrun each rank takes samples r::WORLD_SIZE;
+with --engine sglang (ops/extract/sglang_run.py) the ranks are one TP group:
+`torchrun --nproc-per-node TP -m ops.extract --engine sglang --tp TP ...`.
 Exit codes: 0 complete, 1 failure or incomplete (re-run resumes), 2 bad input
 or the disk preflight refused.
 """
@@ -14,6 +16,7 @@ from collections.abc import Sequence
 
 from ops.common import run_main, spec_defaults
 from ops.extract.durable import MODES
+from ops.extract.sglang_engine import PINNED_SGLANG
 from ops.extract.spec import SPEC
 
 
@@ -47,6 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "fsync each file before its rename (direct: written with O_DIRECT), "
                         "or one syncfs of the filesystem at the end")
     p.add_argument("--force", action="store_true", help="start even if the disk estimate exceeds free space")
+    p.add_argument("--engine", choices=("hf", "sglang"),
+                   help="hf: transformers forward with hooks; sglang: the target in SGLang "
+                        f"(pinned {PINNED_SGLANG}) with tp/ep, one process per TP rank under torchrun")
+    p.add_argument("--tp", type=int, help="sglang: tensor parallel size (= WORLD_SIZE)")
+    p.add_argument("--ep", type=int, help="sglang: expert parallel size (MoE; divides tp)")
+    p.add_argument("--mem-fraction-static", type=float,
+                   help="sglang: share of each GPU for weights and KV cache (default: SGLang's)")
     return spec_defaults(p, SPEC)
 
 
@@ -54,6 +64,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.argv = argv
+    if args.engine == "sglang":
+        # Before torch and the target: another SGLang would fail hours in, or worse, not fail.
+        from ops.common import BadInput
+        from ops.extract.sglang_engine import EngineVersionError, check_version
+        try:
+            check_version()
+        except EngineVersionError as exc:
+            raise BadInput(str(exc)) from None
     from ops.extract.run import extract
 
     return extract(args)

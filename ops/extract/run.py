@@ -5,7 +5,9 @@ Data flow: samples.py (prepare's output) -> batching.py (token-budget plan)
 -> output.py (data_config, sample_lengths); progress.py prints what the log
 monitor parses. Under torchrun rank r takes samples r::WORLD_SIZE; rank 0
 owns data_config.json and sample_lengths.json. Imported by __main__.main()
-only, so torch stays out of the spec's imports.
+only, so torch stays out of the spec's imports. With engine "sglang",
+sglang_run.py enters at extract(): its loop is a _Loop whose forward is
+SGLang's, rank 0 the whole data world, the other TP ranks its followers.
 
 Resume: a sample file on disk counts as done only when verify's header
 check (ops/verify/check.py check_files: header whole, file as long as it
@@ -59,6 +61,11 @@ def extract(args) -> int:
     """Extract, and on a full disk end with one line and an `incomplete` data_config, not a traceback."""
     known: dict = {}
     try:
+        if getattr(args, "engine", "hf") == "sglang":
+            # The SGLang engine's dispatch: rank 0 runs this loop as a world of
+            # one over a target SGLang holds, the other TP ranks follow it.
+            from ops.extract import sglang_run
+            return sglang_run.extract(args, lambda: _extract(args, known, sglang_run))
         return _extract(args, known)
     except OSError as exc:
         if exc.errno not in DISK_FULL:
@@ -85,8 +92,8 @@ def _disk_full(known: dict, exc: OSError) -> int:
     return EXIT_FAILURE
 
 
-def _extract(args, known: dict) -> int:
-    rank, world, local_rank = _distributed()
+def _extract(args, known: dict, engine=None) -> int:
+    rank, world, local_rank = engine.data_coords() if engine else _distributed()
     out_dir = Path(args.output)
     known["out_dir"] = out_dir
     info = target_mod.read_target(Path(args.target))
@@ -129,6 +136,8 @@ def _extract(args, known: dict) -> int:
         "versions": output.package_versions(),
         "started_at": _now(),
     }
+    if engine:
+        config.update(engine.config_keys(args, args.sglang_version))
     output.check_resumable(out_dir, config)
     known["config"] = config
 
@@ -190,6 +199,9 @@ def _extract(args, known: dict) -> int:
         log("extract: every sample of this share is on disk; nothing to extract"
             + (f" [rank {rank}/{world}]" if world > 1 else ""))
         stats = {"new_samples": 0, "new_tokens": 0, "errors": 0, "elapsed": 0.0}
+    elif engine:
+        loop = engine.leader_loop(info, dtype, layer_ids, samples, lengths, out_dir, done, args)
+        stats = loop.run(mine)
     else:
         log(f"loading target {info.path} ({human_bytes(info.weight_bytes)}, {dtype}) "
             f"on {placement.describe()}" + (f" [rank {rank}/{world}]" if world > 1 else ""))

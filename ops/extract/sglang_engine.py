@@ -1,14 +1,11 @@
 """The SGLang extraction engine's contract with SGLang's internals: the pinned version and
 every internal name and signature the engine would drive, checked before anything loads.
 
-What exists: this check. What does not (yet): the capture path itself (the
-target loaded by SGLang's ModelRunner with tp/ep, the aux layers captured
-through `set_eagle3_layers_to_capture` and CaptureHiddenMode.FULL, radix cache
-and chunked prefill off, batches filled to a token budget, written in
-DESIGN.md's format). It was not built: it cannot be run or tested where this
-project is built (no GPU kernels), and `extract` has no `engine = "sglang"`
-param until it is. What it will call is listed in INTERNALS, so that an SGLang
-upgrade breaks tests/test_sglang_engine.py, not a 2-hour run.
+The engine (ops/extract/sglang_capture.py, the only module calling SGLang
+internals; sglang_run.py, its glue with run.py's loop) calls exactly what
+INTERNALS lists, so that an SGLang upgrade breaks tests/test_sglang_engine.py,
+not a 2-hour run. It was written against the installed 0.5.23 source and has
+never run against real SGLang (no GPU kernels where this project is built).
 
 Two ways to check INTERNALS:
 - static (anywhere, here and in CI): the installed package's source files are
@@ -45,24 +42,102 @@ class Internal:
 
 
 INTERNALS: tuple[Internal, ...] = (
+    # ops/extract/sglang_capture.py server_args(): SGLang's own parser and record.
+    Internal("sglang.srt.server_args", "ServerArgs.add_cli_args", ("parser",), "the parser the engine's argv goes through"),
     Internal("sglang.srt.server_args", "ServerArgs.from_cli_args", ("args",),
              "the engine's ServerArgs (tp/ep, radix cache and chunked prefill off)"),
-    Internal("sglang.srt.server_args", "PortArgs.init_new", ("server_args",), "the NCCL port of each rank"),
+    Internal("sglang.srt.server_args", "PortArgs.init_new", ("server_args",), "the NCCL port with tp 1"),
+    # load(): the scheduler process's bring-up (managers/scheduler.py run_scheduler_process, Scheduler.__init__).
+    Internal("sglang.srt.environ", "Envs.SGLANG_DISTRIBUTED_INIT_METHOD_OVERRIDE", (),
+             "env:// under torchrun: the TP group joins torchrun's store"),
+    Internal("sglang.srt.runtime_context", "publish", ("server_args", "role", "ranks"),
+             "installs the resolved config and this rank's placement"),
+    Internal("sglang.srt.runtime_context", "SpawnRanks.world_rank", (), "this rank's place in the TP group"),
+    Internal("sglang.srt.runtime_context", "SpawnRanks.gpu_id", (), "this rank's GPU (LOCAL_RANK)"),
+    Internal("sglang.srt.runtime_context", "get_device", (), "the device kind init_parallel_runtime takes"),
     Internal("sglang.srt.configs.model_config", "ModelConfig.from_server_args", ("server_args",),
              "the target's config as SGLang resolves it"),
+    Internal("sglang.srt.distributed.bootstrap", "init_parallel_runtime", ("server_args", "device", "dist_port"),
+             "the process groups (TP, EP) of this rank"),
+    Internal("sglang.srt.distributed.bootstrap", "init_layer_runtime", ("model_config",), "per-model layer state"),
+    Internal("sglang.srt.layers.moe.utils", "initialize_moe_config", (), "MoE runner config (MoE targets)"),
+    Internal("sglang.srt.layers.quantization.fp8_utils", "initialize_fp8_gemm_config", (), "GEMM backends"),
+    Internal("sglang.srt.layers.quantization.fp4_utils", "initialize_fp4_gemm_config", (), "GEMM backends"),
+    Internal("sglang.srt.layers.quantization.unquant", "initialize_bf16_gemm_config", (), "GEMM backends"),
+    Internal("sglang.srt.managers.tp_worker", "TpModelWorker.__init__", ("server_args", "gpu_id", "nccl_port"),
+             "loads the target shard of this rank (tp/ep) through ModelRunner"),
+    Internal("sglang.srt.managers.tp_worker", "BaseTpWorker.model_runner", (), "the worker's ModelRunner"),
+    Internal("sglang.srt.runtime_context", "get_model", (), "the published model namespace"),
+    Internal("sglang.srt.arg_groups.fields.model", "Model.is_startup_weight_load_overlap", (),
+             "weights loaded beside startup: then started and finalized as the scheduler does"),
+    Internal("sglang.srt.managers.tp_worker", "TpModelWorker.start_startup_weight_load", (), "overlap load"),
+    Internal("sglang.srt.managers.tp_worker", "TpModelWorker.finalize_startup_weight_load", (), "overlap load"),
+    Internal("sglang.srt.managers.tp_worker", "TpModelWorker.init_cuda_graphs", (),
+             "no graphs (both backends disabled): sets the runner's eager runner"),
+    Internal("sglang.srt.model_executor.model_runner", "ModelRunner.init_cuda_graphs", (), "sets eager_runner"),
+    Internal("sglang.srt.managers.tp_worker", "BaseTpWorker.preloaded_weights_bytes", (), "for the KV sizing"),
+    Internal("sglang.srt.managers.tp_worker", "TpModelWorker.alloc_memory_pool", (), "the KV pools"),
+    Internal("sglang.srt.managers.tp_worker", "TpModelWorker.init_attention_backends", (),
+             "attention backends; calls set_eagle3_layers_to_capture (configure_aux_hidden_state_capture)"),
+    Internal("sglang.srt.model_executor.model_runner_components.attention_backend_setup",
+             "configure_aux_hidden_state_capture", ("model", "eagle_use_aux_hidden_state",
+                                                    "eagle_aux_hidden_state_layer_ids"),
+             "where the capture-only mode's layer ids reach the model"),
     Internal("sglang.srt.model_executor.model_runner", "ModelRunner.__init__",
              ("model_config", "mem_fraction_static", "gpu_id", "nccl_port", "server_args"),
-             "loads the target shard of this rank (tp/ep)"),
+             "built by TpModelWorker"),
+    Internal("sglang.srt.model_executor.model_runner", "ModelRunner.account_preloaded_weights",
+             ("preloaded_weights_bytes",), "as the scheduler does before alloc_memory_pool"),
     Internal("sglang.srt.model_executor.model_runner", "ModelRunner.forward", ("forward_batch",),
              "the prefill forward that fills the aux hidden states"),
-    Internal("sglang.srt.model_executor.forward_batch_info", "CaptureHiddenMode.FULL", (),
-             "capture every token's state, not the last one's"),
-    Internal("sglang.srt.model_executor.forward_batch_info", "ForwardBatch.init_new", ("batch", "model_runner"),
-             "a ForwardBatch from a ScheduleBatch's worker batch"),
-    Internal("sglang.srt.managers.schedule_batch", "ScheduleBatch.init_new", (), "a prefill batch of samples"),
+    Internal("sglang.srt.model_executor.model_runner", "ModelRunnerOutput.logits_output", (),
+             "forward's LogitsProcessorOutput"),
+    Internal("sglang.srt.mem_cache.kv_cache_builder", "build_kv_cache",
+             ("server_args", "model_config", "tp_worker", "page_size", "spec_algorithm", "enable_metrics",
+              "enable_kv_cache_events", "enable_hierarchical_cache"),
+             "the pools and the (chunk) tree cache a ScheduleBatch needs"),
+    Internal("sglang.srt.mem_cache.kv_cache_builder", "KVCacheBuildResult.tree_cache", (), "build_kv_cache's"),
+    Internal("sglang.srt.mem_cache.kv_cache_builder", "KVCacheBuildResult.req_to_token_pool", (), "build_kv_cache's"),
+    Internal("sglang.srt.mem_cache.kv_cache_builder", "KVCacheBuildResult.token_to_kv_pool_allocator", (),
+             "build_kv_cache's"),
+    Internal("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.clear", (), "frees a batch's request slots"),
+    Internal("sglang.srt.mem_cache.allocator.base", "BaseTokenToKVPoolAllocator.clear", (),
+             "frees a batch's KV slots"),
+    Internal("sglang.srt.mem_cache.allocator.base", "BaseTokenToKVPoolAllocator.available_size", (),
+             "the tokens one extend may take"),
+    Internal("sglang.srt.distributed.parallel_state", "get_tp_group", (),
+             "its cpu_group carries each batch from rank 0 to the others"),
+    # SGLangTarget.forward(): one EXTEND batch of the samples, every token's state.
+    Internal("sglang.srt.sampling.sampling_params", "SamplingParams.max_new_tokens", (), "1: prefill only"),
+    Internal("sglang.srt.sampling.sampling_params", "SamplingParams.temperature", (), "0: no sampling noise"),
     Internal("sglang.srt.managers.schedule_batch", "Req.__init__", ("rid", "origin_input_text", "origin_input_ids",
                                                                     "sampling_params"),
              "one sample as a request"),
+    Internal("sglang.srt.managers.schedule_batch", "Req.init_next_round_input", ("tree_cache",),
+             "fill ids and extend length before a prefill"),
+    Internal("sglang.srt.managers.schedule_batch", "ScheduleBatch.init_new",
+             ("reqs", "req_to_token_pool", "token_to_kv_pool_allocator", "tree_cache", "model_config",
+              "enable_overlap", "spec_algorithm"),
+             "a prefill batch of samples"),
+    Internal("sglang.srt.managers.schedule_batch", "ScheduleBatch.prepare_for_extend", (),
+             "EXTEND mode, KV slots, the packed input ids"),
+    Internal("sglang.srt.speculative.spec_info", "SpeculativeAlgorithm.NONE", (), "no draft in the batch"),
+    Internal("sglang.srt.managers.schedule_batch", "ScheduleBatch.prefill_input_ids_cpu", (),
+             "where prepare_for_extend leaves the ids"),
+    Internal("sglang.srt.managers.overlap_utils", "resolve_forward_inputs", ("batch", "future_map"),
+             "copies them to the device, as run_batch does before the forward"),
+    Internal("sglang.srt.utils.common", "require_mlp_sync", (), "refused when true (attention DP, MoE a2a)"),
+    Internal("sglang.srt.model_executor.forward_batch_info", "CaptureHiddenMode.FULL", (),
+             "capture every token's state, not the last one's"),
+    Internal("sglang.srt.model_executor.forward_batch_info", "ForwardBatch.init_new",
+             ("batch", "model_runner", "capture_hidden_mode", "return_hidden_states_before_norm"),
+             "the ForwardBatch of a ScheduleBatch, capture mode FULL, post-norm final"),
+    Internal("sglang.srt.layers.logits_processor", "LogitsProcessorOutput.hidden_states", (),
+             "FULL + aux capture: the packed aux [tokens, n_aux * H]"),
+    Internal("sglang.srt.layers.logits_processor", "LogitsProcessorOutput.last_hidden_states", (),
+             "FULL + aux capture: the post-norm final state of every token"),
+    Internal("sglang.srt.layers.logits_processor", "LogitsProcessor._get_last_hidden_states_to_store", (),
+             "keeps last_hidden_states when aux capture is on"),
     Internal("sglang.srt.models.llama", "LlamaForCausalLM.set_eagle3_layers_to_capture", ("layer_ids",),
              "llama.py's rule: layers_to_capture = ids + 1 (ops/layers.py)"),
     Internal("sglang.srt.models.deepseek_v2", "DeepseekV2ForCausalLM.set_eagle3_layers_to_capture", ("layer_ids",),

@@ -98,6 +98,10 @@ SPEC = OpSpec(
         "tokens": None,             # override for the estimate when no summary exists
         "durable": DURABLE,         # "fsync" / "direct" (each file; O_DIRECT) or "syncfs" (once, at the end): durable.py
         "force": False,
+        "engine": "hf",             # "hf" (transformers forward + hooks) or "sglang" (ops/extract/sglang_run.py)
+        "tp": 1,                    # sglang: tensor parallel ranks = processes (torchrun --nproc-per-node)
+        "ep": 1,                    # sglang: expert parallel size (divides tp)
+        "mem_fraction_static": None,    # sglang: its weights + KV share of each GPU (None: SGLang's)
     },
     output_params=("output",),
     uses_target=True,
