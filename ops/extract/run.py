@@ -353,19 +353,27 @@ class _Loop:
                 mask[row, :n] = 1
             mask = mask.to(self.input_device, non_blocking=True)
         aux, final = self.capture(ids.to(self.input_device, non_blocking=True), mask)
-        todo = [r for r in rows if r[1] not in self.done]   # the others ran only to keep the planned shapes
-        carved = self._slabs(aux, final).take([self._specs(aux, final, n) for *_, n in todo])
-        images = {r[1]: image for r, image in zip(todo, carved)}
-        for _row, idx, tok, loss, _n in todo:
-            images[idx].views["input_ids"].copy_(torch.from_numpy(tok.astype(np.int64)))
-            images[idx].views["loss_mask"].copy_(torch.from_numpy(loss.astype(np.uint8)))
-        ready = self._to_host(aux, final, todo, images) if aux.is_cuda else None
-        if not aux.is_cuda:
-            for row, idx, _tok, _loss, n in todo:
-                images[idx].views["aux_hidden_states"].copy_(aux[row, :n])
-                images[idx].views["final_hidden_states"].copy_(final[row, :n])
-        for _row, idx, _tok, _loss, n in todo:
-            self.writer.submit(WriteJob(idx, sample_path(self.out_dir, idx), images[idx], ready, n))
+        # Samples already on disk ran only to keep the batch's planned shapes.
+        self._submit(aux, final, [(idx, tok, loss, aux[row, :n], final[row, :n])
+                                  for row, idx, tok, loss, n in rows if idx not in self.done])
+
+    def _submit(self, aux, final, pieces) -> None:
+        """Each sample's (idx, ids, loss mask, aux states, final states) into
+        its file image, then to the writers. On CUDA the states are copied
+        from the device on a side stream (_to_host)."""
+        images = self._slabs(aux, final).take([self._specs(aux, final, len(tok)) for _i, tok, *_ in pieces])
+        for image, (_idx, tok, loss, *_states) in zip(images, pieces):
+            image.views["input_ids"].copy_(torch.from_numpy(tok.astype(np.int64)))
+            image.views["loss_mask"].copy_(torch.from_numpy(loss.astype(np.uint8)))
+        ready = None
+        if aux.is_cuda:
+            ready = self._to_host(aux, final, pieces, images)
+        else:
+            for image, (_idx, _tok, _loss, aux_part, final_part) in zip(images, pieces):
+                image.views["aux_hidden_states"].copy_(aux_part)
+                image.views["final_hidden_states"].copy_(final_part)
+        for image, (idx, tok, *_rest) in zip(images, pieces):
+            self.writer.submit(WriteJob(idx, sample_path(self.out_dir, idx), image, ready, len(tok)))
 
     def _slabs(self, aux, final) -> SlabPool:
         """The pool, sized at the first batch (when the states' dtype and width
@@ -382,7 +390,7 @@ class _Loop:
                 "aux_hidden_states": (aux.dtype, (n, aux.shape[-1])),
                 "final_hidden_states": (final.dtype, (n, final.shape[-1]))}
 
-    def _to_host(self, aux, final, todo, images) -> object:
+    def _to_host(self, aux, final, pieces, images) -> object:
         """Copy each sample's states from the device into its pinned file image
         on a side stream; the event the writers wait on.
 
@@ -400,9 +408,9 @@ class _Loop:
             stream = self._copy_streams[aux.device] = torch.cuda.Stream(device=aux.device)
         stream.wait_stream(torch.cuda.current_stream(aux.device))
         with torch.cuda.stream(stream):
-            for row, idx, _tok, _loss, n in todo:
-                images[idx].views["aux_hidden_states"].copy_(aux[row, :n], non_blocking=True)
-                images[idx].views["final_hidden_states"].copy_(final[row, :n], non_blocking=True)
+            for image, (_idx, _tok, _loss, aux_part, final_part) in zip(images, pieces):
+                image.views["aux_hidden_states"].copy_(aux_part, non_blocking=True)
+                image.views["final_hidden_states"].copy_(final_part, non_blocking=True)
         aux.record_stream(stream)
         final.record_stream(stream)
         ready = torch.cuda.Event()

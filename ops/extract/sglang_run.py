@@ -31,15 +31,12 @@ import os
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from ops.common import BadInput
 from ops.extract import sglang_capture, sglang_engine
 from ops.extract import target as target_mod
 from ops.extract.run import _Loop, log
-from ops.extract.writer import WriteJob
-from ops.formats import sample_path
 from ops.layers import engine_ids, parse_layer_ids
 
 METHOD = "sglang"
@@ -223,25 +220,16 @@ class SGLangLoop(_Loop):
         self.samples, self.lengths, self.out_dir, self.done = samples, lengths, out_dir, done
         self.args, self.rank, self.world = args, 0, 1
         self._copy_streams: dict = {}
+        self._pool = None
 
     def _forward(self, batch: list[int]) -> None:
         rows = [(idx, *self.samples.get(idx)) for idx in batch]
         # Samples already on disk stay in: the batch keeps the planned shape.
         aux, final = self.capture.forward([tok.tolist() for _idx, tok, _loss in rows])
-        ready = None
-        if aux.is_cuda:
-            aux_host, final_host, ready = self._to_host(aux, final)
-        else:
-            aux_host, final_host = aux, final
-        start = 0
+        pieces, start = [], 0
         for idx, tok, loss in rows:
             n = len(tok)
             if idx not in self.done:
-                tensors = {
-                    "input_ids": torch.from_numpy(tok.astype(np.int64)),
-                    "loss_mask": torch.from_numpy(loss.astype(np.uint8)),
-                    "aux_hidden_states": aux_host[start:start + n],
-                    "final_hidden_states": final_host[start:start + n],
-                }
-                self.writer.submit(WriteJob(idx, sample_path(self.out_dir, idx), tensors, ready, n))
+                pieces.append((idx, tok, loss, aux[start:start + n], final[start:start + n]))
             start += n
+        self._submit(aux, final, pieces)
