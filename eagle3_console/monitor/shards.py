@@ -39,8 +39,10 @@ import re
 import time
 from collections import Counter, deque
 from pathlib import Path
+from typing import Callable
 
 from eagle3_console.model import ShardCount, ShardProgress
+from eagle3_console.monitor import settled
 from eagle3_console.monitor.tree import TreeIndex
 from ops.formats import (DATA_CONFIG, SAMPLE_LENGTHS, SAMPLE_RE, SHARD_DIR_RE, TMP_SUFFIX,
                          BadSampleFile, read_safetensors_header, tokens_in_header)
@@ -93,10 +95,17 @@ class ShardMonitor:
         self._idx_sum = 0                               # with the count: a fingerprint of the sample set
         self._restored_tokens: tuple[list, int | None] | None = None
         self._restored_lengths_error: str | None = None
+        # A settled output's summary stands in for the per-file state until it
+        # no longer holds; then _full_state() (the persisted state, or None) is loaded.
+        self._summary: dict | None = None
+        self._full_state: Callable[[], dict | None] | None = None
+        # Per-file state changed since it was built or loaded: worth saving again.
+        self.dirty = True
 
     def use_glob(self, sample_glob: str | None) -> None:
         """Count the files matching this pattern instead (None: the known layouts)."""
         if sample_glob != self.sample_glob:
+            self._leave_summary()
             self.sample_glob = sample_glob
             self._synced = False
 
@@ -110,11 +119,17 @@ class ShardMonitor:
     # ---- refresh -------------------------------------------------------
     def refresh(self, now: float | None = None, refresh_index: bool = True) -> ShardProgress:
         now = time.time() if now is None else now
+        if self._summary is not None:
+            if settled.holds(self, now):
+                self._load_config()
+                return self._progress(now)
+            self._leave_summary()
         if refresh_index:
-            stats = self.index.refresh()
-            new, removed = stats.new_files, stats.removed_files
-        else:
-            new, removed = self.index.last.new_files, self.index.last.removed_files
+            self.index.refresh()
+        stats = self.index.last
+        new, removed = stats.new_files, stats.removed_files
+        if new or removed or stats.dirs_listed or stats.files_stated:
+            self.dirty = True
         if not self._synced:
             self._resync()
         else:
@@ -351,25 +366,27 @@ class ShardMonitor:
 
     # ---- progress, rate, ETA ------------------------------------------
     def _progress(self, now: float) -> ShardProgress:
-        done = len(self._samples)
+        s = self._summary
+        if s is not None:
+            done, per_dir, layout, tmp, bad, tokens = (
+                s["done"], s["per_dir"], s["layout"], s["tmp"], s["bad"], s["tokens"])
+        else:
+            done, per_dir, layout, tmp, bad = (
+                len(self._samples), self._per_dir, self._layout(), len(self._tmp), len(self._bad))
+            tokens = self._tokens_done()
         expected = self.expected_samples
         if expected is None:
             expected = self._config_int("total_samples")
         tokens_expected = self.expected_tokens
         if tokens_expected is None:
             tokens_expected = self._config_int("total_tokens")
-        tokens = self._tokens_done()
         if "status" in self._config:
             complete = self._config.get("status") == "complete"
         else:       # the seed's data_config.json has no status: complete when all are there
             total = self._config_int("total_samples")
             complete = bool(self._config) and total is not None and done >= total
-        layout = NONE
-        if done:
-            layout = max(self._per_layout.items(), key=lambda kv: kv[1])[0]
-
         shards: list[ShardCount] = []
-        for rel_dir, n in self._per_dir.items():
+        for rel_dir, n in per_dir.items():
             if n <= 0:
                 continue
             m = SHARD_DIR_RE.match(rel_dir)
@@ -391,9 +408,14 @@ class ShardMonitor:
         return ShardProgress(
             root=str(self.root), layout=layout, samples_done=done, samples_expected=expected,
             tokens_done=tokens, tokens_expected=tokens_expected, shards=shards,
-            tmp_files=len(self._tmp), samples_per_s=sps, tokens_per_s=tps, eta_s=eta,
-            complete=complete, bad_files=len(self._bad),
+            tmp_files=tmp, samples_per_s=sps, tokens_per_s=tps, eta_s=eta,
+            complete=complete, bad_files=bad,
             error="; ".join(self._errors[k] for k in sorted(self._errors)) or None)
+
+    def _layout(self) -> str:
+        if not self._samples:
+            return NONE
+        return max(self._per_layout.items(), key=lambda kv: kv[1])[0]
 
     def _rate(self, now: float, done: int, tokens: int | None) -> tuple[float | None, float | None]:
         if self._obs and (done < self._obs[-1][1] or now < self._obs[-1][0]):
@@ -412,6 +434,9 @@ class ShardMonitor:
     def _rate_from_mtimes(self, now: float, done: int) -> tuple[float | None, float | None]:
         if not done:
             return None, None
+        if self._summary is not None:
+            # settled.holds(): no file of the tree is inside the window.
+            return 0.0, 0.0 if self._summary["token_source"] else None
         start_ns = int((now - self.window_s) * 1e9)
         recent: list[tuple[int, str]] = []
         for rel in self._samples:
@@ -432,6 +457,7 @@ class ShardMonitor:
 
     # ---- persistence ---------------------------------------------------
     def to_state(self) -> dict:
+        self._leave_summary()
         return {
             "version": STATE_VERSION,
             "root": os.fspath(self.root),
@@ -444,27 +470,92 @@ class ShardMonitor:
             "errors": self._errors,
         }
 
+    @property
+    def summarized(self) -> bool:
+        """Answering from a settled output's summary (no per-file state loaded)."""
+        return self._summary is not None
+
+    def observations(self) -> list:
+        """The rate window's (time, samples, tokens) observations, for the next process."""
+        return list(self._obs)
+
+    def set_observations(self, obs) -> None:
+        """Raises TypeError or ValueError for anything but observations()'s list."""
+        self._obs = deque((float(t), int(d), None if k is None else int(k)) for t, d, k in obs)
+
+    def summary(self) -> dict | None:
+        """A compact state for a settled output (monitor/settled.py), else None."""
+        return settled.summary(self)
+
+    @classmethod
+    def from_summary(cls, summary: dict, root: str | os.PathLike, full_state: Callable[[], dict | None],
+                     expected_samples: int | None = None, expected_tokens: int | None = None,
+                     window_s: float = 60.0, sample_glob: str | None = None,
+                     obs: list | None = None) -> "ShardMonitor | None":
+        """A monitor answering from `summary` while it holds, loading
+        full_state() (a to_state() dict, or None: start over) once it does not.
+        None when the summary is of another version, root or pattern."""
+        mon = cls(root, expected_samples, expected_tokens, window_s=window_s, sample_glob=sample_glob)
+        if not settled.valid(summary, os.fspath(mon.root), sample_glob):
+            return None
+        try:
+            mon._config_key = summary["config_key"]
+            mon._config = dict(summary["config"] or {})
+            mon._lengths_key = summary["lengths_key"]
+            mon._errors = {str(k): str(v) for k, v in summary["errors"].items()}
+            mon.index = settled.IndexTotals(int(summary["bytes"]), int(summary["files"]))
+            mon.set_observations(obs or ())
+            for key in ("done", "per_dir", "layout", "tmp", "bad", "tokens", "token_source", "newest_ns", "dirs"):
+                summary[key]
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+        mon._summary = summary
+        mon._full_state = full_state
+        mon.dirty = False
+        return mon
+
+    def _leave_summary(self) -> None:
+        """The summary no longer holds: continue from the full state (or from scratch)."""
+        if self._summary is None:
+            return
+        self._summary = None
+        loader, self._full_state = self._full_state, None
+        obs = self._obs
+        state = loader() if loader is not None else None
+        # As restored by a process without a summary (a state of another
+        # version, root or pattern gives a fresh monitor: one full listing).
+        full = type(self).from_state(state or {}, self.root, self.expected_samples, self.expected_tokens,
+                                     window_s=self.window_s, sample_glob=self.sample_glob)
+        self.__dict__.update(full.__dict__)
+        self._obs = obs     # this process's observations are newer than the full state's
+
+    def _restore(self, state: dict) -> bool:
+        if (not isinstance(state, dict) or state.get("version") != STATE_VERSION
+                or state.get("root") != os.fspath(self.root) or state.get("glob") != self.sample_glob):
+            return False
+        try:
+            self.index = TreeIndex.from_state(state["index"], self.root)
+            self._header_tokens = {str(k): int(v) for k, v in state["header_tokens"].items()}
+            self._bad = {str(k): [int(a), int(b)] for k, (a, b) in state["bad"].items()}
+            self.set_observations(state["obs"])
+            tokens = state.get("tokens")
+            if tokens is not None:
+                fp, value = tokens
+                self._restored_tokens = (list(fp), None if value is None else int(value))
+            self._errors = {str(k): str(v) for k, v in (state.get("errors") or {}).items()}
+            self._restored_lengths_error = self._errors.get(SAMPLE_LENGTHS)
+        except (KeyError, TypeError, ValueError):
+            return False
+        self._synced = False
+        self.dirty = False
+        return True
+
     @classmethod
     def from_state(cls, state: dict, root: str | os.PathLike, expected_samples: int | None = None,
                    expected_tokens: int | None = None, window_s: float = 60.0,
                    sample_glob: str | None = None) -> "ShardMonitor":
         """Rebuild from to_state(); another version, root or pattern gives a fresh monitor."""
         mon = cls(root, expected_samples, expected_tokens, window_s=window_s, sample_glob=sample_glob)
-        if (not isinstance(state, dict) or state.get("version") != STATE_VERSION
-                or state.get("root") != os.fspath(mon.root) or state.get("glob") != sample_glob):
-            return mon
-        try:
-            mon.index = TreeIndex.from_state(state["index"], mon.root)
-            mon._header_tokens = {str(k): int(v) for k, v in state["header_tokens"].items()}
-            mon._bad = {str(k): [int(a), int(b)] for k, (a, b) in state["bad"].items()}
-            mon._obs = deque((float(t), int(d), None if k is None else int(k))
-                             for t, d, k in state["obs"])
-            tokens = state.get("tokens")
-            if tokens is not None:
-                fp, value = tokens
-                mon._restored_tokens = (list(fp), None if value is None else int(value))
-            mon._errors = {str(k): str(v) for k, v in (state.get("errors") or {}).items()}
-            mon._restored_lengths_error = mon._errors.get(SAMPLE_LENGTHS)
-        except (KeyError, TypeError, ValueError):
+        if not mon._restore(state):
             return cls(root, expected_samples, expected_tokens, window_s=window_s, sample_glob=sample_glob)
         return mon

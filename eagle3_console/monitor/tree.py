@@ -121,6 +121,17 @@ class TreeIndex:
             for name, entry in d.files.items():
                 yield rel, name, entry
 
+    def settled(self) -> dict[str, int] | None:
+        """Each directory's mtime when nothing in the tree may still change
+        unseen (no racy directory, no file re-stat'ed at every refresh), else
+        None. With these mtimes unchanged, a refresh would find nothing new."""
+        if any(d.racy or d.hot for d in self._dirs.values()):
+            return None
+        return {rel: d.mtime_ns for rel, d in self._dirs.items()}
+
+    def newest_mtime_ns(self) -> int | None:
+        return max((f.mtime_ns for d in self._dirs.values() for f in d.files.values()), default=None)
+
     def entry(self, relpath: str) -> FileEntry | None:
         rel, _, name = relpath.rpartition("/")
         d = self._dirs.get(rel)
