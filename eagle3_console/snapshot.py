@@ -9,7 +9,6 @@ so that one-shot `status` processes continue where the previous one stopped.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import threading
@@ -68,6 +67,7 @@ class Collector:
     def _full_path(self, key: str) -> Path:
         """Where an output's per-file state lives (one file per output, named
         after its stage and root, so every process uses the same one)."""
+        import hashlib      # 3 ms of import, only for an output whose summary no longer holds
         return self.ws.cache_dir / f"shards-{hashlib.sha1(key.encode()).hexdigest()[:16]}.json"
 
     def _load_full(self, key: str) -> dict | None:

@@ -29,8 +29,6 @@ import os
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-import psutil
-
 from eagle3_console.model import GpuReport
 from eagle3_console.workspace import ENV_REGISTRY, ENV_RUN_ID, ENV_STAGE, ENV_WORKSPACE
 
@@ -39,6 +37,19 @@ from eagle3_console.workspace import ENV_REGISTRY, ENV_RUN_ID, ENV_STAGE, ENV_WO
 CREATE_TIME_TOL_S = 0.01
 
 LEADER, TREE, PGID, SESSION, ENV = "leader", "tree", "pgid", "session", "env"
+
+
+class _LazyPsutil:
+    """psutil imported at first use (11 ms): a `status --json` with no live run
+    and no GPU process never needs it."""
+
+    def __getattr__(self, name: str) -> Any:
+        import psutil as module
+        globals()["psutil"] = module
+        return getattr(module, name)
+
+
+psutil: Any = _LazyPsutil()
 
 
 def process_alive(pid: int | None, create_time: float | None, tol: float = CREATE_TIME_TOL_S) -> bool:
