@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import time
 
 from eagle3_console.model import LogState, ServeState
@@ -49,6 +48,7 @@ _SAMPLE = re.compile(r"^(sglang:[a-z_]+)(?:\{[^}]*\})?\s+(\S+)")
 
 
 def port_open(host: str, port: int, timeout: float = TIMEOUT_S) -> bool:
+    import socket       # imported only once a serve run is sampled
     try:
         with socket.create_connection((host, port), timeout=timeout):
             return True
