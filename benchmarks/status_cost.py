@@ -104,6 +104,26 @@ def phases(root: Path, repeat: int, no_gpus: bool) -> None:
         print(f"  {name:42s} {statistics.median(s.get(name, 0.0) for s in samples):8.1f}")
 
 
+def live_status(cmd: list[str], out: Path, repeat: int) -> float:
+    """status --json with the output changing between calls, as under a live
+    extraction (each call finds one shard folder with a new mtime)."""
+    extra = out / "rows_18000-20000" / "data_99999.safetensors"
+    times = []
+    for i in range(repeat):
+        if extra.exists():
+            extra.unlink()
+        else:
+            extra.write_bytes(sample_bytes(99999))
+        time.sleep(0.06)        # past the racy-listing margin (monitor/tree.py), as one cron tick is
+        t0 = time.perf_counter()
+        run(cmd, stdout=subprocess.DEVNULL)
+        times.append(time.perf_counter() - t0)
+    if extra.exists():
+        extra.unlink()
+    run(cmd, stdout=subprocess.DEVNULL)     # settled again for what follows
+    return statistics.median(times)
+
+
 def timed(fn, repeat: int) -> float:
     times = []
     for _ in range(repeat):
@@ -141,6 +161,7 @@ def main() -> int:
     run(cmd, stdout=subprocess.DEVNULL)     # warms .eagle3/cache (and bytecode) like a previous cron tick
     process = timed(lambda: run(cmd, stdout=subprocess.DEVNULL), a.repeat)
     bare = timed(lambda: run([sys.executable, "-c", "pass"]), a.repeat)
+    live = live_status(cmd, out, a.repeat)
 
     print(f"workspace: {root} (20,000 samples in 10 shards, log {log.stat().st_size / 2**30:.2f} GiB)")
     print(f"baseline du+ls+tail loop:     {baseline * 1000:8.1f} ms")
@@ -150,6 +171,8 @@ def main() -> int:
     print(f"python -c pass (interpreter): {bare * 1000:8.1f} ms")
     print(f"status --json whole process:  {process * 1000:8.1f} ms  (goal <= 500 ms: {'PASS' if process <= 0.5 else 'FAIL'}; "
           f"--no-gpus, cache warm)")
+    print(f"status --json, output growing:{live * 1000:8.1f} ms  (a sample file added or removed before each call: "
+          "its shard's folder changed, so the output's per-file state is read and rewritten)")
     phases(root, a.repeat, no_gpus=True)
     if a.gpu_worker:
         gpu_status(root, a.repeat, a.profile)

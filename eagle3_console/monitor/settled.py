@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import stat as statmod
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from eagle3_console.monitor.tree import TreeStats
 from ops.formats import SAMPLE_LENGTHS
@@ -94,3 +94,41 @@ def holds(mon: "ShardMonitor", now: float) -> bool:
         if not statmod.S_ISDIR(st.st_mode) or st.st_mtime_ns != mtime_ns:
             return False
     return True
+
+
+def install(mon: "ShardMonitor", state: Any, full_state: Callable[[], dict | None], obs: Any) -> bool:
+    """Make a fresh monitor answer from summary `state`; False when the state
+    is of another version, root or pattern, or damaged (then: the full state)."""
+    if not valid(state, os.fspath(mon.root), mon.sample_glob):
+        return False
+    try:
+        mon._config_key = state["config_key"]
+        mon._config = dict(state["config"] or {})
+        mon._lengths_key = state["lengths_key"]
+        mon._errors = {str(k): str(v) for k, v in state["errors"].items()}
+        mon.index = IndexTotals(int(state["bytes"]), int(state["files"]))
+        mon.set_observations(obs or ())
+        for key in ("done", "per_dir", "layout", "tmp", "bad", "tokens", "token_source", "newest_ns", "dirs"):
+            state[key]
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return False
+    mon._summary = state
+    mon._full_state = full_state
+    mon.dirty = False
+    return True
+
+
+def leave(mon: "ShardMonitor") -> None:
+    """The summary no longer holds: continue from the full state (or from scratch)."""
+    if mon._summary is None:
+        return
+    mon._summary = None
+    loader, mon._full_state = mon._full_state, None
+    obs = mon._obs
+    state = loader() if loader is not None else None
+    # As restored by a process without a summary (a state of another
+    # version, root or pattern gives a fresh monitor: one full listing).
+    full = type(mon).from_state(state or {}, mon.root, mon.expected_samples, mon.expected_tokens,
+                                window_s=mon.window_s, sample_glob=mon.sample_glob)
+    mon.__dict__.update(full.__dict__)
+    mon._obs = obs      # this process's observations are newer than the full state's

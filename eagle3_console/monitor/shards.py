@@ -496,38 +496,11 @@ class ShardMonitor:
         full_state() (a to_state() dict, or None: start over) once it does not.
         None when the summary is of another version, root or pattern."""
         mon = cls(root, expected_samples, expected_tokens, window_s=window_s, sample_glob=sample_glob)
-        if not settled.valid(summary, os.fspath(mon.root), sample_glob):
-            return None
-        try:
-            mon._config_key = summary["config_key"]
-            mon._config = dict(summary["config"] or {})
-            mon._lengths_key = summary["lengths_key"]
-            mon._errors = {str(k): str(v) for k, v in summary["errors"].items()}
-            mon.index = settled.IndexTotals(int(summary["bytes"]), int(summary["files"]))
-            mon.set_observations(obs or ())
-            for key in ("done", "per_dir", "layout", "tmp", "bad", "tokens", "token_source", "newest_ns", "dirs"):
-                summary[key]
-        except (KeyError, TypeError, ValueError, AttributeError):
-            return None
-        mon._summary = summary
-        mon._full_state = full_state
-        mon.dirty = False
-        return mon
+        return mon if settled.install(mon, summary, full_state, obs) else None
 
     def _leave_summary(self) -> None:
         """The summary no longer holds: continue from the full state (or from scratch)."""
-        if self._summary is None:
-            return
-        self._summary = None
-        loader, self._full_state = self._full_state, None
-        obs = self._obs
-        state = loader() if loader is not None else None
-        # As restored by a process without a summary (a state of another
-        # version, root or pattern gives a fresh monitor: one full listing).
-        full = type(self).from_state(state or {}, self.root, self.expected_samples, self.expected_tokens,
-                                     window_s=self.window_s, sample_glob=self.sample_glob)
-        self.__dict__.update(full.__dict__)
-        self._obs = obs     # this process's observations are newer than the full state's
+        settled.leave(self)
 
     def _restore(self, state: dict) -> bool:
         if (not isinstance(state, dict) or state.get("version") != STATE_VERSION
