@@ -6,7 +6,8 @@
 # numpy, psutil, nvidia-ml-py, typer and rich; PYTHONPATH puts this checkout
 # first (status --json never imports textual, which is not there).
 # Each step has its own time limit so that one slow step cannot eat the others'
-# (490 s of limits in all; about 8 minutes); each writes its log and JSON under $OUT.
+# (640 s of limits in all: more than one 600 s device call, so split it with STEPS); each writes
+# its log and JSON under $OUT.
 set -u
 OUT=${OUT:-/tmp/gpu-session-out}
 WORK=${BENCH_DIR:-/root/eagle3-bench}     # on the machine's disk (64 GiB): the filesystem measured
@@ -42,7 +43,7 @@ step train_8b 120 $PY benchmarks/train_throughput.py --shape 8b --seq 2048,4096 
 # run FlexAttention's backward), then timed; flex compiles on the first step.
 step train_8b_levers 100 $PY benchmarks/train_throughput.py --shape 8b --seq 2048,4096 --out "$WORK" \
   --levers flex,chunked,fused-adamw --check-levers
-step status 45 $PY benchmarks/status_cost.py --dir "$WORK/status" --log-gb 1 --repeat 5 --gpu-worker \
+step status 60 $PY benchmarks/status_cost.py --dir "$WORK/status" --log-gb 1 --repeat 5 --gpu-worker \
   --profile "$OUT/profiles"
 # The MoE shape last (cheapest to lose): DeepSeek-V2-Lite's layer shapes, 8 of its 27 layers.
 step extract_moe 70 $PY benchmarks/extract_throughput.py --shape moe --layers 8 --samples 32 --naive-samples 4 \
@@ -51,7 +52,7 @@ rm -rf "$WORK"
 # The figures, one place (the call's output keeps only its last 12,000 characters).
 grep -h -e '^device:' -e '^shape ' -e '^matmul' -e '^direct write' -e '^bare forward' -e '^naive extractor' \
   -e '^ops.extract --durable' -e "^ops.extract's writers" -e '^durable:' -e '^profiled call' -e '^ops.extract --writers' -e '^train ' -e '^levers ' -e '^GPU worker' -e '^nvidia-smi' \
-  -e '^python -c pass' -e '^status --json' -e '^collect()' -e '^baseline' \
+  -e '^python -c pass' -e '^status --json' -e '^status phases' -e '^collect()' -e '^baseline' \
   "$OUT"/extract_8b.log "$OUT"/profile_8b.log "$OUT"/train_8b.log "$OUT"/train_8b_levers.log "$OUT"/status.log "$OUT"/extract_moe.log \
   2>/dev/null | tee "$OUT/summary.txt"
 cat "$OUT/steps.txt"

@@ -100,8 +100,12 @@ def phases(root: Path, repeat: int, no_gpus: bool) -> None:
     names = list(dict.fromkeys(k for s in samples for k in s))
     print(f"where one status --json{' --no-gpus' if no_gpus else ''} process goes "
           f"(ms, median of {repeat}, after interpreter start):")
-    for name in names:
-        print(f"  {name:42s} {statistics.median(s.get(name, 0.0) for s in samples):8.1f}")
+    medians = {name: statistics.median(s.get(name, 0.0) for s in samples) for name in names}
+    for name, ms in medians.items():
+        print(f"  {name:42s} {ms:8.1f}")
+    # One line for gpu_session.sh's summary.
+    print(f"status phases{' --no-gpus' if no_gpus else ''} (ms): "
+          + ", ".join(f"{name.split(' (')[0]} {ms:.1f}" for name, ms in medians.items()))
 
 
 def live_status(cmd: list[str], out: Path, repeat: int) -> float:
