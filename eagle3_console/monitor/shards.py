@@ -4,7 +4,9 @@ Where it sits: snapshot.collect() keeps one ShardMonitor per output of a stage
 whose spec says `progress = "shards"`, refreshes it, and puts the returned
 ShardProgress on the stage (its DiskMonitor shares `monitor.index`).
 to_state()/from_state() carry everything (the tree index included) so a
-one-shot `status` continues incrementally from .eagle3/cache/.
+one-shot `status` continues incrementally from .eagle3/cache/; a settled
+output is carried by summary()/from_summary() alone (monitor/settled.py)
+until a folder of it changes.
 
 Layouts (shared/DESIGN.md), told apart by where the sample files are:
 - eagle3:          rows_<a>-<b>/data_<i>.safetensors   (ours)
