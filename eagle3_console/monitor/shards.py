@@ -179,7 +179,10 @@ class ShardMonitor:
             else:
                 layouts = None
             prefix = f"{rel_dir}/" if rel_dir else ""
-            for name in self.index.files_in(rel_dir):
+            samples, tokens, bad = self._samples, self._header_tokens, self._bad
+            kept_tokens, kept_bad = keep_tokens.get, keep_bad.get
+            n, idx_sum, per_layout = 0, 0, Counter()
+            for name in self.index.names_in(rel_dir):
                 rel = prefix + name
                 if name.endswith(TMP_SUFFIX):
                     self._tmp.add(rel)
@@ -189,18 +192,26 @@ class ShardMonitor:
                 m = match(name)
                 if m is None:
                     continue
-                layout = layouts[m.group(2)]
-                idx = int(m.group(1))
-                self._samples[rel] = (rel_dir, layout, idx)
-                self._idx_sum += idx
-                self._per_dir[rel_dir] += 1
-                self._per_layout[layout] += 1
-                if rel in keep_tokens:
-                    self._header_tokens[rel] = keep_tokens[rel]
-                elif rel in keep_bad:
-                    self._bad[rel] = keep_bad[rel]
+                number, ext = m.groups()
+                layout = layouts[ext]
+                idx = int(number)
+                samples[rel] = (rel_dir, layout, idx)
+                idx_sum += idx
+                n += 1
+                per_layout[layout] += 1
+                value = kept_tokens(rel)
+                if value is not None:
+                    tokens[rel] = value
+                    continue
+                value = kept_bad(rel)
+                if value is not None:
+                    bad[rel] = value
                 elif layout in (EAGLE3, SPEC_HS):
                     self._read_header(rel)
+            if n:
+                self._per_dir[rel_dir] += n
+            self._idx_sum += idx_sum
+            self._per_layout.update(per_layout)
         self._tokens_cache = None
         self._synced = True
 
@@ -510,7 +521,11 @@ class ShardMonitor:
             return False
         try:
             self.index = TreeIndex.from_state(state["index"], self.root)
-            self._header_tokens = {str(k): int(v) for k, v in state["header_tokens"].items()}
+            tokens_state = state["header_tokens"]
+            # From JSON: keys are strings; the values only need checking (20,000 of them).
+            if not isinstance(tokens_state, dict) or not all(type(v) is int for v in tokens_state.values()):
+                raise ValueError("header_tokens: expected {relpath: int}")
+            self._header_tokens = dict(tokens_state)
             self._bad = {str(k): [int(a), int(b)] for k, (a, b) in state["bad"].items()}
             self.set_observations(state["obs"])
             tokens = state.get("tokens")

@@ -115,6 +115,11 @@ class TreeIndex:
         d = self._dirs.get(rel)
         return dict(d.files) if d else {}
 
+    def names_in(self, rel: str = "") -> list[str]:
+        """File names of one directory (a list: safe to change the index meanwhile)."""
+        d = self._dirs.get(rel)
+        return list(d.files) if d else []
+
     def iter_files(self) -> Iterator[tuple[str, str, FileEntry]]:
         """(directory rel path, name, entry) for every indexed file."""
         for rel, d in self._dirs.items():
