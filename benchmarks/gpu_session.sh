@@ -6,7 +6,8 @@
 # numpy, psutil, nvidia-ml-py, typer and rich; PYTHONPATH puts this checkout
 # first (status --json never imports textual, which is not there).
 # Each step has its own time limit so that one slow step cannot eat the others'
-# (510 s of limits in all; the train step alone: benchmarks/gpu_train_session.sh); each writes its log and JSON under $OUT.
+# (about 830 s of limits in all: more than one 600 s device call, so split it with STEPS; the train
+# step alone: benchmarks/gpu_train_session.sh); each writes its log and JSON under $OUT.
 set -u
 OUT=${OUT:-/tmp/gpu-session-out}
 WORK=${BENCH_DIR:-/root/eagle3-bench}     # on the machine's disk (64 GiB): the filesystem measured
@@ -42,7 +43,7 @@ step profile_8b 180 $PY benchmarks/profile_extract.py --shape 8b --samples 96 --
 # backward), then timed; the compiles happen in the check and warm-up and are printed apart.
 # The old path and a many-lengths corpus: bash benchmarks/gpu_train_session.sh old mixed
 step train_8b 240 $PY benchmarks/train_throughput.py --shape 8b --seq 2048,4096 --out "$WORK" --check-levers
-step status 45 $PY benchmarks/status_cost.py --dir "$WORK/status" --log-gb 1 --repeat 5 --gpu-worker \
+step status 60 $PY benchmarks/status_cost.py --dir "$WORK/status" --log-gb 1 --repeat 5 --gpu-worker \
   --profile "$OUT/profiles"
 # The MoE shape last (cheapest to lose): DeepSeek-V2-Lite's layer shapes, 8 of its 27 layers.
 step extract_moe 150 $PY benchmarks/extract_throughput.py --shape moe --layers 8 --samples 192 --naive-samples 4 \
@@ -52,7 +53,7 @@ rm -rf "$WORK"
 grep -h -e '^device:' -e '^shape ' -e '^matmul' -e '^direct write' -e '^bare forward' -e '^naive extractor' \
   -e '^ops.extract --durable' -e "^ops.extract's writers" -e '^durable:' -e '^profiled call' -e '^ops.extract --writers' \
   -e '^train ' -e '^compile ' -e '^levers ' -e '^GPU worker' -e '^nvidia-smi' \
-  -e '^python -c pass' -e '^status --json' -e '^collect()' -e '^baseline' \
+  -e '^python -c pass' -e '^status --json' -e '^status phases' -e '^collect()' -e '^baseline' \
   "$OUT"/extract_8b.log "$OUT"/profile_8b.log "$OUT"/train_8b.log "$OUT"/status.log "$OUT"/extract_moe.log \
   2>/dev/null | tee "$OUT/summary.txt"
 cat "$OUT/steps.txt"

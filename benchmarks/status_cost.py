@@ -11,7 +11,11 @@ On a GPU machine, --gpu-worker also starts a supervised stage holding 2 GiB
 of GPU memory and times `status --json` with NVML live against
 `nvidia-smi --query-gpu=memory.used,memory.total --format=csv` (issue 11's
 goal: <= 0.15 s); --profile DIR writes `-X importtime` and a cProfile of one
-such process there.
+such process there. Both modes print where the time of one process goes, by
+phase (imports, registry, monitors, cache, NVML, processes, JSON out: medians
+of --repeat processes of benchmarks/status_phases.py, the real entry point
+with timers around each phase). Timed processes run with bytecode caching on
+(PYTHONDONTWRITEBYTECODE unset), as an installed package has it.
 Usage: python benchmarks/status_cost.py [--dir DIR] [--log-gb 1] [--repeat 5] [--gpu-worker] [--profile DIR]
 """
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -72,6 +77,57 @@ def build(root: Path, log_gb: float) -> tuple[Path, Path]:
     return out, log
 
 
+# Compiling every module from source on each call is no installed console's cost.
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+PHASES = Path(__file__).resolve().parent / "status_phases.py"
+
+
+def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, env=ENV, **kw)
+
+
+def phases(root: Path, repeat: int, no_gpus: bool) -> None:
+    """Median milliseconds of each phase over `repeat` whole processes."""
+    samples: list[dict] = []
+    for _ in range(repeat):
+        proc = run([sys.executable, str(PHASES), str(root)] + (["--no-gpus"] if no_gpus else []),
+                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        line = next((x for x in proc.stderr.splitlines() if x.startswith("PHASES=")), None)
+        if line is None:
+            print(f"phase breakdown failed: {proc.stderr.strip()[-500:]}")
+            return
+        samples.append(json.loads(line[len("PHASES="):])["ms"])
+    names = list(dict.fromkeys(k for s in samples for k in s))
+    print(f"where one status --json{' --no-gpus' if no_gpus else ''} process goes "
+          f"(ms, median of {repeat}, after interpreter start):")
+    medians = {name: statistics.median(s.get(name, 0.0) for s in samples) for name in names}
+    for name, ms in medians.items():
+        print(f"  {name:42s} {ms:8.1f}")
+    # One line for gpu_session.sh's summary.
+    print(f"status phases{' --no-gpus' if no_gpus else ''} (ms): "
+          + ", ".join(f"{name.split(' (')[0]} {ms:.1f}" for name, ms in medians.items()))
+
+
+def live_status(cmd: list[str], out: Path, repeat: int) -> float:
+    """status --json with the output changing between calls, as under a live
+    extraction (each call finds one shard folder with a new mtime)."""
+    extra = out / "rows_18000-20000" / "data_99999.safetensors"
+    times = []
+    for i in range(repeat):
+        if extra.exists():
+            extra.unlink()
+        else:
+            extra.write_bytes(sample_bytes(99999))
+        time.sleep(0.06)        # past the racy-listing margin (monitor/tree.py), as one cron tick is
+        t0 = time.perf_counter()
+        run(cmd, stdout=subprocess.DEVNULL)
+        times.append(time.perf_counter() - t0)
+    if extra.exists():
+        extra.unlink()
+    run(cmd, stdout=subprocess.DEVNULL)     # settled again for what follows
+    return statistics.median(times)
+
+
 def timed(fn, repeat: int) -> float:
     times = []
     for _ in range(repeat):
@@ -106,15 +162,22 @@ def main() -> int:
     assert st.shards and st.shards.samples_done == 20000, st.shards
 
     cmd = [sys.executable, "-m", "eagle3_console.cli", "-w", str(root), "status", "--json", "--no-gpus"]
-    subprocess.run(cmd, stdout=subprocess.DEVNULL)     # warms .eagle3/cache like a previous cron tick
-    process = timed(lambda: subprocess.run(cmd, stdout=subprocess.DEVNULL), a.repeat)
+    run(cmd, stdout=subprocess.DEVNULL)     # warms .eagle3/cache (and bytecode) like a previous cron tick
+    process = timed(lambda: run(cmd, stdout=subprocess.DEVNULL), a.repeat)
+    bare = timed(lambda: run([sys.executable, "-c", "pass"]), a.repeat)
+    live = live_status(cmd, out, a.repeat)
 
     print(f"workspace: {root} (20,000 samples in 10 shards, log {log.stat().st_size / 2**30:.2f} GiB)")
     print(f"baseline du+ls+tail loop:     {baseline * 1000:8.1f} ms")
     print(f"collect() first pass:         {first_s * 1000:8.1f} ms  (samples seen: {first.stages[0].shards.samples_done})")
     print(f"collect() refresh (median):   {refresh * 1000:8.1f} ms  ratio refresh/baseline = {refresh / baseline:.3f} "
           f"(goal <= 0.100: {'PASS' if refresh <= baseline / 10 else 'FAIL'})")
-    print(f"status --json whole process:  {process * 1000:8.1f} ms  (goal <= 500 ms: {'PASS' if process <= 0.5 else 'FAIL'})")
+    print(f"python -c pass (interpreter): {bare * 1000:8.1f} ms")
+    print(f"status --json whole process:  {process * 1000:8.1f} ms  (goal <= 500 ms: {'PASS' if process <= 0.5 else 'FAIL'}; "
+          f"--no-gpus, cache warm)")
+    print(f"status --json, output growing:{live * 1000:8.1f} ms  (a sample file added or removed before each call: "
+          "its shard's folder changed, so the output's per-file state is read and rewritten)")
+    phases(root, a.repeat, no_gpus=True)
     if a.gpu_worker:
         gpu_status(root, a.repeat, a.profile)
     elif a.profile:
@@ -126,9 +189,12 @@ def profile(cmd: list[str], directory: Path, name: str) -> None:
     """One process under -X importtime and one under cProfile (both stdlib)."""
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory / f"{name}_importtime.txt", "w") as fh:
-        subprocess.run([cmd[0], "-X", "importtime", *cmd[1:]], stdout=subprocess.DEVNULL, stderr=fh)
+        run([cmd[0], "-X", "importtime", *cmd[1:]], stdout=subprocess.DEVNULL, stderr=fh)
+    # What the interpreter imports before any of ours (site, .pth files): `python -c pass`'s share.
+    with open(directory / "interpreter_importtime.txt", "w") as fh:
+        run([cmd[0], "-X", "importtime", "-c", "pass"], stderr=fh)
     prof = directory / f"{name}.prof"
-    subprocess.run([cmd[0], "-m", "cProfile", "-o", str(prof), *cmd[1:]], stdout=subprocess.DEVNULL)
+    run([cmd[0], "-m", "cProfile", "-o", str(prof), *cmd[1:]], stdout=subprocess.DEVNULL)
     import pstats
     with open(directory / f"{name}_profile.txt", "w") as fh:
         pstats.Stats(str(prof), stream=fh).sort_stats("cumulative").print_stats(40)
@@ -146,12 +212,12 @@ def gpu_status(root: Path, repeat: int, profile_dir: Path | None) -> None:
     if "[stages.gpuworker]" not in text:
         toml.write_text(text + f"\n[stages.gpuworker]\nargv = [\"python\", \"-c\", {json.dumps(WORKER)}]\n")
     cli = [sys.executable, "-m", "eagle3_console.cli", "-w", str(root)]
-    subprocess.run([*cli, "run", "gpuworker", "--force"], check=True, stdout=subprocess.DEVNULL)
+    run([*cli, "run", "gpuworker", "--force"], check=True, stdout=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
         seen = False
         while time.monotonic() < deadline and not seen:
-            snap = json.loads(subprocess.run([*cli, "status", "--json"], capture_output=True, text=True).stdout)
+            snap = json.loads(run([*cli, "status", "--json"], capture_output=True, text=True).stdout)
             seen = any(p.get("stage") == "gpuworker"
                        for g in snap.get("gpus", []) for p in g.get("processes", []))
             time.sleep(0.5)
@@ -159,17 +225,18 @@ def gpu_status(root: Path, repeat: int, profile_dir: Path | None) -> None:
         smi = ["nvidia-smi", "--query-gpu=memory.used,memory.total", "--format=csv"]
         smi_s = timed(lambda: subprocess.run(smi, stdout=subprocess.DEVNULL, check=True), repeat)
         cmd = [*cli, "status", "--json"]
-        subprocess.run(cmd, stdout=subprocess.DEVNULL)
-        status_s = timed(lambda: subprocess.run(cmd, stdout=subprocess.DEVNULL), repeat)
-        bare = timed(lambda: subprocess.run([sys.executable, "-c", "pass"]), repeat)
+        run(cmd, stdout=subprocess.DEVNULL)
+        status_s = timed(lambda: run(cmd, stdout=subprocess.DEVNULL), repeat)
+        bare = timed(lambda: run([sys.executable, "-c", "pass"]), repeat)
         print(f"nvidia-smi --query-gpu (median):       {smi_s * 1000:8.1f} ms")
         print(f"python -c pass (interpreter start):    {bare * 1000:8.1f} ms")
         print(f"status --json, NVML live, worker on:   {status_s * 1000:8.1f} ms  "
               f"(goal <= 150 ms: {'PASS' if status_s <= 0.15 else 'FAIL'}; {status_s / smi_s:.1f}x nvidia-smi)")
+        phases(root, repeat, no_gpus=False)
         if profile_dir:
             profile(cmd, profile_dir, "status_gpu")
     finally:
-        subprocess.run([*cli, "stop", "gpuworker", "--grace", "5"], stdout=subprocess.DEVNULL)
+        run([*cli, "stop", "gpuworker", "--grace", "5"], stdout=subprocess.DEVNULL)
 
 
 if __name__ == "__main__":

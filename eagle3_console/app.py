@@ -5,7 +5,7 @@ Everything shown and done lives in eagle3_console/tui/: screen.py composes
 and renders, its sampler worker polls Collector.collect() off the UI thread,
 guarded.py is the table of guarded actions, console.tcss the layout.
 eagle3_console/app.py and tui/ are the only core modules that import textual;
-cli.py calls run_app() for the bare command and `tui`.
+commands.py (the typer app) calls run_app() for the bare command and `tui`.
 """
 
 from __future__ import annotations

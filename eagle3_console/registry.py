@@ -11,7 +11,6 @@ import json
 import os
 import sqlite3
 import time
-import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -173,6 +172,7 @@ class Registry:
             self.conn.executescript(SCHEMA)
             row = self.conn.execute("SELECT value FROM meta WHERE key = 'registry_id'").fetchone()
             if row is None:
+                import uuid     # 10 ms of import (platform) that every later open skips
                 # Racing first openers: one insert wins, both read the winner's id.
                 self.conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('registry_id', ?)",
                                   (uuid.uuid4().hex,))

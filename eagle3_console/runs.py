@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -279,6 +278,7 @@ def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, 
             run = reg.create_run(stage.name, argv, params, stage.environment(), str(ws.root),
                                  lambda rid: ws.log_path(rid, stage.name), restart_of=restart_of, reason=reason)
         # The launcher returns as soon as the supervisor has daemonized.
+        import subprocess       # here only: status imports this module and never launches
         try:
             subprocess.run([sys.executable, "-m", "eagle3_console.supervise", str(ws.root), str(run.id)],
                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -31,7 +31,7 @@ from eagle3_console.workspace import Workspace
 from ops.spec import read_json_dict
 
 CACHE_NAME = "monitors.json"
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 
 
 class Collector:
@@ -64,26 +64,58 @@ class Collector:
             return {}
         return data if data.get("version") == CACHE_VERSION else {}
 
+    def _full_path(self, key: str) -> Path:
+        """Where an output's per-file state lives (one file per output, named
+        after its stage and root, so every process uses the same one)."""
+        import hashlib      # 3 ms of import, only for an output whose summary no longer holds
+        return self.ws.cache_dir / f"shards-{hashlib.sha1(key.encode()).hexdigest()[:16]}.json"
+
+    def _load_full(self, key: str) -> dict | None:
+        try:
+            data = json.loads(self._full_path(key).read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(data, dict) or data.get("version") != CACHE_VERSION or data.get("key") != key:
+            return None
+        return data.get("state")
+
     def _save_cache(self) -> None:
-        """Write the monitors' state for the next one-shot process. Many write at
-        once (cron, loops of `status`, the TUI, watch): each through a temp file of
-        its own, renamed over the cache, so the last writer wins whole. The cache
-        only saves work: one that cannot be written (a read-only or full state
-        folder) means the next process starts from scratch, never a failure."""
-        data = {"version": CACHE_VERSION,
-                "shards": {f"{k[0]}\0{k[1]}": m.to_state() for k, m in self._shards.items()},
-                "logs": {str(rid): f.to_state() for rid, f in self._logs.items()}}
-        path = self._cache_path()
+        """Write the monitors' state for the next one-shot process. monitors.json
+        is small (logs, each output's summary and last observations) and written
+        every pass; an output's per-file state (20,000 entries for 20,000
+        samples) is written only when it changed. A settled output has a summary
+        (monitor/settled.py), and the next process reads its per-file state only
+        once that summary no longer holds. Many write at once (cron, loops of
+        `status`, the TUI, watch): each file through a temp file of its own,
+        renamed over it, so the last writer wins whole; a summary and a full
+        state from different writers need not agree, since each is checked
+        against the tree on its own. The cache only saves work: one that cannot
+        be written (a read-only or full state folder) means the next process
+        starts from scratch, never a failure."""
+        shards = {}
+        for (stage, root), mon in self._shards.items():
+            key = f"{stage}\0{root}"
+            if mon.dirty:
+                if self._write(self._full_path(key),
+                               {"version": CACHE_VERSION, "key": key, "state": mon.to_state()}):
+                    mon.dirty = False
+            shards[key] = {"summary": mon.summary(), "obs": mon.observations()}
+        self._write(self._cache_path(), {"version": CACHE_VERSION, "shards": shards,
+                                         "logs": {str(rid): f.to_state() for rid, f in self._logs.items()}})
+
+    def _write(self, path: Path, data: dict) -> bool:
         tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
             self.ws.cache_dir.mkdir(parents=True, exist_ok=True)
             tmp.write_text(json.dumps(data))
             os.replace(tmp, path)
+            return True
         except OSError:
             try:
                 tmp.unlink()
             except OSError:
                 pass
+            return False
 
     # -------------------------------------------------------------- monitors
     def _shard_monitor(self, stage: str, root: str, expected: int | None, tokens: int | None,
@@ -91,14 +123,22 @@ class Collector:
         key = (stage, root)
         mon = self._shards.get(key)
         if mon is None:
-            state = self._cache.get("shards", {}).get(f"{stage}\0{root}")
-            mon = None
-            if state:
+            ckey = f"{stage}\0{root}"
+            entry = self._cache.get("shards", {}).get(ckey)
+            if not isinstance(entry, dict):
+                entry = {}
+            if entry.get("summary"):
+                mon = ShardMonitor.from_summary(entry["summary"], root, lambda: self._load_full(ckey),
+                                                expected_samples=expected, expected_tokens=tokens,
+                                                sample_glob=sample_glob, obs=entry.get("obs"))
+            if mon is None and self.persist:
+                mon = ShardMonitor.from_state(self._load_full(ckey) or {}, root, expected_samples=expected,
+                                              expected_tokens=tokens, sample_glob=sample_glob)
                 try:
-                    mon = ShardMonitor.from_state(state, root, expected_samples=expected, expected_tokens=tokens,
-                                                  sample_glob=sample_glob)
-                except (KeyError, TypeError, ValueError):
-                    mon = None
+                    if entry.get("obs") is not None:
+                        mon.set_observations(entry["obs"])
+                except (TypeError, ValueError):
+                    pass
             mon = mon or ShardMonitor(root, expected_samples=expected, expected_tokens=tokens,
                                       sample_glob=sample_glob)
             self._shards[key] = mon

@@ -253,3 +253,31 @@ def test_run_ref_from_registry_row():
         supervisor_pid, supervisor_create_time, cwd, ended = 99, 1.0, "/ws", None
     ref = RunRef.from_run(Row())
     assert ref == RunRef(7, "train", 123, 1.5, 123, 100, 99, 1.0, "/ws", None)
+
+
+@pytest.mark.parametrize("worker_mode", ["plain", "session", "setsid"])
+def test_owners_of_given_pids_agree_with_the_full_answer_and_read_few_environments(spawned, worker_mode):
+    """attach_owners asks only about the GPU processes: the same tie as the full
+    answer (leader, tree, group, session, environment and the tree below it),
+    reading the environments of those pids and their ancestors only. Before,
+    every process of the machine newer than the oldest run had its
+    environment read by each one-shot `status`."""
+    from eagle3_console.monitor import procs as procs_mod
+    stay = start_tree(spawned, 46, worker_mode, "stay")
+    orphaned = start_tree(spawned, 47, worker_mode, "exit")
+    bystanders = [subprocess.Popen(["sleep", "60"]) for _ in range(5)]
+    spawned[1].extend(bystanders)
+    refs = (stay.ref(), orphaned.ref())
+    full = ProcessTable.snapshot().owners(refs)
+    asked = {stay.leader, stay.worker, stay.grand, orphaned.worker, orphaned.grand, bystanders[0].pid}
+    procs_mod._ENV_CACHE.clear()
+    table = ProcessTable.snapshot()
+    some = table.owners(refs, only=asked)
+    assert set(some) == asked & set(full) and len(some) == 5
+    for pid, info in some.items():
+        assert (info.run_id, info.how, info.cmdline) == (full[pid].run_id, full[pid].how, full[pid].cmdline)
+    look = set(asked)
+    for pid in asked:
+        look.update(table.ancestors(pid))
+    assert {pid for pid, _ct in procs_mod._ENV_CACHE} <= look
+    assert not any(b.pid in {pid for pid, _ct in procs_mod._ENV_CACHE} for b in bystanders[1:])

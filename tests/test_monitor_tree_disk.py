@@ -216,6 +216,10 @@ def test_state_round_trip_continues_incrementally(tmp_path):
     # A state for another root, or damaged, is a fresh index, not an error.
     assert TreeIndex.from_state(state, tmp_path / "elsewhere").file_count == 0
     assert TreeIndex.from_state({"version": 1, "root": str(root), "dirs": {"": [1]}}, root).file_count == 0
+    for column in (4, 5, 6):        # a size, an mtime, an inode that is no integer
+        bad = json.loads(json.dumps(state))
+        bad["dirs"]["rows_0-2000"][column][0] = "10"
+        assert TreeIndex.from_state(bad, root).file_count == 0
 
 
 # ---- disk ------------------------------------------------------------------

@@ -29,8 +29,6 @@ import os
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-import psutil
-
 from eagle3_console.model import GpuReport
 from eagle3_console.workspace import ENV_REGISTRY, ENV_RUN_ID, ENV_STAGE, ENV_WORKSPACE
 
@@ -39,6 +37,19 @@ from eagle3_console.workspace import ENV_REGISTRY, ENV_RUN_ID, ENV_STAGE, ENV_WO
 CREATE_TIME_TOL_S = 0.01
 
 LEADER, TREE, PGID, SESSION, ENV = "leader", "tree", "pgid", "session", "env"
+
+
+class _LazyPsutil:
+    """psutil imported at first use (11 ms): a `status --json` with no live run
+    and no GPU process never needs it."""
+
+    def __getattr__(self, name: str) -> Any:
+        import psutil as module
+        globals()["psutil"] = module
+        return getattr(module, name)
+
+
+psutil: Any = _LazyPsutil()
 
 
 def process_alive(pid: int | None, create_time: float | None, tol: float = CREATE_TIME_TOL_S) -> bool:
@@ -169,7 +180,7 @@ class ProcessTable:
             if r.sid is not None:
                 self.by_sid.setdefault(r.sid, []).append(r)
         self._cmdlines: dict[int, tuple[str, ...]] = {}
-        self._owners: dict[tuple[RunRef, ...], dict[int, ProcInfo]] = {}
+        self._owners: dict[tuple[tuple[RunRef, ...], frozenset[int] | None], dict[int, ProcInfo]] = {}
 
     @classmethod
     def snapshot(cls) -> "ProcessTable":
@@ -235,15 +246,38 @@ class ProcessTable:
         # must be older than the leader, which started inside its session.
         return ref.create_time is not None and holder.create_time <= ref.create_time + CREATE_TIME_TOL_S
 
-    def owners(self, refs: Iterable[RunRef]) -> dict[int, ProcInfo]:
-        """pid -> ProcInfo for every live process tied to one of `refs`.
+    def ancestors(self, pid: int) -> list[int]:
+        out, seen = [], {pid}
+        row = self.rows.get(pid)
+        while row is not None and row.ppid > 1 and row.ppid not in seen:
+            out.append(row.ppid)
+            seen.add(row.ppid)
+            row = self.rows.get(row.ppid)
+        return out
+
+    def owners(self, refs: Iterable[RunRef], only: Iterable[int] | None = None) -> dict[int, ProcInfo]:
+        """pid -> ProcInfo for every live process tied to one of `refs`
+        (with `only`: for those pids alone, the same answer at less cost).
 
         A process tied to two runs (it cannot be in both trees) goes to the
         strongest tie; the supervisor itself is never counted as a stage
-        process, nor is a zombie (it has exited; only its parent's wait() is due)."""
+        process, nor is a zombie (it has exited; only its parent's wait() is due).
+
+        `only` (the GPU processes, for attach_owners): a pid's tie depends on
+        its own environment and its ancestors' (a descendant of a process tied
+        by group, session or environment is tied by tree), never on another
+        process's; so only those environments are read, not one per process of
+        the machine newer than the oldest run (a one-shot `status` has no
+        environment cached), and only their command lines."""
         refs = tuple(refs)
-        if refs in self._owners:
-            return self._owners[refs]
+        wanted = None if only is None else frozenset(only)
+        if (refs, wanted) in self._owners:
+            return self._owners[(refs, wanted)]
+        look = None
+        if wanted is not None:
+            look = set(wanted)
+            for pid in wanted:
+                look.update(self.ancestors(pid))
         rank = {LEADER: 0, TREE: 1, PGID: 2, SESSION: 3, ENV: 4}
         tied: dict[int, tuple[RunRef, str]] = {}
 
@@ -281,7 +315,7 @@ class ProcessTable:
         if by_env:
             oldest = min((r.create_time for r in refs if r.create_time is not None), default=None)
             for row in self.rows.values():
-                if row.pid in tied or row.pid in excluded:
+                if row.pid in tied or row.pid in excluded or (look is not None and row.pid not in look):
                     continue
                 if oldest is not None and row.create_time < oldest - CREATE_TIME_TOL_S:
                     continue
@@ -301,6 +335,8 @@ class ProcessTable:
                     tie(d, ref, TREE)
         result = {}
         for pid, (ref, how) in tied.items():
+            if wanted is not None and pid not in wanted:
+                continue
             row = self.rows[pid]
             if row.status == psutil.STATUS_ZOMBIE:
                 continue    # exited, awaiting its parent's wait(): nothing to watch or signal
@@ -308,7 +344,7 @@ class ProcessTable:
                                    cmdline=self.cmdline(pid), ppid=row.ppid, pgid=row.pgid,
                                    sid=row.sid, status=row.status, how=how,
                                    run_id=ref.run_id, stage=ref.stage)
-        self._owners[refs] = result
+        self._owners[(refs, wanted)] = result
         return result
 
 
@@ -355,7 +391,7 @@ def attach_owners(report: GpuReport, refs: Iterable[RunRef], table: ProcessTable
     if not report.available:
         return report
     table = table or ProcessTable.snapshot()
-    owners = table.owners(tuple(refs))
+    owners = table.owners(tuple(refs), only={gp.pid for gpu in report.gpus for gp in gpu.processes})
     for gpu in report.gpus:
         for gp in gpu.processes:
             row = table.get(gp.pid)

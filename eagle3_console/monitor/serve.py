@@ -34,10 +34,8 @@ second, never a stall. Standard library only (status --json imports this).
 
 from __future__ import annotations
 
-import http.client
 import json
 import re
-import socket
 import time
 
 from eagle3_console.model import LogState, ServeState
@@ -50,6 +48,7 @@ _SAMPLE = re.compile(r"^(sglang:[a-z_]+)(?:\{[^}]*\})?\s+(\S+)")
 
 
 def port_open(host: str, port: int, timeout: float = TIMEOUT_S) -> bool:
+    import socket       # imported only once a serve run is sampled
     try:
         with socket.create_connection((host, port), timeout=timeout):
             return True
@@ -59,6 +58,7 @@ def port_open(host: str, port: int, timeout: float = TIMEOUT_S) -> bool:
 
 def http_get(host: str, port: int, path: str, timeout: float = TIMEOUT_S) -> tuple[int, bytes]:
     """(status, body); OSError (timeouts included) when there is no answer in time."""
+    import http.client      # 11 ms of import (ssl, email): only once a serve run is sampled
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
         conn.request("GET", path)

@@ -4,7 +4,9 @@ Where it sits: snapshot.collect() keeps one ShardMonitor per output of a stage
 whose spec says `progress = "shards"`, refreshes it, and puts the returned
 ShardProgress on the stage (its DiskMonitor shares `monitor.index`).
 to_state()/from_state() carry everything (the tree index included) so a
-one-shot `status` continues incrementally from .eagle3/cache/.
+one-shot `status` continues incrementally from .eagle3/cache/; a settled
+output is carried by summary()/from_summary() alone (monitor/settled.py)
+until a folder of it changes.
 
 Layouts (shared/DESIGN.md), told apart by where the sample files are:
 - eagle3:          rows_<a>-<b>/data_<i>.safetensors   (ours)
@@ -39,8 +41,10 @@ import re
 import time
 from collections import Counter, deque
 from pathlib import Path
+from typing import Callable
 
 from eagle3_console.model import ShardCount, ShardProgress
+from eagle3_console.monitor import settled
 from eagle3_console.monitor.tree import TreeIndex
 from ops.formats import (DATA_CONFIG, SAMPLE_LENGTHS, SAMPLE_RE, SHARD_DIR_RE, TMP_SUFFIX,
                          BadSampleFile, read_safetensors_header, tokens_in_header)
@@ -93,10 +97,17 @@ class ShardMonitor:
         self._idx_sum = 0                               # with the count: a fingerprint of the sample set
         self._restored_tokens: tuple[list, int | None] | None = None
         self._restored_lengths_error: str | None = None
+        # A settled output's summary stands in for the per-file state until it
+        # no longer holds; then _full_state() (the persisted state, or None) is loaded.
+        self._summary: dict | None = None
+        self._full_state: Callable[[], dict | None] | None = None
+        # Per-file state changed since it was built or loaded: worth saving again.
+        self.dirty = True
 
     def use_glob(self, sample_glob: str | None) -> None:
         """Count the files matching this pattern instead (None: the known layouts)."""
         if sample_glob != self.sample_glob:
+            self._leave_summary()
             self.sample_glob = sample_glob
             self._synced = False
 
@@ -110,11 +121,17 @@ class ShardMonitor:
     # ---- refresh -------------------------------------------------------
     def refresh(self, now: float | None = None, refresh_index: bool = True) -> ShardProgress:
         now = time.time() if now is None else now
+        if self._summary is not None:
+            if settled.holds(self, now):
+                self._load_config()
+                return self._progress(now)
+            self._leave_summary()
         if refresh_index:
-            stats = self.index.refresh()
-            new, removed = stats.new_files, stats.removed_files
-        else:
-            new, removed = self.index.last.new_files, self.index.last.removed_files
+            self.index.refresh()
+        stats = self.index.last
+        new, removed = stats.new_files, stats.removed_files
+        if new or removed or stats.dirs_listed or stats.files_stated:
+            self.dirty = True
         if not self._synced:
             self._resync()
         else:
@@ -162,7 +179,10 @@ class ShardMonitor:
             else:
                 layouts = None
             prefix = f"{rel_dir}/" if rel_dir else ""
-            for name in self.index.files_in(rel_dir):
+            samples, tokens, bad = self._samples, self._header_tokens, self._bad
+            kept_tokens, kept_bad = keep_tokens.get, keep_bad.get
+            n, idx_sum, per_layout = 0, 0, Counter()
+            for name in self.index.names_in(rel_dir):
                 rel = prefix + name
                 if name.endswith(TMP_SUFFIX):
                     self._tmp.add(rel)
@@ -172,18 +192,26 @@ class ShardMonitor:
                 m = match(name)
                 if m is None:
                     continue
-                layout = layouts[m.group(2)]
-                idx = int(m.group(1))
-                self._samples[rel] = (rel_dir, layout, idx)
-                self._idx_sum += idx
-                self._per_dir[rel_dir] += 1
-                self._per_layout[layout] += 1
-                if rel in keep_tokens:
-                    self._header_tokens[rel] = keep_tokens[rel]
-                elif rel in keep_bad:
-                    self._bad[rel] = keep_bad[rel]
+                number, ext = m.groups()
+                layout = layouts[ext]
+                idx = int(number)
+                samples[rel] = (rel_dir, layout, idx)
+                idx_sum += idx
+                n += 1
+                per_layout[layout] += 1
+                value = kept_tokens(rel)
+                if value is not None:
+                    tokens[rel] = value
+                    continue
+                value = kept_bad(rel)
+                if value is not None:
+                    bad[rel] = value
                 elif layout in (EAGLE3, SPEC_HS):
                     self._read_header(rel)
+            if n:
+                self._per_dir[rel_dir] += n
+            self._idx_sum += idx_sum
+            self._per_layout.update(per_layout)
         self._tokens_cache = None
         self._synced = True
 
@@ -351,25 +379,27 @@ class ShardMonitor:
 
     # ---- progress, rate, ETA ------------------------------------------
     def _progress(self, now: float) -> ShardProgress:
-        done = len(self._samples)
+        s = self._summary
+        if s is not None:
+            done, per_dir, layout, tmp, bad, tokens = (
+                s["done"], s["per_dir"], s["layout"], s["tmp"], s["bad"], s["tokens"])
+        else:
+            done, per_dir, layout, tmp, bad = (
+                len(self._samples), self._per_dir, self._layout(), len(self._tmp), len(self._bad))
+            tokens = self._tokens_done()
         expected = self.expected_samples
         if expected is None:
             expected = self._config_int("total_samples")
         tokens_expected = self.expected_tokens
         if tokens_expected is None:
             tokens_expected = self._config_int("total_tokens")
-        tokens = self._tokens_done()
         if "status" in self._config:
             complete = self._config.get("status") == "complete"
         else:       # the seed's data_config.json has no status: complete when all are there
             total = self._config_int("total_samples")
             complete = bool(self._config) and total is not None and done >= total
-        layout = NONE
-        if done:
-            layout = max(self._per_layout.items(), key=lambda kv: kv[1])[0]
-
         shards: list[ShardCount] = []
-        for rel_dir, n in self._per_dir.items():
+        for rel_dir, n in per_dir.items():
             if n <= 0:
                 continue
             m = SHARD_DIR_RE.match(rel_dir)
@@ -391,9 +421,14 @@ class ShardMonitor:
         return ShardProgress(
             root=str(self.root), layout=layout, samples_done=done, samples_expected=expected,
             tokens_done=tokens, tokens_expected=tokens_expected, shards=shards,
-            tmp_files=len(self._tmp), samples_per_s=sps, tokens_per_s=tps, eta_s=eta,
-            complete=complete, bad_files=len(self._bad),
+            tmp_files=tmp, samples_per_s=sps, tokens_per_s=tps, eta_s=eta,
+            complete=complete, bad_files=bad,
             error="; ".join(self._errors[k] for k in sorted(self._errors)) or None)
+
+    def _layout(self) -> str:
+        if not self._samples:
+            return NONE
+        return max(self._per_layout.items(), key=lambda kv: kv[1])[0]
 
     def _rate(self, now: float, done: int, tokens: int | None) -> tuple[float | None, float | None]:
         if self._obs and (done < self._obs[-1][1] or now < self._obs[-1][0]):
@@ -412,6 +447,9 @@ class ShardMonitor:
     def _rate_from_mtimes(self, now: float, done: int) -> tuple[float | None, float | None]:
         if not done:
             return None, None
+        if self._summary is not None:
+            # settled.holds(): no file of the tree is inside the window.
+            return 0.0, 0.0 if self._summary["token_source"] else None
         start_ns = int((now - self.window_s) * 1e9)
         recent: list[tuple[int, str]] = []
         for rel in self._samples:
@@ -432,6 +470,7 @@ class ShardMonitor:
 
     # ---- persistence ---------------------------------------------------
     def to_state(self) -> dict:
+        self._leave_summary()
         return {
             "version": STATE_VERSION,
             "root": os.fspath(self.root),
@@ -444,27 +483,69 @@ class ShardMonitor:
             "errors": self._errors,
         }
 
+    @property
+    def summarized(self) -> bool:
+        """Answering from a settled output's summary (no per-file state loaded)."""
+        return self._summary is not None
+
+    def observations(self) -> list:
+        """The rate window's (time, samples, tokens) observations, for the next process."""
+        return list(self._obs)
+
+    def set_observations(self, obs) -> None:
+        """Raises TypeError or ValueError for anything but observations()'s list."""
+        self._obs = deque((float(t), int(d), None if k is None else int(k)) for t, d, k in obs)
+
+    def summary(self) -> dict | None:
+        """A compact state for a settled output (monitor/settled.py), else None."""
+        return settled.summary(self)
+
+    @classmethod
+    def from_summary(cls, summary: dict, root: str | os.PathLike, full_state: Callable[[], dict | None],
+                     expected_samples: int | None = None, expected_tokens: int | None = None,
+                     window_s: float = 60.0, sample_glob: str | None = None,
+                     obs: list | None = None) -> "ShardMonitor | None":
+        """A monitor answering from `summary` while it holds, loading
+        full_state() (a to_state() dict, or None: start over) once it does not.
+        None when the summary is of another version, root or pattern."""
+        mon = cls(root, expected_samples, expected_tokens, window_s=window_s, sample_glob=sample_glob)
+        return mon if settled.install(mon, summary, full_state, obs) else None
+
+    def _leave_summary(self) -> None:
+        """The summary no longer holds: continue from the full state (or from scratch)."""
+        settled.leave(self)
+
+    def _restore(self, state: dict) -> bool:
+        if (not isinstance(state, dict) or state.get("version") != STATE_VERSION
+                or state.get("root") != os.fspath(self.root) or state.get("glob") != self.sample_glob):
+            return False
+        try:
+            self.index = TreeIndex.from_state(state["index"], self.root)
+            tokens_state = state["header_tokens"]
+            # From JSON: keys are strings; the values only need checking (20,000 of them).
+            if not isinstance(tokens_state, dict) or not all(type(v) is int for v in tokens_state.values()):
+                raise ValueError("header_tokens: expected {relpath: int}")
+            self._header_tokens = dict(tokens_state)
+            self._bad = {str(k): [int(a), int(b)] for k, (a, b) in state["bad"].items()}
+            self.set_observations(state["obs"])
+            tokens = state.get("tokens")
+            if tokens is not None:
+                fp, value = tokens
+                self._restored_tokens = (list(fp), None if value is None else int(value))
+            self._errors = {str(k): str(v) for k, v in (state.get("errors") or {}).items()}
+            self._restored_lengths_error = self._errors.get(SAMPLE_LENGTHS)
+        except (KeyError, TypeError, ValueError):
+            return False
+        self._synced = False
+        self.dirty = False
+        return True
+
     @classmethod
     def from_state(cls, state: dict, root: str | os.PathLike, expected_samples: int | None = None,
                    expected_tokens: int | None = None, window_s: float = 60.0,
                    sample_glob: str | None = None) -> "ShardMonitor":
         """Rebuild from to_state(); another version, root or pattern gives a fresh monitor."""
         mon = cls(root, expected_samples, expected_tokens, window_s=window_s, sample_glob=sample_glob)
-        if (not isinstance(state, dict) or state.get("version") != STATE_VERSION
-                or state.get("root") != os.fspath(mon.root) or state.get("glob") != sample_glob):
-            return mon
-        try:
-            mon.index = TreeIndex.from_state(state["index"], mon.root)
-            mon._header_tokens = {str(k): int(v) for k, v in state["header_tokens"].items()}
-            mon._bad = {str(k): [int(a), int(b)] for k, (a, b) in state["bad"].items()}
-            mon._obs = deque((float(t), int(d), None if k is None else int(k))
-                             for t, d, k in state["obs"])
-            tokens = state.get("tokens")
-            if tokens is not None:
-                fp, value = tokens
-                mon._restored_tokens = (list(fp), None if value is None else int(value))
-            mon._errors = {str(k): str(v) for k, v in (state.get("errors") or {}).items()}
-            mon._restored_lengths_error = mon._errors.get(SAMPLE_LENGTHS)
-        except (KeyError, TypeError, ValueError):
+        if not mon._restore(state):
             return cls(root, expected_samples, expected_tokens, window_s=window_s, sample_glob=sample_glob)
         return mon

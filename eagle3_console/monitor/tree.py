@@ -115,11 +115,27 @@ class TreeIndex:
         d = self._dirs.get(rel)
         return dict(d.files) if d else {}
 
+    def names_in(self, rel: str = "") -> list[str]:
+        """File names of one directory (a list: safe to change the index meanwhile)."""
+        d = self._dirs.get(rel)
+        return list(d.files) if d else []
+
     def iter_files(self) -> Iterator[tuple[str, str, FileEntry]]:
         """(directory rel path, name, entry) for every indexed file."""
         for rel, d in self._dirs.items():
             for name, entry in d.files.items():
                 yield rel, name, entry
+
+    def settled(self) -> dict[str, int] | None:
+        """Each directory's mtime when nothing in the tree may still change
+        unseen (no racy directory, no file re-stat'ed at every refresh), else
+        None. With these mtimes unchanged, a refresh would find nothing new."""
+        if any(d.racy or d.hot for d in self._dirs.values()):
+            return None
+        return {rel: d.mtime_ns for rel, d in self._dirs.items()}
+
+    def newest_mtime_ns(self) -> int | None:
+        return max((f.mtime_ns for d in self._dirs.values() for f in d.files.values()), default=None)
 
     def entry(self, relpath: str) -> FileEntry | None:
         rel, _, name = relpath.rpartition("/")
@@ -288,8 +304,13 @@ class TreeIndex:
                 if not (len(names) == len(sizes) == len(mtimes) == len(inos)):
                     raise ValueError(f"directory {rel!r}: lists of different lengths")
                 hot = set(hot)
-                files = {n: FileEntry(int(a), int(b), int(c), n in hot)
-                         for n, a, b, c in zip(names, sizes, mtimes, inos)}
+                # JSON gives ints already; a damaged state only needs telling
+                # apart from a sound one (one check a column, not one a value):
+                # 20,000 files load in a third of the time of an int() each.
+                for column in (sizes, mtimes, inos):
+                    if not all(type(v) is int for v in column):
+                        raise ValueError(f"directory {rel!r}: a size, mtime or inode that is no integer")
+                files = dict(zip(names, map(FileEntry, sizes, mtimes, inos, [n in hot for n in names])))
                 idx._dirs[str(rel)] = _Dir(int(mtime_ns), bool(racy), files, [str(x) for x in subdirs])
         except (KeyError, TypeError, ValueError):
             idx._dirs.clear()       # a damaged cache costs one full listing, nothing more

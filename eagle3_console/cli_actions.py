@@ -1,0 +1,157 @@
+"""The action commands (kill-workers, clean, restart: a plan printed, done
+only with --yes), watch (the policies acting on their own) and the
+Prometheus exporter, registered on commands.app in that order."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+
+import typer
+
+from eagle3_console import config as cfg
+from eagle3_console.cli import EXIT_CRITICAL, EXIT_LOCKED, EXIT_OK, EXIT_UNKNOWN, collect, err, out
+from eagle3_console.commands import _ctx, _refused, app
+
+
+def _show(lines: list[str]) -> None:
+    for line in lines:
+        out.print(line, highlight=False, markup=False)
+
+
+def _go_ahead(plan, yes: bool) -> bool:
+    """Print the plan; exit 2 on a refusal, 0 when there is nothing to do; act only with --yes."""
+    _show(plan.lines())
+    if plan.refusal:
+        raise typer.Exit(EXIT_OK if getattr(plan, "nothing_to_do", False) else EXIT_CRITICAL)
+    if not yes:
+        out.print("dry run: pass --yes to do this")
+    return yes
+
+
+@app.command("kill-workers")
+def kill_workers(ctx: typer.Context, stage: str,
+                 yes: bool = typer.Option(False, "--yes", help="Act; without it only the plan is printed."),
+                 grace: float = typer.Option(10.0, "--grace"),
+                 wait: float = typer.Option(60.0, "--wait", help="Seconds to wait for GPU memory to come back.")) -> None:
+    """Kill every process of STAGE's run and every GPU process tied to it; prove the memory came back."""
+    from eagle3_console import actions
+    c = _ctx(ctx)
+    c.stage(stage)
+    plan = actions.plan_kill(c.ws, stage, grace_s=grace)
+    if not _go_ahead(plan, yes):
+        return
+    result = actions.execute_kill(c.ws, plan, progress=lambda m: out.print(m, highlight=False, markup=False),
+                                  release_timeout_s=wait)
+    raise typer.Exit(EXIT_OK if result.ok else EXIT_CRITICAL)
+
+
+@app.command()
+def clean(ctx: typer.Context, stage: str,
+          yes: bool = typer.Option(False, "--yes", help="Move the partial files to .eagle3/trash/."),
+          purge: bool = typer.Option(False, "--purge", help="Delete instead of moving to the trash (with --yes).")) -> None:
+    """Remove partial outputs of a failed or killed run (never a complete one)."""
+    from eagle3_console import actions, runs
+    c = _ctx(ctx)
+    c.stage(stage)
+    plan = actions.plan_clean(c.ws, stage, purge=purge)
+    if not _go_ahead(plan, yes):
+        return
+    try:
+        result = actions.execute_clean(c.ws, plan)
+    except runs.Refused as exc:
+        raise _refused(exc)
+    _show(result.lines())
+    raise typer.Exit(EXIT_OK if not result.failed else EXIT_CRITICAL)
+
+
+@app.command()
+def restart(ctx: typer.Context, stage: str,
+            set_: list[str] = typer.Option([], "--set", help="Param override name=value (repeatable)."),
+            kill: bool = typer.Option(False, "--kill", help="Kill the live run first (through kill-workers)."),
+            halve: bool = typer.Option(False, "--halve-batch", help="After an OOM, halve the stage's batch_param."),
+            force: bool = typer.Option(False, "--force", help="Skip the dependency and disk checks."),
+            yes: bool = typer.Option(False, "--yes", help="Act; without it only the plan is printed.")) -> None:
+    """A new run with the last run's params plus overrides, linked to it."""
+    from eagle3_console import actions, runs
+    c = _ctx(ctx)
+    c.stage(stage)
+    try:
+        plan = actions.plan_restart(c.ws, stage, cfg.parse_overrides(set_), kill=kill, halve_batch=halve, force=force)
+    except (cfg.ConfigError, runs.Refused) as exc:
+        raise _refused(exc, EXIT_UNKNOWN)
+    if not _go_ahead(plan, yes):
+        return
+    try:
+        r = actions.execute_restart(c.ws, plan, progress=lambda m: out.print(m, highlight=False, markup=False))
+    except runs.Refused as exc:
+        raise _refused(exc)
+    out.print(f"run {r.id} of {stage}: {r.status} (restart of {r.restart_of})", highlight=False)
+
+
+
+@app.command()
+def watch(ctx: typer.Context,
+          once: bool = typer.Option(False, "--once", help="One pass, then exit with the status code."),
+          interval: float = typer.Option(30.0, "--interval", help="Seconds between passes."),
+          no_gpus: bool = typer.Option(False, "--no-gpus"),
+          advance: bool = typer.Option(False, "--advance", help="Also start each stage that never ran (or is stale) once its dependencies are done."),
+          until_done: bool = typer.Option(False, "--until-done", help="Exit once every stage succeeded (or nothing more can start).")) -> None:
+    """Apply the policies (restart with backoff, halve the batch after an OOM) under an exclusive lock."""
+    from eagle3_console import policy
+    c = _ctx(ctx)
+    c.pipeline()
+    say = lambda m: out.print(f"{datetime.now():%H:%M:%S} {m}", highlight=False, markup=False)  # noqa: E731
+    try:
+        with policy.WatchLock(c.ws):
+            while True:
+                snap = collect(c, no_gpus)
+                acted = policy.apply(c.ws, snap, say)
+                if advance:
+                    acted += policy.advance(c.ws, snap, say)
+                if acted:
+                    snap = collect(c, no_gpus)
+                for a in snap.alerts:
+                    say(f"{a.level.upper()}: {a.message}")
+                if once:
+                    raise typer.Exit(snap.exit_code)
+                if until_done and policy.settled(snap):
+                    say("pipeline settled: " + ", ".join(f"{s.name} {s.status}" for s in snap.stages))
+                    raise typer.Exit(snap.exit_code)
+                time.sleep(interval)
+    except policy.LockHeld as exc:
+        err.print(str(exc), highlight=False, markup=False)
+        raise typer.Exit(EXIT_LOCKED)
+
+
+
+# ------------------------------------------------------------------ exporter
+EXPORTER_PORT = 9457   # not nvitop-exporter's 8000 / 5050, dcgm-exporter's 9400, node_exporter's 9100
+
+
+@app.command()
+def exporter(ctx: typer.Context,
+             port: int = typer.Option(EXPORTER_PORT, "--port", help="TCP port (0: any free one, printed)."),
+             host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
+             interval: float = typer.Option(5.0, "--interval", help="Seconds between snapshots (scrapes read the last one)."),
+             no_gpus: bool = typer.Option(False, "--no-gpus", help="Skip NVML.")) -> None:
+    """Serve the snapshot as Prometheus metrics on http://HOST:PORT/metrics."""
+    from eagle3_console import exporter as exp
+    from eagle3_console.snapshot import Collector
+    c = _ctx(ctx)
+    c.pipeline()
+    if interval <= 0:
+        err.print(f"error: --interval {interval}: must be > 0", highlight=False, markup=False)
+        raise typer.Exit(EXIT_UNKNOWN)
+    col = Collector(c.ws, gpus=not no_gpus, curves=False)
+    try:
+        code = exp.serve(col.collect, host, port, interval,
+                         say=lambda m: out.print(m, highlight=False, markup=False, soft_wrap=True))
+    except OSError as exc:
+        err.print(f"error: cannot listen on {host}:{port}: {exc.strerror or exc}", highlight=False, markup=False)
+        raise typer.Exit(EXIT_UNKNOWN)
+    finally:
+        col.close()
+    raise typer.Exit(code)
+
+

@@ -1,0 +1,188 @@
+"""The persisted collector cache (snapshot.Collector, persist=True): a settled
+output answers from its summary (monitor/settled.py) without its per-file
+state, and anything a listing would find (a file added, removed or renamed, a
+shard folder gone, data_config.json or sample_lengths.json rewritten) still
+shows in the next one-shot process; the per-file state is rewritten only when
+it changed."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from eagle3_console.snapshot import Collector
+from eagle3_console.workspace import Workspace
+
+from tests.test_monitor_shards import sample
+
+OLD = time.time() - 3600       # outside the rate window and every racy / hot margin
+
+
+def _age(root: Path) -> None:
+    """Files and folders written an hour ago (a finished output)."""
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            os.utime(os.path.join(dirpath, name), (OLD, OLD))
+    for dirpath, _dirs, _files in sorted(os.walk(root), key=lambda t: -len(t[0])):
+        os.utime(dirpath, (OLD, OLD))
+
+
+@pytest.fixture
+def settled_ws(ws):
+    ws.write("""
+[stages.extract]
+argv = ["true"]
+outputs = ["data/hs"]
+expected_samples = 12
+""")
+    out = ws.root / "data" / "hs"
+    for i in range(12):
+        sample(out / f"rows_{i // 4 * 4}-{i // 4 * 4 + 4}" / f"data_{i}.safetensors", 5 + i)
+    (out / "data_config.json").write_text(json.dumps({"status": "complete", "total_samples": 12}))
+    _age(out)
+    Workspace(ws.root).ensure_state()
+    return ws, out
+
+
+def _process(ws):
+    """One `status` process: a fresh collector on the persisted cache."""
+    col = Collector(Workspace(ws.root), persist=True, gpus=False)
+    snap = col.collect()
+    (mon,) = col._shards.values()
+    return snap.stage("extract").shards, mon
+
+
+def _settle(ws) -> None:
+    """After a change: the next process lists the changed folders (and
+    re-stats a file _age() moved back in time) and then summarises again."""
+    for _ in range(3):
+        if _process(ws)[1].summarized:
+            return
+    raise AssertionError("the output never settled into a summary")
+
+
+def _fresh(ws):
+    return Collector(Workspace(ws.root), gpus=False).collect().stage("extract").shards
+
+
+def _comparable(sp):
+    d = dict(sp.__dict__)
+    d["shards"] = [s.__dict__ for s in sp.shards]
+    return d
+
+
+def test_a_settled_output_answers_from_its_summary_as_a_full_listing_would(settled_ws):
+    ws, out = settled_ws
+    first, mon = _process(ws)
+    assert not mon.summarized and first.samples_done == 12 and first.tokens_done == sum(range(5, 17))
+    second, mon = _process(ws)
+    assert mon.summarized
+    assert _comparable(second) == _comparable(_fresh(ws)) == _comparable(first)
+    # The summary alone answered: the per-file state is not even needed.
+    for f in (ws.root / ".eagle3" / "cache").glob("shards-*.json"):
+        f.unlink()
+    third, mon = _process(ws)
+    assert mon.summarized and _comparable(third) == _comparable(first)
+
+
+def test_a_file_removed_from_a_complete_output_is_noticed(settled_ws):
+    ws, out = settled_ws
+    _process(ws)
+    assert _process(ws)[1].summarized
+    (out / "rows_4-8" / "data_5.safetensors").unlink()
+    sp, mon = _process(ws)
+    assert not mon.summarized and sp.samples_done == 11
+    assert [s.done for s in sp.shards] == [4, 3, 4]
+    assert _comparable(sp) == _comparable(_fresh(ws))
+
+
+def test_a_file_added_a_folder_removed_or_a_file_renamed_is_noticed(settled_ws):
+    ws, out = settled_ws
+    _process(ws)
+    assert _process(ws)[1].summarized
+    sample(out / "rows_12-16" / "data_12.safetensors", 40)
+    sp, _mon = _process(ws)
+    assert sp.samples_done == 13 and sp.tokens_done == sum(range(5, 17)) + 40
+    _age(out)
+    _settle(ws)
+    shutil.rmtree(out / "rows_0-4")
+    sp, _mon = _process(ws)
+    assert sp.samples_done == 9 and [s.name for s in sp.shards] == ["rows_4-8", "rows_8-12", "rows_12-16"]
+    _age(out)
+    _settle(ws)
+    os.rename(out / "rows_4-8" / "data_4.safetensors", out / "rows_4-8" / "data_4.safetensors.tmp")
+    sp, _mon = _process(ws)
+    assert sp.samples_done == 8 and sp.tmp_files == 1
+
+
+def test_files_rewritten_in_place_at_the_root_are_seen_from_the_summary(settled_ws):
+    """data_config.json and sample_lengths.json are rewritten in place by other
+    tools (no folder mtime changes): stat'ed every time, summary or not."""
+    ws, out = settled_ws
+    (out / "data_config.json").write_text(json.dumps({"status": "running", "total_samples": 12}))
+    _age(out)
+    _process(ws)
+    sp, mon = _process(ws)
+    assert mon.summarized and not sp.complete
+    with open(out / "data_config.json", "w") as fh:
+        fh.write(json.dumps({"status": "complete", "total_samples": 12}))
+    sp, mon = _process(ws)
+    assert mon.summarized and sp.complete and sp.eta_s == 0.0
+    lengths = out / "sample_lengths.json"
+    lengths.write_text(json.dumps({str(i): 100 for i in range(12)}))
+    os.utime(out, (OLD, OLD))        # as if written in place long ago: only its own stat shows it
+    sp, _mon = _process(ws)
+    assert sp.tokens_done == 1200
+    with open(lengths, "w") as fh:
+        fh.write(json.dumps({str(i): 10 for i in range(12)}))
+    sp, _mon = _process(ws)
+    assert sp.tokens_done == 120
+
+
+def test_a_live_output_is_followed_file_by_file(settled_ws):
+    """Files written inside the rate window: no summary, the full state
+    (incremental, as before), and a rate from the files' mtimes."""
+    ws, out = settled_ws
+    (out / "data_config.json").write_text(json.dumps({"status": "running", "total_samples": 16}))
+    now = time.time()
+    for i in range(12, 16):
+        sample(out / "rows_12-16" / f"data_{i}.safetensors", 10, mtime=now - 40 + i)
+    sp, mon = _process(ws)
+    assert sp.samples_done == 16 and sp.samples_per_s and sp.samples_per_s > 0
+    sp, mon = _process(ws)
+    assert not mon.summarized and sp.samples_done == 16
+
+
+def test_the_per_file_state_is_rewritten_only_when_it_changed(settled_ws):
+    ws, out = settled_ws
+    _process(ws)
+    cache = ws.root / ".eagle3" / "cache"
+    (full,) = cache.glob("shards-*.json")
+    before = full.stat().st_mtime_ns, full.stat().st_ino
+    small = (cache / "monitors.json").stat().st_mtime_ns
+    time.sleep(0.01)
+    _process(ws)
+    _process(ws)
+    assert (full.stat().st_mtime_ns, full.stat().st_ino) == before
+    assert (cache / "monitors.json").stat().st_mtime_ns != small
+    sample(out / "rows_12-16" / "data_12.safetensors", 40)
+    _process(ws)
+    assert full.stat().st_ino != before[1]
+
+
+def test_a_damaged_cache_costs_one_listing_never_a_wrong_count(settled_ws):
+    ws, out = settled_ws
+    _process(ws)
+    cache = ws.root / ".eagle3" / "cache"
+    (full,) = cache.glob("shards-*.json")
+    full.write_text("{not json")
+    (out / "rows_8-12" / "data_9.safetensors").unlink()
+    sp, _mon = _process(ws)
+    assert sp.samples_done == 11
+    (cache / "monitors.json").write_text(json.dumps({"version": 2, "shards": {"x": 1}, "logs": []}))
+    assert _process(ws)[0].samples_done == 11
