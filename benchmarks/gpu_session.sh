@@ -24,7 +24,7 @@ PY=${PY:-python3}
 cat "$OUT/env.txt"
 
 # STEPS="extract_8b profile_8b ..." runs only those (default: all).
-STEPS=${STEPS:-extract_8b profile_8b train_8b status extract_moe}
+STEPS=${STEPS:-extract_8b profile_8b train_8b status extract_moe profile_moe}
 step() {   # step NAME SECONDS COMMAND...
   local name=$1 limit=$2; shift 2
   case " $STEPS " in *" $name "*) ;; *) return 0 ;; esac
@@ -48,6 +48,8 @@ step status 60 $PY benchmarks/status_cost.py --dir "$WORK/status" --log-gb 1 --r
 # The MoE shape last (cheapest to lose): DeepSeek-V2-Lite's layer shapes, 8 of its 27 layers.
 step extract_moe 150 $PY benchmarks/extract_throughput.py --shape moe --layers 8 --samples 192 --naive-samples 4 \
   --out "$WORK" --durable direct
+step profile_moe 150 $PY benchmarks/profile_extract.py --shape moe --layers 8 --samples 192 --out "$WORK" \
+  --durable direct
 rm -rf "$WORK"
 # The figures, one place (the call's output keeps only its last 12,000 characters).
 grep -h -e '^device:' -e '^shape ' -e '^matmul' -e '^direct write' -e '^bare forward' -e '^naive extractor' \

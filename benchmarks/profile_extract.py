@@ -84,6 +84,7 @@ def main() -> int:
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--out", type=Path, default=None, help="work folder (default: a temp folder)")
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--layers", type=int, default=None, help="override num_hidden_layers (a cheaper MoE run)")
     ap.add_argument("--durable", default=None, help="ops.extract's --durable (default: its own)")
     args = ap.parse_args()
 
@@ -94,7 +95,7 @@ def main() -> int:
     print(bc.device_line(), flush=True)
     work = Path(tempfile.mkdtemp(prefix="profile-extract-", dir=args.out))
     try:
-        cfg, dtype, note = build_config(args.shape, None)
+        cfg, dtype, note = build_config(args.shape, args.layers)
         model = build_target(cfg, dtype, work / "target", device)
         del model
         if device.type == "cuda":
