@@ -6,7 +6,7 @@
 # numpy, psutil, nvidia-ml-py, typer and rich; PYTHONPATH puts this checkout
 # first (status --json never imports textual, which is not there).
 # Each step has its own time limit so that one slow step cannot eat the others'
-# (490 s of limits in all; about 8 minutes); each writes its log and JSON under $OUT.
+# (510 s of limits in all; the train step alone: benchmarks/gpu_train_session.sh); each writes its log and JSON under $OUT.
 set -u
 OUT=${OUT:-/tmp/gpu-session-out}
 WORK=${BENCH_DIR:-/root/eagle3-bench}     # on the machine's disk (64 GiB): the filesystem measured
@@ -37,11 +37,11 @@ step() {   # step NAME SECONDS COMMAND...
 step extract_8b 170 $PY benchmarks/extract_throughput.py --shape 8b --out "$WORK" --durable fsync,direct
 rm -rf "$WORK"/extract-throughput-*       # a step killed by its limit leaves its 16 GB target
 step profile_8b 120 $PY benchmarks/profile_extract.py --shape 8b --samples 160 --out "$WORK" --durable direct
-step train_8b 120 $PY benchmarks/train_throughput.py --shape 8b --seq 2048,4096 --out "$WORK" --program 2048
-# The levers: first one batch against today's path (gradients included: the CPU tests cannot
-# run FlexAttention's backward), then timed; flex compiles on the first step.
-step train_8b_levers 100 $PY benchmarks/train_throughput.py --shape 8b --seq 2048,4096 --out "$WORK" \
-  --levers flex,chunked,fused-adamw --check-levers
+# ops.train's CUDA defaults (flex, chunked loss, fused AdamW, compile, length buckets): first one
+# batch against the old path (gradients included: the CPU tests cannot run FlexAttention's
+# backward), then timed; the compiles happen in the check and warm-up and are printed apart.
+# The old path and a many-lengths corpus: bash benchmarks/gpu_train_session.sh old mixed
+step train_8b 240 $PY benchmarks/train_throughput.py --shape 8b --seq 2048,4096 --out "$WORK" --check-levers
 step status 45 $PY benchmarks/status_cost.py --dir "$WORK/status" --log-gb 1 --repeat 5 --gpu-worker \
   --profile "$OUT/profiles"
 # The MoE shape last (cheapest to lose): DeepSeek-V2-Lite's layer shapes, 8 of its 27 layers.
@@ -50,9 +50,9 @@ step extract_moe 70 $PY benchmarks/extract_throughput.py --shape moe --layers 8 
 rm -rf "$WORK"
 # The figures, one place (the call's output keeps only its last 12,000 characters).
 grep -h -e '^device:' -e '^shape ' -e '^matmul' -e '^direct write' -e '^bare forward' -e '^naive extractor' \
-  -e '^ops.extract --durable' -e "^ops.extract's writers" -e '^durable:' -e '^profiled call' -e '^ops.extract --writers' -e '^train ' -e '^levers ' -e '^GPU worker' -e '^nvidia-smi' \
+  -e '^ops.extract --durable' -e "^ops.extract's writers" -e '^durable:' -e '^profiled call' -e '^ops.extract --writers' -e '^train ' -e '^compile ' -e '^levers ' -e '^GPU worker' -e '^nvidia-smi' \
   -e '^python -c pass' -e '^status --json' -e '^collect()' -e '^baseline' \
-  "$OUT"/extract_8b.log "$OUT"/profile_8b.log "$OUT"/train_8b.log "$OUT"/train_8b_levers.log "$OUT"/status.log "$OUT"/extract_moe.log \
+  "$OUT"/extract_8b.log "$OUT"/profile_8b.log "$OUT"/train_8b.log "$OUT"/status.log "$OUT"/extract_moe.log \
   2>/dev/null | tee "$OUT/summary.txt"
 cat "$OUT/steps.txt"
 echo "== done in $SECONDS s; files under $OUT"

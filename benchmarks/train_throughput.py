@@ -16,12 +16,20 @@ MFU counts useful FLOPs only (the issue's formula), per token of a T-token sampl
        + MLP 3*2*H*I + LM head 2*H*Vd + causal attention 4*(T/2)*NH*D))
 --program SEQS also runs `python -m ops.train` itself on the same data (for
 those sample lengths) and prints its progress lines' tok/s beside ours.
---levers flex,chunked,fused-adamw times the drafter's speed levers
-(ops/drafter/model.py) instead of today's path; --check-levers first compares
-one batch's loss, accuracies and gradients against today's path at this shape
-(the CPU tests cannot: FlexAttention has no CPU backward).
+--levers picks the speed levers (ops/drafter/model.py, ops/train/levers.py):
+"default" (ops.train's defaults on this device: on CUDA flex + chunked loss +
+fused AdamW + compile + length buckets), "old" (none: the explicit mask, the
+full loss, plain AdamW, no compile, no buckets) or a list of flex, chunked,
+fused-adamw, compile, bucket (those on, the rest off). --check-levers first
+compares one batch's loss, accuracies and gradients against the old path at
+this shape (the CPU tests cannot: FlexAttention has no CPU backward).
+Compiles (flex, torch.compile) happen in the warm-up steps: their count (dynamo's
+graphs) and the warm-up's time beyond its steps' steady time are printed
+apart; tok/s and MFU are the timed steps' only. --lengths mixed writes samples
+of many lengths (up to --seq) instead, to count the compiles a real corpus costs.
 Usage: python benchmarks/train_throughput.py [--shape 8b|tiny] [--seq 2048,4096] [--steps N] [--out DIR]
-       [--program 2048] [--levers flex,chunked,fused-adamw] [--check-levers]
+       [--program 2048] [--levers default|old|flex,chunked,fused-adamw,compile,bucket] [--check-levers]
+       [--lengths fixed|mixed]
 """
 
 from __future__ import annotations
@@ -48,7 +56,7 @@ SHAPES = {
     "tiny": (bc.LLAMA_TINY, 200, 3, 256, "64,128", 1, 3),
 }
 AUX_IDS = [1, 3, 4]   # any three layers: the ids only label the data
-LEVERS = ("flex", "chunked", "fused-adamw")
+LEVERS = ("flex", "chunked", "fused-adamw", "compile", "bucket")
 
 
 def log(msg: str) -> None:
@@ -92,8 +100,18 @@ def write_vocab(path: Path, target_vocab: int, draft_vocab: int) -> None:
     save_file({"d2t": ids - torch.arange(draft_vocab), "t2d": t2d}, str(path / "vocab.safetensors"))
 
 
-def write_data(path: Path, samples: int, seq: int, hidden: int, vocab: int, device) -> int:
-    """extract's layout, written by extract's own writer; returns the bytes."""
+def mixed_lengths(samples: int, seq: int) -> list[int]:
+    """Lengths spread over [seq / 8, seq] (seeded): a corpus's many distinct lengths."""
+    import random
+
+    rng = random.Random(seq)
+    return [rng.randint(max(1, seq // 8), seq) for _ in range(samples)]
+
+
+def write_data(path: Path, samples: int, seq: int, hidden: int, vocab: int, device,
+               lengths: list[int] | None = None) -> int:
+    """extract's layout, written by extract's own writer; returns the bytes.
+    `lengths`: each sample's (default: all `seq`)."""
     import torch
     from ops.extract.writer import write_sample
     from ops.formats import DATA_CONFIG, SAMPLE_LENGTHS, sample_path
@@ -103,26 +121,52 @@ def write_data(path: Path, samples: int, seq: int, hidden: int, vocab: int, devi
     # A few distinct states, reused: generating 7 GB of normals on the CPU would
     # take longer than the training it feeds. The bytes on disk are all written.
     pool = [torch.randn(seq, 4 * hidden, generator=g, device=device).to(dtype).cpu() for _ in range(4)]
+    lengths = lengths or [seq] * samples
     for idx in range(samples):
-        states = pool[idx % len(pool)]
+        n = lengths[idx]
+        states = pool[idx % len(pool)][:n]
         write_sample(sample_path(path, idx), {
-            "input_ids": torch.randint(0, vocab, (seq,), dtype=torch.int64),
-            "loss_mask": torch.ones(seq, dtype=torch.uint8),
+            "input_ids": torch.randint(0, vocab, (n,), dtype=torch.int64),
+            "loss_mask": torch.ones(n, dtype=torch.uint8),
             "aux_hidden_states": states[:, :3 * hidden], "final_hidden_states": states[:, 3 * hidden:]})
-    (path / SAMPLE_LENGTHS).write_text(json.dumps({str(i): seq for i in range(samples)}))
+    (path / SAMPLE_LENGTHS).write_text(json.dumps({str(i): lengths[i] for i in range(samples)}))
     (path / DATA_CONFIG).write_text(json.dumps({
         "status": "complete", "hidden_size": hidden, "layer_ids": AUX_IDS, "final_hidden_state": "post_norm",
-        "dtype": str(dtype).replace("torch.", ""), "total_samples": samples, "total_tokens": samples * seq}))
+        "dtype": str(dtype).replace("torch.", ""), "total_samples": samples, "total_tokens": sum(lengths)}))
     return bc.dir_bytes(path)
 
 
-def apply_levers(model, levers: list[str]) -> None:
-    model.ttt_attention = "flex" if "flex" in levers else "mask"
-    model.loss = "chunked" if "chunked" in levers else "full"
+def lever_config(spec: str, cuda: bool, bucket: int | None = None):
+    """ops.train.levers.Levers for --levers (module docstring); `bucket`
+    overrides the length bucket's tokens where buckets are on."""
+    import dataclasses
+
+    from ops.train.levers import DEFAULT_BUCKET, resolve
+
+    if spec == "default":
+        lv = resolve(cuda)
+        return dataclasses.replace(lv, length_bucket=bucket) if bucket and lv.length_bucket else lv
+    names = [] if spec == "old" else [x.strip() for x in spec.split(",") if x.strip()]
+    bad = [x for x in names if x not in LEVERS]
+    if bad:
+        raise SystemExit(f"error: --levers {','.join(bad)}: expected default, old or some of {', '.join(LEVERS)}")
+    on = lambda name: "on" if name in names else "off"   # noqa: E731
+    return resolve(cuda, "flex" if "flex" in names else "mask", "chunked" if "chunked" in names else "full",
+                   on("fused-adamw"), on("compile"), str(bucket or DEFAULT_BUCKET) if "bucket" in names else "0")
 
 
-def check_levers(model, view, batch, k: int, levers: list[str], device, dtype) -> str:
-    """One batch through today's path and the levers' path, same weights."""
+def apply_levers(model, lv) -> None:
+    model.ttt_attention, model.loss, model.compile_step = lv.ttt_attention, lv.loss, lv.compile
+
+
+def dynamo_graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def check_levers(model, view, batch, k: int, levers, device, dtype) -> str:
+    """One batch through the old path and the levers' path, same weights."""
     import copy
 
     import torch
@@ -144,32 +188,34 @@ def check_levers(model, view, batch, k: int, levers: list[str], device, dtype) -
         variant.zero_grad(set_to_none=True)
         return float(loss), (correct / counts.clamp(min=1)).tolist(), grads
 
-    today = copy.deepcopy(model)
-    out = [one(today, [])]
-    del today
+    old = copy.deepcopy(model)
+    out = [one(old, lever_config("old", device.type == "cuda"))]
+    del old
     if device.type == "cuda":
         torch.cuda.empty_cache()
     out.append(one(model, levers))
-    apply_levers(model, [])
+    name = levers.describe()
     if isinstance(out[0], str) or isinstance(out[1], str):
-        which = "today's path" if isinstance(out[0], str) else "the levers"
-        return f"levers {','.join(levers)} not compared: {which} ran out of memory on one batch ({out[0] if isinstance(out[0], str) else out[1]})"
+        which = "the old path" if isinstance(out[0], str) else "the levers"
+        return f"levers ({name}) not compared: {which} ran out of memory on one batch ({out[0] if isinstance(out[0], str) else out[1]})"
     (l0, a0, g0), (l1, a1, g1) = out
     cos = float(torch.nn.functional.cosine_similarity(g0, g1, 0))
     rel = float((g1 - g0).norm() / g0.norm().clamp(min=1e-30))
-    return (f"levers {','.join(levers)} vs today's path on one batch: loss {l1:.5f} vs {l0:.5f} "
+    return (f"levers ({name}) vs the old path on one batch: loss {l1:.5f} vs {l0:.5f} "
             f"(rel {abs(l1 - l0) / max(abs(l0), 1e-30):.1e}); acc max diff {max(abs(x - y) for x, y in zip(a0, a1)):.4f}; "
             f"gradient cosine {cos:.6f}, rel norm of the difference {rel:.1e}")
 
 
 def measure(work: Path, seq: int, k: int, budget: int, warmup: int, steps: int, workers: int,
-            device, rate: float, levers: list[str] = (), check: bool = False) -> dict:
-    """ops.train's step on ops.train's data path; per-step wait and step times."""
+            device, rate: float, levers, check: bool = False, mixed: bool = False) -> dict:
+    """ops.train's step on ops.train's data path; per-step wait and step times.
+    mixed: the warm-up is one pass over every batch (every shape compiles there),
+    the timed steps a second pass from the start."""
     import torch
     from torch.utils.data import DataLoader
 
     from ops.drafter.config import from_target
-    from ops.drafter.data import BatchDataset, make_batches, read_data
+    from ops.drafter.data import BatchDataset, make_batches, padded_shape, read_data
     from ops.drafter.model import Eagle3Drafter
     from ops.drafter.target_head import load_target_head
     from ops.drafter.vocab import load_vocab
@@ -187,27 +233,40 @@ def measure(work: Path, seq: int, k: int, budget: int, warmup: int, steps: int, 
     dtype = torch.bfloat16 if use_cuda else torch.float32
     view = TargetView(head, vocab, device, dtype, info.final_post_norm)
     del head
-    batches = make_batches(dict(info.lengths), budget, max(seq, 4096))
-    dataset = BatchDataset(info, batches, max(seq, 4096))
+    batches = make_batches(dict(info.lengths), budget, max(seq, 4096), levers.length_bucket)
+    dataset = BatchDataset(info, batches, max(seq, 4096), levers.length_bucket, budget)
     loader = DataLoader(dataset, batch_size=None, sampler=list(range(len(batches))), num_workers=workers,
-                        pin_memory=use_cuda, persistent_workers=False)
+                        pin_memory=use_cuda, persistent_workers=mixed and workers > 0)
     decay, no_decay = [], []
     for p in model.parameters():
         (no_decay if p.dim() < 2 else decay).append(p)
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.0}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=1e-4, betas=(0.9, 0.95), **({"fused": True} if "fused-adamw" in levers else {}))
+                            lr=1e-4, betas=(0.9, 0.95), **({"fused": True} if levers.fused_adamw else {}))
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if use_cuda else contextlib.nullcontext()
     if use_cuda:
         torch.cuda.reset_peak_memory_stats(device)
-    it = iter(loader)
-    waits, times, tokens, flops = [], [], [], []
+    if mixed:
+        warmup, steps = len(batches), min(steps, len(batches))
+
+    def cycle():
+        while True:
+            yield from loader
+
+    it = cycle()
+    waits, times, tokens, flops, warm_times = [], [], [], [], []
     model.train()
     checked = None
+    graphs0 = dynamo_graphs()
+    t_check = time.perf_counter()
     if check:
-        checked = check_levers(model, view, dataset[0], k, list(levers), device, dtype)
+        checked = check_levers(model, view, dataset[0], k, levers, device, dtype)
         log(checked)
-    apply_levers(model, list(levers))
+    t_check = time.perf_counter() - t_check
+    graphs_check = dynamo_graphs()
+    apply_levers(model, levers)
     for step in range(warmup + steps):
+        if step == warmup:
+            graphs_warm = dynamo_graphs()
         t0 = time.perf_counter()
         batch = next(it)
         t_data = time.perf_counter() - t0
@@ -223,6 +282,8 @@ def measure(work: Path, seq: int, k: int, budget: int, warmup: int, steps: int, 
         opt.step()
         opt.zero_grad(set_to_none=True)
         float(loss.detach())        # ops.train's finiteness check: the step ends synced
+        if step < warmup:
+            warm_times.append(time.perf_counter() - t0)
         if step >= warmup:
             waits.append(t_data)
             times.append(time.perf_counter() - t0)
@@ -231,11 +292,21 @@ def measure(work: Path, seq: int, k: int, budget: int, warmup: int, steps: int, 
             flops.append(sum(n * flops_per_token(cfg, k, n) for n in lengths))
     peak = (torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)) if use_cuda else None
     total = sum(times)
+    if warmup == 0:
+        graphs_warm = graphs_check
+    compile_info = {"graphs_check": graphs_check - graphs0, "graphs_warmup": graphs_warm - graphs_check,
+                    "graphs_timed": dynamo_graphs() - graphs_warm, "check_s": t_check,
+                    "warmup_steps": warmup, "warmup_s": sum(warm_times),
+                    # what the warm-up took beyond its steps at the steady rate: compiling, mostly
+                    "compile_s": max(0.0, sum(warm_times) - len(warm_times) * total / max(1, steps)),
+                    "batch_shapes": len({padded_shape([info.lengths[i] for i in b_], levers.length_bucket,
+                                                      max(seq, 4096), budget) for b_ in batches})}
     return {"seq": seq, "batch_samples": len(batches[0]), "steps": steps, "tok_s": sum(tokens) / total,
+            "compile": compile_info,
             "mfu": sum(flops) / total / rate, "data_wait": sum(waits) / total, "step_s": total / steps,
             "peak_alloc": peak[0] if peak else None, "peak_reserved": peak[1] if peak else None,
             "flops_per_token": flops_per_token(cfg, k, seq), "loss": float(loss.detach()),
-            "levers": list(levers), "check": checked}
+            "levers": levers.describe(), "check": checked}
 
 
 PROGRESS_RE = re.compile(r"progress: step (\d+)/(\d+) .* tok/s (\d+)")
@@ -270,8 +341,13 @@ def main() -> int:
     ap.add_argument("--ttt-steps", type=int, default=None)
     ap.add_argument("--workers", type=int, default=2, help="DataLoader workers (ops.train's default)")
     ap.add_argument("--program", default="", help="comma-separated lengths at which to also run python -m ops.train")
-    ap.add_argument("--levers", default="", help=f"comma-separated, of {', '.join(LEVERS)}")
-    ap.add_argument("--check-levers", action="store_true", help="compare one batch against today's path first")
+    ap.add_argument("--levers", default="default",
+                    help=f"default (ops.train's), old, or comma-separated of {', '.join(LEVERS)}")
+    ap.add_argument("--check-levers", action="store_true", help="compare one batch against the old path first")
+    ap.add_argument("--length-bucket", type=int, default=None,
+                    help="tokens of a length bucket where buckets are on (default: ops.train's)")
+    ap.add_argument("--lengths", choices=("fixed", "mixed"), default="fixed",
+                    help="every sample --seq tokens, or lengths spread up to --seq (counts a corpus's compiles)")
     ap.add_argument("--out", type=Path, default=None, help="working folder (default: a new temp folder)")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--json", type=Path, default=None)
@@ -286,14 +362,11 @@ def main() -> int:
     steps = a.steps or steps
     seqs = [int(s) for s in (a.seq or seqs).split(",")]
     program_seqs = {int(s) for s in a.program.split(",") if s.strip()}
-    levers = [x.strip() for x in a.levers.split(",") if x.strip()]
-    bad = [x for x in levers if x not in LEVERS]
-    if bad:
-        raise SystemExit(f"error: --levers {','.join(bad)}: expected some of {', '.join(LEVERS)}")
     root = a.out or Path(tempfile.mkdtemp(prefix="train-throughput-"))
     work = root / f"train-throughput-{a.shape}"
     shutil.rmtree(work, ignore_errors=True)
     device = bc.torch_device()
+    levers = lever_config(a.levers, device.type == "cuda", a.length_bucket)
     log(bc.device_line())
     rate, what = bc.matmul_rate(device, torch.bfloat16 if device.type == "cuda" else torch.float32)
     log(f"matmul {what}: {rate / 1e12:.1f} TFLOP/s (the MFU denominator)")
@@ -306,12 +379,20 @@ def main() -> int:
     for seq in seqs:
         per_batch = max(1, budget // seq)
         n = per_batch * (warmup + steps)
+        lengths = None
+        if a.lengths == "mixed":
+            # Twice the samples at about half the length: as many tokens.
+            lengths = mixed_lengths(2 * n, seq)
+            n = len(lengths)
         t0 = time.perf_counter()
-        written = write_data(work / f"data-{seq}", n, seq, target_cfg["hidden_size"], target_cfg["vocab_size"], device)
-        log(f"data {seq}: {n} samples x {seq} tokens, {written / 2**30:.2f} GiB on disk "
-            f"(written in {time.perf_counter() - t0:.0f} s)")
+        written = write_data(work / f"data-{seq}", n, seq, target_cfg["hidden_size"], target_cfg["vocab_size"], device,
+                             lengths)
+        log(f"data {seq}: {n} samples x " + (f"{seq} tokens" if lengths is None else
+                                             f"{len(set(lengths))} distinct lengths {min(lengths)}-{seq} tokens")
+            + f", {written / 2**30:.2f} GiB on disk (written in {time.perf_counter() - t0:.0f} s)")
         try:
-            r = measure(work, seq, k, budget, warmup, steps, a.workers, device, rate, levers, a.check_levers)
+            r = measure(work, seq, k, budget, warmup, steps, a.workers, device, rate, levers, a.check_levers,
+                        mixed=lengths is not None)
         except torch.OutOfMemoryError as exc:
             log(f"train {seq}-token samples, K={k}: does not fit ({str(exc).splitlines()[0]})")
             results.append({"seq": seq, "oom": str(exc).splitlines()[0]})
@@ -322,8 +403,13 @@ def main() -> int:
         if seq in program_seqs:
             r["program_tok_s"] = run_program(work, seq, k, budget, warmup, steps)
             mem += f"; python -m ops.train said {r['program_tok_s']:,.0f} tok/s"
-        log(f"train {seq}-token samples ({r['batch_samples']} a batch), K={k}"
-            + (f", levers {','.join(levers)}" if levers else "") + f": {r['tok_s']:,.0f} tok/s = "
+        c = r["compile"]
+        log(f"compile {seq}: {c['graphs_warmup']} graphs built in the {c['warmup_steps']} warm-up steps "
+            f"({c['warmup_s']:.1f} s, ~{c['compile_s']:.1f} s beyond the steady step time), "
+            f"{c['graphs_check']} in the check ({c['check_s']:.1f} s), {c['graphs_timed']} in the timed steps; "
+            f"{c['batch_shapes']} batch shapes; excluded from tok/s and MFU")
+        log(f"train {seq}-token samples ({r['batch_samples']} a batch), K={k}, levers {a.levers} "
+            f"({levers.describe()}): {r['tok_s']:,.0f} tok/s = "
             f"{r['mfu']:.1%} MFU ({r['flops_per_token'] / 1e6:,.1f} MFLOP a token counted); "
             f"{r['data_wait']:.1%} of step time waiting for data; {r['step_s'] * 1000:.0f} ms a step{mem}")
         results.append(r)
@@ -333,9 +419,11 @@ def main() -> int:
             shutil.rmtree(work / f"data-{seq}", ignore_errors=True)
     if not a.keep:
         shutil.rmtree(work, ignore_errors=True)
-    suffix = "_" + "_".join(levers) if levers else ""
+    suffix = "" if a.levers == "default" else "_" + a.levers.replace(",", "_")
+    suffix += "_mixed" if a.lengths == "mixed" else ""
     bc.save_json({"shape": a.shape, "device": bc.device_line(), "matmul_flops": rate, "matmul": what, "k": k,
-                  "token_budget": budget, "levers": levers, "results": results},
+                  "token_budget": budget, "levers": a.levers, "levers_resolved": levers.describe(),
+                  "lengths": a.lengths, "results": results},
                  a.json or bc.default_json(f"train_throughput_{a.shape}{suffix}.json"))
     return 0
 

@@ -210,7 +210,7 @@ def test_chunked_loss_and_fused_adamw_follow_the_default_loss_curve(assets, tmp_
     same run as the defaults, step for step (fp32 on the CPU: rounding only)."""
     common = ("--max-steps", "6", "--save-every", "1000")
     assert run_train(train_argv(assets, tmp_path / "default", *common)) == 0
-    assert run_train(train_argv(assets, tmp_path / "levers", *common, "--loss", "chunked", "--fused-adamw")) == 0
+    assert run_train(train_argv(assets, tmp_path / "levers", *common, "--loss", "chunked", "--fused-adamw", "on")) == 0
     a, b = metrics(tmp_path / "default"), metrics(tmp_path / "levers")
     assert sorted(a) == sorted(b) == list(range(1, 7))
     for step in a:

@@ -7,6 +7,16 @@ DistributedSampler then deals whole batches to ranks (rank r gets batches
 r, r+W, ... of the epoch's shuffled order), so a step on W ranks sees the same
 batches as W accumulated micro-batches on one rank. Sample files are opened
 with safetensors' safe_open (memory-mapped) inside DataLoader workers.
+
+Length buckets (issue 11): with `bucket` > 0 a batch's padded length is its
+longest sample rounded up to a multiple of `bucket` (capped at max_len), and a
+batch never mixes buckets, and a bucket's last, partial batch is padded with
+empty rows (length 0) up to the bucket's full budget // length rows, so a
+corpus of any number of distinct lengths gives one batch shape per bucket:
+what bounds the kernels that FlexAttention and torch.compile build per shape
+(the empty rows cost at most one batch's compute per bucket and epoch). The
+padding is loss-masked like any other (lengths stay the samples' own), so the
+loss and accuracies do not change.
 """
 
 from __future__ import annotations
@@ -83,17 +93,28 @@ def read_data(root: Path, require_complete: bool = True) -> DataInfo:
                     final_post_norm=final == "post_norm", config=cfg, samples=samples, lengths=lengths)
 
 
-def make_batches(lengths: dict[int, int], token_budget: int, max_len: int) -> list[list[int]]:
-    """Length-sorted batches whose count x longest (capped at max_len) <= token_budget."""
+def bucket_length(n: int, bucket: int, max_len: int) -> int:
+    """The padded length of a batch whose longest sample has n tokens (n <= max_len)."""
+    if bucket <= 0:
+        return n
+    return min(max_len, -(-n // bucket) * bucket)
+
+
+def make_batches(lengths: dict[int, int], token_budget: int, max_len: int, bucket: int = 0) -> list[list[int]]:
+    """Length-sorted batches whose count x padded length (the longest, capped at
+    max_len, rounded up to its bucket) <= token_budget; with a bucket, a batch
+    holds one bucket's samples only."""
     order = sorted(lengths, key=lambda i: (min(lengths[i], max_len), i))
     batches: list[list[int]] = []
     cur: list[int] = []
+    cur_len = 0
     for idx in order:
-        n = min(lengths[idx], max_len)
-        if cur and (len(cur) + 1) * n > token_budget:
+        n = bucket_length(min(lengths[idx], max_len), bucket, max_len)
+        if cur and ((len(cur) + 1) * n > token_budget or (bucket > 0 and n != cur_len)):
             batches.append(cur)
             cur = []
         cur.append(idx)
+        cur_len = n
     if cur:
         batches.append(cur)
     return batches
@@ -125,18 +146,34 @@ def load_sample(path: Path, hidden: int, max_len: int) -> dict:
     return out
 
 
-def collate(samples: list[dict]) -> dict:
-    """Right-padded batch; causal attention never looks at the padding."""
+def padded_shape(lengths: list[int], bucket: int = 0, max_len: int = 0, token_budget: int = 0) -> tuple[int, int]:
+    """(rows, tokens) of the collated batch of samples of these lengths (see collate)."""
+    t = max(lengths)
+    t = bucket_length(t, bucket, max(max_len, t))
+    rows = len(lengths)
+    if bucket > 0 and token_budget > 0:
+        rows = max(rows, token_budget // t)     # (an over-long sample alone: 1 row)
+    return rows, t
+
+
+def collate(samples: list[dict], bucket: int = 0, max_len: int = 0, token_budget: int = 0) -> dict:
+    """Right-padded batch (to the longest sample, or to its bucket's length and,
+    given token_budget, to its bucket's rows with empty samples); causal
+    attention never looks at the padding, the loss never counts it."""
     import torch
 
-    lengths = torch.tensor([s["input_ids"].shape[0] for s in samples])
-    t = int(lengths.max())
-    b = len(samples)
+    own = [s["input_ids"].shape[0] for s in samples]
+    b, t = padded_shape(own, bucket, max_len, token_budget)
+    lengths = torch.tensor(own + [0] * (b - len(samples)))
 
     def pad(key, fill_shape, dtype):
-        out = torch.zeros((b, t) + fill_shape, dtype=dtype)
+        # Only the padding is zeroed: the rows are copied over anyway.
+        out = torch.empty((b, t) + fill_shape, dtype=dtype)
         for i, s in enumerate(samples):
-            out[i, : s[key].shape[0]] = s[key]
+            n = s[key].shape[0]
+            out[i, :n] = s[key]
+            out[i, n:] = 0
+        out[len(samples):] = 0
         return out
 
     aux0, fin0 = samples[0]["aux_hidden_states"], samples[0]["final_hidden_states"]
@@ -152,8 +189,10 @@ def collate(samples: list[dict]) -> dict:
 class BatchDataset:
     """Item i = batch i, loaded and collated (a torch Dataset by duck typing)."""
 
-    def __init__(self, info: DataInfo, batches: list[list[int]], max_len: int):
+    def __init__(self, info: DataInfo, batches: list[list[int]], max_len: int, bucket: int = 0,
+                 token_budget: int = 0):
         self.info, self.batches, self.max_len = info, batches, max_len
+        self.bucket, self.token_budget = bucket, token_budget
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -162,7 +201,7 @@ class BatchDataset:
         import torch
 
         batch = collate([load_sample(self.info.samples[idx], self.info.hidden_size, self.max_len)
-                         for idx in self.batches[i]])
+                         for idx in self.batches[i]], self.bucket, self.max_len, self.token_budget)
         batch["samples"] = torch.tensor(self.batches[i])    # row -> sample index, for error messages
         return batch
 

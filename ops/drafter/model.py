@@ -29,6 +29,13 @@ default within bf16 noise on the same batch (tests/test_drafter_levers.py):
 - loss "chunked": the LM head and the soft cross-entropy per chunk of rows in
   one autograd node whose forward also computes its gradients, so the
   [B, T, draft vocab] fp32 logits of K steps are never held at once.
+- compile_step True: torch.compile (dynamic=False: one graph per batch shape,
+  which length buckets keep few) of each TTT step's work outside the
+  attention kernel: the layer's norms + q/k/v + rotary, its o_proj + residual
+  + MLP + the final norm, and the loss (a chunk of the chunked loss, or the
+  whole full loss), so the elementwise passes between the matmuls fuse.
+  Attention stays SDPA's (step 0, the mask path) or compiled FlexAttention.
+Which of these ops.train turns on by default: ops/train/levers.py.
 """
 
 from __future__ import annotations
@@ -73,9 +80,17 @@ class Eagle3Attention(nn.Module):
         b, _, t, _ = out.shape
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
 
+    def attend_raw(self, q, k, v, mask: torch.Tensor | None, causal: bool = False) -> torch.Tensor:
+        """[B, heads, T, D], before o_proj."""
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                              enable_gqa=self.n_kv != self.n_heads)
+
     def attend_flex(self, q, k, v, block_mask) -> torch.Tensor:
+        """[B, heads, T, D], before o_proj."""
         flex = _flex_attention()["compiled" if q.is_cuda else "eager"]
-        out = flex(q, k.to(q.dtype), v.to(q.dtype), block_mask=block_mask, enable_gqa=self.n_kv != self.n_heads)
+        return flex(q, k.to(q.dtype), v.to(q.dtype), block_mask=block_mask, enable_gqa=self.n_kv != self.n_heads)
+
+    def project(self, out: torch.Tensor) -> torch.Tensor:
         b, _, t, _ = out.shape
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
 
@@ -115,11 +130,61 @@ def _flex_attention():
     if _FLEX is None:
         from torch.nn.attention.flex_attention import flex_attention
 
+        _raise_recompile_limit()
         _FLEX = {"eager": flex_attention, "compiled": torch.compile(flex_attention, dynamic=False)}
     return _FLEX
 
 
 _FLEX = None
+
+# What compile_step compiles with (tests count graphs with backend "eager",
+# which runs dynamo without inductor's code generation).
+COMPILE_BACKEND = "inductor"
+COMPILE_MODE: str | None = None      # e.g. "max-autotune-no-cudagraphs"
+# Each compiled function (and compiled FlexAttention) sees one shape per batch
+# shape: one a length bucket, 16 at max_len 4,096 and bucket 256 (more
+# without buckets: a shape per distinct batch).
+# Dynamo's default of 8 recompiles a function would then run the rest eagerly
+# (FlexAttention eagerly materialises the whole score matrix), silently.
+RECOMPILE_LIMIT = 128
+_COMPILED: dict = {}
+
+
+def _raise_recompile_limit() -> None:
+    import torch._dynamo
+
+    cfg = torch._dynamo.config
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+    setattr(cfg, name, max(getattr(cfg, name), RECOMPILE_LIMIT))
+    if hasattr(cfg, "accumulated_recompile_limit"):
+        cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 4 * RECOMPILE_LIMIT)
+
+
+def _compiled(fn):
+    key = (fn.__name__, COMPILE_BACKEND, COMPILE_MODE)
+    if key not in _COMPILED:
+        _raise_recompile_limit()
+        _COMPILED[key] = torch.compile(fn, dynamic=False, backend=COMPILE_BACKEND, mode=COMPILE_MODE)
+    return _COMPILED[key]
+
+
+def _layer_qkv(layer, embeds, hidden, cos, sin):
+    return layer.qkv(embeds, hidden, cos, sin)
+
+
+def _layer_finish(layer, norm, hidden, attn):
+    """(the step's output state, its final norm) from the attention's [B, heads, T, D]."""
+    out = layer.finish(hidden, layer.self_attn.project(attn))
+    return out, norm(out)
+
+
+def _full_soft_ce(normed, lm_head, tgt, ok):
+    logits = lm_head(normed).float()
+    tgt = tgt.float()
+    ce = -(torch.softmax(tgt, -1) * torch.log_softmax(logits, -1)).sum(-1)
+    ce_sum = (ce * ok.float()).sum()
+    right = ((logits.argmax(-1) == tgt.argmax(-1)) & ok).sum().float()
+    return ce_sum, right
 
 
 def ttt_block_mask(t: int, step: int, slots: int, device):
@@ -157,6 +222,7 @@ class Eagle3Drafter(nn.Module):
     ttt_attention = "mask"      # or "flex" (module docstring)
     loss = "full"               # or "chunked"
     loss_chunk_rows = 4096      # rows of [rows, draft vocab] fp32 a chunk of the chunked loss
+    compile_step = False        # torch.compile each TTT step's work (module docstring)
 
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
@@ -206,13 +272,20 @@ class Eagle3Drafter(nn.Module):
                steps: int):
         """Yield (k, logits [B,T,Vd]) for k = 0..steps-1. Step k at index t reads
         token t+k+1 at position t+k and predicts token t+k+2."""
-        for k, hidden in self.unroll_states(input_ids, aux, embed_weight, steps):
-            yield k, self.lm_head(self.norm(hidden))
+        for k, _hidden, normed in self._unroll(input_ids, aux, embed_weight, steps):
+            yield k, self.lm_head(normed)
 
     def unroll_states(self, input_ids: torch.Tensor, aux: torch.Tensor, embed_weight: torch.Tensor,
                       steps: int):
         """Yield (k, output state [B,T,H] pre-norm) for k = 0..steps-1 (see unroll)."""
+        for k, hidden, _normed in self._unroll(input_ids, aux, embed_weight, steps):
+            yield k, hidden
+
+    def _unroll(self, input_ids: torch.Tensor, aux: torch.Tensor, embed_weight: torch.Tensor, steps: int):
+        """Yield (k, output state pre-norm, its final norm) for k = 0..steps-1."""
         b, t = input_ids.shape
+        qkv_fn = _compiled(_layer_qkv) if self.compile_step else _layer_qkv
+        finish_fn = _compiled(_layer_finish) if self.compile_step else _layer_finish
         hidden = self.fc(aux)
         pad_ids = F.pad(input_ids, (0, steps + 1))
         keys, values = [], []
@@ -224,12 +297,12 @@ class Eagle3Drafter(nn.Module):
                 embeds = F.embedding(pad_ids[:, k + 1:k + 1 + t], embed_weight).to(hidden.dtype)
             positions = torch.arange(k, k + t, device=aux.device)
             cos, sin = self._cos_sin(hidden, positions)
-            q, kk, vv = self.midlayer.qkv(embeds, hidden, cos, sin)
+            q, kk, vv = qkv_fn(self.midlayer, embeds, hidden, cos, sin)
             keys.append(kk)
             values.append(vv)
             attn_mod = self.midlayer.self_attn
             if k == 0:
-                attn = attn_mod.attend(q, kk, vv, None, causal=True)
+                attn = attn_mod.attend_raw(q, kk, vv, None, causal=True)
             elif flex:
                 # Every step's keys in `steps` slots (the later ones zeros, masked
                 # out): one shape, so one compiled kernel for all k.
@@ -237,16 +310,16 @@ class Eagle3Drafter(nn.Module):
                 attn = attn_mod.attend_flex(q, torch.cat(keys + empty, 2), torch.cat(values + empty, 2),
                                             self._block_mask(t, k, steps, aux.device))
             else:
-                attn = attn_mod.attend(q, torch.cat(keys, 2), torch.cat(values, 2),
-                                       ttt_mask(t, k, aux.device))
-            hidden = self.midlayer.finish(hidden, attn)
-            yield k, hidden
+                attn = attn_mod.attend_raw(q, torch.cat(keys, 2), torch.cat(values, 2),
+                                           ttt_mask(t, k, aux.device))
+            hidden, normed = finish_fn(self.midlayer, self.norm, hidden, attn)
+            yield k, hidden, normed
 
     def _block_mask(self, t: int, step: int, slots: int, device):
         cache = self.__dict__.setdefault("_block_masks", {})
         key = (t, step, slots, str(device))
         if key not in cache:
-            if len(cache) > 64:
+            if len(cache) > 512:      # (lengths x steps): buckets keep this small
                 cache.clear()
             cache[key] = ttt_block_mask(t, step, slots, device)
         return cache[key]
@@ -270,20 +343,17 @@ class Eagle3Drafter(nn.Module):
         losses, correct, counts = [], [], []
         if self.loss not in ("full", "chunked"):
             raise ValueError(f"loss {self.loss!r}: expected 'full' or 'chunked'")
-        for k, hidden in self.unroll_states(input_ids, aux, embed_weight, steps):
+        full_fn = _compiled(_full_soft_ce) if self.compile_step else _full_soft_ce
+        for k, _hidden, normed in self._unroll(input_ids, aux, embed_weight, steps):
             tgt = pad_logits[:, k + 1:k + 1 + t]
             ok = pad_ok[:, k + 1:k + 1 + t]
             okf = ok.float()
             n = okf.sum()
             if self.loss == "chunked":
-                ce_sum, right = _ChunkedSoftCE.apply(self.norm(hidden), self.lm_head.weight, tgt, okf,
-                                                     self.loss_chunk_rows)
+                ce_sum, right = _ChunkedSoftCE.apply(normed, self.lm_head.weight, tgt, okf,
+                                                     self.loss_chunk_rows, self.compile_step)
             else:
-                logits = self.lm_head(self.norm(hidden)).float()
-                tgt = tgt.float()
-                ce = -(torch.softmax(tgt, -1) * torch.log_softmax(logits, -1)).sum(-1)
-                ce_sum = (ce * okf).sum()
-                right = ((logits.argmax(-1) == tgt.argmax(-1)) & ok).sum().float()
+                ce_sum, right = full_fn(normed, self.lm_head, tgt, ok)
             loss_k = ce_sum / n.clamp(min=1.0)
             total = total + (decay ** k) * loss_k
             losses.append(loss_k.detach())
@@ -325,7 +395,7 @@ class _ChunkedSoftCE(torch.autograd.Function):
     Matmuls in the autocast dtype where autocast is on, as nn.Linear's would be."""
 
     @staticmethod
-    def forward(ctx, x, weight, target, okf, chunk_rows):
+    def forward(ctx, x, weight, target, okf, chunk_rows, compiled=False):
         device = x.device.type
         mm = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
         h = x.shape[-1]
@@ -333,23 +403,18 @@ class _ChunkedSoftCE(torch.autograd.Function):
         ts = target.reshape(-1, target.shape[-1])
         oks = okf.reshape(-1)
         w = weight.to(mm)
+        chunk = _compiled(_soft_ce_chunk) if compiled else _soft_ce_chunk
         with torch.autocast(device, enabled=False):
             grad_x = torch.empty(xs.shape, dtype=x.dtype, device=x.device)
             grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
             ce_sum = torch.zeros((), dtype=torch.float32, device=x.device)
             right = torch.zeros((), dtype=torch.float32, device=x.device)
             for i in range(0, xs.shape[0], chunk_rows):
-                xc = xs[i:i + chunk_rows].to(mm)
-                logits = (xc @ w.T).float()
-                tc = ts[i:i + chunk_rows].float()
-                okc = oks[i:i + chunk_rows]
-                log_p = torch.log_softmax(logits, -1)
-                p_t = torch.softmax(tc, -1)
-                ce_sum += (-(p_t * log_p).sum(-1) * okc).sum()
-                right += ((logits.argmax(-1) == tc.argmax(-1)).float() * okc).sum()
-                g = ((log_p.exp() - p_t) * okc[:, None]).to(mm)
-                grad_x[i:i + chunk_rows] = (g @ w).to(x.dtype)
-                grad_w += (g.T @ xc).float()
+                ce_c, right_c, gx, gw = chunk(xs[i:i + chunk_rows], w, ts[i:i + chunk_rows], oks[i:i + chunk_rows])
+                ce_sum += ce_c
+                right += right_c
+                grad_x[i:i + chunk_rows] = gx
+                grad_w += gw
         ctx.save_for_backward(grad_x.view(x.shape), grad_w)
         ctx.weight_dtype = weight.dtype
         ctx.mark_non_differentiable(right)
@@ -358,4 +423,19 @@ class _ChunkedSoftCE(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_sum, _grad_right):
         grad_x, grad_w = ctx.saved_tensors
-        return grad_x * grad_sum.to(grad_x.dtype), (grad_w * grad_sum).to(ctx.weight_dtype), None, None, None
+        return (grad_x * grad_sum.to(grad_x.dtype), (grad_w * grad_sum).to(ctx.weight_dtype),
+                None, None, None, None)
+
+
+def _soft_ce_chunk(x, w, target, okc):
+    """One chunk of _ChunkedSoftCE: (CE sum, argmax agreements, d sum/d x, d sum/d W fp32);
+    w is already in the matmul dtype."""
+    xc = x.to(w.dtype)
+    logits = (xc @ w.T).float()
+    tc = target.float()
+    log_p = torch.log_softmax(logits, -1)
+    p_t = torch.softmax(tc, -1)
+    ce = (-(p_t * log_p).sum(-1) * okc).sum()
+    right = ((logits.argmax(-1) == tc.argmax(-1)).float() * okc).sum()
+    g = ((log_p.exp() - p_t) * okc[:, None]).to(w.dtype)
+    return ce, right, (g @ w).to(x.dtype), (g.T @ xc).float()

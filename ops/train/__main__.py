@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 from ops.common import spec_defaults
+from ops.train.levers import parse_bucket, resolve
 from ops.train.spec import SPEC
 
 
@@ -59,13 +60,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-heads", type=int, help="override the target's num_attention_heads")
     p.add_argument("--num-kv-heads", type=int)
     p.add_argument("--intermediate-size", type=int)
-    # Speed levers (ops/drafter/model.py; equal to the defaults within bf16 noise,
-    # timed by benchmarks/train_throughput.py --levers).
-    p.add_argument("--ttt-attention", choices=("mask", "flex"),
+    # Speed levers (ops/drafter/model.py; equal to the old path within bf16 noise,
+    # timed by benchmarks/train_throughput.py). "auto": on CUDA the fast path,
+    # on the CPU the old one (ops/train/levers.py says why).
+    p.add_argument("--ttt-attention", choices=("auto", "mask", "flex"),
                    help="TTT attention: explicit mask through SDPA, or a FlexAttention block mask (CUDA)")
-    p.add_argument("--loss", choices=("full", "chunked"),
+    p.add_argument("--loss", choices=("auto", "full", "chunked"),
                    help="soft CE over full fp32 logits, or chunked with the LM head (less memory)")
-    p.add_argument("--fused-adamw", action="store_true", help="AdamW's fused kernel")
+    p.add_argument("--fused-adamw", choices=("auto", "on", "off"), help="AdamW's fused kernel")
+    p.add_argument("--compile", choices=("auto", "on", "off"),
+                   help="torch.compile each TTT step's layer and loss work (one graph per batch shape)")
+    p.add_argument("--length-bucket", type=parse_bucket,
+                   help="pad each batch's length up to a multiple of this many tokens (0: to its longest "
+                        "sample; auto: 256 where flex or compile builds a kernel per shape)")
     return spec_defaults(p, SPEC)
 
 
@@ -192,15 +199,17 @@ def main(argv=None) -> int:
     torch.manual_seed(args.seed)
     model = Eagle3Drafter(cfg)
     model.init_from_target(head.lm_head, vocab.d2t, vocab.t2d)
-    model.ttt_attention, model.loss = args.ttt_attention, args.loss
+    levers = resolve(use_cuda, args.ttt_attention, args.loss, args.fused_adamw, args.compile, args.length_bucket)
+    model.ttt_attention, model.loss, model.compile_step = levers.ttt_attention, levers.loss, levers.compile
     model.to(device)
     dtype = torch.bfloat16 if use_cuda else torch.float32
     view = TargetView(head, vocab, device, dtype, info.final_post_norm)
     del head
 
     train_ids, held = holdout_split(sorted(info.samples), args.holdout, args.seed)
-    batches = make_batches({i: info.lengths[i] for i in train_ids}, args.token_budget, args.max_len)
-    dataset = BatchDataset(info, batches, args.max_len)
+    batches = make_batches({i: info.lengths[i] for i in train_ids}, args.token_budget, args.max_len,
+                           levers.length_bucket)
+    dataset = BatchDataset(info, batches, args.max_len, levers.length_bucket, args.token_budget)
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True,
                                  seed=args.seed, drop_last=True)
     per_epoch = len(sampler)                 # micro-batches per rank per epoch
@@ -217,7 +226,7 @@ def main(argv=None) -> int:
         (no_decay if p.dim() < 2 else decay).append(p)
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95),
-                            **({"fused": True} if args.fused_adamw else {}))
+                            **({"fused": True} if levers.fused_adamw else {}))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(total, warmup, args.min_lr_ratio))
 
     step = 0
@@ -265,7 +274,7 @@ def main(argv=None) -> int:
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if use_cuda else contextlib.nullcontext()
     log(f"train: {len(info.samples)} samples ({len(train_ids)} train, {len(held)} held out), "
         f"{len(batches)} batches, {world} rank(s) x accum {args.grad_accum}, {total} steps, "
-        f"ttt {args.ttt_steps}, device {device}")
+        f"ttt {args.ttt_steps}, device {device}; {levers.describe()}")
     # One line per refresh (not tqdm's carriage returns): the log is a file
     # that other lines are printed into between refreshes.
     bar = progress(total=total, initial=step, disable=not is_main, desc="train", unit="step", mininterval=2.0)

@@ -80,9 +80,13 @@ SPEC = OpSpec(
         "num_heads": None,
         "num_kv_heads": None,
         "intermediate_size": None,
-        "ttt_attention": "mask",    # or "flex" (speed levers: ops/drafter/model.py)
-        "loss": "full",             # or "chunked"
-        "fused_adamw": False,
+        # Speed levers (ops/drafter/model.py); "auto" = the fast path on CUDA, the
+        # old one on the CPU (ops/train/levers.py says why).
+        "ttt_attention": "auto",    # or "mask" / "flex"
+        "loss": "auto",             # or "full" / "chunked"
+        "fused_adamw": "auto",      # or "on" / "off"
+        "compile": "auto",          # or "on" / "off": torch.compile of each TTT step's work
+        "length_bucket": "auto",    # or tokens (0 = off): 256 where flex or compile is on
     },
     output_params=("output",),
     uses_target=True,
