@@ -53,11 +53,13 @@ def graph_names(fn) -> set[str]:
     return {type(f).__name__ for f in seen}
 
 
-def test_chunked_loss_equals_the_full_loss_and_its_gradients():
+@pytest.mark.parametrize("rows", [7, 30, 48])
+def test_chunked_loss_equals_the_full_loss_and_its_gradients(rows):
+    # 24-token samples: runs of 7 rows (the last partial), one sample, both samples a chunk
     model, batch = setup()
     ref = run(model, batch)
     chunked = copy.deepcopy(model)
-    chunked.loss, chunked.loss_chunk_rows = "chunked", 7     # 48 rows: 7 chunks, the last partial
+    chunked.loss, chunked.loss_chunk_rows = "chunked", rows
     got = run(chunked, batch)
     assert "_ChunkedSoftCEBackward" in graph_names(got[5])
     assert "_ChunkedSoftCEBackward" not in graph_names(ref[5])

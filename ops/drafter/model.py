@@ -390,32 +390,43 @@ class Eagle3Drafter(nn.Module):
 class _ChunkedSoftCE(torch.autograd.Function):
     """sum over counted rows of soft CE(target logits, x @ W^T), and the count of
     rows whose argmaxes agree, a chunk of rows at a time. The forward computes
-    d(sum)/dx and d(sum)/dW as it goes (d CE / d logits = softmax(logits) -
-    softmax(target)), so only [chunk, Vd] is ever live; backward scales them.
-    Matmuls in the autocast dtype where autocast is on, as nn.Linear's would be."""
+    d(sum)/dx and d(sum)/dW (d CE / d logits = softmax(logits) - softmax(target)),
+    so only [chunk, Vd] fp32 is ever live; backward scales them.
+    Matmuls in the autocast dtype where autocast is on, as nn.Linear's would be.
+
+    A chunk is whole samples (chunk_rows // T of them) or, for samples longer
+    than chunk_rows, a run of rows of one sample: slices of the [B, T, ...]
+    inputs as they are (the target logits are a strided view of the padded
+    ones; flattening them would copy [B, T, Vd] each step). Each chunk writes
+    its d CE / d logits into one [B, T, Vd] buffer in the matmul dtype, and the
+    two gradient matmuls run once over all rows after the loop: two large
+    matmuls accumulating in fp32 instead of two small ones and an fp32
+    [Vd, H] read-modify-write per chunk."""
 
     @staticmethod
     def forward(ctx, x, weight, target, okf, chunk_rows, compiled=False):
         device = x.device.type
         mm = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
-        h = x.shape[-1]
-        xs = x.reshape(-1, h)
-        ts = target.reshape(-1, target.shape[-1])
-        oks = okf.reshape(-1)
+        b, t, h = x.shape
         w = weight.to(mm)
         chunk = _compiled(_soft_ce_chunk) if compiled else _soft_ce_chunk
+        per = max(1, chunk_rows // t)           # samples a chunk
+        run = min(t, max(1, chunk_rows))        # rows of a sample a chunk
         with torch.autocast(device, enabled=False):
-            grad_x = torch.empty(xs.shape, dtype=x.dtype, device=x.device)
-            grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+            grad_logits = torch.empty((b, t, w.shape[0]), dtype=mm, device=x.device)
             ce_sum = torch.zeros((), dtype=torch.float32, device=x.device)
             right = torch.zeros((), dtype=torch.float32, device=x.device)
-            for i in range(0, xs.shape[0], chunk_rows):
-                ce_c, right_c, gx, gw = chunk(xs[i:i + chunk_rows], w, ts[i:i + chunk_rows], oks[i:i + chunk_rows])
-                ce_sum += ce_c
-                right += right_c
-                grad_x[i:i + chunk_rows] = gx
-                grad_w += gw
-        ctx.save_for_backward(grad_x.view(x.shape), grad_w)
+            for b0 in range(0, b, per):
+                for r0 in range(0, t, run):
+                    rows = (slice(b0, b0 + per), slice(r0, r0 + run))
+                    ce_c, right_c, g = chunk(x[rows], w, target[rows], okf[rows])
+                    ce_sum += ce_c
+                    right += right_c
+                    grad_logits[rows] = g
+            flat = grad_logits.view(-1, w.shape[0])
+            grad_x = (flat @ w).view(b, t, h).to(x.dtype)
+            grad_w = (flat.T @ x.reshape(-1, h).to(mm)).float()
+        ctx.save_for_backward(grad_x, grad_w)
         ctx.weight_dtype = weight.dtype
         ctx.mark_non_differentiable(right)
         return ce_sum, right
@@ -428,14 +439,13 @@ class _ChunkedSoftCE(torch.autograd.Function):
 
 
 def _soft_ce_chunk(x, w, target, okc):
-    """One chunk of _ChunkedSoftCE: (CE sum, argmax agreements, d sum/d x, d sum/d W fp32);
-    w is already in the matmul dtype."""
-    xc = x.to(w.dtype)
-    logits = (xc @ w.T).float()
+    """One chunk of _ChunkedSoftCE ([n, r, ...] slices): (CE sum, argmax
+    agreements, d CE / d logits in w's dtype); w is already in the matmul dtype."""
+    logits = (x.to(w.dtype) @ w.T).float()
     tc = target.float()
     log_p = torch.log_softmax(logits, -1)
     p_t = torch.softmax(tc, -1)
     ce = (-(p_t * log_p).sum(-1) * okc).sum()
     right = ((logits.argmax(-1) == tc.argmax(-1)).float() * okc).sum()
-    g = ((log_p.exp() - p_t) * okc[:, None]).to(w.dtype)
-    return ce, right, (g @ w).to(x.dtype), (g.T @ xc).float()
+    g = ((log_p.exp() - p_t) * okc[..., None]).to(w.dtype)
+    return ce, right, g
