@@ -8,8 +8,10 @@ it (config.json; embedding, final norm, LM head), then loads them through
 ops.train's own readers (read_data, load_target_head, load_vocab,
 from_target, make_batches, BatchDataset in a DataLoader with ops.train's
 arguments) and runs ops.train's step (TargetView.targets, the drafter's K-step
-unroll under bf16 autocast, backward, clip, AdamW). Per step it times the
-wait for the next batch and the whole step (the step ends with a device sync).
+unroll under bf16 autocast, backward, clip, AdamW), batches reaching the GPU
+through ops.train's DevicePrefetcher (the next batch's copy on a side stream).
+Per step it times the wait on the data loader and the whole step (the step
+ends with a device sync).
 
 MFU counts useful FLOPs only (the issue's formula), per token of a T-token sample:
   3 x (fc 2*3H*H + K x (q 2*2H*NH*D + k,v 2*2*2H*NKV*D + o 2*H*H
@@ -252,7 +254,8 @@ def measure(work: Path, seq: int, k: int, budget: int, warmup: int, steps: int, 
         while True:
             yield from loader
 
-    it = cycle()
+    from ops.train.prefetch import DevicePrefetcher
+    it = DevicePrefetcher(cycle(), device, dtype)
     waits, times, tokens, flops, warm_times = [], [], [], [], []
     model.train()
     checked = None
@@ -268,16 +271,16 @@ def measure(work: Path, seq: int, k: int, budget: int, warmup: int, steps: int, 
         if step == warmup:
             graphs_warm = dynamo_graphs()
         t0 = time.perf_counter()
-        batch = next(it)
-        t_data = time.perf_counter() - t0
-        input_ids = batch["input_ids"].to(device, non_blocking=True)
-        aux = batch["aux"].to(device, dtype=dtype, non_blocking=True)
-        final = batch["final"].to(device, dtype=dtype, non_blocking=True)
-        mask = batch["loss_mask"].to(device)
-        tgt, ok = view.targets(final, mask, batch["lengths"])
+        wait0 = it.wait_s
+        batch, dev = it.next()
+        tgt, ok = view.targets(dev["final"], dev["loss_mask"], batch["lengths"])
         with autocast:
-            loss, losses, correct, counts = model(input_ids, aux, view.embed, tgt, ok, k, 0.8)
+            loss, losses, correct, counts = model(dev["input_ids"], dev["aux"], view.embed, tgt, ok, k, 0.8)
             loss.backward()
+        it.prefetch()           # as ops.train: the next batch's copy beside this step's work
+        # Time blocked on the data loader, taking this batch and fetching the next
+        # (the copies to the GPU run on a side stream, overlapped).
+        t_data = it.wait_s - wait0
         torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -270,7 +270,8 @@ def main(argv=None) -> int:
                 yield epoch, batch
             epoch, skip = epoch + 1, 0
 
-    it = stream(step * args.grad_accum)
+    from ops.train.prefetch import DevicePrefetcher
+    it = DevicePrefetcher((dict(batch, epoch=e) for e, batch in stream(step * args.grad_accum)), device, dtype)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if use_cuda else contextlib.nullcontext()
     log(f"train: {len(info.samples)} samples ({len(train_ids)} train, {len(held)} held out), "
         f"{len(batches)} batches, {world} rank(s) x accum {args.grad_accum}, {total} steps, "
@@ -286,23 +287,23 @@ def main(argv=None) -> int:
         model.train()
         sums = torch.zeros(3 * args.ttt_steps + 2, device=device)   # loss_k, correct_k, count_k, loss, tokens
         for micro in range(args.grad_accum):
-            epoch, batch = next(it)
+            batch, dev = it.next()
+            epoch = batch["epoch"]
             bad = out_of_vocab(batch, info, view.embed.shape[0], args.target)
             if bad:
                 # Checked on the CPU copy: on the device the embedding lookup is
                 # a bare IndexError (a device-side assert on CUDA) naming nothing.
                 print(f"error: {bad}", file=sys.stderr, flush=True)
                 return 2
-            input_ids = batch["input_ids"].to(device, non_blocking=True)
-            aux = batch["aux"].to(device, dtype=dtype, non_blocking=True)
-            final = batch["final"].to(device, dtype=dtype, non_blocking=True)
-            mask = batch["loss_mask"].to(device)
-            tgt, ok = view.targets(final, mask, batch["lengths"])
+            tgt, ok = view.targets(dev["final"], dev["loss_mask"], batch["lengths"])
             sync = contextlib.nullcontext() if (world == 1 or micro == args.grad_accum - 1) else ddp.no_sync()
             with sync, autocast:
-                loss, losses, correct, counts = ddp(input_ids, aux, view.embed, tgt, ok,
+                loss, losses, correct, counts = ddp(dev["input_ids"], dev["aux"], view.embed, tgt, ok,
                                                     args.ttt_steps, args.decay)
                 (loss / args.grad_accum).backward()
+            # The next batch's copy runs on its own stream beside this step's
+            # queued work (ops/train/prefetch.py).
+            it.prefetch()
             k = args.ttt_steps
             sums[:k] += losses / args.grad_accum
             sums[k:2 * k] += correct
