@@ -10,6 +10,8 @@
 # - mixed: samples of many lengths (256..2,048) in 512-token buckets: how many
 #   graphs a corpus of many lengths builds (all in the first pass, none in the second).
 # - old: --levers old, the explicit mask, full loss, plain AdamW, no compile.
+# - profile: benchmarks/profile_train.py, the default path's step under torch.profiler
+#   (top operators by device time, kernels a step, the device's busy share).
 # Each writes its log and JSON under $OUT; same machine set-up as gpu_session.sh.
 set -u
 OUT=${OUT:-/tmp/gpu-session-out}
@@ -36,10 +38,11 @@ for what in "$@"; do
                --length-bucket 512 --steps 6 --out "$WORK" --json "$OUT/train_8b_mixed.json" ;;
     old)     step train_8b_old 150 $PY benchmarks/train_throughput.py --shape 8b --seq 2048,4096 --levers old \
                --out "$WORK" --json "$OUT/train_8b_old.json" ;;
-    *) echo "unknown step $what (default, mixed, old)"; exit 2 ;;
+    profile) step train_8b_profile 200 $PY benchmarks/profile_train.py --shape 8b --seq 2048 ;;
+    *) echo "unknown step $what (default, mixed, old, profile)"; exit 2 ;;
   esac
   rm -rf "$WORK"/train-throughput-*
 done
-grep -h -e '^device:' -e '^matmul' -e '^data ' -e '^compile ' -e '^train ' -e '^levers ' \
+grep -h -e '^device:' -e '^matmul' -e '^data ' -e '^compile ' -e '^train ' -e '^levers ' -e '^profiled' -e '^shape' \
   "$OUT"/train_8b*.log 2>/dev/null | tee "$OUT/train_summary.txt"
 echo "== done in $SECONDS s; files under $OUT"
