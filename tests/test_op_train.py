@@ -217,3 +217,25 @@ def test_chunked_loss_and_fused_adamw_follow_the_default_loss_curve(assets, tmp_
         assert b[step]["loss"] == pytest.approx(a[step]["loss"], rel=1e-4, abs=1e-5), step
         assert b[step]["acc"] == pytest.approx(a[step]["acc"], abs=1e-3), step
         assert b[step]["counted"] == a[step]["counted"]
+
+
+def test_compiled_bucketed_run_trains_and_says_its_levers(assets, tmp_path, capsys, monkeypatch):
+    """ops.train with what CUDA runs by default, on the CPU: the compiled step
+    (aot_eager here: dynamo's capture and autograd's split, no code
+    generation), the chunked loss, fused AdamW and 64-token length buckets."""
+    from ops.drafter import model as model_mod
+
+    monkeypatch.setattr(model_mod, "COMPILE_BACKEND", "aot_eager")
+    monkeypatch.setattr(model_mod, "_COMPILED", {})
+    out = tmp_path / "run"
+    argv = train_argv(assets, out, "--max-steps", "4", "--save-every", "1000", "--compile", "on",
+                      "--loss", "chunked", "--fused-adamw", "on", "--length-bucket", "64")
+    assert run_train(argv) == 0
+    said = capsys.readouterr().out
+    assert "ttt attention mask, loss chunked, fused AdamW on, compile on, length bucket 64" in said
+    assert " 16 batches," in said        # 64 samples, 4 rows of 64 tokens a batch (8 unbucketed)
+    recs = metrics(out)
+    assert sorted(recs) == [1, 2, 3, 4]
+    # 256-token budget / 64-token bucket: 4 rows a batch, 12..40-token samples
+    assert all(0 < sum(r["counted"][:1]) <= 4 * 40 for r in recs.values())
+    assert all(r["loss"] == r["loss"] for r in recs.values())          # finite, not NaN
