@@ -10,6 +10,7 @@
 # - mixed: samples of many lengths (256..2,048) in 512-token buckets: how many
 #   graphs a corpus of many lengths builds (all in the first pass, none in the second).
 # - old: --levers old, the explicit mask, full loss, plain AdamW, no compile.
+# - nocompile: the default without torch.compile (flex, chunked, fused AdamW, buckets).
 # - profile: benchmarks/profile_train.py, the default path's step under torch.profiler
 #   (top operators by device time, kernels a step, the device's busy share).
 # Each writes its log and JSON under $OUT; same machine set-up as gpu_session.sh.
@@ -38,8 +39,10 @@ for what in "$@"; do
                --length-bucket 512 --steps 6 --out "$WORK" --json "$OUT/train_8b_mixed.json" ;;
     old)     step train_8b_old 150 $PY benchmarks/train_throughput.py --shape 8b --seq 2048,4096 --levers old \
                --out "$WORK" --json "$OUT/train_8b_old.json" ;;
+    nocompile) step train_8b_nocompile 200 $PY benchmarks/train_throughput.py --shape 8b --seq 2048,4096 \
+               --levers flex,chunked,fused-adamw,bucket --out "$WORK" --json "$OUT/train_8b_nocompile.json" ;;
     profile) step train_8b_profile 200 $PY benchmarks/profile_train.py --shape 8b --seq 2048 ;;
-    *) echo "unknown step $what (default, mixed, old, profile)"; exit 2 ;;
+    *) echo "unknown step $what (default, mixed, old, nocompile, profile)"; exit 2 ;;
   esac
   rm -rf "$WORK"/train-throughput-*
 done

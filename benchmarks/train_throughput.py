@@ -401,6 +401,16 @@ def main() -> int:
             results.append({"seq": seq, "oom": str(exc).splitlines()[0]})
             torch.cuda.empty_cache()
             continue
+        except Exception as exc:     # e.g. a compile failing: say so and go on with the next length
+            import traceback
+
+            traceback.print_exc()
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            log(f"train {seq}-token samples, K={k}, levers {a.levers}: failed ({type(exc).__name__}: {first})")
+            results.append({"seq": seq, "error": f"{type(exc).__name__}: {first}"})
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            continue
         mem = (f"; peak memory {r['peak_alloc'] / 2**30:.1f} GiB allocated, {r['peak_reserved'] / 2**30:.1f} GiB "
                f"reserved" if r["peak_alloc"] is not None else "")
         if seq in program_seqs:
