@@ -73,6 +73,8 @@ def main() -> int:
     ap.add_argument("--seq", type=int, default=None)
     ap.add_argument("--token-budget", type=int, default=None)
     ap.add_argument("--levers", default="default", help="as benchmarks/train_throughput.py's")
+    ap.add_argument("--compile-mode", default=None,
+                    help="torch.compile mode of the compiled step, e.g. max-autotune-no-cudagraphs (default: none)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--top", type=int, default=25)
@@ -83,6 +85,9 @@ def main() -> int:
     from torch.profiler import ProfilerActivity, profile
 
     device = bc.torch_device()
+    if args.compile_mode:
+        from ops.drafter import model as model_mod
+        model_mod.COMPILE_MODE = args.compile_mode
     cuda = device.type == "cuda"
     print(bc.device_line(), flush=True)
     seq = args.seq or int(SHAPES[args.shape][4].split(",")[0])

@@ -347,6 +347,8 @@ def main() -> int:
     ap.add_argument("--levers", default="default",
                     help=f"default (ops.train's), old, or comma-separated of {', '.join(LEVERS)}")
     ap.add_argument("--check-levers", action="store_true", help="compare one batch against the old path first")
+    ap.add_argument("--compile-mode", default=None,
+                    help="torch.compile mode of the compiled step, e.g. max-autotune-no-cudagraphs (default: none)")
     ap.add_argument("--length-bucket", type=int, default=None,
                     help="tokens of a length bucket where buckets are on (default: ops.train's)")
     ap.add_argument("--lengths", choices=("fixed", "mixed"), default="fixed",
@@ -369,6 +371,9 @@ def main() -> int:
     work = root / f"train-throughput-{a.shape}"
     shutil.rmtree(work, ignore_errors=True)
     device = bc.torch_device()
+    if a.compile_mode:
+        from ops.drafter import model as model_mod
+        model_mod.COMPILE_MODE = a.compile_mode
     levers = lever_config(a.levers, device.type == "cuda", a.length_bucket)
     log(bc.device_line())
     rate, what = bc.matmul_rate(device, torch.bfloat16 if device.type == "cuda" else torch.float32)
