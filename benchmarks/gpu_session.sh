@@ -6,7 +6,8 @@
 # numpy, psutil, nvidia-ml-py, typer and rich; PYTHONPATH puts this checkout
 # first (status --json never imports textual, which is not there).
 # Each step has its own time limit so that one slow step cannot eat the others'
-# (510 s of limits in all; the train step alone: benchmarks/gpu_train_session.sh); each writes its log and JSON under $OUT.
+# (645 s of limits in all: over one 600-s device call, so run the train measurements apart with
+# benchmarks/gpu_train_session.sh where the call is capped); each writes its log and JSON under $OUT.
 set -u
 OUT=${OUT:-/tmp/gpu-session-out}
 WORK=${BENCH_DIR:-/root/eagle3-bench}     # on the machine's disk (64 GiB): the filesystem measured
