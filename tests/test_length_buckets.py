@@ -217,3 +217,12 @@ def test_the_cuda_default_path_equals_the_old_path_within_bf16_noise():
     ref, got = run(old, plain, True), run(new, padded, True)
     torch.testing.assert_close(got[0], ref[0], rtol=2e-2, atol=1e-3)
     assert torch.nn.functional.cosine_similarity(got[4], ref[4], 0) > 0.999
+
+
+def test_a_bare_fused_adamw_flag_still_means_on():
+    from ops.train.__main__ import parse_args
+
+    base = ["--data", "d", "--vocab", "v", "--target", "t", "--output", "o"]
+    assert parse_args(base + ["--fused-adamw"]).fused_adamw == "on"
+    assert parse_args(base).fused_adamw == "auto"
+    assert parse_args(base + ["--fused-adamw", "off"]).fused_adamw == "off"

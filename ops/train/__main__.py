@@ -67,7 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="TTT attention: explicit mask through SDPA, or a FlexAttention block mask (CUDA)")
     p.add_argument("--loss", choices=("auto", "full", "chunked"),
                    help="soft CE over full fp32 logits, or chunked with the LM head (less memory)")
-    p.add_argument("--fused-adamw", choices=("auto", "on", "off"), help="AdamW's fused kernel")
+    # A bare --fused-adamw (the flag this was before it took a value; a pipeline
+    # file's `fused_adamw = true` still writes it) means on.
+    p.add_argument("--fused-adamw", choices=("auto", "on", "off"), nargs="?", const="on",
+                   help="AdamW's fused kernel")
     p.add_argument("--compile", choices=("auto", "on", "off"),
                    help="torch.compile each TTT step's layer and loss work (one graph per batch shape)")
     p.add_argument("--length-bucket", type=parse_bucket,
