@@ -298,7 +298,7 @@ def main(argv=None) -> int:
                 # a bare IndexError (a device-side assert on CUDA) naming nothing.
                 print(f"error: {bad}", file=sys.stderr, flush=True)
                 return 2
-            tgt, ok = view.targets(dev["final"], dev["loss_mask"], batch["lengths"])
+            tgt, ok = view.targets(dev["final"], dev["loss_mask"], dev["lengths"])
             sync = contextlib.nullcontext() if (world == 1 or micro == args.grad_accum - 1) else ddp.no_sync()
             with sync, autocast:
                 loss, losses, correct, counts = ddp(dev["input_ids"], dev["aux"], view.embed, tgt, ok,
