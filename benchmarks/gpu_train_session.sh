@@ -46,6 +46,6 @@ for what in "$@"; do
   esac
   rm -rf "$WORK"/train-throughput-*
 done
-grep -h -e '^device:' -e '^matmul' -e '^data ' -e '^compile ' -e '^train ' -e '^levers ' -e '^profiled' -e '^shape' \
+grep -h -e '^device:' -e '^matmul' -e '^data ' -e '^compile ' -e '^train ' -e '^levers ' -e '^profiled' -e '^shape' -e '^host-device' \
   "$OUT"/train_8b*.log 2>/dev/null | tee "$OUT/train_summary.txt"
 echo "== done in $SECONDS s; files under $OUT"
