@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 11's drafter-training measurements on one nvidia-h200, run from the
-# repository root:   bash benchmarks/gpu_train_session.sh [default] [old] [mixed]
-# (no argument: default then mixed, about 9 minutes of limits; `old`, the path
-# before the levers, is the before figure and fits beside them in a second call).
+# repository root:   bash benchmarks/gpu_train_session.sh STEP...   (no STEP: default)
+# Within one 600-s device call: `default` alone (330 s of limits), then
+# `mixed old` (450 s), then `profile nocompile` (400 s) if wanted.
 # - default: ops.train's defaults on CUDA (flex + chunked loss + fused AdamW +
 #   torch.compile + 256-token length buckets) at 2,048 and 4,096-token samples,
 #   one batch checked against the old path first (loss, accuracies, gradients);
@@ -20,7 +20,7 @@ WORK=${BENCH_DIR:-/root/eagle3-bench}
 mkdir -p "$OUT" "$WORK"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 PY=${PY:-python3}
-[ $# -eq 0 ] && set -- default mixed
+[ $# -eq 0 ] && set -- default
 
 step() {   # step NAME SECONDS COMMAND...
   local name=$1 limit=$2; shift 2
@@ -35,7 +35,7 @@ for what in "$@"; do
   case $what in
     default) step train_8b 330 $PY benchmarks/train_throughput.py --shape 8b --seq 2048,4096 --out "$WORK" \
                --check-levers --json "$OUT/train_8b.json" ;;
-    mixed)   step train_8b_mixed 230 $PY benchmarks/train_throughput.py --shape 8b --seq 2048 --lengths mixed \
+    mixed)   step train_8b_mixed 300 $PY benchmarks/train_throughput.py --shape 8b --seq 2048 --lengths mixed \
                --length-bucket 512 --steps 6 --out "$WORK" --json "$OUT/train_8b_mixed.json" ;;
     old)     step train_8b_old 150 $PY benchmarks/train_throughput.py --shape 8b --seq 2048,4096 --levers old \
                --out "$WORK" --json "$OUT/train_8b_old.json" ;;
@@ -46,6 +46,6 @@ for what in "$@"; do
   esac
   rm -rf "$WORK"/train-throughput-*
 done
-grep -h -e '^device:' -e '^matmul' -e '^data ' -e '^compile ' -e '^train ' -e '^levers ' -e '^profiled' -e '^shape' \
+grep -h -e '^device:' -e '^matmul' -e '^data ' -e '^compile ' -e '^train ' -e '^levers ' -e '^profiled' -e '^shape' -e '^host-device' \
   "$OUT"/train_8b*.log 2>/dev/null | tee "$OUT/train_summary.txt"
 echo "== done in $SECONDS s; files under $OUT"

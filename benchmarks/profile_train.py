@@ -122,6 +122,22 @@ def main() -> int:
     print(f"shape {args.shape}: {b} x {seq} tokens, K={k}; levers {args.levers} ({levers.describe()})")
     print(f"matmul {what}: {rate / 1e12:.1f} TFLOP/s; step {step_s * 1000:.1f} ms unprofiled = {mfu:.1%} MFU; "
           f"warm-up {args.warmup} steps {warm:.1f} s (~{max(0.0, warm - args.warmup * step_s):.1f} s compiling)")
+    if cuda:
+        # One step with CUDA's sync debugging on: every host-device sync inside
+        # the step warns with its stack (the last, the loss's float(), is by design).
+        import warnings
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                one_step()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        syncs = [w for w in caught if "synchroniz" in str(w.message).lower()]
+        print(f"host-device syncs in one step: {len(syncs)}")
+        for w in syncs[:8]:
+            print(f"  {w.filename}:{w.lineno}: {str(w.message).splitlines()[0][:120]}")
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=acts) as prof:
         t0 = time.perf_counter()

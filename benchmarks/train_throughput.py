@@ -273,7 +273,7 @@ def measure(work: Path, seq: int, k: int, budget: int, warmup: int, steps: int, 
         t0 = time.perf_counter()
         wait0 = it.wait_s
         batch, dev = it.next()
-        tgt, ok = view.targets(dev["final"], dev["loss_mask"], batch["lengths"])
+        tgt, ok = view.targets(dev["final"], dev["loss_mask"], dev["lengths"])
         with autocast:
             loss, losses, correct, counts = model(dev["input_ids"], dev["aux"], view.embed, tgt, ok, k, 0.8)
             loss.backward()

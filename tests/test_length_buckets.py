@@ -217,3 +217,29 @@ def test_the_cuda_default_path_equals_the_old_path_within_bf16_noise():
     ref, got = run(old, plain, True), run(new, padded, True)
     torch.testing.assert_close(got[0], ref[0], rtol=2e-2, atol=1e-3)
     assert torch.nn.functional.cosine_similarity(got[4], ref[4], 0) > 0.999
+
+
+def test_a_bare_fused_adamw_flag_still_means_on():
+    from ops.train.__main__ import parse_args
+
+    base = ["--data", "d", "--vocab", "v", "--target", "t", "--output", "o"]
+    assert parse_args(base + ["--fused-adamw"]).fused_adamw == "on"
+    assert parse_args(base).fused_adamw == "auto"
+    assert parse_args(base + ["--fused-adamw", "off"]).fused_adamw == "off"
+
+
+def test_a_worker_collates_into_shared_memory_the_same_batch():
+    """(That no second copy is made is not observable here: the batch arrives
+    in shared memory either way.)"""
+    from torch.utils.data import DataLoader
+
+    groups = [[sample(19, 1), sample(24, 2)], [sample(30, 3)]]
+    here = [collate(g, bucket=16, max_len=64, token_budget=96) for g in groups]
+    loader = DataLoader(groups, batch_size=None, num_workers=1,
+                        collate_fn=lambda g: collate(g, bucket=16, max_len=64, token_budget=96))
+    got = list(loader)
+    assert len(got) == 2
+    for a, b in zip(got, here):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert torch.equal(a[key], b[key]), key

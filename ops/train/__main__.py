@@ -67,7 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="TTT attention: explicit mask through SDPA, or a FlexAttention block mask (CUDA)")
     p.add_argument("--loss", choices=("auto", "full", "chunked"),
                    help="soft CE over full fp32 logits, or chunked with the LM head (less memory)")
-    p.add_argument("--fused-adamw", choices=("auto", "on", "off"), help="AdamW's fused kernel")
+    # A bare --fused-adamw (the flag this was before it took a value; a pipeline
+    # file's `fused_adamw = true` still writes it) means on.
+    p.add_argument("--fused-adamw", choices=("auto", "on", "off"), nargs="?", const="on",
+                   help="AdamW's fused kernel")
     p.add_argument("--compile", choices=("auto", "on", "off"),
                    help="torch.compile each TTT step's layer and loss work (one graph per batch shape)")
     p.add_argument("--length-bucket", type=parse_bucket,
@@ -295,7 +298,7 @@ def main(argv=None) -> int:
                 # a bare IndexError (a device-side assert on CUDA) naming nothing.
                 print(f"error: {bad}", file=sys.stderr, flush=True)
                 return 2
-            tgt, ok = view.targets(dev["final"], dev["loss_mask"], batch["lengths"])
+            tgt, ok = view.targets(dev["final"], dev["loss_mask"], dev["lengths"])
             sync = contextlib.nullcontext() if (world == 1 or micro == args.grad_accum - 1) else ddp.no_sync()
             with sync, autocast:
                 loss, losses, correct, counts = ddp(dev["input_ids"], dev["aux"], view.embed, tgt, ok,

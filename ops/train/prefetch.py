@@ -6,7 +6,9 @@ tokens of an 8B target: 400 MB of aux states and 134 MB of final states,
 step's end-of-step sync: the GPU idles for the copy every step, and no
 host-side timer sees it. Here the next batch's copy is issued on its own
 stream while the current step computes; the compute stream waits on it only
-when the batch is taken. On the CPU it is a plain .to(device).
+when the batch is taken. On the CPU it is a plain .to(device). The lengths
+go too: TargetView's .to(device) of a CPU tensor would be a synchronous copy,
+a device sync at the start of every micro-batch.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import Iterator
 
-DEVICE_KEYS = ("input_ids", "aux", "final", "loss_mask")
+DEVICE_KEYS = ("input_ids", "aux", "final", "loss_mask", "lengths")
 
 
 class DevicePrefetcher:
