@@ -221,6 +221,7 @@ class BusySampler:
 
 
 TOKS_RE = re.compile(r"(\d+) samples, (\d+) tokens extracted in .*?([\d.]+) tok/s\.")
+PROGRESS_RE = re.compile(r"progress: samples \d+/\d+ tokens (\d+) ")
 DURABLE_RE = re.compile(r"extract: durable: (.*) in ([\d.]+) s")
 
 
@@ -228,7 +229,7 @@ def run_extract(target: Path, prepared: Path, out: Path, mode: str, token_budget
                 busy: BusySampler) -> dict:
     argv = [sys.executable, "-m", "ops.extract", "--target", str(target), "--input", str(prepared),
             "--output", str(out), "--token-budget", str(token_budget), "--durable", mode,
-            "--progress-interval", "30"]
+            "--progress-interval", "1"]
     env = dict(os.environ, PYTHONUNBUFFERED="1",
                PYTHONPATH=os.pathsep.join(filter(None, [str(bc.ROOT), os.environ.get("PYTHONPATH")])))
     t_start = time.monotonic()
@@ -237,9 +238,12 @@ def run_extract(target: Path, prepared: Path, out: Path, mode: str, token_budget
     loaded = complete = None
     lines: list[str] = []
     own = durable = None
+    ticks: list[tuple[float, int]] = []     # (time, tokens) of each `progress:` line
     for line in proc.stdout:
         now = time.monotonic()
         lines.append(line.rstrip("\n"))
+        if (m := PROGRESS_RE.match(line)):
+            ticks.append((now, int(m.group(1))))
         if line.startswith("target loaded"):
             loaded = now
         elif line.startswith("extract: complete:"):
@@ -254,8 +258,14 @@ def run_extract(target: Path, prepared: Path, out: Path, mode: str, token_budget
         raise SystemExit(f"error: ops.extract --durable {mode} exited {code}:\n{tail}")
     window = complete - loaded
     written = bc.dir_bytes(out)
+    # Steady state: from the first progress line with tokens written (the
+    # first batch's one-off costs behind it: lazy kernel loading, autotuning,
+    # pinning the slabs) to the end. A run of hours is this rate.
+    first = next(((t, n) for t, n in ticks if n > 0), None)
+    steady = ((own[1] - first[1]) / (complete - first[0])
+              if first is not None and complete - first[0] > 0.5 and own[1] > first[1] else None)
     return {"mode": mode, "samples": own[0], "tokens": own[1], "tok_s": own[1] / window,
-            "program_tok_s": own[2], "window_s": window, "load_s": loaded - t_start,
+            "program_tok_s": own[2], "window_s": window, "steady_tok_s": steady, "load_s": loaded - t_start,
             "bytes": written, "mb_s": written / window / 1e6, "durable_step": durable,
             "gpu_busy": busy.mean(loaded, complete)}
 
@@ -364,6 +374,10 @@ def main() -> int:
             f"({floor_name}); {r['tok_s'] / compute_floor:.2f} of compute, {r['tok_s'] / write_floor:.2f} of write; "
             f"{r['tok_s'] / naive:.1f}x the naive extractor; {gpu}{step}"
             f"{r['mb_s']:,.0f} MB/s written; its own line said {r['program_tok_s']:,.0f} tok/s")
+        if r["steady_tok_s"]:
+            st = r["steady_tok_s"]
+            log(f"ops.extract --durable {mode} steady state (after the first batch): {st:,.0f} tok/s = "
+                f"{st / best_bare:.2f} of the bare forward, {st / floor:.2f} of the lower floor ({floor_name})")
         if not a.keep:
             shutil.rmtree(out, ignore_errors=True)
     busy.stop()

@@ -256,7 +256,7 @@ def measure(work: Path, seq: int, k: int, budget: int, warmup: int, steps: int, 
 
     from ops.train.prefetch import DevicePrefetcher
     it = DevicePrefetcher(cycle(), device, dtype)
-    waits, times, tokens, flops, warm_times = [], [], [], [], []
+    waits, times, tokens, flops, warm_times, gaps = [], [], [], [], [], []
     model.train()
     checked = None
     graphs0 = dynamo_graphs()
@@ -277,7 +277,15 @@ def measure(work: Path, seq: int, k: int, budget: int, warmup: int, steps: int, 
         with autocast:
             loss, losses, correct, counts = model(dev["input_ids"], dev["aux"], view.embed, tgt, ok, k, 0.8)
             loss.backward()
+        # Events either side of the loader's wait: the device time between them
+        # is what the GPU idled for data (zero while queued work covers the wait).
+        if use_cuda:
+            before = torch.cuda.Event(enable_timing=True)
+            before.record()
         it.prefetch()           # as ops.train: the next batch's copy beside this step's work
+        if use_cuda:
+            after = torch.cuda.Event(enable_timing=True)
+            after.record()
         # Time blocked on the data loader, taking this batch and fetching the next
         # (the copies to the GPU run on a side stream, overlapped).
         t_data = it.wait_s - wait0
@@ -289,6 +297,8 @@ def measure(work: Path, seq: int, k: int, budget: int, warmup: int, steps: int, 
             warm_times.append(time.perf_counter() - t0)
         if step >= warmup:
             waits.append(t_data)
+            if use_cuda:
+                gaps.append(before.elapsed_time(after) / 1000)  # the step ended synced: both have run
             times.append(time.perf_counter() - t0)
             lengths = batch["lengths"].tolist()
             tokens.append(sum(lengths))
@@ -307,6 +317,7 @@ def measure(work: Path, seq: int, k: int, budget: int, warmup: int, steps: int, 
     return {"seq": seq, "batch_samples": len(batches[0]), "steps": steps, "tok_s": sum(tokens) / total,
             "compile": compile_info,
             "mfu": sum(flops) / total / rate, "data_wait": sum(waits) / total, "step_s": total / steps,
+            "gpu_idle_for_data": sum(gaps) / total if gaps else None,
             "peak_alloc": peak[0] if peak else None, "peak_reserved": peak[1] if peak else None,
             "flops_per_token": flops_per_token(cfg, k, seq), "loss": float(loss.detach()),
             "levers": levers.describe(), "check": checked}
@@ -429,7 +440,9 @@ def main() -> int:
         log(f"train {seq}-token samples ({r['batch_samples']} a batch), K={k}, levers {a.levers} "
             f"({levers.describe()}): {r['tok_s']:,.0f} tok/s = "
             f"{r['mfu']:.1%} MFU ({r['flops_per_token'] / 1e6:,.1f} MFLOP a token counted); "
-            f"{r['data_wait']:.1%} of step time waiting for data; {r['step_s'] * 1000:.0f} ms a step{mem}")
+            f"{r['data_wait']:.1%} of step time waiting for data (the host blocked on the loader)"
+            + (f", GPU idle for it {r['gpu_idle_for_data']:.1%}" if r.get("gpu_idle_for_data") is not None else "")
+            + f"; {r['step_s'] * 1000:.0f} ms a step{mem}")
         results.append(r)
         if device.type == "cuda":
             torch.cuda.empty_cache()
