@@ -328,6 +328,7 @@ def test_a_capture_that_is_not_k_plus_one_stops_the_load(hf_run):
     (["--tp", "2"], {}, "engine sglang: tp 2 but 1 process(es) (WORLD_SIZE): launch one process per TP rank"),
     (["--tp", "4", "--ep", "3"], {"WORLD_SIZE": "4"}, "engine sglang: ep 3 must divide tp 4"),
     (["--memory-fraction", "0.5"], {}, "engine sglang: memory_fraction is the HF engine's cap"),
+    (["--compile"], {}, "engine sglang: compile is the HF engine's"),
     (["--device", "cpu"], {}, "engine sglang: device 'cpu': SGLang places rank r on GPU LOCAL_RANK"),
 ])
 def test_params_the_engine_cannot_honour_are_refused_in_one_line(hf_run, doubled, tmp_path, capsys, monkeypatch,

@@ -391,3 +391,22 @@ def _takes_o_direct(directory: Path) -> bool:
     os.close(fd)
     (directory / "o_direct_probe").unlink()
     return True
+
+
+@pytest.mark.slow
+def test_compiled_layers_write_the_eager_states(tiny, tmp_path, capsys):
+    """--compile (each decoder layer torch.compiled, the hooks inside): the
+    files hold the eager forward's states, over batches of several lengths."""
+    target, prepared = tiny
+    eager, compiled = tmp_path / "eager", tmp_path / "compiled"
+    assert run_main(extract_main, extract_argv(target, prepared, eager, "--token-budget", "150")) == 0
+    assert run_main(extract_main, extract_argv(target, prepared, compiled, "--token-budget", "150",
+                                               "--compile")) == 0
+    log = capsys.readouterr().out
+    assert f"compile: {NUM_LAYERS} decoder layers compiled" in log
+    assert json.loads((compiled / DATA_CONFIG).read_text())["compiled_layers"] is True
+    for idx in range(24):
+        a, b = load_file(str(sample_path(eager, idx))), load_file(str(sample_path(compiled, idx)))
+        assert torch.equal(a["input_ids"], b["input_ids"])
+        torch.testing.assert_close(b["aux_hidden_states"], a["aux_hidden_states"], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(b["final_hidden_states"], a["final_hidden_states"], atol=1e-5, rtol=1e-4)

@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how sample files reach the disk before data_config.json says complete: "
                         "fsync each file before its rename (direct: written with O_DIRECT), "
                         "or one syncfs of the filesystem at the end")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile each decoder layer (fuses the eager forward's small kernels; "
+                        "the first batches pay the compile)")
     p.add_argument("--force", action="store_true", help="start even if the disk estimate exceeds free space")
     p.add_argument("--engine", choices=("hf", "sglang"),
                    help="hf: transformers forward with hooks; sglang: the target in SGLang "

@@ -38,6 +38,21 @@ def base_model(model) -> torch.nn.Module:
     return base
 
 
+def compile_layers(model) -> int:
+    """torch.compile each decoder layer in place (regional compilation, as
+    PyTorch's recipe for repeated blocks): the layers share one graph, static
+    for the first batch shape and dynamic in length from the second, so a
+    corpus of many lengths compiles twice, not once a length. Fuses the
+    norms, rotary and SiLU x up products the eager forward runs as separate
+    memory-bound kernels. The forward hooks run inside the compiled call and
+    still see each layer's output (tests/test_op_extract.py compares with the
+    eager states). Returns the number of layers compiled."""
+    layers = decoder_layers(model)
+    for layer in layers:
+        layer.compile()
+    return len(layers)
+
+
 class HiddenStateCapture:
     """Hooks on the aux layers; `__call__(input_ids, attention_mask)` returns
     (aux [B, L, len(ids) * H] in canonical order, final [B, L, H]) on the

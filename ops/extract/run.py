@@ -131,6 +131,7 @@ def _extract(args, known: dict, engine=None) -> int:
         "shard_rows": SHARD_ROWS,
         "input": str(Path(args.input).absolute()),
         "token_budget": args.token_budget,
+        "compiled_layers": bool(getattr(args, "compile", False)),
         "world_size": world,
         "command": [sys.executable, "-m", "ops.extract", *args.argv],
         "versions": output.package_versions(),
@@ -208,6 +209,10 @@ def _extract(args, known: dict, engine=None) -> int:
         t0 = time.monotonic()
         model = target_mod.load_model(info, dtype, placement)
         log(f"target loaded in {(time.monotonic() - t0) / 60:.1f} minutes")
+        if args.compile:
+            from ops.extract.capture import compile_layers
+            log(f"compile: {compile_layers(model)} decoder layers compiled (torch.compile, one shared graph; "
+                f"the first batches pay the compile)")
         loop = _Loop(model, layer_ids, samples, lengths, out_dir, done, args, rank, world)
         stats = loop.run(mine)
 

@@ -61,6 +61,9 @@ def check(args) -> str:
     if args.memory_fraction is not None:
         raise BadInput("engine sglang: memory_fraction is the HF engine's cap; SGLang sizes its own memory "
                        "from mem_fraction_static")
+    if args.compile:
+        raise BadInput("engine sglang: compile is the HF engine's (torch.compile of its decoder layers); "
+                       "SGLang compiles its own kernels")
     if args.device not in ("auto", "cuda"):
         raise BadInput(f"engine sglang: device {args.device!r}: SGLang places rank r on GPU LOCAL_RANK; "
                        f"leave device at auto")

@@ -97,6 +97,7 @@ SPEC = OpSpec(
         "memory_fraction": None,    # cap on each GPU's memory this process may take (0..1]
         "tokens": None,             # override for the estimate when no summary exists
         "durable": DURABLE,         # "fsync" / "direct" (each file; O_DIRECT) or "syncfs" (once, at the end): durable.py
+        "compile": False,           # torch.compile each decoder layer (capture.compile_layers)
         "force": False,
         "engine": "hf",             # "hf" (transformers forward + hooks) or "sglang" (ops/extract/sglang_run.py)
         "tp": 1,                    # sglang: tensor parallel ranks = processes (torchrun --nproc-per-node)
