@@ -35,7 +35,7 @@ step() {   # step NAME SECONDS COMMAND...
   grep -e '^error' -e 'Error' "$OUT/$name.log" | tail -n 3
 }
 
-step extract_8b 170 $PY benchmarks/extract_throughput.py --shape 8b --out "$WORK" --durable fsync,direct
+step extract_8b 330 $PY benchmarks/extract_throughput.py --shape 8b --out "$WORK" --durable direct,fsync --compile
 rm -rf "$WORK"/extract-throughput-*       # a step killed by its limit leaves its 16 GB target
 step profile_8b 180 $PY benchmarks/profile_extract.py --shape 8b --samples 96 --out "$WORK" --durable direct
 # ops.train's CUDA defaults (flex, chunked loss, fused AdamW, compile, length buckets): first one
@@ -53,7 +53,7 @@ step profile_moe 150 $PY benchmarks/profile_extract.py --shape moe --layers 8 --
 rm -rf "$WORK"
 # The figures, one place (the call's output keeps only its last 12,000 characters).
 grep -h -e '^device:' -e '^shape ' -e '^matmul' -e '^direct write' -e '^bare forward' -e '^naive extractor' \
-  -e '^ops.extract --durable' -e "^ops.extract's writers" -e '^durable:' -e '^profiled call' -e '^ops.extract --writers' \
+  -e '^ops.extract --durable' -e '^compile:' -e "^ops.extract's writers" -e '^durable:' -e '^profiled call' -e '^ops.extract --writers' \
   -e '^train ' -e '^compile ' -e '^levers ' -e '^GPU worker' -e '^nvidia-smi' \
   -e '^python -c pass' -e '^status --json' -e '^status phases' -e '^collect()' -e '^baseline' \
   "$OUT"/extract_8b.log "$OUT"/profile_8b.log "$OUT"/train_8b.log "$OUT"/status.log "$OUT"/extract_moe.log \
