@@ -13,10 +13,15 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from ops import get_spec
+from tests.conftest import ROOT
 from ops.serve import command
 from ops.serve.__main__ import main as serve_main
 
@@ -207,3 +212,41 @@ def test_the_specs_lint_resolves_paths_in_the_workspace_and_takes_the_target(tmp
                                                                      "architecture": "LlamaForCausalLM"})
     errs = command.errors(SPEC.extra["lint"](ctx, [0]))
     assert len(errs) == 1 and "capture [4, 32, 60] on LlamaForCausalLM" in errs[0].message
+
+
+def test_an_export_root_as_drafter_reaches_sglang_as_its_sglang_folder(parser, tmp_path):
+    # README's drafter = "runs/export" is export's output root; SGLang's loader reads
+    # <speculative-draft-model-path>/config.json, which only the root's sglang/ has.
+    root = _drafter(tmp_path / "runs", [3, 31, 59], [3, 31, 59])
+    proc = subprocess.run([sys.executable, "-m", "ops.serve", "--target", _target(tmp_path, "DeepseekV3ForCausalLM"),
+                           "--mode", "speculative", "--drafter", str(root), "--launcher", "no.such.module"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          env=dict(os.environ, CUDA_VISIBLE_DEVICES="0", PYTHONPATH=str(ROOT)))
+    exec_line = next(line for line in proc.stdout.splitlines() if line.startswith("serve: exec "))
+    argv = json.loads(exec_line[len("serve: exec "):])
+    args = ServerArgs.from_cli_args(parser.parse_args(argv[3:]))
+    assert args.speculative_draft_model_path == str(root / "sglang")
+    assert (Path(args.speculative_draft_model_path) / "config.json").is_file()
+
+
+def test_every_spelling_of_a_managed_flag_is_caught(parser):
+    # SGLang's aliases (--tensor-parallel-size for --tp-size, --ep for --ep-size, ...) set the
+    # same field; argparse keeps the last one, so an alias in extra_args would override the param.
+    opts = options(parser)
+    managed_dests = {opts[f].dest for f in command.MANAGED}
+    spellings = {o for o, a in opts.items() if a.dest in managed_dests}
+    for flag in sorted(spellings):
+        errs = command.errors(command.lint({"extra_args": [flag, "1"]}, "/m", [0]))
+        assert any("which the serve op sets from param" in x.message for x in errs), flag
+
+
+def test_pipeline_parallel_and_attention_dp_count_their_gpus_as_sglang_does():
+    # compute_world_size (server_args.py): dp * tp * pp; the deprecated --enable-dp-attention
+    # turns dp into attention DP inside the TP group (parallel_hook.py), adding no GPUs.
+    assert not command.errors(command.lint({"tp": 4, "extra_args": ["--pp-size", "2"]}, "/m", list(range(8))))
+    assert not command.errors(command.lint({"tp": 4, "extra_args": ["--pipeline-parallel-size=2"]}, "/m",
+                                           list(range(8))))
+    errs = command.errors(command.lint({"tp": 4, "extra_args": ["--pp-size", "2"]}, "/m", list(range(4))))
+    assert any("tp 4 x dp 1 x pp 2 = 8 GPUs" in x.message for x in errs)
+    assert not command.errors(command.lint({"tp": 8, "dp": 8, "extra_args": ["--enable-dp-attention"]}, "/m",
+                                           list(range(8))))

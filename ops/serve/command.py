@@ -37,14 +37,21 @@ REMOVED_FLAGS = {
     "--enable-deepep-moe": "--moe-a2a-backend deepep",
 }
 # Flags this op sets from its own params: in extra_args they would fight them.
+# With every alias the pinned parser gives the same field (argparse keeps the last
+# value, so `--tensor-parallel-size 4` after `--tp-size 8` would win silently).
 MANAGED = {
-    "--model-path": "model_path", "--tp-size": "tp", "--dp-size": "dp", "--ep-size": "ep",
+    "--model-path": "model_path", "--model": "model_path",
+    "--tp-size": "tp", "--tensor-parallel-size": "tp",
+    "--dp-size": "dp", "--data-parallel-size": "dp",
+    "--ep-size": "ep", "--expert-parallel-size": "ep", "--ep": "ep",
     "--port": "port", "--host": "host", "--mem-fraction-static": "mem_fraction_static",
     "--context-length": "context_length", "--speculative-algorithm": "speculative_algorithm",
-    "--speculative-draft-model-path": "drafter", "--speculative-num-steps": "num_steps",
+    "--speculative-draft-model-path": "drafter", "--speculative-draft-model": "drafter",
+    "--speculative-num-steps": "num_steps",
     "--speculative-eagle-topk": "topk", "--speculative-num-draft-tokens": "num_draft_tokens",
     "--enable-metrics": "enable_metrics",
 }
+PP_FLAGS = ("--pp-size", "--pipeline-parallel-size")
 MODES = ("target", "speculative")
 ALGORITHMS = ("EAGLE3", "EAGLE")
 DRAFTER_ARCH = "LlamaForCausalLMEagle3"
@@ -80,7 +87,7 @@ def server_argv(p: dict[str, Any], model_path: str) -> list[str]:
         out.append("--enable-metrics")       # /metrics: the live figures of the console
     if (p.get("mode") or "target") == "speculative":
         out += ["--speculative-algorithm", str(p.get("speculative_algorithm") or "EAGLE3"),
-                "--speculative-draft-model-path", str(p.get("drafter")),
+                "--speculative-draft-model-path", str(drafter_dir(Path(str(p.get("drafter"))))),
                 "--speculative-num-steps", str(int(p.get("num_steps") or 3)),
                 "--speculative-eagle-topk", str(int(p.get("topk") or 1)),
                 "--speculative-num-draft-tokens", str(int(p.get("num_draft_tokens") or 4))]
@@ -93,6 +100,20 @@ def launch_argv(p: dict[str, Any], model_path: str, python: str) -> list[str]:
 
 def _flags(args: Sequence[str]) -> list[str]:
     return [a.split("=", 1)[0] for a in args if a.startswith("--")]
+
+
+def _flag_int(args: Sequence[str], names: Sequence[str], default: int = 1) -> int:
+    """The last value extra_args gives one of `names` (`--x 2` or `--x=2`), as argparse keeps it."""
+    value = default
+    for i, a in enumerate(args):
+        name, eq, rest = a.partition("=")
+        if name in names:
+            raw = rest if eq else (args[i + 1] if i + 1 < len(args) else "")
+            try:
+                value = int(raw)
+            except ValueError:
+                pass        # SGLang's parser refuses it before launch
+    return value
 
 
 
@@ -122,13 +143,24 @@ def lint(p: dict[str, Any], model_path: str | None, gpus: Sequence[int] | None,
         out.append(Lint("error", f"mode {mode!r}: expected one of {', '.join(MODES)}"))
     if not model_path:
         out.append(Lint("error", "no model: set params.model_path or [target].path"))
-    world = tp * dp
+    try:
+        extra = extra_args_of(p.get("extra_args"))
+    except ValueError as exc:
+        extra, bad_extra = [], Lint("error", str(exc))
+    else:
+        bad_extra = None
+    # compute_world_size in python/sglang/srt/server_args.py: dp * tp * pp GPUs. The
+    # deprecated --enable-dp-attention makes dp attention DP inside the TP group
+    # (_handle_deprecated_dp_attention, arg_groups/parallel_hook.py): no GPUs of its own.
+    pp = _flag_int(extra, PP_FLAGS)
+    replicas = 1 if "--enable-dp-attention" in _flags(extra) else dp
+    world = tp * replicas * pp
+    shape = f"tp {tp} x dp {replicas}" + (f" x pp {pp}" if pp != 1 else "")
     if gpus is None:
-        out.append(Lint("warning", f"no `gpus` list: SGLang takes the first tp x dp = {world} visible GPUs"))
+        out.append(Lint("warning", f"no `gpus` list: SGLang takes the first {shape} = {world} visible GPUs"))
     elif len(gpus) != world:
-        # compute_world_size in python/sglang/srt/server_args.py: dp * tp * pp GPUs.
-        out.append(Lint("error", f"tp {tp} x dp {dp} = {world} GPUs, but the stage's gpus list has "
-                                 f"{len(gpus)} ({','.join(map(str, gpus))}); SGLang needs exactly tp x dp"))
+        out.append(Lint("error", f"{shape} = {world} GPUs, but the stage's gpus list has "
+                                 f"{len(gpus)} ({','.join(map(str, gpus))}); SGLang needs exactly tp x dp x pp"))
     if ep > 1 and ep != tp:
         # python/sglang/srt/arg_groups/parallel_hook.py: "ep_size * moe_dp_size must be equal to tp_size".
         out.append(Lint("error", f"ep {ep} with tp {tp}: SGLang requires ep x moe_dp_size == tp "
@@ -136,10 +168,8 @@ def lint(p: dict[str, Any], model_path: str | None, gpus: Sequence[int] | None,
     mfs = p.get("mem_fraction_static")
     if mfs not in (None, "") and not 0.0 < float(mfs) < 1.0:
         out.append(Lint("error", f"mem_fraction_static {mfs}: expected a fraction between 0 and 1"))
-    try:
-        extra = extra_args_of(p.get("extra_args"))
-    except ValueError as exc:
-        return out + [Lint("error", str(exc))]
+    if bad_extra is not None:
+        return out + [bad_extra]
     for flag in _flags(extra):
         if flag in MANAGED:
             out.append(Lint("error", f"extra_args sets {flag}, which the serve op sets from param "
