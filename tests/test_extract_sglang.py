@@ -330,6 +330,10 @@ def test_a_capture_that_is_not_k_plus_one_stops_the_load(hf_run):
     (["--memory-fraction", "0.5"], {}, "engine sglang: memory_fraction is the HF engine's cap"),
     (["--compile"], {}, "engine sglang: compile is the HF engine's"),
     (["--device", "cpu"], {}, "engine sglang: device 'cpu': SGLang places rank r on GPU LOCAL_RANK"),
+    # SGLang's parser takes any float; a wrong one would surface only after the load.
+    (["--mem-fraction-static", "1.5"], {}, "engine sglang: mem_fraction_static 1.5: expected a fraction "
+                                           "between 0 and 1"),
+    (["--mem-fraction-static", "0"], {}, "engine sglang: mem_fraction_static 0.0: expected a fraction"),
 ])
 def test_params_the_engine_cannot_honour_are_refused_in_one_line(hf_run, doubled, tmp_path, capsys, monkeypatch,
                                                                  extra, env, message):

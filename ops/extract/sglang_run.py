@@ -64,6 +64,10 @@ def check(args) -> str:
     if args.compile:
         raise BadInput("engine sglang: compile is the HF engine's (torch.compile of its decoder layers); "
                        "SGLang compiles its own kernels")
+    if args.mem_fraction_static is not None and not 0.0 < args.mem_fraction_static < 1.0:
+        # SGLang's parser takes any float: the pools would be sized from it after the load.
+        raise BadInput(f"engine sglang: mem_fraction_static {args.mem_fraction_static}: expected a fraction "
+                       f"between 0 and 1")
     if args.device not in ("auto", "cuda"):
         raise BadInput(f"engine sglang: device {args.device!r}: SGLang places rank r on GPU LOCAL_RANK; "
                        f"leave device at auto")
