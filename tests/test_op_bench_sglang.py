@@ -112,3 +112,40 @@ def test_the_lint_says_what_each_engine_needs(tmp_path):
         "error: engine sglang needs params.url (the speculative serve stage's, e.g. http://127.0.0.1:30000)"]
     assert "needs params.drafter" in str(lint(ctx(), None)[0])
     assert lint(ctx(engine="sglang", url="http://x:1", data="d"), None) == []
+
+
+def test_a_baseline_that_is_down_or_speculative_is_refused_before_any_prompt(servers, tmp_path):
+    # Found before the speculative pass (minutes on a real server), not after it.
+    spec, _base = servers
+    pf = tmp_path / "prompts.jsonl"
+    pf.write_text(json.dumps({"input_ids": PROMPTS[0]}) + "\n")
+    proc = bench("--url", spec.url, "--baseline-url", "http://127.0.0.1:9", "--prompts-file", str(pf),
+                 "--output", str(tmp_path / "out"))
+    assert proc.returncode == 2 and proc.stderr.startswith("error: http://127.0.0.1:9/server_info: no answer")
+    assert spec.requests == [] and "progress:" not in proc.stdout
+    # The same server twice (or two speculative ones) would report a speed-up of about 1.
+    proc = bench("--url", spec.url, "--baseline-url", spec.url, "--prompts-file", str(pf),
+                 "--output", str(tmp_path / "out"))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == (f"error: {spec.url}: the baseline is a speculative server (server_info."
+                           f"speculative_algorithm is 'EAGLE3'); serve it with mode = \"target\"\n")
+    assert spec.requests == []
+
+
+def test_a_server_that_accepts_and_never_answers_is_one_line_in_seconds(tmp_path):
+    import socket
+    import time
+
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(8)          # the kernel completes the handshake; nobody ever reads
+    url = f"http://127.0.0.1:{hung.getsockname()[1]}"
+    pf = tmp_path / "prompts.jsonl"
+    pf.write_text(json.dumps({"input_ids": PROMPTS[0]}) + "\n")
+    t0 = time.monotonic()
+    try:
+        proc = bench("--url", url, "--prompts-file", str(pf), "--output", str(tmp_path / "out"))
+    finally:
+        hung.close()
+    assert time.monotonic() - t0 < 60          # the default --timeout-s is 600, for one generation
+    assert proc.returncode == 2 and proc.stderr == f"error: {url}/server_info: no answer (timed out)\n"

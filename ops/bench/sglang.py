@@ -24,6 +24,9 @@ import urllib.request
 from dataclasses import dataclass
 
 FLUSHED_PREFIX = "Cache flushed."
+# /server_info and /flush_cache answer at once on a live server; the bench's timeout
+# is sized for one generation, and a hung server would hold the bench that long.
+PROBE_TIMEOUT_S = 10.0
 
 
 class ServerError(RuntimeError):
@@ -92,10 +95,18 @@ def generate(url: str, input_ids: list[int], max_new_tokens: int, timeout: float
 def run_bench(url: str, prompts: list[tuple[int, list[int]]], max_new_tokens: int,
               baseline_url: str | None = None, timeout: float = 600.0, log=print) -> dict:
     """The bench on live servers; raises ServerError with the reason when a server fails."""
-    info = server_info(url, timeout)
+    probe = min(timeout, PROBE_TIMEOUT_S)
+    info = server_info(url, probe)
     if not info.get("speculative_algorithm"):
         raise ServerError(f"{url}: not a speculative server (server_info.speculative_algorithm is "
                           f"{info.get('speculative_algorithm')!r}); serve it with mode = \"speculative\"")
+    if baseline_url:
+        # Before the speculative pass: a baseline that is down would waste it.
+        base_info = server_info(baseline_url, probe)
+        if base_info.get("speculative_algorithm"):
+            raise ServerError(f"{baseline_url}: the baseline is a speculative server (server_info."
+                              f"speculative_algorithm is {base_info.get('speculative_algorithm')!r}); "
+                              f"serve it with mode = \"target\"")
     total = len(prompts) * (2 if baseline_url else 1)
     results = {"spec": _pass(url, prompts, max_new_tokens, timeout, log, 0, total)}
     if baseline_url:
@@ -140,9 +151,9 @@ def run_bench(url: str, prompts: list[tuple[int, list[int]]], max_new_tokens: in
 
 
 def _pass(url: str, prompts, max_new_tokens: int, timeout: float, log, offset: int, total: int) -> list[Answer]:
-    flush_cache(url, timeout)
+    flush_cache(url, min(timeout, PROBE_TIMEOUT_S))
     generate(url, prompts[0][1], 4, timeout)       # warm-up: first-request costs stay out of the timing
-    flush_cache(url, timeout)
+    flush_cache(url, min(timeout, PROBE_TIMEOUT_S))
     out = []
     for i, (_idx, ids) in enumerate(prompts):
         a = generate(url, ids, max_new_tokens, timeout)
