@@ -266,7 +266,11 @@ def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, 
                        detail=f"remaining {pf.remaining_bytes} > free {pf.free_bytes} at {pf.path}")
             raise Refused(f"stage {stage.name!r} {pf.shortfall()}; free space or pass --force")
         try:
-            argv = stage.command(params, pipe.target)
+            # The op repeats its own checks (serve's lints, extract's disk preflight):
+            # a forced launch says so in the argv, or the op would refuse at once. Not in
+            # the recorded params: a later restart is forced only when asked again.
+            forced = force and stage.spec is not None and "force" in stage.spec.params
+            argv = stage.command(dict(params, force=True) if forced else params, pipe.target)
         except (KeyError, ValueError) as exc:
             raise Refused(str(exc.args[0]), code=3) from None
         # "No live run of this stage" and "its run exists" as one step: every

@@ -95,6 +95,23 @@ def test_a_lint_error_refuses_the_launch_with_its_reason(ws):
     assert ws.latest("serve") is None
 
 
+def test_force_starts_the_server_despite_a_lint_error(ws):
+    # README: a lint error refuses the launch "unless --force"; the op must not refuse it again.
+    port = free_port()
+    ws.write(pipeline(port, tp=2, gpus="[0]"))
+    proc = ws.cli("run", "serve", "--force", check=0)
+    assert "lint error: tp 2 x dp 1 = 2 GPUs" in proc.stderr
+    try:
+        st = wait_for(lambda: (lambda s: s if s["serve"] and s["serve"]["state"] == "ready" else None)(
+            serve_state(ws)[0]), timeout=30, poll=0.2)
+        assert st["status"] == "running"
+        log = next((ws.root / ".eagle3").glob("logs/*serve.log")).read_text()
+        assert "serve: lint error: tp 2 x dp 1 = 2 GPUs" in log
+        assert "serve: --force: starting despite 1 lint error(s)" in log and "serve: exec" in log
+    finally:
+        ws.cli("stop", "serve", "--grace", "2")
+
+
 def test_the_restart_plan_shows_the_lints_and_refuses_on_an_error(ws):
     port = free_port()
     ws.write(pipeline(port, env=', FAKE_SGLANG_FAIL = "oom"'))

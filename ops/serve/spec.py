@@ -62,6 +62,7 @@ SPEC = ServeSpec(
         "num_draft_tokens": 4,
         "enable_metrics": True,
         "extra_args": None,         # a list of argv words passed to SGLang as they are
+        "force": False,             # start despite lint errors (`run --force` sets it)
         "launcher": command.SGLANG_LAUNCHER,   # module run as `python -m`; tests use a fake
     },
     uses_target=True,
