@@ -291,3 +291,23 @@ def test_logs_of_a_recorded_run_survive_a_broken_pipeline_file(ws):
     (ws.root / "eagle3.toml").write_text("[stages.quick\n")        # broken since
     proc = ws.cli("logs", "quick", "-n", "3")
     assert proc.returncode == 0 and "succeeded" in proc.stdout, (proc.stdout, proc.stderr)
+
+
+def test_a_forced_launch_passes_force_to_an_op_that_checks_again(ws):
+    # extract repeats the disk preflight itself; a `run --force` past the console's check
+    # that did not reach it would be refused again at once ("pass --force").
+    ws.write("""
+[target]
+path = "models/target"
+hidden_size = 7168
+dtype = "bfloat16"
+""" + pipeline() + """
+[stages.extract]
+op = "extract"
+params = { input = "data/prep", output = "data/hs", tokens = 1000000000000000 }
+""")
+    ws.cli("run", "extract", check=2)                 # the console's own disk check
+    ws.cli("run", "extract", "--force", check=0)
+    run = ws.wait_status("extract", ("failed", "succeeded"))
+    assert "--force" in run.argv
+    assert "force" not in run.params                  # a later restart is forced only when asked
