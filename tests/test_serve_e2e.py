@@ -112,6 +112,25 @@ def test_force_starts_the_server_despite_a_lint_error(ws):
         ws.cli("stop", "serve", "--grace", "2")
 
 
+def test_a_port_another_server_holds_is_refused_before_the_load(ws):
+    # SGLang binds its HTTP port only after the weights loaded (22 minutes on the real
+    # target); meanwhile the monitor would read the other server's /ready as this one's.
+    from tests.sglang_double import Double
+    other = Double(speculative=False).start()
+    other.status = "Up"
+    try:
+        ws.write(pipeline(other.port))
+        ws.cli("run", "serve", check=0)
+        run = ws.wait_status("serve", ("failed", "succeeded"), timeout=20)
+        assert run.exit_code == 2
+        log = next((ws.root / ".eagle3").glob("logs/*serve.log")).read_text()
+        assert (f"serve: error: port {other.port} on 127.0.0.1 is in use (another server?): "
+                f"stop it or choose another port") in log
+        assert "Load weight begin" not in log and "Traceback" not in log
+    finally:
+        other.stop()
+
+
 def test_the_restart_plan_shows_the_lints_and_refuses_on_an_error(ws):
     port = free_port()
     ws.write(pipeline(port, env=', FAKE_SGLANG_FAIL = "oom"'))

@@ -53,6 +53,24 @@ def visible_gpus() -> list[int] | None:
     return [int(g) for g in env.split(",") if g.strip().lstrip("-").isdigit()]
 
 
+def port_in_use(host: str, port: int) -> bool:
+    """Whether a listener already holds host:port. SO_REUSEADDR as uvicorn binds, so a
+    connection of an earlier server left in TIME_WAIT does not count."""
+    import socket
+
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    except OSError:
+        return False        # SGLang reports a host it cannot resolve itself
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
 def check_with_sglang(server_args: list[str]) -> str:
     """Parse with the installed SGLang exactly as launch_server does (prepare_server_args
     minus the config-file merge); raises SystemExit on a flag it refuses."""
@@ -99,6 +117,13 @@ def main(argv=None) -> int:
             print(f"serve: lint warning: sglang {version} installed; flags were checked against "
                   f"{command.PINNED_SGLANG}", flush=True)
         print(f"serve: argv accepted by sglang {version}'s ServerArgs parser", flush=True)
+    host, port = args.host or "127.0.0.1", int(args.port or 30000)
+    if port and port_in_use(host, port):
+        # SGLang binds it only after the weights loaded, then dies on it; meanwhile the
+        # console would read the other server's /ready as this stage's.
+        print(f"serve: error: port {port} on {host} is in use (another server?): stop it or choose another port",
+              file=sys.stderr, flush=True)
+        return 2
     full = [sys.executable, "-m", args.launcher] + server
     print("serve: exec " + json.dumps(full), flush=True)
     os.execv(sys.executable, full)
