@@ -374,3 +374,22 @@ def test_torchrun_two_tp_ranks_one_writer(hf_run, tmp_path):
     assert "nothing to extract" in again.stdout and "loading target" not in again.stdout
     said = dict(re.findall(r"double: rank (\d) (loads \d+)", again.stderr))
     assert said == {"0": "loads 0", "1": "loads 0"}, again.stderr[-2000:]
+
+
+def test_an_sglang_whose_runtime_does_not_import_is_one_line(hf_run, tmp_path):
+    # bin/test installs sglang with --no-deps: its version is right, its model runner does
+    # not import (torchvision and the GPU kernel packages are missing). The real load, not
+    # the double: one line naming the missing module, exit 2, not a traceback.
+    try:
+        import sglang.srt.configs.model_config  # noqa: F401
+    except ImportError as exc:
+        missing = str(exc)
+    else:
+        pytest.skip("SGLang's runtime imports here")
+    target, prepared, _ = hf_run
+    p = _run(["--engine", "sglang", "--target", str(target), "--input", str(prepared),
+              "--output", str(tmp_path / "o")], str(REPO))
+    assert p.returncode == 2, p.stderr
+    assert "Traceback" not in p.stderr and p.stderr.count("\n") == 1, p.stderr
+    assert p.stderr.startswith("extract: error: engine sglang: sglang 0.5.23 is installed, but its runtime "
+                               f"does not import here ({missing})"), p.stderr

@@ -198,18 +198,28 @@ def load(argv: Sequence[str], *, tp_rank: int, gpu_id: int, expected_capture: Se
          n_aux: int) -> SGLangTarget:
     """Bring the target up on this rank (collective over the TP group): the
     sequence of 0.5.23's scheduler process without its IPC and scheduling."""
-    from sglang.srt.configs.model_config import ModelConfig
-    from sglang.srt.distributed.bootstrap import init_layer_runtime, init_parallel_runtime
-    from sglang.srt.layers.moe.utils import initialize_moe_config
-    from sglang.srt.layers.quantization.fp4_utils import initialize_fp4_gemm_config
-    from sglang.srt.layers.quantization.fp8_utils import initialize_fp8_gemm_config
-    from sglang.srt.layers.quantization.unquant import initialize_bf16_gemm_config
-    from sglang.srt.managers.tp_worker import TpModelWorker
-    from sglang.srt.mem_cache.kv_cache_builder import build_kv_cache
-    from sglang.srt.runtime_context import SpawnRanks, get_device, get_model, publish
-    from sglang.srt.server_args import PortArgs
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-    from sglang.srt.utils.common import require_mlp_sync
+    try:
+        from sglang.srt.configs.model_config import ModelConfig
+        from sglang.srt.distributed.bootstrap import init_layer_runtime, init_parallel_runtime
+        from sglang.srt.layers.moe.utils import initialize_moe_config
+        from sglang.srt.layers.quantization.fp4_utils import initialize_fp4_gemm_config
+        from sglang.srt.layers.quantization.fp8_utils import initialize_fp8_gemm_config
+        from sglang.srt.layers.quantization.unquant import initialize_bf16_gemm_config
+        from sglang.srt.managers.tp_worker import TpModelWorker
+        from sglang.srt.mem_cache.kv_cache_builder import build_kv_cache
+        from sglang.srt.runtime_context import SpawnRanks, get_device, get_model, publish
+        from sglang.srt.server_args import PortArgs
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+        from sglang.srt.utils.common import require_mlp_sync
+    except ImportError as exc:
+        # The version check passed on the package metadata; an install without its
+        # dependencies (pip --no-deps, as bin/test does) has no model runner.
+        from ops.common import BadInput
+        from ops.extract.sglang_engine import PINNED_SGLANG
+
+        raise BadInput(f"engine sglang: sglang {PINNED_SGLANG} is installed, but its runtime does not import "
+                       f"here ({exc}); install it with its dependencies on a GPU host "
+                       f"(pip install sglang=={PINNED_SGLANG})") from None
 
     args = server_args(argv)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
