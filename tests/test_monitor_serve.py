@@ -125,3 +125,26 @@ def test_parse_metrics_sums_requests_over_dp_ranks_and_takes_the_highest_usage()
         'sglang:gen_throughput{dp_rank="0"} NaN-ish'])
     m = parse_metrics(text)
     assert m == {"sglang:num_running_reqs": 7.0, "sglang:token_usage": 0.75, "sglang:spec_accept_length": 2.5}
+
+
+def test_a_server_that_stopped_accepting_is_not_reported_as_closed(double):
+    # A server stuck (SIGSTOP, a wedged event loop) stops accepting once its listen
+    # backlog is full: the connect times out. "closed" would say its process is gone.
+    double.status = "Up"
+    mon = ServeMonitor("127.0.0.1", double.port, True, started=None)
+    assert mon.sample(log_with(), running=True).state == "ready"
+    double.stop()
+    full = socket.socket()
+    full.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    full.bind(("127.0.0.1", double.port))
+    full.listen(0)                        # one pending connection, never accepted
+    held = socket.create_connection(("127.0.0.1", double.port), timeout=1)
+    try:
+        st = mon.sample(log_with(), running=True)
+        assert st.state == "unhealthy"
+        assert st.reason == f"port {double.port} not accepting connections within 0.3 s after the server was ready"
+    finally:
+        held.close()
+        full.close()
+    st = mon.sample(log_with(), running=True)
+    assert st.reason == f"port {double.port} closed after the server was ready"

@@ -48,12 +48,20 @@ _SAMPLE = re.compile(r"^(sglang:[a-z_]+)(?:\{[^}]*\})?\s+(\S+)")
 
 
 def port_open(host: str, port: int, timeout: float = TIMEOUT_S) -> bool:
+    return port_problem(host, port, timeout) is None
+
+
+def port_problem(host: str, port: int, timeout: float = TIMEOUT_S) -> str | None:
+    """None when the port accepts; else "closed" (refused: nothing listens) or, on a
+    timeout, "not accepting connections": a listener whose backlog is full, a hung server."""
     import socket       # imported only once a serve run is sampled
     try:
         with socket.create_connection((host, port), timeout=timeout):
-            return True
+            return None
+    except TimeoutError:
+        return f"not accepting connections within {timeout:g} s"
     except OSError:
-        return False
+        return "closed"
 
 
 def http_get(host: str, port: int, path: str, timeout: float = TIMEOUT_S) -> tuple[int, bytes]:
@@ -124,9 +132,10 @@ class ServeMonitor:
             self._last = None
             return st
         died = findings.get("server_died")
-        if not port_open(self.host, self.port, self.timeout):
+        problem = port_problem(self.host, self.port, self.timeout)
+        if problem is not None:
             if self.ever_ready:
-                st.state, st.reason = "unhealthy", f"port {self.port} closed after the server was ready"
+                st.state, st.reason = "unhealthy", f"port {self.port} {problem} after the server was ready"
             else:
                 st.state = "loading"
                 st.reason = f"port {self.port} not open yet" + (
