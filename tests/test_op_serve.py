@@ -250,3 +250,12 @@ def test_pipeline_parallel_and_attention_dp_count_their_gpus_as_sglang_does():
     assert any("tp 4 x dp 1 x pp 2 = 8 GPUs" in x.message for x in errs)
     assert not command.errors(command.lint({"tp": 8, "dp": 8, "extra_args": ["--enable-dp-attention"]}, "/m",
                                            list(range(8))))
+
+
+def test_ep_with_moe_dp_size_in_extra_args_follows_sglangs_rule():
+    # parallel_hook.py: with ep > 1, ep_size * moe_dp_size == tp_size.
+    assert not command.errors(command.lint({"tp": 8, "ep": 4, "extra_args": ["--moe-dp-size", "2"]}, "/m",
+                                           list(range(8))))
+    errs = command.errors(command.lint({"tp": 8, "ep": 2, "extra_args": ["--moe-data-parallel-size=2"]}, "/m",
+                                       list(range(8))))
+    assert len(errs) == 1 and "ep 2 x moe_dp_size 2 = 4, but tp is 8" in errs[0].message

@@ -52,6 +52,7 @@ MANAGED = {
     "--enable-metrics": "enable_metrics",
 }
 PP_FLAGS = ("--pp-size", "--pipeline-parallel-size")
+MOE_DP_FLAGS = ("--moe-dp-size", "--moe-data-parallel-size")
 MODES = ("target", "speculative")
 ALGORITHMS = ("EAGLE3", "EAGLE")
 DRAFTER_ARCH = "LlamaForCausalLMEagle3"
@@ -161,10 +162,15 @@ def lint(p: dict[str, Any], model_path: str | None, gpus: Sequence[int] | None,
     elif len(gpus) != world:
         out.append(Lint("error", f"{shape} = {world} GPUs, but the stage's gpus list has "
                                  f"{len(gpus)} ({','.join(map(str, gpus))}); SGLang needs exactly tp x dp x pp"))
-    if ep > 1 and ep != tp:
+    moe_dp = _flag_int(extra, MOE_DP_FLAGS)
+    if ep > 1 and ep * moe_dp != tp:
         # python/sglang/srt/arg_groups/parallel_hook.py: "ep_size * moe_dp_size must be equal to tp_size".
-        out.append(Lint("error", f"ep {ep} with tp {tp}: SGLang requires ep x moe_dp_size == tp "
-                                 f"(moe_dp_size defaults to 1, so ep = tp)"))
+        if moe_dp == 1:
+            out.append(Lint("error", f"ep {ep} with tp {tp}: SGLang requires ep x moe_dp_size == tp "
+                                     f"(moe_dp_size defaults to 1, so ep = tp)"))
+        else:
+            out.append(Lint("error", f"ep {ep} x moe_dp_size {moe_dp} = {ep * moe_dp}, but tp is {tp}: "
+                                     f"SGLang requires ep x moe_dp_size == tp"))
     mfs = p.get("mem_fraction_static")
     if mfs not in (None, "") and not 0.0 < float(mfs) < 1.0:
         out.append(Lint("error", f"mem_fraction_static {mfs}: expected a fraction between 0 and 1"))
