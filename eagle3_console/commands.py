@@ -91,7 +91,7 @@ def run(ctx: typer.Context, stage: str,
     try:
         overrides = cfg.parse_overrides(set_)
         st = pipe.stage(stage)
-        for x in runs.lints(c.ws, pipe, st, runs.stage_params(st, overrides)):
+        for x in runs.lints(c.ws, pipe, st, runs.stage_params(st, overrides, pipe=pipe)):
             err.print(f"lint {x}", highlight=False, markup=False)
         r = runs.launch(c.ws, pipe, stage, overrides, force=force)
     except cfg.ConfigError as exc:

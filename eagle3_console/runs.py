@@ -63,7 +63,10 @@ class Preflight:
                 f"{human_bytes(self.free_bytes)} is free at {self.path}")
 
 
-def stage_params(stage: Stage, overrides: dict[str, Any] | None = None, base: dict | None = None) -> dict[str, Any]:
+def stage_params(stage: Stage, overrides: dict[str, Any] | None = None, base: dict | None = None,
+                 pipe: Pipeline | None = None) -> dict[str, Any]:
+    """A run's params: the stage's (or a base run's) with overrides, checked;
+    with `pipe`, a param naming a serve stage (bench's server) binds its URL."""
     params = dict(stage.params if base is None else base)
     params.update(overrides or {})
     if not stage.spec:
@@ -87,7 +90,32 @@ def stage_params(stage: Stage, overrides: dict[str, Any] | None = None, base: di
             wrong = stage.spec.param_type_error(key, value)
             if wrong:
                 raise Refused(f"stages.{stage.name}: param {key}: {wrong}", code=3)
+        if pipe is not None:
+            bind_servers(pipe, stage, params, overrides or {})
     return params
+
+
+def bind_servers(pipe: Pipeline, stage: Stage, params: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """An op's `server_params` ({name param: (url param, the mode it needs)},
+    bench's): a serve stage named there gives the URL its host and port make,
+    each launch (a restart follows the serve stage's current port)."""
+    for name_key, (url_key, mode) in (stage.spec.extra.get("server_params") or {}).items():
+        name = params.get(name_key)
+        if not name:
+            continue
+        where = f"stages.{stage.name}.params.{name_key}"
+        serve = pipe.stages.get(name)
+        if serve is None or serve.op != "serve":
+            serves = [s.name for s in pipe.stages.values() if s.op == "serve"]
+            raise Refused(f"{where}: {name!r} is not a serve stage (serve stages: {', '.join(serves) or 'none'})",
+                          code=3)
+        sp = {**serve.spec.params, **serve.params}
+        if sp.get("mode") != mode:
+            raise Refused(f"{where}: serve stage {name!r} has mode {sp.get('mode')!r}; {name_key} needs a "
+                          f"{mode!r} server", code=3)
+        if url_key in overrides:
+            raise Refused(f"{where} names a serve stage and {url_key} is set too; set one of them", code=3)
+        params[url_key] = f"http://{sp.get('host') or '127.0.0.1'}:{sp.get('port')}"
 
 
 def estimate_context(ws: Workspace, pipe: Pipeline, params: dict[str, Any]) -> EstimateContext:
@@ -249,7 +277,7 @@ def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, 
            force: bool = False, restart_of: int | None = None, reason: str | None = None,
            base_params: dict[str, Any] | None = None) -> Run:
     stage = pipe.stage(stage_name)
-    params = stage_params(stage, overrides, base_params)
+    params = stage_params(stage, overrides, base_params, pipe)
     ws.ensure_state()
     with Registry(ws.db_path) as reg:
         # First without the lock, for the refusal a user expects first (a live

@@ -109,7 +109,8 @@ def test_the_lint_says_what_each_engine_needs(tmp_path):
     lint = SPEC.extra["lint"]
     ctx = lambda **p: EstimateContext(root=tmp_path, params=p, target={})  # noqa: E731
     assert [str(x) for x in lint(ctx(engine="sglang"), None)] == [
-        "error: engine sglang needs params.url (the speculative serve stage's, e.g. http://127.0.0.1:30000)"]
+        "error: engine sglang needs params.server (a speculative serve stage of this pipeline) or params.url "
+        "(e.g. http://127.0.0.1:30000)"]
     assert "needs params.drafter" in str(lint(ctx(), None)[0])
     assert lint(ctx(engine="sglang", url="http://x:1", data="d"), None) == []
 

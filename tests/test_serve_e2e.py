@@ -171,3 +171,55 @@ def _pgid(pid: int) -> int | None:
         return os.getpgid(pid)
     except OSError:
         return None
+
+
+def bench_pipeline(spec_port: int, base_port: int, bench_params: str) -> str:
+    return f"""
+[target]
+path = "models/target"
+architecture = "LlamaForCausalLM"
+
+[stages.serve_spec]
+op = "serve"
+gpus = [0]
+params = {{ port = {spec_port}, mode = "speculative", drafter = "runs/export", launcher = "tests.fake_launch_server" }}
+
+[stages.serve_base]
+op = "serve"
+gpus = [1]
+params = {{ port = {base_port}, host = "127.0.0.2", launcher = "tests.fake_launch_server" }}
+
+[stages.bench_sglang]
+op = "bench"
+params = {{ engine = "sglang", prompts_file = "prompts.jsonl", output = "runs/bench_sglang", {bench_params} }}
+"""
+
+
+def test_bench_names_its_servers_by_serve_stage_and_the_console_binds_their_urls(ws):
+    """params.server / baseline_server name serve stages; the launch's argv (the
+    plan shown is the plan run) carries the URLs their host and port make."""
+    ws.write(bench_pipeline(31001, 31002, 'server = "serve_spec", baseline_server = "serve_base"'))
+    (ws.root / "prompts.jsonl").write_text('{"input_ids": [1, 2, 3, 4]}\n')
+    ws.cli("run", "bench_sglang", check=0)
+    run = ws.latest("bench_sglang")
+    argv = run.argv
+    assert argv[argv.index("--url") + 1] == "http://127.0.0.1:31001"
+    assert argv[argv.index("--baseline-url") + 1] == "http://127.0.0.2:31002"
+    assert argv[argv.index("--server") + 1] == "serve_spec"
+    wait_for(lambda: ws.latest("bench_sglang").status not in ("pending", "running") or None, timeout=30)
+    log = next((ws.root / ".eagle3").glob("logs/*bench_sglang.log")).read_text()
+    assert "http://127.0.0.1:31001 (serve stage serve_spec)" in log   # no server up: the op says so and ends
+
+
+def test_a_server_param_that_names_no_serve_stage_or_the_wrong_mode_is_refused(ws):
+    ws.write(bench_pipeline(31001, 31002, 'server = "bench_sglang"'))
+    proc = ws.cli("run", "bench_sglang", check=3)
+    assert "stages.bench_sglang.params.server: 'bench_sglang' is not a serve stage " \
+           "(serve stages: serve_spec, serve_base)" in proc.stderr
+    ws.write(bench_pipeline(31001, 31002, 'server = "serve_base"'))
+    proc = ws.cli("run", "bench_sglang", check=3)
+    assert "serve stage 'serve_base' has mode 'target'; server needs a 'speculative' server" in proc.stderr
+    ws.write(bench_pipeline(31001, 31002, 'server = "serve_spec"'))
+    proc = ws.cli("run", "bench_sglang", "--set", "url=http://x:1", check=3)
+    assert "names a serve stage and url is set too; set one of them" in proc.stderr
+    assert ws.latest("bench_sglang") is None

@@ -80,7 +80,7 @@ def plan_restart(ws: Workspace, stage_name: str, overrides: dict[str, Any] | Non
     if halve_batch and not stage.batch_param:
         raise runs.Refused(f"stages.{stage_name}: --halve-batch needs a batch_param, and this stage declares none "
                            f"(add `batch_param = \"<param>\"` to it, or pass --set <param>=<value>)", code=3)
-    params = runs.stage_params(stage, overrides, base=last.params if last else None)
+    params = runs.stage_params(stage, overrides, base=last.params if last else None, pipe=pipe)
     plan = RestartPlan(stage=stage_name, last=last, params=params, argv=[], kill=None, force=force)
     if last and last.status in ("failed", "killed", "lost"):
         plan.oom_line = oom_line(last)

@@ -93,7 +93,7 @@ class StartPlan:
 def plan_start(ctx: Context, st: StageStatus) -> DialogSpec | Option:
     pipe = cfg.load(ctx.ws.config_path)
     stage = pipe.stage(st.name)
-    argv = stage.command(runs.stage_params(stage, None), pipe.target)
+    argv = stage.command(runs.stage_params(stage, None, pipe=pipe), pipe.target)
     plan = StartPlan(st.name, st.run_id, argv)
     if st.status not in COMPLETE:
         return Option("start", "start", [f"start {st.name}"], plan=plan)

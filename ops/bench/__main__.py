@@ -34,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default=None)
     p.add_argument("--url", help="engine sglang: the speculative server (a serve stage's URL)")
     p.add_argument("--baseline-url", help="engine sglang: a server without speculation")
+    p.add_argument("--server", help="engine sglang: the serve stage whose host:port the console made --url "
+                                    "(recorded in bench.json)")
+    p.add_argument("--baseline-server", help="engine sglang: the serve stage behind --baseline-url")
     p.add_argument("--timeout-s", type=float, help="engine sglang: per request")
     p.add_argument("--output")
     p.add_argument("--data", help="hidden-state data for prompts (default: the export's)")
@@ -115,7 +118,8 @@ def main_sglang(args) -> int:
     from ops.bench.sglang import ServerError, run_bench
 
     if not args.url:
-        print("error: engine sglang needs --url (the speculative serve stage's, e.g. http://127.0.0.1:30000)",
+        print("error: engine sglang needs --url (the speculative serve stage's, e.g. http://127.0.0.1:30000; "
+              "in a pipeline, params.server names the serve stage instead)",
               file=sys.stderr, flush=True)
         return 2
     try:
@@ -123,12 +127,15 @@ def main_sglang(args) -> int:
         if not prompts:
             raise ValueError("no usable prompts (each needs >= 2 tokens before the answer)")
         print(f"bench: engine sglang, {len(prompts)} prompts, {args.max_new_tokens} new tokens, {args.url}"
-              + (f" vs baseline {args.baseline_url}" if args.baseline_url else ""), flush=True)
+              + (f" (serve stage {args.server})" if args.server else "")
+              + (f" vs baseline {args.baseline_url}" if args.baseline_url else "")
+              + (f" (serve stage {args.baseline_server})" if args.baseline_server else ""), flush=True)
         result = run_bench(args.url, prompts, args.max_new_tokens, args.baseline_url, args.timeout_s,
                            log=lambda m: print(m, flush=True))
     except (ValueError, OSError, ServerError) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
+    result["serve_stages"] = {"server": args.server, "baseline_server": args.baseline_server}
     write_result(Path(args.output), result)
     speed = f" | speed-up {result['speedup']:.2f}x (baseline {result['tok_s_plain']:.1f} tok/s)" \
         if result["speedup"] is not None else ""

@@ -5,7 +5,8 @@ speed-up, whether outputs matched greedy); the log's `bench:` line is the
 summary the console shows next to the stage.
 
 engine = "sglang" (ops/bench/sglang.py) measures a live SGLang server at
-`url` instead (a speculative serve stage), against `baseline_url` when given;
+`url` instead (a speculative serve stage; `server` names one of the pipeline's
+and the console binds its host:port), against `baseline_url` / `baseline_server`;
 its bench.json says "engine": "sglang" and its line is labelled so.
 """
 
@@ -54,8 +55,8 @@ def lint(ctx: EstimateContext, _gpus) -> list[Lint]:
     if engine == "reference" and not p.get("drafter"):
         return [Lint("error", "engine reference needs params.drafter (export's output directory)")]
     if engine == "sglang" and not p.get("url"):
-        return [Lint("error", "engine sglang needs params.url (the speculative serve stage's, "
-                              "e.g. http://127.0.0.1:30000)")]
+        return [Lint("error", "engine sglang needs params.server (a speculative serve stage of this pipeline) "
+                              "or params.url (e.g. http://127.0.0.1:30000)")]
     if engine == "sglang" and not (p.get("data") or p.get("prompts_file") or p.get("drafter")):
         return [Lint("error", "engine sglang needs held-out prompts: params.data, prompts_file or drafter "
                               "(whose export_info.json names the data)")]
@@ -70,6 +71,8 @@ SPEC = OpSpec(
         "drafter": None,            # export's output directory (engine reference needs it)
         "url": None,                # engine sglang: the speculative server
         "baseline_url": None,       # engine sglang: the same target without speculation
+        "server": None,             # engine sglang: a serve stage (mode speculative) whose host:port is url
+        "baseline_server": None,    # engine sglang: a serve stage (mode target) whose host:port is baseline_url
         "timeout_s": 600.0,
         "output": REQUIRED,
         "data": None,
@@ -87,5 +90,7 @@ SPEC = OpSpec(
     estimate_bytes=lambda ctx: 64 * 1024,
     result_file="bench.json",
     result_line=result_line,
-    extra={"lint": lint},
+    # eagle3_console.runs.bind_servers: name param -> (url param, the serve mode it needs).
+    extra={"lint": lint, "server_params": {"server": ("url", "speculative"),
+                                           "baseline_server": ("baseline_url", "target")}},
 )
