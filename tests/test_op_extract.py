@@ -410,3 +410,22 @@ def test_compiled_layers_write_the_eager_states(tiny, tmp_path, capsys):
         assert torch.equal(a["input_ids"], b["input_ids"])
         torch.testing.assert_close(b["aux_hidden_states"], a["aux_hidden_states"], atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(b["final_hidden_states"], a["final_hidden_states"], atol=1e-5, rtol=1e-4)
+
+
+def test_a_target_that_fails_to_load_leaves_no_running_data_config(tiny, tmp_path):
+    """data_config.json is written before the load; a load that fails must
+    not leave it saying "running" (a monitor would show a live extraction)."""
+    import shutil
+
+    target, prepared = tiny
+    broken = tmp_path / "broken"
+    shutil.copytree(target, broken)
+    weights = next(broken.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:4096])      # cut: the header says more than is there
+    out = tmp_path / "out"
+    proc = run_extract_subprocess(extract_argv(broken, prepared, out))
+    log, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0, log
+    config = json.loads((out / DATA_CONFIG).read_text())
+    assert config["status"] == "incomplete", config
+    assert config["incomplete_reason"], config

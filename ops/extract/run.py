@@ -69,8 +69,25 @@ def extract(args) -> int:
         return _extract(args, known)
     except OSError as exc:
         if exc.errno not in DISK_FULL:
+            _not_running(known, exc)
             raise
         return _disk_full(known, exc)
+    except BaseException as exc:
+        _not_running(known, exc)
+        raise
+
+
+def _not_running(known: dict, exc: BaseException) -> None:
+    """A run that ends by an exception (a target that does not load, a
+    keyboard interrupt) must not leave data_config.json saying "running"."""
+    config, out_dir = known.get("config"), known.get("out_dir")
+    if not known.get("config_written") or config is None or config.get("status") != "running":
+        return
+    if isinstance(exc, SystemExit) and exc.code in (None, 0):
+        return
+    why = f"{type(exc).__name__}: {exc}".strip().rstrip(":")
+    config.update(status="incomplete", incomplete_reason=why[:500])
+    output.rewrite_data_config(out_dir, config)
 
 
 def _disk_full(known: dict, exc: OSError) -> int:
@@ -191,6 +208,7 @@ def _extract(args, known: dict, engine=None) -> int:
 
     if rank == 0:
         output.write_data_config(out_dir, config)
+        known["config_written"] = True
         output.write_sample_lengths(out_dir, dict(enumerate(lengths)))
     _barrier(world)
 
