@@ -429,3 +429,13 @@ def test_a_target_that_fails_to_load_leaves_no_running_data_config(tiny, tmp_pat
     config = json.loads((out / DATA_CONFIG).read_text())
     assert config["status"] == "incomplete", config
     assert config["incomplete_reason"], config
+
+
+def test_an_incomplete_data_config_says_why_in_its_result_line():
+    from ops.extract.spec import result_line
+
+    assert result_line({"status": "incomplete", "missing_samples": 3, "total_samples": 24,
+                        "incomplete_reason": "disk full: /x: No space left on device (ENOSPC)"}) == \
+        "incomplete: 3 of 24 samples missing; disk full: /x: No space left on device (ENOSPC)"
+    assert result_line({"status": "incomplete"}) == "incomplete"
+    assert result_line({"status": "running"}) is None

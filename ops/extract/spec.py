@@ -72,6 +72,12 @@ def partial_files(root: Path) -> list[Path]:
 def result_line(config: dict) -> str | None:
     """data_config.json once complete: the counts and the layers, in the
     canonical and SGLang conventions (the classic off-by-one, said twice)."""
+    if config.get("status") == "incomplete":
+        # Said where the stage is shown (status, TUI), not only inside the file.
+        missing = config.get("missing_samples")
+        count = f"{missing} of {config.get('total_samples', '?')} samples missing" if missing is not None else ""
+        reason = config.get("incomplete_reason") or ""
+        return "incomplete: " + "; ".join(x for x in (count, reason) if x) if count or reason else "incomplete"
     if config.get("status") != "complete":
         return None
     return (f"{config.get('total_samples', 0):,} samples, {config.get('total_tokens', 0):,} tokens; "
