@@ -420,11 +420,10 @@ class _Loop:
         Pinned, so the copy is a real asynchronous DMA (into pageable memory
         cudaMemcpyAsync blocks the host until it is done) and runs on the
         copy engine beside the next forward; into the image, so the bytes
-        the GPU wrote are the bytes the disk gets. The blocks come from
-        torch's caching host allocator, which records the copy's event and
-        reuses a block only after it, so dropping an image in a writer
-        thread is safe; the bound on them is the writers' queue. The device
-        allocator waits for the copy through record_stream.
+        the GPU wrote are the bytes the disk gets. A writer writes an image
+        only after the copy's event, and a slab (staging.py) is reused only
+        after all of its images were written. The device allocator waits for
+        the copy through record_stream.
         """
         stream = self._copy_streams.get(aux.device)
         if stream is None:
