@@ -54,7 +54,19 @@ def build(root: Path, log_gb: float) -> tuple[Path, Path]:
             shard.mkdir(parents=True, exist_ok=True)
             (shard / f"data_{i}.safetensors").write_bytes(sample_bytes(i))
         (out / "data_config.json").write_text(json.dumps({"status": "running", "total_samples": 20000}))
-    log = root / "big.log"
+    (root / "eagle3.toml").write_text(
+        '[stages.extract]\nargv = ["python", "-c", "pass"]\noutputs = ["data/hidden_states"]\n'
+        "expected_samples = 20000\n")
+    ws = Workspace(root)
+    ws.ensure_state()
+    with Registry(ws.db_path) as reg:
+        run = reg.latest("extract")
+        if run is None:
+            run = reg.create_run("extract", ["python"], {}, {}, str(root), lambda _rid: root / "big.log")
+            reg.finish(run.id, "failed", started=time.time() - 3600, ended=time.time(), exit_code=1)
+    # The run's own log (the registry names a fresh file when big.log exists
+    # already): a log no follower reads would time nothing.
+    log = Path(run.log_path)
     want = int(log_gb * 2**30)
     if not log.exists() or log.stat().st_size < want:
         line = ("extract: 48%|####      | 9600/20000 [40:00<43:20, 4.00it/s] "
@@ -65,15 +77,6 @@ def build(root: Path, log_gb: float) -> tuple[Path, Path]:
             while written < want:
                 fh.write(block)
                 written += len(block)
-    (root / "eagle3.toml").write_text(
-        '[stages.extract]\nargv = ["python", "-c", "pass"]\noutputs = ["data/hidden_states"]\n'
-        "expected_samples = 20000\n")
-    ws = Workspace(root)
-    ws.ensure_state()
-    with Registry(ws.db_path) as reg:
-        if reg.latest("extract") is None:
-            run = reg.create_run("extract", ["python"], {}, {}, str(root), lambda _rid: log)
-            reg.finish(run.id, "failed", started=time.time() - 3600, ended=time.time(), exit_code=1)
     return out, log
 
 
@@ -86,10 +89,13 @@ def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, env=ENV, **kw)
 
 
-def phases(root: Path, repeat: int, no_gpus: bool) -> None:
-    """Median milliseconds of each phase over `repeat` whole processes."""
+def phases(root: Path, repeat: int, no_gpus: bool, out: Path | None = None) -> None:
+    """Median milliseconds of each phase over `repeat` whole processes; with
+    `out`, a sample file is added or removed before each (the live path)."""
     samples: list[dict] = []
     for _ in range(repeat):
+        if out is not None:
+            grow(out)
         proc = run([sys.executable, str(PHASES), str(root)] + (["--no-gpus"] if no_gpus else []),
                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         line = next((x for x in proc.stderr.splitlines() if x.startswith("PHASES=")), None)
@@ -98,33 +104,45 @@ def phases(root: Path, repeat: int, no_gpus: bool) -> None:
             return
         samples.append(json.loads(line[len("PHASES="):])["ms"])
     names = list(dict.fromkeys(k for s in samples for k in s))
-    print(f"where one status --json{' --no-gpus' if no_gpus else ''} process goes "
+    label = (" --no-gpus" if no_gpus else "") + (" (output growing)" if out is not None else "")
+    print(f"where one status --json{label} process goes "
           f"(ms, median of {repeat}, after interpreter start):")
     medians = {name: statistics.median(s.get(name, 0.0) for s in samples) for name in names}
     for name, ms in medians.items():
         print(f"  {name:42s} {ms:8.1f}")
     # One line for gpu_session.sh's summary.
-    print(f"status phases{' --no-gpus' if no_gpus else ''} (ms): "
+    print(f"status phases{label} (ms): "
           + ", ".join(f"{name.split(' (')[0]} {ms:.1f}" for name, ms in medians.items()))
+
+
+def grow(out: Path) -> None:
+    """One sample file more or less in the last shard, as a live extraction
+    changes one shard folder between two cron ticks."""
+    extra = out / "rows_18000-20000" / "data_99999.safetensors"
+    if extra.exists():
+        extra.unlink()
+    else:
+        extra.write_bytes(sample_bytes(99999))
+    time.sleep(0.06)        # past the racy-listing margin (monitor/tree.py), as one cron tick is
+
+
+def settle(cmd: list[str], out: Path) -> None:
+    extra = out / "rows_18000-20000" / "data_99999.safetensors"
+    if extra.exists():
+        extra.unlink()
+    run(cmd, stdout=subprocess.DEVNULL)     # settled again for what follows
 
 
 def live_status(cmd: list[str], out: Path, repeat: int) -> float:
     """status --json with the output changing between calls, as under a live
     extraction (each call finds one shard folder with a new mtime)."""
-    extra = out / "rows_18000-20000" / "data_99999.safetensors"
     times = []
     for i in range(repeat):
-        if extra.exists():
-            extra.unlink()
-        else:
-            extra.write_bytes(sample_bytes(99999))
-        time.sleep(0.06)        # past the racy-listing margin (monitor/tree.py), as one cron tick is
+        grow(out)
         t0 = time.perf_counter()
         run(cmd, stdout=subprocess.DEVNULL)
         times.append(time.perf_counter() - t0)
-    if extra.exists():
-        extra.unlink()
-    run(cmd, stdout=subprocess.DEVNULL)     # settled again for what follows
+    settle(cmd, out)
     return statistics.median(times)
 
 
@@ -178,6 +196,8 @@ def main() -> int:
     print(f"status --json, output growing:{live * 1000:8.1f} ms  (a sample file added or removed before each call: "
           "its shard's folder changed, so the output's per-file state is read and rewritten)")
     phases(root, a.repeat, no_gpus=True)
+    phases(root, a.repeat, no_gpus=True, out=out)
+    settle(cmd, out)
     if a.gpu_worker:
         gpu_status(root, a.repeat, a.profile)
     elif a.profile:

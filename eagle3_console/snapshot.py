@@ -31,7 +31,7 @@ from eagle3_console.workspace import Workspace
 from ops.spec import read_json_dict
 
 CACHE_NAME = "monitors.json"
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 
 
 class Collector:
@@ -64,20 +64,30 @@ class Collector:
             return {}
         return data if data.get("version") == CACHE_VERSION else {}
 
-    def _full_path(self, key: str) -> Path:
-        """Where an output's per-file state lives (one file per output, named
-        after its stage and root, so every process uses the same one)."""
+    def _folder_path(self, key: str, rel: str) -> Path:
+        """Where one folder of an output keeps its per-file state (named after
+        the stage, the root and the folder, so every process uses the same one)."""
         import hashlib      # 3 ms of import, only for an output whose summary no longer holds
-        return self.ws.cache_dir / f"shards-{hashlib.sha1(key.encode()).hexdigest()[:16]}.json"
+        out = hashlib.sha1(key.encode()).hexdigest()[:16]
+        return self.ws.cache_dir / f"shards-{out}-{hashlib.sha1(rel.encode()).hexdigest()[:12]}.json"
 
-    def _load_full(self, key: str) -> dict | None:
+    def _load_folder(self, key: str, rel: str) -> dict | None:
         try:
-            data = json.loads(self._full_path(key).read_text())
+            data = json.loads(self._folder_path(key, rel).read_text())
         except (OSError, ValueError):
             return None
-        if not isinstance(data, dict) or data.get("version") != CACHE_VERSION or data.get("key") != key:
+        if (not isinstance(data, dict) or data.get("version") != CACHE_VERSION or data.get("key") != key
+                or data.get("rel") != rel):
             return None
         return data.get("state")
+
+    def _from_folders(self, ckey: str, entry: dict, root: str, now: float, expected: int | None,
+                      tokens: int | None, sample_glob: str | None) -> ShardMonitor | None:
+        if not isinstance(entry.get("folders"), dict):
+            return None
+        return ShardMonitor.from_folders(entry["folders"], root, lambda rel: self._load_folder(ckey, rel), now,
+                                         expected_samples=expected, expected_tokens=tokens,
+                                         sample_glob=sample_glob)
 
     def _save_cache(self) -> None:
         """Write the monitors' state for the next one-shot process. monitors.json
@@ -95,11 +105,23 @@ class Collector:
         shards = {}
         for (stage, root), mon in self._shards.items():
             key = f"{stage}\0{root}"
-            if mon.dirty:
-                if self._write(self._full_path(key),
-                               {"version": CACHE_VERSION, "key": key, "state": mon.to_state()}):
-                    mon.dirty = False
-            shards[key] = {"summary": mon.summary(), "obs": mon.observations()}
+            if mon.summarized:
+                # Answered from the summary: the saved folders are as they were.
+                folders = (self._cache.get("shards", {}).get(key) or {}).get("folders")
+            else:
+                dirty, gone = mon.take_dirty_dirs()
+                for rel in dirty:
+                    if not self._write(self._folder_path(key, rel), {"version": CACHE_VERSION, "key": key,
+                                                                   "rel": rel, "state": mon.folder_state(rel)}):
+                        mon.mark_dirty(rel)
+                for rel in gone:
+                    try:
+                        self._folder_path(key, rel).unlink()
+                    except OSError:
+                        pass
+                folders = {"root": os.fspath(mon.root), "glob": mon.sample_glob, "folders": mon.folders(),
+                           "lengths_key": mon._lengths_key, "errors": dict(mon._errors)}
+            shards[key] = {"summary": mon.summary(), "obs": mon.observations(), "folders": folders}
         self._write(self._cache_path(), {"version": CACHE_VERSION, "shards": shards,
                                          "logs": {str(rid): f.to_state() for rid, f in self._logs.items()}})
 
@@ -119,7 +141,7 @@ class Collector:
 
     # -------------------------------------------------------------- monitors
     def _shard_monitor(self, stage: str, root: str, expected: int | None, tokens: int | None,
-                       sample_glob: str | None = None) -> ShardMonitor:
+                       sample_glob: str | None = None, now: float | None = None) -> ShardMonitor:
         key = (stage, root)
         mon = self._shards.get(key)
         if mon is None:
@@ -128,17 +150,20 @@ class Collector:
             if not isinstance(entry, dict):
                 entry = {}
             if entry.get("summary"):
-                mon = ShardMonitor.from_summary(entry["summary"], root, lambda: self._load_full(ckey),
-                                                expected_samples=expected, expected_tokens=tokens,
-                                                sample_glob=sample_glob, obs=entry.get("obs"))
+                mon = ShardMonitor.from_summary(
+                    entry["summary"], root,
+                    lambda at: self._from_folders(ckey, entry, root, at, expected, tokens, sample_glob),
+                    expected_samples=expected, expected_tokens=tokens, sample_glob=sample_glob,
+                    obs=entry.get("obs"))
             if mon is None and self.persist:
-                mon = ShardMonitor.from_state(self._load_full(ckey) or {}, root, expected_samples=expected,
-                                              expected_tokens=tokens, sample_glob=sample_glob)
-                try:
-                    if entry.get("obs") is not None:
-                        mon.set_observations(entry["obs"])
-                except (TypeError, ValueError):
-                    pass
+                mon = self._from_folders(ckey, entry, root, time.time() if now is None else now,
+                                         expected, tokens, sample_glob)
+                if mon is not None:
+                    try:
+                        if entry.get("obs") is not None:
+                            mon.set_observations(entry["obs"])
+                    except (TypeError, ValueError):
+                        pass
             mon = mon or ShardMonitor(root, expected_samples=expected, expected_tokens=tokens,
                                       sample_glob=sample_glob)
             self._shards[key] = mon
@@ -311,7 +336,7 @@ class Collector:
         fraction: float | None = None
         if outs and uses_shards and (run or Path(outs[0]).exists()):
             tokens = spec.expected_tokens(ctx) if spec else None
-            mon = self._shard_monitor(stage.name, outs[0], expected, tokens, stage.sample_glob)
+            mon = self._shard_monitor(stage.name, outs[0], expected, tokens, stage.sample_glob, now)
             sp = mon.refresh(now=now)
             # A custom stage whose files match neither its pattern nor a known
             # layout counts nothing: its log says how far it is (0/40 next to

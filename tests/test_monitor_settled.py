@@ -158,31 +158,113 @@ def test_a_live_output_is_followed_file_by_file(settled_ws):
     assert not mon.summarized and sp.samples_done == 16
 
 
+def _folder_files(cache: Path) -> dict[str, tuple[int, int]]:
+    """Each folder's saved per-file state (its `rel`) -> (mtime_ns, inode) of its file."""
+    out = {}
+    for f in cache.glob("shards-*.json"):
+        st = f.stat()
+        out[json.loads(f.read_text())["rel"]] = (st.st_mtime_ns, st.st_ino)
+    return out
+
+
 def test_the_per_file_state_is_rewritten_only_when_it_changed(settled_ws):
     ws, out = settled_ws
     _process(ws)
     cache = ws.root / ".eagle3" / "cache"
-    (full,) = cache.glob("shards-*.json")
-    before = full.stat().st_mtime_ns, full.stat().st_ino
+    before = _folder_files(cache)
+    assert set(before) == {"", "rows_0-4", "rows_4-8", "rows_8-12"}
     small = (cache / "monitors.json").stat().st_mtime_ns
     time.sleep(0.01)
     _process(ws)
     _process(ws)
-    assert (full.stat().st_mtime_ns, full.stat().st_ino) == before
+    assert _folder_files(cache) == before
     assert (cache / "monitors.json").stat().st_mtime_ns != small
     sample(out / "rows_12-16" / "data_12.safetensors", 40)
     _process(ws)
-    assert full.stat().st_ino != before[1]
+    after = _folder_files(cache)
+    # The root (a new folder in it) and the new folder: the others' state is neither read nor rewritten.
+    assert after[""] != before[""] and "rows_12-16" in after
+    assert {k: after[k] for k in ("rows_0-4", "rows_4-8", "rows_8-12")} == \
+        {k: before[k] for k in ("rows_0-4", "rows_4-8", "rows_8-12")}
 
 
 def test_a_damaged_cache_costs_one_listing_never_a_wrong_count(settled_ws):
     ws, out = settled_ws
     _process(ws)
     cache = ws.root / ".eagle3" / "cache"
-    (full,) = cache.glob("shards-*.json")
-    full.write_text("{not json")
+    for full in cache.glob("shards-*.json"):
+        full.write_text("{not json")
     (out / "rows_8-12" / "data_9.safetensors").unlink()
     sp, _mon = _process(ws)
     assert sp.samples_done == 11
-    (cache / "monitors.json").write_text(json.dumps({"version": 2, "shards": {"x": 1}, "logs": []}))
+    assert _comparable(sp) == _comparable(_fresh(ws))
+    (cache / "monitors.json").write_text(json.dumps({"version": 3, "shards": {"x": 1}, "logs": []}))
     assert _process(ws)[0].samples_done == 11
+
+
+def _without_rate(sp):
+    d = _comparable(sp)
+    for key in ("samples_per_s", "tokens_per_s", "eta_s"):
+        d.pop(key)
+    return d
+
+
+def test_under_a_live_output_only_the_changed_folders_are_loaded(settled_ws):
+    """A live extraction: the folder being written has files inside the rate
+    window, the finished ones do not. The next process loads only the live
+    folder (and the root); a finished folder that changes is loaded then, and
+    every count is what a full listing finds."""
+    ws, out = settled_ws
+    (out / "data_config.json").write_text(json.dumps({"status": "running", "total_samples": 16}))
+    now = time.time()
+    for i in (12, 13):
+        sample(out / "rows_12-16" / f"data_{i}.safetensors", 20 + i, mtime=now - 30 + i)
+    for d in (out, out / "rows_12-16"):
+        os.utime(d, (now - 20, now - 20))       # past the racy margin
+    _process(ws)
+    sp, mon = _process(ws)
+    assert not mon.summarized
+    assert set(mon.index.dirs()) == {"", "rows_12-16"}
+    assert set(mon.index.frozen_dirs()) == {"rows_0-4", "rows_4-8", "rows_8-12"}
+    assert sp.samples_done == 14 and sp.tokens_done == sum(range(5, 17)) + 32 + 33
+    assert _without_rate(sp) == _without_rate(_fresh(ws))
+
+    # A finished folder changes (a file removed), the live one grows.
+    (out / "rows_4-8" / "data_5.safetensors").unlink()
+    sample(out / "rows_12-16" / "data_14.safetensors", 7, mtime=time.time() - 5)
+    sp, mon = _process(ws)
+    assert set(mon.index.frozen_dirs()) == {"rows_0-4", "rows_8-12"}
+    assert sp.samples_done == 14 and [s.done for s in sp.shards] == [4, 3, 4, 3]
+    assert sp.tokens_done == sum(range(5, 17)) - 10 + 32 + 33 + 7
+    assert _without_rate(sp) == _without_rate(_fresh(ws))
+
+    # With no observation of its own in the window, the rate comes from the
+    # live folder's mtimes, as a full listing's does: frozen folders have none there.
+    cache = ws.root / ".eagle3" / "cache" / "monitors.json"
+    data = json.loads(cache.read_text())
+    for entry in data["shards"].values():
+        entry["obs"] = []
+    cache.write_text(json.dumps(data))
+    sp, mon = _process(ws)
+    fresh = _fresh(ws)
+    assert sp.samples_per_s and sp.samples_per_s == pytest.approx(fresh.samples_per_s)
+    assert sp.tokens_per_s == pytest.approx(fresh.tokens_per_s)
+
+
+def test_sample_lengths_written_under_frozen_folders_recount_every_folder(settled_ws):
+    """A frozen folder's token count was taken with the lengths of then: a new
+    sample_lengths.json loads every folder again."""
+    ws, out = settled_ws
+    now = time.time()
+    sample(out / "rows_12-16" / "data_12.safetensors", 9, mtime=now - 10)
+    os.utime(out / "rows_12-16", (now - 20, now - 20))
+    os.utime(out, (now - 20, now - 20))
+    _process(ws)
+    sp, mon = _process(ws)
+    assert mon.index.frozen_dirs()
+    lengths = out / "sample_lengths.json"
+    lengths.write_text(json.dumps({str(i): 100 for i in range(13)}))
+    os.utime(out, (now - 20, now - 20))
+    sp, mon = _process(ws)
+    assert sp.tokens_done == 1300 and not mon.index.frozen_dirs()
+    assert _without_rate(sp) == _without_rate(_fresh(ws))

@@ -3,8 +3,9 @@ of 20,000 files' state.
 
 Where it sits: snapshot.Collector (persist=True) saves summary(mon) of each
 ShardMonitor beside the full state, and on the next process builds the
-monitor from the summary alone (ShardMonitor.from_summary); the full state
-(.eagle3/cache/shards-*.json) is read only when the summary no longer holds.
+monitor from the summary alone (ShardMonitor.from_summary); the per-folder state
+(.eagle3/cache/shards-*.json, ShardMonitor.from_folders) is read only when
+the summary no longer holds, and then only for the folders that changed.
 
 When a summary holds: it was taken from a monitor whose index was settled
 (no racy directory, no file re-stat'ed at every refresh: TreeIndex.settled)
@@ -51,14 +52,14 @@ def summary(mon: "ShardMonitor") -> dict | None:
     dirs = mon.index.settled()
     if dirs is None:
         return None
-    done = len(mon._samples)
+    done, per_dir, per_layout, tmp, bad = mon._totals()
     return {
         "version": SUMMARY_VERSION, "root": os.fspath(mon.root), "glob": mon.sample_glob,
         "dirs": dirs, "config_key": mon._config_key, "config": mon._config,
         "lengths_key": mon._lengths_key, "errors": dict(mon._errors),
-        "done": done, "per_dir": {k: n for k, n in mon._per_dir.items() if n > 0},
-        "layout": mon._layout(), "tmp": len(mon._tmp), "bad": len(mon._bad),
-        "tokens": mon._tokens_done(), "token_source": bool(mon._header_tokens or mon._lengths_key),
+        "done": done, "per_dir": {k: n for k, n in per_dir.items() if n > 0},
+        "layout": mon._layout(done, per_layout), "tmp": tmp, "bad": bad,
+        "tokens": mon._tokens_done(), "token_source": mon._token_source(),
         "newest_ns": mon.index.newest_mtime_ns(),
         "bytes": mon.index.total_bytes, "files": mon.index.file_count,
     }
@@ -96,7 +97,7 @@ def holds(mon: "ShardMonitor", now: float) -> bool:
     return True
 
 
-def install(mon: "ShardMonitor", state: Any, full_state: Callable[[], dict | None], obs: Any) -> bool:
+def install(mon: "ShardMonitor", state: Any, full_state: Callable[[float], Any], obs: Any) -> bool:
     """Make a fresh monitor answer from summary `state`; False when the state
     is of another version, root or pattern, or damaged (then: the full state)."""
     if not valid(state, os.fspath(mon.root), mon.sample_glob):
@@ -118,17 +119,19 @@ def install(mon: "ShardMonitor", state: Any, full_state: Callable[[], dict | Non
     return True
 
 
-def leave(mon: "ShardMonitor") -> None:
-    """The summary no longer holds: continue from the full state (or from scratch)."""
+def leave(mon: "ShardMonitor", now: float) -> None:
+    """The summary no longer holds: continue from the saved per-folder state
+    (only its changed folders loaded), or from scratch."""
     if mon._summary is None:
         return
     mon._summary = None
     loader, mon._full_state = mon._full_state, None
     obs = mon._obs
-    state = loader() if loader is not None else None
-    # As restored by a process without a summary (a state of another
-    # version, root or pattern gives a fresh monitor: one full listing).
-    full = type(mon).from_state(state or {}, mon.root, mon.expected_samples, mon.expected_tokens,
-                                window_s=mon.window_s, sample_glob=mon.sample_glob)
+    full = loader(now) if loader is not None else None
+    if full is None:
+        full = type(mon)(mon.root, mon.expected_samples, mon.expected_tokens,
+                         window_s=mon.window_s, sample_glob=mon.sample_glob)
     mon.__dict__.update(full.__dict__)
-    mon._obs = obs      # this process's observations are newer than the full state's
+    if mon.index.thaw is not None:
+        mon.index.thaw = mon._thaw_dir      # bound to this monitor, not to the one copied from
+    mon._obs = obs      # this process's observations are newer than the saved ones

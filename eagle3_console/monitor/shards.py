@@ -45,7 +45,7 @@ from typing import Callable
 
 from eagle3_console.model import ShardCount, ShardProgress
 from eagle3_console.monitor import settled
-from eagle3_console.monitor.tree import TreeIndex
+from eagle3_console.monitor.tree import Frozen, TreeIndex, dir_from_columns
 from ops.formats import (DATA_CONFIG, SAMPLE_LENGTHS, SAMPLE_RE, SHARD_DIR_RE, TMP_SUFFIX,
                          BadSampleFile, read_safetensors_header, tokens_in_header)
 
@@ -98,11 +98,17 @@ class ShardMonitor:
         self._restored_tokens: tuple[list, int | None] | None = None
         self._restored_lengths_error: str | None = None
         # A settled output's summary stands in for the per-file state until it
-        # no longer holds; then _full_state() (the persisted state, or None) is loaded.
+        # no longer holds; then _full_state(now) (a monitor of the saved per-folder state, or None) continues.
         self._summary: dict | None = None
-        self._full_state: Callable[[], dict | None] | None = None
+        self._full_state: Callable[[float], "ShardMonitor | None"] | None = None
         # Per-file state changed since it was built or loaded: worth saving again.
         self.dirty = True
+        # Frozen folders (TreeIndex.freeze): their counts only, until one changes;
+        # then _dir_loader(rel) gives its saved per-file state (folder_state()).
+        self._frozen: dict[str, dict] = {}
+        self._dir_loader: Callable[[str], dict | None] | None = None
+        self._dirty_dirs: set[str] = set()      # folders whose saved per-file state is old
+        self._gone_dirs: set[str] = set()       # folders gone: their saved state is of no use
 
     def use_glob(self, sample_glob: str | None) -> None:
         """Count the files matching this pattern instead (None: the known layouts)."""
@@ -125,13 +131,15 @@ class ShardMonitor:
             if settled.holds(self, now):
                 self._load_config()
                 return self._progress(now)
-            self._leave_summary()
+            self._leave_summary(now)
         if refresh_index:
             self.index.refresh()
         stats = self.index.last
         new, removed = stats.new_files, stats.removed_files
         if new or removed or stats.dirs_listed or stats.files_stated:
             self.dirty = True
+        self._dirty_dirs |= stats.changed_dirs
+        self._gone_dirs |= stats.dropped_dirs
         if not self._synced:
             self._resync()
         else:
@@ -159,7 +167,8 @@ class ShardMonitor:
 
     def _resync(self) -> None:
         """Rebuild the sample set from the index (a fresh monitor, or restored
-        state). A tight loop: this runs over every file once per process."""
+        state). A tight loop: this runs over every loaded file once per process;
+        a frozen folder keeps its counts."""
         self._samples.clear()
         self._idx_sum = 0
         self._per_dir.clear()
@@ -167,53 +176,83 @@ class ShardMonitor:
         self._tmp.clear()
         keep_tokens, keep_bad = self._header_tokens, self._bad
         self._header_tokens, self._bad = {}, {}
-        match = SAMPLE_RE.match
         for rel_dir in self.index.dirs():
-            if self.sample_glob:
-                self._resync_glob(rel_dir)
-                continue
-            if rel_dir == "":
-                layouts = {"safetensors": SPEC_HS, "pt": SPEC_PT, "ckpt": SPEC_PT}
-            elif "/" not in rel_dir and SHARD_DIR_RE.match(rel_dir):
-                layouts = {"safetensors": EAGLE3, "pt": SPECFORGE, "ckpt": SPECFORGE}
-            else:
-                layouts = None
-            prefix = f"{rel_dir}/" if rel_dir else ""
-            samples, tokens, bad = self._samples, self._header_tokens, self._bad
-            kept_tokens, kept_bad = keep_tokens.get, keep_bad.get
-            n, idx_sum, per_layout = 0, 0, Counter()
-            for name in self.index.names_in(rel_dir):
-                rel = prefix + name
-                if name.endswith(TMP_SUFFIX):
-                    self._tmp.add(rel)
-                    continue
-                if layouts is None:
-                    continue
-                m = match(name)
-                if m is None:
-                    continue
-                number, ext = m.groups()
-                layout = layouts[ext]
-                idx = int(number)
-                samples[rel] = (rel_dir, layout, idx)
-                idx_sum += idx
-                n += 1
-                per_layout[layout] += 1
-                value = kept_tokens(rel)
-                if value is not None:
-                    tokens[rel] = value
-                    continue
-                value = kept_bad(rel)
-                if value is not None:
-                    bad[rel] = value
-                elif layout in (EAGLE3, SPEC_HS):
-                    self._read_header(rel)
-            if n:
-                self._per_dir[rel_dir] += n
-            self._idx_sum += idx_sum
-            self._per_layout.update(per_layout)
+            self._sync_dir(rel_dir, self.index.names_in(rel_dir), keep_tokens.get, keep_bad.get)
         self._tokens_cache = None
         self._synced = True
+
+    def _sync_dir(self, rel_dir: str, names: list[str], kept_tokens, kept_bad) -> None:
+        """Add one folder's files (kept_tokens/kept_bad: what is known of them already)."""
+        if self.sample_glob:
+            prefix = f"{rel_dir}/" if rel_dir else ""
+            for name in names:
+                self._add(prefix + name)
+            return
+        match = SAMPLE_RE.match
+        if rel_dir == "":
+            layouts = {"safetensors": SPEC_HS, "pt": SPEC_PT, "ckpt": SPEC_PT}
+        elif "/" not in rel_dir and SHARD_DIR_RE.match(rel_dir):
+            layouts = {"safetensors": EAGLE3, "pt": SPECFORGE, "ckpt": SPECFORGE}
+        else:
+            layouts = None
+        prefix = f"{rel_dir}/" if rel_dir else ""
+        samples, tokens, bad = self._samples, self._header_tokens, self._bad
+        n, idx_sum, per_layout = 0, 0, Counter()
+        for name in names:
+            rel = prefix + name
+            if name.endswith(TMP_SUFFIX):
+                self._tmp.add(rel)
+                continue
+            if layouts is None:
+                continue
+            m = match(name)
+            if m is None:
+                continue
+            number, ext = m.groups()
+            layout = layouts[ext]
+            idx = int(number)
+            samples[rel] = (rel_dir, layout, idx)
+            idx_sum += idx
+            n += 1
+            per_layout[layout] += 1
+            value = kept_tokens(rel)
+            if value is not None:
+                tokens[rel] = value
+                continue
+            value = kept_bad(rel)
+            if value is not None:
+                bad[rel] = value
+            elif layout in (EAGLE3, SPEC_HS):
+                self._read_header(rel)
+        if n:
+            self._per_dir[rel_dir] += n
+        self._idx_sum += idx_sum
+        self._per_layout.update(per_layout)
+
+    def _thaw_dir(self, rel_dir: str):
+        """TreeIndex.thaw: a frozen folder changed (or is needed): its saved
+        per-file state replaces its counts. None (no sound saved state): the
+        index lists it as new, and every file in it is added again."""
+        self._frozen.pop(rel_dir, None)
+        self._tokens_cache = None
+        self._dirty_dirs.add(rel_dir)
+        state = self._dir_loader(rel_dir) if self._dir_loader is not None else None
+        try:
+            d = dir_from_columns(rel_dir, state["dir"])
+            prefix = f"{rel_dir}/" if rel_dir else ""
+            tokens = {prefix + str(k): v for k, v in state["tokens"].items()}
+            if not all(type(v) is int for v in tokens.values()):
+                raise ValueError("tokens: expected {name: int}")
+            bad = {prefix + str(k): [int(a), int(b)] for k, (a, b) in state["bad"].items()}
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+        self._dirty_dirs.discard(rel_dir)
+        if self._synced:
+            self._sync_dir(rel_dir, list(d.files), tokens.get, bad.get)
+        else:       # _resync() keeps them
+            self._header_tokens.update(tokens)
+            self._bad.update(bad)
+        return d
 
     def _resync_glob(self, rel_dir: str) -> None:
         prefix = f"{rel_dir}/" if rel_dir else ""
@@ -258,6 +297,7 @@ class ShardMonitor:
 
     def _read_header(self, rel: str) -> None:
         self._tokens_cache = None
+        self._dirty_dirs.add(rel.rpartition("/")[0])
         try:
             header, _size = read_safetensors_header(self.root / rel)
         except BadSampleFile:
@@ -317,6 +357,8 @@ class ShardMonitor:
         path, key = self._root_file(SAMPLE_LENGTHS)
         if key == self._lengths_key:
             return
+        # A frozen folder's token count was taken with the lengths as they were.
+        self.index.thaw_all()
         self._lengths_key = key
         self._lengths = None        # read when a token count needs it
         self._tokens_cache = None
@@ -356,8 +398,30 @@ class ShardMonitor:
 
     def _tokens_done(self) -> int | None:
         if self._tokens_cache is None:
-            self._tokens_cache = (self._sum_tokens(),)
+            value = self._sum_tokens()
+            for agg in self._frozen.values():
+                if agg["tokens"] is not None:
+                    value = (value or 0) + agg["tokens"]
+            self._tokens_cache = (value,)
         return self._tokens_cache[0]
+
+    def _token_source(self) -> bool:
+        return bool(self._header_tokens or self._lengths_key or any(a["htok"] for a in self._frozen.values()))
+
+    def _totals(self) -> tuple[int, Counter, Counter, int, int]:
+        """Samples, per folder, per layout, tmp files and bad files: the loaded
+        folders' and the frozen ones' together."""
+        done, per_dir, per_layout = len(self._samples), self._per_dir, self._per_layout
+        tmp, bad = len(self._tmp), len(self._bad)
+        if self._frozen:
+            per_dir, per_layout = Counter(per_dir), Counter(per_layout)
+            for rel, agg in self._frozen.items():
+                done += agg["n"]
+                per_dir[rel] += agg["n"]
+                per_layout.update(agg["layouts"])
+                tmp += agg["tmp"]
+                bad += agg["bad"]
+        return done, per_dir, per_layout, tmp, bad
 
     def _sum_tokens(self) -> int | None:
         lengths = self._get_lengths()
@@ -384,8 +448,8 @@ class ShardMonitor:
             done, per_dir, layout, tmp, bad, tokens = (
                 s["done"], s["per_dir"], s["layout"], s["tmp"], s["bad"], s["tokens"])
         else:
-            done, per_dir, layout, tmp, bad = (
-                len(self._samples), self._per_dir, self._layout(), len(self._tmp), len(self._bad))
+            done, per_dir, per_layout, tmp, bad = self._totals()
+            layout = self._layout(done, per_layout)
             tokens = self._tokens_done()
         expected = self.expected_samples
         if expected is None:
@@ -425,10 +489,10 @@ class ShardMonitor:
             complete=complete, bad_files=bad,
             error="; ".join(self._errors[k] for k in sorted(self._errors)) or None)
 
-    def _layout(self) -> str:
-        if not self._samples:
+    def _layout(self, done: int, per_layout: Counter) -> str:
+        if not done:
             return NONE
-        return max(self._per_layout.items(), key=lambda kv: kv[1])[0]
+        return max(per_layout.items(), key=lambda kv: kv[1])[0]
 
     def _rate(self, now: float, done: int, tokens: int | None) -> tuple[float | None, float | None]:
         if self._obs and (done < self._obs[-1][1] or now < self._obs[-1][0]):
@@ -456,8 +520,9 @@ class ShardMonitor:
             entry = self.index.entry(rel)
             if entry is not None and entry.mtime_ns >= start_ns:
                 recent.append((entry.mtime_ns, rel))
+        # A frozen folder has no file inside the window (from_folders).
         if not recent:
-            return 0.0, 0.0 if self._header_tokens or self._lengths_key else None
+            return 0.0, 0.0 if self._token_source() else None
         recent.sort()
         span = (recent[-1][0] - recent[0][0]) / 1e9
         if len(recent) < 2 or span <= 0:
@@ -471,6 +536,7 @@ class ShardMonitor:
     # ---- persistence ---------------------------------------------------
     def to_state(self) -> dict:
         self._leave_summary()
+        self.index.thaw_all()
         return {
             "version": STATE_VERSION,
             "root": os.fspath(self.root),
@@ -482,6 +548,103 @@ class ShardMonitor:
             "tokens": [self._fingerprint(), self._tokens_done()] if self._synced else None,
             "errors": self._errors,
         }
+
+    # ---- per-folder persistence (a one-shot `status` under a live output) ----
+    def folders(self) -> dict:
+        """Each folder's counts, for the next process (monitors.json): a folder
+        still as it was then is not loaded (from_folders); only a changed one's
+        per-file state (folder_state()) is read and rewritten."""
+        per: dict[str, dict] = {}
+        for rel in self.index.dirs():
+            info, settled_ok = self.index.dir_info(rel)
+            per[rel] = {"n": 0, "idx_sum": 0, "layouts": {}, "tmp": 0, "bad": 0, "tokens": None,
+                        "htok": False, "mtime": info.mtime_ns, "subdirs": info.subdirs, "bytes": info.bytes,
+                        "files": info.files, "newest": info.newest_ns, "settled": settled_ok}
+        for rel, (rel_dir, layout, idx) in self._samples.items():
+            agg = per[rel_dir]
+            agg["n"] += 1
+            agg["idx_sum"] += idx
+            agg["layouts"][layout] = agg["layouts"].get(layout, 0) + 1
+        for rel in self._tmp:
+            per[rel.rpartition("/")[0]]["tmp"] += 1
+        for rel in self._bad:
+            per[rel.rpartition("/")[0]]["bad"] += 1
+        for rel in self._header_tokens:
+            per[rel.rpartition("/")[0]]["htok"] = True
+        lengths = self._get_lengths()
+        for rel, (rel_dir, _layout, idx) in self._samples.items():
+            n = lengths.get(idx) if lengths else None
+            if n is None:
+                n = self._header_tokens.get(rel)
+            if n is not None:
+                agg = per[rel_dir]
+                agg["tokens"] = (agg["tokens"] or 0) + n
+        for rel, fz in self.index.frozen_dirs().items():
+            per[rel] = {**self._frozen[rel], "mtime": fz.mtime_ns, "subdirs": fz.subdirs, "bytes": fz.bytes,
+                        "files": fz.files, "newest": fz.newest_ns, "settled": True}
+        return per
+
+    def folder_state(self, rel_dir: str) -> dict:
+        """One loaded folder's per-file state (its index entries, header tokens, bad files)."""
+        prefix = f"{rel_dir}/" if rel_dir else ""
+        names = self.index.names_in(rel_dir)
+        tokens = {n: self._header_tokens[prefix + n] for n in names if prefix + n in self._header_tokens}
+        bad = {n: self._bad[prefix + n] for n in names if prefix + n in self._bad}
+        return {"dir": self.index.dir_columns(rel_dir), "tokens": tokens, "bad": bad}
+
+    def mark_dirty(self, rel_dir: str) -> None:
+        """Its saved state could not be written: try again at the next save."""
+        self._dirty_dirs.add(rel_dir)
+
+    def take_dirty_dirs(self) -> tuple[list[str], list[str]]:
+        """(loaded folders whose saved state is old, folders gone), forgotten once taken."""
+        dirty = [r for r in self._dirty_dirs if r in self.index.dirs()]
+        gone = [r for r in self._gone_dirs if r not in self.index.dirs() and r not in self._frozen]
+        self._dirty_dirs, self._gone_dirs = set(), set()
+        return dirty, gone
+
+    @classmethod
+    def from_folders(cls, entry: dict, root: str | os.PathLike, loader: Callable[[str], dict | None],
+                     now: float, expected_samples: int | None = None, expected_tokens: int | None = None,
+                     window_s: float = 60.0, sample_glob: str | None = None) -> "ShardMonitor | None":
+        """A monitor from folders() (entry: {"root", "glob", "folders", "lengths_key",
+        "errors", "obs"}): a folder saved settled and with no file inside the rate
+        window at `now` stays frozen; the others are loaded at once through
+        loader(rel) (folder_state(), or None: listed as new). None when the entry
+        is of another root or pattern, or damaged."""
+        mon = cls(root, expected_samples, expected_tokens, window_s=window_s, sample_glob=sample_glob)
+        if (not isinstance(entry, dict) or entry.get("root") != os.fspath(mon.root)
+                or entry.get("glob") != sample_glob):
+            return None
+        mon._dir_loader = loader
+        mon.index.thaw = mon._thaw_dir
+        start_ns = int((now - window_s) * 1e9)
+        try:
+            eager = []
+            for rel, agg in entry["folders"].items():
+                rel = str(rel)
+                newest = agg["newest"]
+                if agg["settled"] and (newest is None or int(newest) < start_ns):
+                    mon._frozen[rel] = {"n": int(agg["n"]), "idx_sum": int(agg["idx_sum"]),
+                                        "layouts": {str(k): int(v) for k, v in agg["layouts"].items()},
+                                        "tmp": int(agg["tmp"]), "bad": int(agg["bad"]),
+                                        "tokens": None if agg["tokens"] is None else int(agg["tokens"]),
+                                        "htok": bool(agg["htok"])}
+                    mon.index.freeze(rel, Frozen(int(agg["mtime"]), [str(x) for x in agg["subdirs"]],
+                                                 int(agg["bytes"]), int(agg["files"]),
+                                                 None if newest is None else int(newest)))
+                else:
+                    eager.append(rel)
+            mon._lengths_key = entry["lengths_key"]
+            mon._errors = {str(k): str(v) for k, v in (entry.get("errors") or {}).items()}
+            mon.set_observations(entry.get("obs") or ())
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+        for rel in eager:
+            mon.index.load(rel)
+        mon._synced = False
+        mon.dirty = False
+        return mon
 
     @property
     def summarized(self) -> bool:
@@ -501,19 +664,21 @@ class ShardMonitor:
         return settled.summary(self)
 
     @classmethod
-    def from_summary(cls, summary: dict, root: str | os.PathLike, full_state: Callable[[], dict | None],
+    def from_summary(cls, summary: dict, root: str | os.PathLike,
+                     full_state: Callable[[float], "ShardMonitor | None"],
                      expected_samples: int | None = None, expected_tokens: int | None = None,
                      window_s: float = 60.0, sample_glob: str | None = None,
                      obs: list | None = None) -> "ShardMonitor | None":
-        """A monitor answering from `summary` while it holds, loading
-        full_state() (a to_state() dict, or None: start over) once it does not.
-        None when the summary is of another version, root or pattern."""
+        """A monitor answering from `summary` while it holds, continuing as
+        full_state(now) (a monitor of the saved per-folder state, or None:
+        start over) once it does not. None when the summary is of another
+        version, root or pattern."""
         mon = cls(root, expected_samples, expected_tokens, window_s=window_s, sample_glob=sample_glob)
         return mon if settled.install(mon, summary, full_state, obs) else None
 
-    def _leave_summary(self) -> None:
+    def _leave_summary(self, now: float | None = None) -> None:
         """The summary no longer holds: continue from the full state (or from scratch)."""
-        settled.leave(self)
+        settled.leave(self, time.time() if now is None else now)
 
     def _restore(self, state: dict) -> bool:
         if (not isinstance(state, dict) or state.get("version") != STATE_VERSION

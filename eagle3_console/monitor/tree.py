@@ -33,7 +33,7 @@ import stat as statmod
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
 TMP_SUFFIX = ".tmp"
 # A directory's mtime ticks with the kernel clock (a few ms); on filesystems
@@ -64,6 +64,21 @@ class TreeStats:
     new_files: list[str] = field(default_factory=list)      # relative paths, new or replaced
     removed_files: list[str] = field(default_factory=list)
     exists: bool = False
+    # Directories whose entries this refresh changed (listed, re-stat'ed or gone): their saved state is old.
+    changed_dirs: set[str] = field(default_factory=set)
+    dropped_dirs: set[str] = field(default_factory=set)
+
+
+class Frozen(NamedTuple):
+    """A settled directory whose per-file entries are not loaded (a one-shot
+    `status` restoring a big output): what the totals need, and its mtime,
+    which says whether a listing would find the same files."""
+
+    mtime_ns: int
+    subdirs: list[str]
+    bytes: int
+    files: int
+    newest_ns: int | None
 
 
 class _Dir:
@@ -95,33 +110,41 @@ class TreeIndex:
         self.root = Path(root)
         self.hot_ns = int(hot_s * 1e9)
         self._dirs: dict[str, _Dir] = {}
+        # Frozen directories and how to load one (its saved entries, or None:
+        # it is listed as new). Loaded when its mtime changes or a query needs its files.
+        self._frozen: dict[str, Frozen] = {}
+        self.thaw: Callable[[str], "_Dir | None"] | None = None
         self.last: TreeStats = TreeStats()
 
     # ---- queries -------------------------------------------------------
     @property
     def total_bytes(self) -> int:
-        return sum(d.bytes for d in self._dirs.values())
+        return sum(d.bytes for d in self._dirs.values()) + sum(f.bytes for f in self._frozen.values())
 
     @property
     def file_count(self) -> int:
-        return sum(len(d.files) for d in self._dirs.values())
+        return sum(len(d.files) for d in self._dirs.values()) + sum(f.files for f in self._frozen.values())
 
     def dirs(self) -> list[str]:
-        """Relative paths of the indexed directories ("" is the root)."""
+        """Relative paths of the loaded directories ("" is the root); frozen_dirs() are the others."""
         return list(self._dirs)
+
+    def frozen_dirs(self) -> dict[str, Frozen]:
+        return dict(self._frozen)
 
     def files_in(self, rel: str = "") -> dict[str, FileEntry]:
         """Files of one directory (relative path, "" for the root): name -> entry."""
-        d = self._dirs.get(rel)
+        d = self._loaded(rel)
         return dict(d.files) if d else {}
 
     def names_in(self, rel: str = "") -> list[str]:
         """File names of one directory (a list: safe to change the index meanwhile)."""
-        d = self._dirs.get(rel)
+        d = self._loaded(rel)
         return list(d.files) if d else []
 
     def iter_files(self) -> Iterator[tuple[str, str, FileEntry]]:
         """(directory rel path, name, entry) for every indexed file."""
+        self.thaw_all()
         for rel, d in self._dirs.items():
             for name, entry in d.files.items():
                 yield rel, name, entry
@@ -132,15 +155,65 @@ class TreeIndex:
         None. With these mtimes unchanged, a refresh would find nothing new."""
         if any(d.racy or d.hot for d in self._dirs.values()):
             return None
-        return {rel: d.mtime_ns for rel, d in self._dirs.items()}
+        out = {rel: d.mtime_ns for rel, d in self._dirs.items()}
+        out.update((rel, f.mtime_ns) for rel, f in self._frozen.items())
+        return out
 
     def newest_mtime_ns(self) -> int | None:
-        return max((f.mtime_ns for d in self._dirs.values() for f in d.files.values()), default=None)
+        newest = max((f.mtime_ns for d in self._dirs.values() for f in d.files.values()), default=None)
+        for f in self._frozen.values():
+            if f.newest_ns is not None and (newest is None or f.newest_ns > newest):
+                newest = f.newest_ns
+        return newest
 
     def entry(self, relpath: str) -> FileEntry | None:
         rel, _, name = relpath.rpartition("/")
-        d = self._dirs.get(rel)
+        d = self._loaded(rel)
         return d.files.get(name) if d else None
+
+    # ---- frozen directories --------------------------------------------
+    def freeze(self, rel: str, frozen: Frozen) -> None:
+        """Hold `rel` as frozen (no entries in memory) until it changes."""
+        self._dirs.pop(rel, None)
+        self._frozen[rel] = frozen
+
+    def _loaded(self, rel: str) -> "_Dir | None":
+        if rel in self._frozen:
+            return self._thaw(rel)
+        return self._dirs.get(rel)
+
+    def _thaw(self, rel: str) -> "_Dir | None":
+        if self._frozen.pop(rel, None) is None:
+            return self._dirs.get(rel)
+        d = self.thaw(rel) if self.thaw is not None else None
+        if d is not None:
+            self._dirs[rel] = d
+        return d
+
+    def load(self, rel: str) -> None:
+        """Load a directory's saved entries through `thaw` now (none: it is listed as new)."""
+        self._frozen.pop(rel, None)
+        d = self.thaw(rel) if self.thaw is not None else None
+        if d is not None:
+            self._dirs[rel] = d
+
+    def thaw_all(self) -> None:
+        for rel in list(self._frozen):
+            self._thaw(rel)
+
+    def dir_columns(self, rel: str) -> list:
+        """One loaded directory's saved form (see to_state)."""
+        d = self._dirs[rel]
+        fs = list(d.files.values())
+        return [d.mtime_ns, d.racy, d.subdirs, list(d.files),
+                [f.size for f in fs], [f.mtime_ns for f in fs], [f.ino for f in fs], sorted(d.hot)]
+
+    def dir_info(self, rel: str) -> tuple[Frozen, bool]:
+        """A loaded directory's Frozen form, and whether it may be frozen
+        (settled: not racy, nothing re-stat'ed at every refresh)."""
+        d = self._dirs[rel]
+        newest = max((f.mtime_ns for f in d.files.values()), default=None)
+        return Frozen(d.mtime_ns, list(d.subdirs), d.bytes, len(d.files), newest), not (d.racy or d.hot)
 
     # ---- refresh -------------------------------------------------------
     def refresh(self) -> TreeStats:
@@ -153,6 +226,7 @@ class TreeIndex:
         except OSError:
             is_dir = False
         if not is_dir:
+            self.thaw_all()
             for rel in list(self._dirs):
                 self._drop(rel, stats)
             self.last = stats
@@ -163,7 +237,14 @@ class TreeIndex:
         while stack:
             rel, dst = stack.pop()
             path = root if not rel else os.path.join(root, rel)
-            d = self._dirs.get(rel)
+            fz = self._frozen.get(rel)
+            if fz is not None and fz.mtime_ns == dst.st_mtime_ns:
+                seen.add(rel)
+                subdirs = fz.subdirs
+                for sub in subdirs:
+                    self._descend(stack, path, _join(rel, sub), sub)
+                continue
+            d = self._thaw(rel) if fz is not None else self._dirs.get(rel)
             if d is None or d.racy or d.mtime_ns != dst.st_mtime_ns:
                 d = self._list(rel, path, d, dst, now_ns, stats)
                 if d is None:       # vanished between lstat and scandir
@@ -172,20 +253,24 @@ class TreeIndex:
                 self._restat_hot(rel, path, d, now_ns, stats)
             seen.add(rel)
             for sub in d.subdirs:
-                srel = _join(rel, sub)
-                try:
-                    sst = os.lstat(os.path.join(path, sub))
-                except OSError:
-                    continue
-                if statmod.S_ISDIR(sst.st_mode):
-                    stack.append((srel, sst))
-        for rel in [r for r in self._dirs if r not in seen]:
+                self._descend(stack, path, _join(rel, sub), sub)
+        for rel in [r for r in (*self._dirs, *self._frozen) if r not in seen]:
+            self._thaw(rel)
             self._drop(rel, stats)
-        stats.dirs = len(self._dirs)
+        stats.dirs = len(self._dirs) + len(self._frozen)
         stats.total_bytes = self.total_bytes
         stats.files = self.file_count
         self.last = stats
         return stats
+
+    @staticmethod
+    def _descend(stack: list, path: str, srel: str, sub: str) -> None:
+        try:
+            sst = os.lstat(os.path.join(path, sub))
+        except OSError:
+            return
+        if statmod.S_ISDIR(sst.st_mode):
+            stack.append((srel, sst))
 
     def _hot(self, name: str, size: int, mtime_ns: int, now_ns: int, prev: FileEntry | None) -> int:
         """0: settled; RECENT: written just now, may still grow; ALWAYS: a .tmp, or seen growing."""
@@ -208,6 +293,7 @@ class TreeIndex:
                 self._drop(rel, stats)
             return None
         stats.dirs_listed += 1
+        stats.changed_dirs.add(rel)
         with it:
             for e in it:
                 name = e.name
@@ -250,6 +336,7 @@ class TreeIndex:
         return d
 
     def _restat_hot(self, rel: str, path: str, d: _Dir, now_ns: int, stats: TreeStats) -> None:
+        stats.changed_dirs.add(rel)
         for name in list(d.hot):
             prev = d.files[name]
             try:
@@ -274,18 +361,16 @@ class TreeIndex:
         d = self._dirs.pop(rel, None)
         if d is not None:
             stats.removed_files.extend(_join(rel, n) for n in d.files)
+            stats.changed_dirs.add(rel)
+            stats.dropped_dirs.add(rel)
 
     # ---- persistence ---------------------------------------------------
     def to_state(self) -> dict:
         """A JSON-serialisable dict; from_state() continues incrementally.
         Per directory: [mtime_ns, racy, subdirs, names, sizes, mtimes, inodes,
         hot names]; flat lists of ints keep a 20,000-file state quick to dump and load."""
-        dirs = {}
-        for rel, d in self._dirs.items():
-            fs = list(d.files.values())
-            dirs[rel] = [d.mtime_ns, d.racy, d.subdirs, list(d.files),
-                         [f.size for f in fs], [f.mtime_ns for f in fs], [f.ino for f in fs],
-                         sorted(d.hot)]
+        self.thaw_all()
+        dirs = {rel: self.dir_columns(rel) for rel in self._dirs}
         return {"version": STATE_VERSION, "root": os.fspath(self.root), "hot_ns": self.hot_ns,
                 "dirs": dirs}
 
@@ -300,18 +385,24 @@ class TreeIndex:
             return idx
         try:
             idx.hot_ns = int(state.get("hot_ns", idx.hot_ns))
-            for rel, (mtime_ns, racy, subdirs, names, sizes, mtimes, inos, hot) in state["dirs"].items():
-                if not (len(names) == len(sizes) == len(mtimes) == len(inos)):
-                    raise ValueError(f"directory {rel!r}: lists of different lengths")
-                hot = set(hot)
-                # JSON gives ints already; a damaged state only needs telling
-                # apart from a sound one (one check a column, not one a value):
-                # 20,000 files load in a third of the time of an int() each.
-                for column in (sizes, mtimes, inos):
-                    if not all(type(v) is int for v in column):
-                        raise ValueError(f"directory {rel!r}: a size, mtime or inode that is no integer")
-                files = dict(zip(names, map(FileEntry, sizes, mtimes, inos, [n in hot for n in names])))
-                idx._dirs[str(rel)] = _Dir(int(mtime_ns), bool(racy), files, [str(x) for x in subdirs])
+            for rel, columns in state["dirs"].items():
+                idx._dirs[str(rel)] = dir_from_columns(rel, columns)
         except (KeyError, TypeError, ValueError):
             idx._dirs.clear()       # a damaged cache costs one full listing, nothing more
         return idx
+
+
+def dir_from_columns(rel: str, columns: list) -> _Dir:
+    """A directory from TreeIndex.dir_columns(); raises TypeError or ValueError when damaged."""
+    mtime_ns, racy, subdirs, names, sizes, mtimes, inos, hot = columns
+    if not (len(names) == len(sizes) == len(mtimes) == len(inos)):
+        raise ValueError(f"directory {rel!r}: lists of different lengths")
+    hot = set(hot)
+    # JSON gives ints already; a damaged state only needs telling
+    # apart from a sound one (one check a column, not one a value):
+    # 20,000 files load in a third of the time of an int() each.
+    for column in (sizes, mtimes, inos):
+        if not all(type(v) is int for v in column):
+            raise ValueError(f"directory {rel!r}: a size, mtime or inode that is no integer")
+    files = dict(zip(names, map(FileEntry, sizes, mtimes, inos, [n in hot for n in names])))
+    return _Dir(int(mtime_ns), bool(racy), files, [str(x) for x in subdirs])
