@@ -57,8 +57,10 @@ def main() -> int:
             setattr(registry.Registry, name, wrap("registry", fn))
     patch(runs, "reconcile", "registry")
     patch(snapshot, "latest_success", "registry")
-    for name in ("_load_cache", "_save_cache", "_load_full"):
-        patch(snapshot.Collector, name, "cache load/save")
+    # _load_full: the whole output's per-file state (before per-folder state); _load_folder: one folder's.
+    for name in ("_load_cache", "_save_cache", "_load_full", "_load_folder"):
+        if hasattr(snapshot.Collector, name):
+            patch(snapshot.Collector, name, "cache load/save")
     patch(snapshot.Collector, "_stage_status", "stage monitors (shards, disk, logs)")
     patch(snapshot, "attach_owners", "processes (psutil: GPU owners)")
     patch(procs.ProcessTable, "snapshot", "processes (psutil: GPU owners)")
