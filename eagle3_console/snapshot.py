@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
+from _thread import get_ident    # threading's, without threading's import
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +22,7 @@ from eagle3_console import runs as runs_mod
 from eagle3_console.model import DiskUsage, GpuReport, Snapshot, StageStatus
 from eagle3_console.monitor.disk import DiskMonitor
 from eagle3_console.monitor.logs import LogFollower
-from eagle3_console.monitor.metrics import CurveTracker
 from eagle3_console.monitor.procs import ProcessTable, RunRef, attach_owners, orphans, process_alive
-from eagle3_console.monitor.serve import ServeMonitor
 from eagle3_console.monitor.shards import ShardMonitor
 from eagle3_console.registry import Registry, Run, id_path
 from eagle3_console.workspace import Workspace
@@ -40,14 +38,17 @@ class Collector:
         self.ws = ws
         # Curves' history (the TUI's plots) by default where a collector lives on
         # (persist=False); one-shot `status`/`watch` processes (persist=True) skip it.
-        self._curves = CurveTracker() if (not persist if curves is None else curves) else None
+        self._curves = None
+        if (not persist) if curves is None else curves:
+            from eagle3_console.monitor.metrics import CurveTracker
+            self._curves = CurveTracker()
         self.persist = persist
         self._nvml = nvml
         self._want_gpus = gpus
         self._shards: dict[tuple[str, str], ShardMonitor] = {}
         self._disks: dict[tuple[str, str], DiskMonitor] = {}
         self._logs: dict[int, LogFollower] = {}
-        self._serves: dict[int, ServeMonitor] = {}     # a serve run's server, by run id
+        self._serves: dict[int, Any] = {}     # a serve run's ServeMonitor, by run id
         self._leftovers: tuple[float, tuple, dict[str, list[tuple[int, float]]]] = (0.0, (), {})
         self._table: ProcessTable | None = None       # this pass's process table, when one was needed
         self._results: dict[Path, tuple[tuple[int, int], tuple[dict | None, str | None, float]]] = {}
@@ -126,7 +127,7 @@ class Collector:
                                          "logs": {str(rid): f.to_state() for rid, f in self._logs.items()}})
 
     def _write(self, path: Path, data: dict) -> bool:
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.{get_ident()}.tmp")
         try:
             self.ws.cache_dir.mkdir(parents=True, exist_ok=True)
             tmp.write_text(json.dumps(data))
@@ -185,9 +186,10 @@ class Collector:
             self._logs[run.id] = f
         return f
 
-    def _serve_monitor(self, run: Run, params: dict[str, Any]) -> ServeMonitor:
+    def _serve_monitor(self, run: Run, params: dict[str, Any]) -> Any:
         mon = self._serves.get(run.id)
         if mon is None:
+            from eagle3_console.monitor.serve import ServeMonitor     # serve stages only
             mon = ServeMonitor(str(params.get("host") or "127.0.0.1"), int(params.get("port") or 30000),
                                speculative=params.get("mode") == "speculative", started=run.started)
             self._serves[run.id] = mon

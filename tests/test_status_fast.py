@@ -92,6 +92,11 @@ def test_no_typer_click_textual_or_torch_on_that_path(ws):
         heavy = sorted(m for m in sys.modules
                        if m.split(".")[0] in ("typer", "click", "rich", "textual", "torch", "psutil", "pynvml"))
         sys.stderr.write("HEAVY=" + ",".join(heavy) + "\\n")
+        # Only what other commands need: shutil (bz2, lzma), threading, the serve and curve monitors.
+        unneeded = sorted(m for m in ("shutil", "threading", "eagle3_console.monitor.serve",
+                                      "eagle3_console.monitor.metrics") if m in sys.modules)
+        sys.stderr.write("UNNEEDED=" + ",".join(unneeded) + "\\n")
     """)
     proc = subprocess.run([PY, "-c", probe], capture_output=True, text=True, timeout=60)
     assert "EXIT=0" in proc.stderr and "HEAVY=\n" in proc.stderr, proc.stderr
+    assert "UNNEEDED=\n" in proc.stderr, proc.stderr

@@ -13,7 +13,6 @@ output directory usually does not exist before its stage starts.
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 from eagle3_console.model import DiskUsage
@@ -42,8 +41,9 @@ def nearest_existing(path: str | os.PathLike) -> Path:
 def free_space(path: str | os.PathLike) -> tuple[int, int]:
     """(free bytes, total bytes) of the filesystem that holds or will hold `path`.
     Free is what an unprivileged writer can use (statvfs f_bavail)."""
-    usage = shutil.disk_usage(nearest_existing(path))
-    return usage.free, usage.total
+    # shutil.disk_usage's own arithmetic, without shutil's import (bz2, lzma, fnmatch: 2 ms of `status`).
+    st = os.statvfs(nearest_existing(path))
+    return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
 
 
 def room_for(path: str | os.PathLike, estimate_bytes: int | None,
