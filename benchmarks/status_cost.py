@@ -54,6 +54,15 @@ def build(root: Path, log_gb: float) -> tuple[Path, Path]:
             shard.mkdir(parents=True, exist_ok=True)
             (shard / f"data_{i}.safetensors").write_bytes(sample_bytes(i))
         (out / "data_config.json").write_text(json.dumps({"status": "running", "total_samples": 20000}))
+        # Written an hour ago, as the finished shards of a long extraction are: 20,000
+        # files written in the last seconds (all inside the rate window) is no state
+        # a real output is in, and would time that instead. grow() adds the live file.
+        old = time.time() - 3600
+        for dirpath, _dirs, files in os.walk(out):
+            for name in files:
+                os.utime(os.path.join(dirpath, name), (old, old))
+        for dirpath, _dirs, _files in sorted(os.walk(out), key=lambda t: -len(t[0])):
+            os.utime(dirpath, (old, old))
     (root / "eagle3.toml").write_text(
         '[stages.extract]\nargv = ["python", "-c", "pass"]\noutputs = ["data/hidden_states"]\n'
         "expected_samples = 20000\n")
