@@ -209,7 +209,7 @@ def check_levers(model, view, batch, k: int, levers, device, dtype) -> str:
 
 
 def measure(work: Path, seq: int, k: int, budget: int, warmup: int, steps: int, workers: int,
-            device, rate: float, levers, check: bool = False, mixed: bool = False) -> dict:
+            device, rate: float, levers, check: bool = False, mixed: bool = False, pin: bool = False) -> dict:
     """ops.train's step on ops.train's data path; per-step wait and step times.
     mixed: the warm-up is one pass over every batch (every shape compiles there),
     the timed steps a second pass from the start."""
@@ -238,7 +238,7 @@ def measure(work: Path, seq: int, k: int, budget: int, warmup: int, steps: int, 
     batches = make_batches(dict(info.lengths), budget, max(seq, 4096), levers.length_bucket)
     dataset = BatchDataset(info, batches, max(seq, 4096), levers.length_bucket, budget)
     loader = DataLoader(dataset, batch_size=None, sampler=list(range(len(batches))), num_workers=workers,
-                        pin_memory=use_cuda, persistent_workers=mixed and workers > 0)
+                        pin_memory=use_cuda and pin, persistent_workers=mixed and workers > 0)
     decay, no_decay = [], []
     for p in model.parameters():
         (no_decay if p.dim() < 2 else decay).append(p)
@@ -354,6 +354,9 @@ def main() -> int:
     ap.add_argument("--token-budget", type=int, default=None)
     ap.add_argument("--ttt-steps", type=int, default=None)
     ap.add_argument("--workers", type=int, default=2, help="DataLoader workers (ops.train's default)")
+    ap.add_argument("--pin", action="store_true",
+                    help="DataLoader pin_memory on (ops.train has it off: the batch goes to the GPU from the "
+                         "workers' shared memory)")
     ap.add_argument("--program", default="", help="comma-separated lengths at which to also run python -m ops.train")
     ap.add_argument("--levers", default="default",
                     help=f"default (ops.train's), old, or comma-separated of {', '.join(LEVERS)}")
@@ -411,7 +414,7 @@ def main() -> int:
             + f", {written / 2**30:.2f} GiB on disk (written in {time.perf_counter() - t0:.0f} s)")
         try:
             r = measure(work, seq, k, budget, warmup, steps, a.workers, device, rate, levers, a.check_levers,
-                        mixed=lengths is not None)
+                        mixed=lengths is not None, pin=a.pin)
         except torch.OutOfMemoryError as exc:
             log(f"train {seq}-token samples, K={k}: does not fit ({str(exc).splitlines()[0]})")
             results.append({"seq": seq, "oom": str(exc).splitlines()[0]})

@@ -6,7 +6,11 @@ tokens of an 8B target: 400 MB of aux states and 134 MB of final states,
 step's end-of-step sync: the GPU idles for the copy every step, and no
 host-side timer sees it. Here the next batch's copy is issued on its own
 stream while the current step computes; the compute stream waits on it only
-when the batch is taken. On the CPU it is a plain .to(device). The lengths
+when the batch is taken. The batch comes from the workers' shared memory, not
+pinned (ops.train passes no pin_memory): the copy then holds this thread for
+its length, but the GPU goes on with the step queued before it, and the pin
+thread's extra copy of every batch cost more (benchmarks/RESULTS.md). On the
+CPU it is a plain .to(device). The lengths
 go too: TargetView's .to(device) of a CPU tensor would be a synchronous copy,
 a device sync at the start of every micro-batch.
 """
