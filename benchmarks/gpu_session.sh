@@ -6,7 +6,7 @@
 # numpy, psutil, nvidia-ml-py, typer and rich; PYTHONPATH puts this checkout
 # first (status --json never imports textual, which is not there).
 # Each step has its own time limit so that one slow step cannot eat the others'
-# (about 830 s of limits in all: more than one 600 s device call, so split it with STEPS; the train
+# (about 1,110 s of limits in all: more than one 600 s device call, so split it with STEPS; the train
 # step alone: benchmarks/gpu_train_session.sh); each writes its log and JSON under $OUT.
 set -u
 OUT=${OUT:-/tmp/gpu-session-out}
