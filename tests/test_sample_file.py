@@ -41,3 +41,22 @@ def test_every_dtype_a_sample_can_hold_sorts_as_safetensors_does(tmp_path):
     save_file(tensors, str(tmp_path / "ref"))
     write_image(tmp_path / "img", sample_image(tensors), direct=False)
     assert (tmp_path / "img").read_bytes() == (tmp_path / "ref").read_bytes()
+
+
+def test_a_failed_write_names_its_file_and_leaves_no_temp_file(tmp_path, monkeypatch):
+    """os.write's ENOSPC names no file; the disk-full line (run.py) should."""
+    import errno
+    import os
+
+    from ops.extract.writer import write_sample
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "write", full)
+    target = tmp_path / "rows_0-2000" / "data_0.safetensors"
+    with pytest.raises(OSError) as caught:
+        write_sample(target, _tensors(8, 8, torch.bfloat16), fsync=True, direct=True)
+    assert caught.value.errno == errno.ENOSPC
+    assert caught.value.filename == str(target) + ".tmp"
+    assert not list(target.parent.iterdir())

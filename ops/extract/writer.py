@@ -14,7 +14,6 @@ from __future__ import annotations
 import errno
 import os
 import queue
-import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -56,20 +55,11 @@ def write_sample(path: Path, data: SampleImage | dict, fsync: bool = False, dire
     except BaseException as exc:
         # A half-written temp file holds the space a full disk needs for data_config.
         tmp.unlink(missing_ok=True)
-        code = os_errno(exc)
-        if code is not None and not isinstance(exc, OSError):
-            raise OSError(code, os.strerror(code), str(tmp)) from exc
+        if isinstance(exc, OSError) and exc.filename is None:
+            # os.write's error names no file: the disk-full line should.
+            raise OSError(exc.errno, exc.strerror, str(tmp)) from exc
         raise
     os.replace(tmp, path)
-
-
-def os_errno(exc: BaseException) -> int | None:
-    """The errno of an I/O failure: an OSError's, or the one safetensors' Rust
-    error carries in its text (`I/O error: ... (os error 28)`), else None."""
-    if isinstance(exc, OSError):
-        return exc.errno
-    m = re.search(r"\(os error (\d+)\)", str(exc))
-    return int(m.group(1)) if m else None
 
 
 class SampleWriter:
