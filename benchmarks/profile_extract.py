@@ -64,16 +64,14 @@ def sync_sites(device, call) -> collections.Counter | None:
         sites[" <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in frames[-3:][::-1])
               or f"{filename}:{lineno}"] += 1
 
-    warnings.showwarning = show
     torch.cuda.set_sync_debug_mode("warn")
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings():     # restores showwarning and the filters on the way out
             warnings.simplefilter("always")
             warnings.showwarning = show
             call()
     finally:
         torch.cuda.set_sync_debug_mode(0)
-        warnings.showwarning = real_show
     return sites
 
 

@@ -388,13 +388,7 @@ class _Loop:
         for image, (_idx, tok, loss, *_states) in zip(images, pieces):
             image.views["input_ids"].copy_(torch.from_numpy(tok.astype(np.int64)))
             image.views["loss_mask"].copy_(torch.from_numpy(loss.astype(np.uint8)))
-        ready = None
-        if aux.is_cuda:
-            ready = self._to_host(aux, final, pieces, images)
-        else:
-            for image, (_idx, _tok, _loss, aux_part, final_part) in zip(images, pieces):
-                image.views["aux_hidden_states"].copy_(aux_part)
-                image.views["final_hidden_states"].copy_(final_part)
+        ready = self._to_host(aux, final, pieces, images) if aux.is_cuda else _copy_states(images, pieces)
         for image, (idx, tok, *_rest) in zip(images, pieces):
             self.writer.submit(WriteJob(idx, sample_path(self.out_dir, idx), image, ready, len(tok)))
 
@@ -430,11 +424,16 @@ class _Loop:
             stream = self._copy_streams[aux.device] = torch.cuda.Stream(device=aux.device)
         stream.wait_stream(torch.cuda.current_stream(aux.device))
         with torch.cuda.stream(stream):
-            for image, (_idx, _tok, _loss, aux_part, final_part) in zip(images, pieces):
-                image.views["aux_hidden_states"].copy_(aux_part, non_blocking=True)
-                image.views["final_hidden_states"].copy_(final_part, non_blocking=True)
+            _copy_states(images, pieces, non_blocking=True)
         aux.record_stream(stream)
         final.record_stream(stream)
         ready = torch.cuda.Event()
         ready.record(stream)
         return ready
+
+
+def _copy_states(images, pieces, non_blocking: bool = False) -> None:
+    """Each piece's aux and final states into its image (None: nothing to wait on)."""
+    for image, (_idx, _tok, _loss, aux_part, final_part) in zip(images, pieces):
+        image.views["aux_hidden_states"].copy_(aux_part, non_blocking=non_blocking)
+        image.views["final_hidden_states"].copy_(final_part, non_blocking=non_blocking)

@@ -54,11 +54,7 @@ class SampleImage:
         self.size = start + data
         padded = self.size + (-self.size % ALIGN)
         if buffer is None:
-            # O_DIRECT wants an ALIGN-aligned address: the CPU allocator gives
-            # 64 bytes, so take ALIGN more and start at the first aligned byte.
-            block = torch.empty(padded + ALIGN, dtype=torch.uint8, pin_memory=pin)
-            skip = -block.data_ptr() % ALIGN
-            buffer = block[skip:skip + padded]
+            buffer = aligned_buffer(padded, pin)
         elif buffer.numel() < padded:
             raise ValueError(f"buffer of {buffer.numel()} bytes for a {padded}-byte sample image")
         self.buffer = buffer[:padded]
@@ -107,8 +103,17 @@ def _layout(specs: dict) -> tuple[bytes, dict[str, tuple[int, int]], int]:
     return raw + b" " * (-len(raw) % 8), offsets, at
 
 
+def aligned_buffer(nbytes: int, pin: bool) -> torch.Tensor:
+    """`nbytes` of uint8 starting at an ALIGN-aligned address, as O_DIRECT
+    wants: the CPU allocator aligns to 64 bytes only, so ALIGN more are taken
+    and the view starts at the first aligned byte."""
+    block = torch.empty(nbytes + ALIGN, dtype=torch.uint8, pin_memory=pin)
+    skip = -block.data_ptr() % ALIGN
+    return block[skip:skip + nbytes]
+
+
 def _nbytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
-    n = torch.empty((), dtype=dtype).element_size()
+    n = dtype.itemsize
     for d in shape:
         n *= int(d)
     return n
@@ -127,27 +132,8 @@ def write_image(tmp: Path, image: SampleImage, direct: bool = False, sync: bool 
     whether O_DIRECT was used; a filesystem that refuses it (tmpfs: EINVAL)
     gets a buffered write of the same bytes."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-    if direct and image.aligned() and hasattr(os, "O_DIRECT"):
-        try:
-            fd = os.open(tmp, flags | os.O_DIRECT, 0o644)
-        except OSError as exc:
-            if exc.errno != errno.EINVAL:
-                raise
-        else:
-            try:
-                try:
-                    _write_all(fd, image.memory())
-                except OSError as exc:
-                    if exc.errno != errno.EINVAL:
-                        raise
-                    # Refused at the first write (some filesystems): buffered below.
-                else:
-                    os.ftruncate(fd, image.size)
-                    if sync:    # the data is on disk already; this makes the size and blocks durable
-                        os.fsync(fd)
-                    return True
-            finally:
-                os.close(fd)
+    if direct and image.aligned() and hasattr(os, "O_DIRECT") and _write_direct(tmp, image, flags, sync):
+        return True
     fd = os.open(tmp, flags, 0o644)
     try:
         _write_all(fd, image.memory()[:image.size])
@@ -156,6 +142,30 @@ def write_image(tmp: Path, image: SampleImage, direct: bool = False, sync: bool 
     finally:
         os.close(fd)
     return False
+
+
+def _write_direct(tmp: Path, image: SampleImage, flags: int, sync: bool) -> bool:
+    """The padded image with O_DIRECT, then cut to its size; False when the
+    filesystem refuses O_DIRECT (EINVAL at the open or at the first write)."""
+    try:
+        fd = os.open(tmp, flags | os.O_DIRECT, 0o644)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+        return False
+    try:
+        try:
+            _write_all(fd, image.memory())
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            return False
+        os.ftruncate(fd, image.size)
+        if sync:    # the data is on disk already; this makes the size and blocks durable
+            os.fsync(fd)
+        return True
+    finally:
+        os.close(fd)
 
 
 def _write_all(fd: int, data: memoryview) -> None:

@@ -16,25 +16,21 @@ from __future__ import annotations
 
 import threading
 
-import torch
-
-from ops.extract.sample_file import ALIGN, SampleImage
+from ops.extract.sample_file import SampleImage, aligned_buffer
 
 
 class Slab:
     def __init__(self, pool: "SlabPool | None", nbytes: int, pin: bool) -> None:
-        block = torch.empty(nbytes + ALIGN, dtype=torch.uint8, pin_memory=pin)
-        skip = -block.data_ptr() % ALIGN
-        self.buffer = block[skip:skip + nbytes]
+        self.buffer = aligned_buffer(nbytes, pin)
         self._pool = pool
         self._pending = 0
         self._lock = threading.Lock()
 
-    def carve(self, layouts: list[dict]) -> list[SampleImage]:
-        """One image per layout (SampleImage's specs), consecutive and aligned."""
+    def carve(self, layouts: list[dict], sizes: list[int]) -> list[SampleImage]:
+        """One image per layout (SampleImage's specs) of its padded size,
+        consecutive and aligned."""
         images, at = [], 0
-        for specs in layouts:
-            size = SampleImage.padded_size(specs)
+        for specs, size in zip(layouts, sizes):
             images.append(SampleImage(specs, buffer=self.buffer[at:at + size], on_release=self._release_one))
             at += size
         self._pending = len(images)
@@ -68,9 +64,10 @@ class SlabPool:
         self._cond = threading.Condition()
 
     def take(self, layouts: list[dict]) -> list[SampleImage]:
-        need = sum(SampleImage.padded_size(s) for s in layouts)
+        sizes = [SampleImage.padded_size(s) for s in layouts]
+        need = sum(sizes)
         if need > self.nbytes:
-            return Slab(None, need, self.pin).carve(layouts)
+            return Slab(None, need, self.pin).carve(layouts, sizes)
         with self._cond:
             while not self._free and self._made >= self.count:
                 self._cond.wait()
@@ -81,7 +78,7 @@ class SlabPool:
                 slab = None
         if slab is None:
             slab = Slab(self, self.nbytes, self.pin)
-        return slab.carve(layouts)
+        return slab.carve(layouts, sizes)
 
     def _put(self, slab: Slab) -> None:
         with self._cond:
