@@ -115,7 +115,8 @@ def bind_servers(pipe: Pipeline, stage: Stage, params: dict[str, Any], overrides
                           f"{mode!r} server", code=3)
         if url_key in overrides:
             raise Refused(f"{where} names a serve stage and {url_key} is set too; set one of them", code=3)
-        params[url_key] = f"http://{sp.get('host') or '127.0.0.1'}:{sp.get('port')}"
+        from eagle3_console.monitor.serve import server_url    # serve stages only
+        params[url_key] = server_url(str(sp.get("host") or "127.0.0.1"), sp.get("port"))
 
 
 def estimate_context(ws: Workspace, pipe: Pipeline, params: dict[str, Any]) -> EstimateContext:

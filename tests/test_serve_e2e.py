@@ -223,3 +223,14 @@ def test_a_server_param_that_names_no_serve_stage_or_the_wrong_mode_is_refused(w
     proc = ws.cli("run", "bench_sglang", "--set", "url=http://x:1", check=3)
     assert "names a serve stage and url is set too; set one of them" in proc.stderr
     assert ws.latest("bench_sglang") is None
+
+
+def test_a_server_bound_to_every_interface_is_reached_on_loopback(ws):
+    """The URL the console gives bench is the one its serve monitor polls."""
+    ws.write(bench_pipeline(31003, 31004, 'server = "serve_spec"').replace(
+        'port = 31003, mode', 'port = 31003, host = "0.0.0.0", mode'))
+    (ws.root / "prompts.jsonl").write_text('{"input_ids": [1, 2, 3, 4]}\n')
+    ws.cli("run", "bench_sglang", check=0)
+    argv = ws.latest("bench_sglang").argv
+    assert argv[argv.index("--url") + 1] == "http://127.0.0.1:31003"
+    wait_for(lambda: ws.latest("bench_sglang").status not in ("pending", "running") or None, timeout=30)

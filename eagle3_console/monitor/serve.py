@@ -103,6 +103,12 @@ def connect_host(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
 
 
+def server_url(host: str, port: int) -> str:
+    """Where a serve stage's server is reached: the monitor's URL, and the one
+    the console gives a bench that names the stage (runs.bind_servers)."""
+    return f"http://{connect_host(host)}:{int(port)}"
+
+
 class ServeMonitor:
     def __init__(self, host: str, port: int, speculative: bool, started: float | None,
                  timeout: float = TIMEOUT_S, figures_every_s: float = FIGURES_EVERY_S):
@@ -117,7 +123,7 @@ class ServeMonitor:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return server_url(self.host, self.port)
 
     def sample(self, log: LogState | None, running: bool, now: float | None = None) -> ServeState:
         now = time.time() if now is None else now
