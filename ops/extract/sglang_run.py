@@ -36,7 +36,7 @@ import torch
 from ops.common import BadInput
 from ops.extract import sglang_capture, sglang_engine
 from ops.extract import target as target_mod
-from ops.extract.run import _Loop, log
+from ops.extract.loop import _Loop, log
 from ops.layers import engine_ids, parse_layer_ids
 
 METHOD = "sglang"

@@ -1,0 +1,175 @@
+"""The forward loop of extract: this rank's token-budget batches through the
+target, each sample's states into its file image, the images to the writers.
+
+Sits under run.py (which sets the run up: config, resume, the target, and
+the closing data_config) and over batching.py (the plan, the OOM halving),
+capture.py (the forward with hooks), staging.py + sample_file.py (pinned
+file images) and writer.py (the writer threads). The SGLang engine's loop
+(sglang_run.py) is this one with its own forward.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import torch
+
+from ops.common import EXIT_FAILURE
+from ops.extract import batching, durable
+from ops.extract.capture import HiddenStateCapture
+from ops.extract.progress import Progress
+from ops.extract.sample_file import SampleImage
+from ops.extract.staging import SlabPool
+from ops.extract.writer import SampleWriter, WriteJob
+from ops.formats import sample_path
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stdout, flush=True)
+
+
+class _Loop:
+    """Plans this rank's batches, runs them, hands each sample to the writers."""
+
+    def __init__(self, model, layer_ids, samples, lengths, out_dir, done, args, rank, world) -> None:
+        self.capture = HiddenStateCapture(model, layer_ids)
+        self.input_device = self.capture.base.get_input_embeddings().weight.device
+        self.samples, self.lengths, self.out_dir, self.done = samples, lengths, out_dir, done
+        self.args, self.rank, self.world = args, rank, world
+        self._copy_streams: dict = {}
+        self._pool: SlabPool | None = None
+
+    def run(self, mine: list[int]) -> dict:
+        done_mine = [i for i in mine if i in self.done]
+        writer_box: list = []
+        progress = Progress(total=len(mine), done=len(done_mine),
+                                  tokens=sum(self.lengths[i] for i in done_mine),
+                                  interval=self.args.progress_interval, rank=self.rank, world=self.world,
+                                  bar=self.rank == 0,
+                                  errors=lambda: writer_box[0].errors.count if writer_box else 0)
+        writer = SampleWriter(self.args.writers, self.args.queue_size,
+                                    on_written=lambda idx, n: progress.add(1, n),
+                                    fsync=self.args.durable in ("fsync", "direct"),
+                                    direct=self.args.durable == "direct")
+        writer_box.append(writer)
+        self.writer = writer
+        batches = batching.plan_batches(mine, self.lengths.__getitem__, self.args.token_budget)
+        self.batches = batches
+        oom_types = (torch.cuda.OutOfMemoryError,)
+        try:
+            for batch in batches:
+                if all(i in self.done for i in batch):
+                    continue
+                batching.run_with_oom_retry(batch, self.lengths.__getitem__, self.args.token_budget,
+                                            self._forward, oom_types, log, self._free_cache)
+                if writer.errors.disk_full is not None:
+                    break       # every later write would fail the same way
+        except batching.SampleTooLarge as exc:
+            writer.close()
+            progress.close()
+            self.capture.close()
+            print(str(exc), file=sys.stderr, flush=True)
+            raise SystemExit(EXIT_FAILURE) from None
+        writer.close()
+        # Before progress.close(), so the closing tok/s pays for durability;
+        # before the caller's all_reduce, so every rank's files are down
+        # before rank 0 writes "complete".
+        log(durable.finish(self.out_dir, self.args.durable))
+        progress.close()
+        self.capture.close()
+        if writer.errors.disk_full is None:     # else one line says it (extract())
+            for message in writer.errors.messages:
+                print(f"extract: write error: {message}", file=sys.stderr, flush=True)
+        return {"new_samples": progress.new_samples, "new_tokens": progress.new_tokens,
+                "errors": writer.errors.count, "elapsed": progress.elapsed(),
+                "disk_full": writer.errors.disk_full}
+
+    def _free_cache(self) -> None:
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def _forward(self, batch: list[int]) -> None:
+        longest = max(self.lengths[i] for i in batch)
+        cuda = self.input_device.type == "cuda"
+        # Pinned inputs: a copy from pageable memory makes the host wait for
+        # the stream (CUDA's sync rules for pageable H2D), i.e. for the last
+        # batch's forward, and the GPU then idles while this one is launched.
+        ids = torch.zeros((len(batch), longest), dtype=torch.long, pin_memory=cuda)
+        rows = []
+        for row, idx in enumerate(batch):
+            tok, loss = self.samples.get(idx)
+            n = len(tok)
+            ids[row, :n] = torch.from_numpy(tok.astype(np.int64))
+            rows.append((row, idx, tok, loss, n))
+        mask = None
+        if any(n < longest for *_, n in rows):
+            # Only a padded batch needs the mask: with one, transformers asks
+            # the device whether it is all ones (a sync), without one it
+            # takes the causal path the all-ones mask would take anyway.
+            mask = torch.zeros((len(batch), longest), dtype=torch.long, pin_memory=cuda)
+            for row, _idx, _tok, _loss, n in rows:
+                mask[row, :n] = 1
+            mask = mask.to(self.input_device, non_blocking=True)
+        aux, final = self.capture(ids.to(self.input_device, non_blocking=True), mask)
+        # Samples already on disk ran only to keep the batch's planned shapes.
+        self._submit(aux, final, [(idx, tok, loss, aux[row, :n], final[row, :n])
+                                  for row, idx, tok, loss, n in rows if idx not in self.done])
+
+    def _submit(self, aux, final, pieces) -> None:
+        """Each sample's (idx, ids, loss mask, aux states, final states) into
+        its file image, then to the writers. On CUDA the states are copied
+        from the device on a side stream (_to_host)."""
+        images = self._slabs(aux, final).take([self._specs(aux, final, len(tok)) for _i, tok, *_ in pieces])
+        for image, (_idx, tok, loss, *_states) in zip(images, pieces):
+            image.views["input_ids"].copy_(torch.from_numpy(tok.astype(np.int64)))
+            image.views["loss_mask"].copy_(torch.from_numpy(loss.astype(np.uint8)))
+        ready = self._to_host(aux, final, pieces, images) if aux.is_cuda else _copy_states(images, pieces)
+        for image, (idx, tok, *_rest) in zip(images, pieces):
+            self.writer.submit(WriteJob(idx, sample_path(self.out_dir, idx), image, ready, len(tok)))
+
+    def _slabs(self, aux, final) -> SlabPool:
+        """The pool, sized at the first batch (when the states' dtype and width
+        are known) to the largest planned batch, so every batch fits a slab."""
+        if self._pool is None:
+            largest = max(sum(SampleImage.padded_size(self._specs(aux, final, self.lengths[i])) for i in batch)
+                          for batch in self.batches)
+            self._pool = SlabPool(self.args.host_batches, largest, pin=aux.is_cuda)
+        return self._pool
+
+    @staticmethod
+    def _specs(aux, final, n: int) -> dict:
+        return {"input_ids": (torch.int64, (n,)), "loss_mask": (torch.uint8, (n,)),
+                "aux_hidden_states": (aux.dtype, (n, aux.shape[-1])),
+                "final_hidden_states": (final.dtype, (n, final.shape[-1]))}
+
+    def _to_host(self, aux, final, pieces, images) -> object:
+        """Copy each sample's states from the device into its pinned file image
+        on a side stream; the event the writers wait on.
+
+        Pinned, so the copy is a real asynchronous DMA (into pageable memory
+        cudaMemcpyAsync blocks the host until it is done) and runs on the
+        copy engine beside the next forward; into the image, so the bytes
+        the GPU wrote are the bytes the disk gets. A writer writes an image
+        only after the copy's event, and a slab (staging.py) is reused only
+        after all of its images were written. The device allocator waits for
+        the copy through record_stream.
+        """
+        stream = self._copy_streams.get(aux.device)
+        if stream is None:
+            stream = self._copy_streams[aux.device] = torch.cuda.Stream(device=aux.device)
+        stream.wait_stream(torch.cuda.current_stream(aux.device))
+        with torch.cuda.stream(stream):
+            _copy_states(images, pieces, non_blocking=True)
+        aux.record_stream(stream)
+        final.record_stream(stream)
+        ready = torch.cuda.Event()
+        ready.record(stream)
+        return ready
+
+
+def _copy_states(images, pieces, non_blocking: bool = False) -> None:
+    """Each piece's aux and final states into its image (None: nothing to wait on)."""
+    for image, (_idx, _tok, _loss, aux_part, final_part) in zip(images, pieces):
+        image.views["aux_hidden_states"].copy_(aux_part, non_blocking=non_blocking)
+        image.views["final_hidden_states"].copy_(final_part, non_blocking=non_blocking)
