@@ -50,13 +50,18 @@ step extract_moe 150 $PY benchmarks/extract_throughput.py --shape moe --layers 8
   --out "$WORK" --durable direct
 step profile_moe 150 $PY benchmarks/profile_extract.py --shape moe --layers 8 --samples 192 --out "$WORK" \
   --durable direct
+# The first call in a process profiled (a fresh `python -m ops.extract` ran at half the warm rate).
+step profile_moe_cold 150 $PY benchmarks/profile_extract.py --shape moe --layers 8 --samples 192 --out "$WORK" \
+  --durable direct --cold
 rm -rf "$WORK"
 # The figures, one place (the call's output keeps only its last 12,000 characters).
 grep -h -e '^device:' -e '^shape ' -e '^matmul' -e '^direct write' -e '^bare forward' -e '^naive extractor' \
   -e '^ops.extract --durable' -e '^compile:' -e "^ops.extract's writers" -e '^durable:' -e '^profiled call' -e '^ops.extract --writers' \
+  -e '^extraction loop' -e '^call [0-9]' -e '^python -c' -e 'seen from outside' \
   -e '^train ' -e '^compile ' -e '^levers ' -e '^GPU worker' -e '^nvidia-smi' \
   -e '^python -c pass' -e '^status --json' -e '^status phases' -e '^collect()' -e '^baseline' \
   "$OUT"/extract_8b.log "$OUT"/profile_8b.log "$OUT"/train_8b.log "$OUT"/status.log "$OUT"/extract_moe.log \
+  "$OUT"/profile_moe.log "$OUT"/profile_moe_cold.log \
   2>/dev/null | tee "$OUT/summary.txt"
 cat "$OUT/steps.txt"
 echo "== done in $SECONDS s; files under $OUT"

@@ -84,6 +84,9 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--layers", type=int, default=None, help="override num_hidden_layers (a cheaper MoE run)")
     ap.add_argument("--durable", default=None, help="ops.extract's --durable (default: its own)")
+    ap.add_argument("--cold", action="store_true",
+                    help="profile the first call in this process (cold kernels, as a fresh `python -m ops.extract`) "
+                         "instead of a warm one; both loop times are printed")
     args = ap.parse_args()
 
     import torch
@@ -101,42 +104,74 @@ def main() -> int:
         seq = min(args.seq, 64) if args.shape == "tiny" else args.seq
         tokens = bc.write_prepared(work / "prepared", args.samples, seq, cfg.vocab_size)
         extra = ("--durable", args.durable) if args.durable else ()
-        # Warm (load + first kernels), then the two writer counts without the profiler.
-        extract(work / "target", work / "prepared", work / "out", *extra)
-        timed = {}
-        for writers in (4, 8):
-            timed[writers] = extract(work / "target", work / "prepared", work / "out", "--writers", str(writers),
-                                     *extra)
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         # Only the extraction loop is profiled: the target's load (a 15 GB
         # pageable host-to-device copy) would otherwise fill the tables.
         from ops.extract import loop as loop_mod
         real_run, box = loop_mod._Loop.run, {}
 
-        def profiled_run(self, mine):
-            with profile(activities=acts) as prof:
-                t0 = time.perf_counter()
+        def timed_run(self, mine):
+            # Every call's loop time (load excluded); the profiler only on the chosen call.
+            t0 = time.perf_counter()
+            if box.pop("profile_next", False):
+                with profile(activities=acts) as prof:
+                    result = real_run(self, mine)
+                    bc.sync(device)
+                box["prof"] = prof
+            else:
                 result = real_run(self, mine)
                 bc.sync(device)
-                box["loop"] = time.perf_counter() - t0
-            box["prof"] = prof
+            box.setdefault("loops", []).append(time.perf_counter() - t0)
             return result
 
-        loop_mod._Loop.run = profiled_run
+        real_forward = loop_mod._Loop._forward
+
+        def stamped_forward(self, batch):
+            # When each batch's forward was launched, per call: one-off costs show as long first intervals.
+            box.setdefault("stamps", {}).setdefault(len(box.get("loops", [])), []).append(time.perf_counter())
+            return real_forward(self, batch)
+
+        loop_mod._Loop.run = timed_run
+        loop_mod._Loop._forward = stamped_forward
         try:
-            wall = extract(work / "target", work / "prepared", work / "out", *extra)
+            # The first call in this process: load + first kernels of every shape
+            # (what a fresh `python -m ops.extract` pays); profiled with --cold.
+            box["profile_next"] = args.cold
+            first = extract(work / "target", work / "prepared", work / "out", *extra)
+            timed = {}
+            for writers in (4, 8):      # warm, without the profiler
+                timed[writers] = extract(work / "target", work / "prepared", work / "out", "--writers", str(writers),
+                                         *extra)
+            if not args.cold:
+                box["profile_next"] = True
+                wall = extract(work / "target", work / "prepared", work / "out", *extra)
+            else:
+                wall = first
         finally:
             loop_mod._Loop.run = real_run
+            loop_mod._Loop._forward = real_forward
+        box["loop"] = box["loops"][0] if args.cold else box["loops"][-1]
         syncs = sync_sites(device, lambda: extract(work / "target", work / "prepared", work / "out", *extra))
         prof = box["prof"]
         events = prof.key_averages()
         dev_attr = "self_device_time_total" if hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
         print(f"shape {args.shape}: {args.samples} samples x {seq} tokens = {tokens:,} tokens {note}")
+        loops = box["loops"]
+        print(f"extraction loop, first call in this process (cold): {loops[0]:.2f} s = {tokens / loops[0]:,.0f} tok/s"
+              + (" (profiled)" if args.cold else "") + "; warm calls: "
+              + ", ".join(f"{t:.2f} s = {tokens / t:,.0f} tok/s" for t in loops[1:3]))
+        for call, stamps in sorted(box.get("stamps", {}).items())[:2]:
+            gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+            if len(gaps) >= 6:
+                rest = sorted(gaps[5:])[len(gaps[5:]) // 2]
+                print(f"call {call + 1}: {len(stamps)} batches; seconds between forward launches, first five: "
+                      + ", ".join(f"{g:.3f}" for g in gaps[:5]) + f"; median of the rest {rest:.3f}")
         for writers, t in timed.items():
             print(f"ops.extract --writers {writers} (no profiler, load included): {t:.1f} s, "
                   f"{tokens / t:,.0f} tok/s over the whole call")
         # The tables' footers give the self host and device totals to set against this wall time.
-        print(f"profiled call: {wall:.1f} s wall (load included); the profiled extraction loop: "
+        print(f"profiled call ({'the first, cold' if args.cold else 'warm'}): {wall:.1f} s wall (load included); "
+              f"the profiled extraction loop: "
               f"{box['loop']:.2f} s = {tokens / box['loop']:,.0f} tok/s under the profiler")
         if syncs is not None:
             print(f"-- host-device syncs in the loop's thread (torch.cuda.set_sync_debug_mode): "

@@ -102,15 +102,18 @@ def phases(root: Path, repeat: int, no_gpus: bool, out: Path | None = None) -> N
     """Median milliseconds of each phase over `repeat` whole processes; with
     `out`, a sample file is added or removed before each (the live path)."""
     samples: list[dict] = []
+    walls: list[float] = []
     for _ in range(repeat):
         if out is not None:
             grow(out)
+        t0 = time.perf_counter()
         proc = run([sys.executable, str(PHASES), str(root)] + (["--no-gpus"] if no_gpus else []),
                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         line = next((x for x in proc.stderr.splitlines() if x.startswith("PHASES=")), None)
         if line is None:
             print(f"phase breakdown failed: {proc.stderr.strip()[-500:]}")
             return
+        walls.append((time.perf_counter() - t0) * 1000)
         samples.append(json.loads(line[len("PHASES="):])["ms"])
     names = list(dict.fromkeys(k for s in samples for k in s))
     label = (" --no-gpus" if no_gpus else "") + (" (output growing)" if out is not None else "")
@@ -119,6 +122,8 @@ def phases(root: Path, repeat: int, no_gpus: bool, out: Path | None = None) -> N
     medians = {name: statistics.median(s.get(name, 0.0) for s in samples) for name in names}
     for name, ms in medians.items():
         print(f"  {name:42s} {ms:8.1f}")
+    # What the timers cannot see: interpreter start, module teardown, exit.
+    print(f"  {'the same process seen from outside (wall)':42s} {statistics.median(walls):8.1f}")
     # One line for gpu_session.sh's summary.
     print(f"status phases{label} (ms): "
           + ", ".join(f"{name.split(' (')[0]} {ms:.1f}" for name, ms in medians.items()))
@@ -262,6 +267,24 @@ def gpu_status(root: Path, repeat: int, profile_dir: Path | None) -> None:
         print(f"status --json, NVML live, worker on:   {status_s * 1000:8.1f} ms  "
               f"(goal <= 150 ms: {'PASS' if status_s <= 0.15 else 'FAIL'}; {status_s / smi_s:.1f}x nvidia-smi)")
         phases(root, repeat, no_gpus=False)
+        # NVML's own cost as a whole process, beside `python -c pass`: what is
+        # left to cut once the console's part is gone.
+        # The same call ended by os._exit once its output is flushed: what the
+        # interpreter's teardown (and the libraries' exit handlers) cost.
+        quick = ("import os, sys\nfrom eagle3_console.cli import run\ncode = 0\ntry:\n"
+                 f"    run({json.dumps(cmd[3:])})\n"
+                 "except SystemExit as exc:\n    code = exc.code or 0\nsys.stdout.flush()\nos._exit(code)")
+        quick_s = timed(lambda: run([sys.executable, "-c", quick], stdout=subprocess.DEVNULL), repeat)
+        print(f"status --json ended by os._exit:       {quick_s * 1000:8.1f} ms  (teardown and exit handlers: "
+              f"{(status_s - quick_s) * 1000:.1f} ms)")
+        for label, code in (("import pynvml", "import pynvml"),
+                            ("import pynvml; init; shutdown",
+                             "import pynvml; pynvml.nvmlInit(); pynvml.nvmlShutdown()"),
+                            ("import pynvml; init (no shutdown)", "import pynvml; pynvml.nvmlInit()"),
+                            ("import psutil", "import psutil"),
+                            ("import psutil; process_iter", "import psutil; list(psutil.process_iter(['ppid']))")):
+            ms = timed(lambda: run([sys.executable, "-c", code]), repeat) * 1000
+            print(f"python -c '{label}': {ms:8.1f} ms")
         if profile_dir:
             profile(cmd, profile_dir, "status_gpu")
     finally:
