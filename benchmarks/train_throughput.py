@@ -9,9 +9,10 @@ ops.train's own readers (read_data, load_target_head, load_vocab,
 from_target, make_batches, BatchDataset in a DataLoader with ops.train's
 arguments) and runs ops.train's step (TargetView.targets, the drafter's K-step
 unroll under bf16 autocast, backward, clip, AdamW), batches reaching the GPU
-through ops.train's DevicePrefetcher (the next batch's copy on a side stream).
-Per step it times the wait on the data loader and the whole step (the step
-ends with a device sync).
+through ops.train's DevicePrefetcher (its own thread fetches the batches ahead
+and copies them on a side stream). Per step it times the host's wait for its
+batch, the GPU's idle time for it (CUDA events either side of taking it) and
+the whole step (the step ends with a device sync).
 
 MFU counts useful FLOPs only (the issue's formula), per token of a T-token sample:
   3 x (fc 2*3H*H + K x (q 2*2H*NH*D + k,v 2*2*2H*NKV*D + o 2*H*H
@@ -267,42 +268,44 @@ def measure(work: Path, seq: int, k: int, budget: int, warmup: int, steps: int, 
     t_check = time.perf_counter() - t_check
     graphs_check = dynamo_graphs()
     apply_levers(model, levers)
-    for step in range(warmup + steps):
-        if step == warmup:
-            graphs_warm = dynamo_graphs()
-        t0 = time.perf_counter()
-        wait0 = it.wait_s
-        batch, dev = it.next()
-        tgt, ok = view.targets(dev["final"], dev["loss_mask"], dev["lengths"])
-        with autocast:
-            loss, losses, correct, counts = model(dev["input_ids"], dev["aux"], view.embed, tgt, ok, k, 0.8)
-            loss.backward()
-        # Events either side of the loader's wait: the device time between them
-        # is what the GPU idled for data (zero while queued work covers the wait).
-        if use_cuda:
-            before = torch.cuda.Event(enable_timing=True)
-            before.record()
-        it.prefetch()           # as ops.train: the next batch's copy beside this step's work
-        if use_cuda:
-            after = torch.cuda.Event(enable_timing=True)
-            after.record()
-        # Time blocked on the data loader, taking this batch and fetching the next
-        # (the copies to the GPU run on a side stream, overlapped).
-        t_data = it.wait_s - wait0
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        float(loss.detach())        # ops.train's finiteness check: the step ends synced
-        if step < warmup:
-            warm_times.append(time.perf_counter() - t0)
-        if step >= warmup:
-            waits.append(t_data)
+    try:
+        for step in range(warmup + steps):
+            if step == warmup:
+                graphs_warm = dynamo_graphs()
+            t0 = time.perf_counter()
+            wait0 = it.wait_s
+            # Events either side of taking the batch: the step before ended synced,
+            # so the device time between them is what the GPU waited for its data
+            # (the prefetcher's thread fetches and copies it meanwhile).
             if use_cuda:
-                gaps.append(before.elapsed_time(after) / 1000)  # the step ended synced: both have run
-            times.append(time.perf_counter() - t0)
-            lengths = batch["lengths"].tolist()
-            tokens.append(sum(lengths))
-            flops.append(sum(n * flops_per_token(cfg, k, n) for n in lengths))
+                before = torch.cuda.Event(enable_timing=True)
+                before.record()
+            batch, dev = it.next()
+            if use_cuda:
+                after = torch.cuda.Event(enable_timing=True)
+                after.record()
+            # Time the host was blocked waiting for the batch (ops/train/prefetch.py).
+            t_data = it.wait_s - wait0
+            tgt, ok = view.targets(dev["final"], dev["loss_mask"], dev["lengths"])
+            with autocast:
+                loss, losses, correct, counts = model(dev["input_ids"], dev["aux"], view.embed, tgt, ok, k, 0.8)
+                loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            float(loss.detach())        # ops.train's finiteness check: the step ends synced
+            if step < warmup:
+                warm_times.append(time.perf_counter() - t0)
+            if step >= warmup:
+                waits.append(t_data)
+                if use_cuda:
+                    gaps.append(before.elapsed_time(after) / 1000)  # the step ended synced: both have run
+                times.append(time.perf_counter() - t0)
+                lengths = batch["lengths"].tolist()
+                tokens.append(sum(lengths))
+                flops.append(sum(n * flops_per_token(cfg, k, n) for n in lengths))
+    finally:
+        it.close()
     peak = (torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)) if use_cuda else None
     total = sum(times)
     if warmup == 0:
@@ -443,7 +446,7 @@ def main() -> int:
         log(f"train {seq}-token samples ({r['batch_samples']} a batch), K={k}, levers {a.levers} "
             f"({levers.describe()}): {r['tok_s']:,.0f} tok/s = "
             f"{r['mfu']:.1%} MFU ({r['flops_per_token'] / 1e6:,.1f} MFLOP a token counted); "
-            f"{r['data_wait']:.1%} of step time waiting for data (the host blocked on the loader)"
+            f"{r['data_wait']:.1%} of step time waiting for data (the host blocked taking its batch)"
             + (f", GPU idle for it {r['gpu_idle_for_data']:.1%}" if r.get("gpu_idle_for_data") is not None else "")
             + f"; {r['step_s'] * 1000:.0f} ms a step{mem}")
         results.append(r)

@@ -68,6 +68,32 @@ def test_loss_decreases_and_progress_lines(assets, tmp_path, capsys):
     ck = out / "checkpoints" / "step_00000024"
     assert (ck / "model.safetensors").exists() and (ck / "meta.json").exists()
     assert not list((out / "checkpoints").glob("*.tmp-*"))
+    assert not prefetch_threads()
+
+
+def prefetch_threads() -> list:
+    import threading
+
+    return [t for t in threading.enumerate() if t.name == "device-prefetch"]
+
+
+@pytest.mark.parametrize("workers", ["0", "1"])
+def test_a_shard_failing_mid_run_raises_its_error_and_leaves_no_thread(assets, tmp_path, workers):
+    """The batches are read in the prefetcher's thread (in a DataLoader worker
+    with --workers 1): the loader's error reaches the training thread with its
+    type and text, and the thread is stopped on the way out."""
+    from ops.drafter.data import DataError
+
+    data = tmp_path / "hs"
+    shutil.copytree(assets["data"], data)
+    victim = sorted(data.glob("rows_*/data_*.safetensors"))[5]
+    victim.write_bytes(victim.read_bytes()[:200])
+    argv = train_argv(assets, tmp_path / "out", "--epochs", "1")
+    argv[argv.index("--data") + 1] = str(data)
+    argv[argv.index("--workers") + 1] = workers
+    with pytest.raises(DataError, match=f"{victim.name}: unreadable"):
+        run_train(argv)
+    assert not prefetch_threads()
 
 
 def test_ttt_unroll_equals_incremental_chain(assets):

@@ -146,7 +146,13 @@ def out_of_vocab(batch: dict, info, vocab_size: int, target: str) -> str | None:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    # However training leaves (the end, an error's return, an exception), the
+    # prefetcher's thread is stopped and joined, the loader's workers released.
+    with contextlib.ExitStack() as cleanup:
+        return train(parse_args(argv), cleanup)
+
+
+def train(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -269,8 +275,10 @@ def main(argv=None) -> int:
             order = list(iter(sampler))[skip:]
             # No pin_memory: its thread copies each batch (534 MB at 8 x 2,048 tokens of
             # an 8B target) once more in this process, and on an H200 the GPU then idled
-            # 9.7-12 % of a step for data; the prefetcher's copy straight from the
-            # workers' shared memory left 3.5 % (benchmarks/RESULTS.md, train_throughput).
+            # 9.7-12 % of a step for data; the copy straight from the workers' shared
+            # memory left 3.5 %, while it and next(loader) ran in the training thread
+            # (benchmarks/RESULTS.md, train_throughput). Both now run in the
+            # prefetcher's own thread (ops/train/prefetch.py), which iterates this.
             loader = DataLoader(dataset, batch_size=None, sampler=order, num_workers=args.workers,
                                 pin_memory=False, persistent_workers=False)
             for batch in loader:
@@ -279,6 +287,7 @@ def main(argv=None) -> int:
 
     from ops.train.prefetch import DevicePrefetcher
     it = DevicePrefetcher((dict(batch, epoch=e) for e, batch in stream(step * args.grad_accum)), device, dtype)
+    cleanup.callback(it.close)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if use_cuda else contextlib.nullcontext()
     log(f"train: {len(info.samples)} samples ({len(train_ids)} train, {len(held)} held out), "
         f"{len(batches)} batches, {world} rank(s) x accum {args.grad_accum}, {total} steps, "
@@ -308,9 +317,6 @@ def main(argv=None) -> int:
                 loss, losses, correct, counts = ddp(dev["input_ids"], dev["aux"], view.embed, tgt, ok,
                                                     args.ttt_steps, args.decay)
                 (loss / args.grad_accum).backward()
-            # The next batch's copy runs on its own stream beside this step's
-            # queued work (ops/train/prefetch.py).
-            it.prefetch()
             k = args.ttt_steps
             sums[:k] += losses / args.grad_accum
             sums[k:2 * k] += correct

@@ -1,41 +1,82 @@
-"""Batches copied to the GPU one step ahead, on a side CUDA stream (issue 11).
+"""Batches fetched and copied to the GPU ahead of the step, by a thread of their
+own, on a side CUDA stream (issue 11).
 
-Without it each step begins with its batch's host-to-device copy (at 8 x 2,048
-tokens of an 8B target: 400 MB of aux states and 134 MB of final states,
-~20 ms over PCIe from pinned memory) on the compute stream, after the previous
-step's end-of-step sync: the GPU idles for the copy every step, and no
-host-side timer sees it. Here the next batch's copy is issued on its own
-stream while the current step computes; the compute stream waits on it only
-when the batch is taken. The batch comes from the workers' shared memory, not
-pinned (ops.train passes no pin_memory): the copy then holds this thread for
-its length, but the GPU goes on with the step queued before it, and the pin
-thread's extra copy of every batch cost more (benchmarks/RESULTS.md). On the
-CPU it is a plain .to(device). The lengths
-go too: TargetView's .to(device) of a CPU tensor would be a synchronous copy,
-a device sync at the start of every micro-batch.
+Without any prefetch each step began with its batch's host-to-device copy (at
+8 x 2,048 tokens of an 8B target: 400 MB of aux states and 134 MB of final
+states) on the compute stream, and the GPU idled for it every step. A first
+prefetcher issued the next batch's copy on a side stream from the training
+thread, after the step's backward was queued. That left, on one H200 at
+~600 ms a step, the GPU idle 3.5 % of each step for data and the training
+thread blocked 8.8 % of it in the loader (benchmarks/RESULTS.md): the thread
+waited on the DataLoader (unpickling the worker's batch, mapping its shared
+memory) and then in the copy, which from pageable memory (ops.train passes no
+pin_memory: the pin thread's extra copy of every batch cost more) holds the
+calling thread for its length. Meanwhile it queued no kernels, so the GPU
+drained its queue and waited; more workers did not help, as the workers were
+not what it waited on.
+
+So a background thread does both: next(source), then the copies on its own
+stream, an event recorded after them; the batch, its device tensors and the
+event go into a bounded queue. The training thread only takes from the queue
+and makes the compute stream wait on the event (a device-side wait: the host
+goes straight on queuing the step). The copy and the wait on the workers
+release the GIL, the unpickling holds it: the two threads share one
+interpreter, but the training thread no longer stands still through either.
+
+The same thread runs on the CPU, where the copy is a plain .to(device) and
+there are no streams or events (the tests exercise the threading there). The
+lengths go too: TargetView's .to(device) of a CPU tensor would be a
+synchronous copy, a device sync at the start of every micro-batch.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from typing import Iterator
 
 DEVICE_KEYS = ("input_ids", "aux", "final", "loss_mask", "lengths")
 
+_END = object()      # the source ended
+
+
+class _Failed:
+    """The source (or a copy) raised: handed to the training thread to re-raise."""
+
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
 
 class DevicePrefetcher:
-    """next() -> (the CPU batch, its device tensors); prefetch() starts the next
-    copy (call it once the current step's work is queued). `wait_s` sums the
-    time spent blocked on `source` (the data loader)."""
+    """next() -> (the CPU batch, its device tensors), in the source's order.
 
-    def __init__(self, source: Iterator[dict], device, dtype):
+    `depth` bounds the queue of batches ready on the device. Memory: up to
+    `depth` batches wait on the GPU in the queue and one more is being copied
+    by the thread, beside the one the step uses (534 MB each at 8 x 2,048
+    tokens of an 8B target): the source is read at most depth + 1 batches
+    ahead of what next() returned. `wait_s` sums the time the training thread
+    was blocked in next() waiting for data. close() stops and joins the thread;
+    call it when training ends or fails."""
+
+    def __init__(self, source: Iterator[dict], device, dtype, depth: int = 2):
         import torch
 
+        if depth < 1:
+            raise ValueError(f"depth must be >= 1, got {depth}")
         self.source, self.device, self.dtype = source, device, dtype
         self.cuda = device.type == "cuda"
-        self.stream = torch.cuda.Stream(device) if self.cuda else None
-        self.pending: tuple[dict, dict] | None = None
+        # The thread's current device is its own (CUDA's is per host thread):
+        # resolved here, where the caller has set it, and set there once.
+        self.index = (device.index if device.index is not None else torch.cuda.current_device()) \
+            if self.cuda else None
+        self.stream = torch.cuda.Stream(self.index) if self.cuda else None
+        self.queue: queue.Queue = queue.Queue(maxsize=depth)
         self.wait_s = 0.0
+        self.finished = None        # _END or a _Failed once taken: next() gives it again
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="device-prefetch", daemon=True)
+        self.thread.start()
 
     def _copy(self, batch: dict) -> dict:
         out = {}
@@ -45,33 +86,83 @@ class DevicePrefetcher:
             out[key] = t.to(self.device, dtype=dtype, non_blocking=True)
         return out
 
-    def prefetch(self) -> None:
-        if self.pending is not None:
-            return
+    def _put(self, item) -> bool:
+        """Into the queue unless close() asks the thread to stop (it may be
+        blocked on a full queue that nobody will drain)."""
+        while not self.stop.is_set():
+            try:
+                self.queue.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
         import torch
 
-        t0 = time.perf_counter()
-        batch = next(self.source)
-        self.wait_s += time.perf_counter() - t0
-        if self.cuda:
-            with torch.cuda.stream(self.stream):
-                dev = self._copy(batch)
-        else:
-            dev = self._copy(batch)
-        self.pending = (batch, dev)
+        try:
+            if self.cuda:
+                torch.cuda.set_device(self.index)
+            while not self.stop.is_set():
+                try:
+                    batch = next(self.source)
+                except StopIteration:
+                    self._put(_END)
+                    return
+                if self.cuda:
+                    with torch.cuda.stream(self.stream):
+                        dev = self._copy(batch)
+                        event = torch.cuda.Event()
+                        event.record(self.stream)
+                else:
+                    dev, event = self._copy(batch), None
+                if not self._put((batch, dev, event)):
+                    return
+        except BaseException as exc:    # a worker's error, a copy out of memory: the training thread raises it
+            self._put(_Failed(exc))
 
     def next(self) -> tuple[dict, dict]:
         import torch
 
-        self.prefetch()
-        batch, dev = self.pending
-        self.pending = None
+        if self.finished is None:
+            t0 = time.perf_counter()
+            item = self.queue.get()
+            self.wait_s += time.perf_counter() - t0
+            if item is _END or isinstance(item, _Failed):
+                self.finished = item
+        else:
+            item = self.finished
+        if item is _END:
+            raise StopIteration
+        if isinstance(item, _Failed):
+            raise item.exc
+        batch, dev, event = item
         if self.cuda:
             current = torch.cuda.current_stream(self.device)
-            current.wait_stream(self.stream)
+            current.wait_event(event)
             for t in dev.values():
                 # Made on the side stream, used (and freed) on this one: the
                 # caching allocator must not hand the memory back to the side
                 # stream before this stream is done with it.
                 t.record_stream(current)
         return batch, dev
+
+    def close(self, timeout: float = 60.0) -> bool:
+        """Stop the thread and join it (it leaves a blocked put at once; one in
+        next(source) when the source yields). Then the source is closed, if it
+        is a generator: a DataLoader iterator suspended inside it is released
+        and its workers shut down. True if the thread is gone."""
+        self.stop.set()
+        self.thread.join(timeout)
+        # Nothing left in the queue keeps device memory (or worker shared memory) alive.
+        while True:
+            try:
+                self.queue.get_nowait()
+            except queue.Empty:
+                break
+        if self.thread.is_alive():
+            return False
+        close = getattr(self.source, "close", None)
+        if close is not None:
+            close()
+        return True
