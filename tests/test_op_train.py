@@ -78,12 +78,11 @@ def prefetch_threads() -> list:
 
 
 @pytest.mark.parametrize("workers", ["0", "1"])
-def test_a_shard_failing_mid_run_raises_its_error_and_leaves_no_thread(assets, tmp_path, workers):
+def test_a_shard_failing_mid_run_is_one_error_line_exit_2_and_leaves_no_thread(assets, tmp_path, workers, capsys):
     """The batches are read in the prefetcher's thread (in a DataLoader worker
-    with --workers 1): the loader's error reaches the training thread with its
-    type and text, and the thread is stopped on the way out."""
-    from ops.drafter.data import DataError
-
+    with --workers 1): the loader's error reaches the training thread, which
+    ends with exit 2 and one line naming the file (not a traceback), and the
+    thread is stopped on the way out."""
     data = tmp_path / "hs"
     shutil.copytree(assets["data"], data)
     victim = sorted(data.glob("rows_*/data_*.safetensors"))[5]
@@ -91,8 +90,9 @@ def test_a_shard_failing_mid_run_raises_its_error_and_leaves_no_thread(assets, t
     argv = train_argv(assets, tmp_path / "out", "--epochs", "1")
     argv[argv.index("--data") + 1] = str(data)
     argv[argv.index("--workers") + 1] = workers
-    with pytest.raises(DataError, match=f"{victim.name}: unreadable"):
-        run_train(argv)
+    assert run_train(argv) == 2
+    err = capsys.readouterr().err
+    assert f"error: {victim}: unreadable" in err and "Traceback" not in err, err
     assert not prefetch_threads()
 
 

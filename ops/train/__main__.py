@@ -146,10 +146,30 @@ def out_of_vocab(batch: dict, info, vocab_size: int, target: str) -> str | None:
 
 
 def main(argv=None) -> int:
+    from ops.drafter.data import DataError
+
+    args = parse_args(argv)
     # However training leaves (the end, an error's return, an exception), the
     # prefetcher's thread is stopped and joined, the loader's workers released.
     with contextlib.ExitStack() as cleanup:
-        return train(parse_args(argv), cleanup)
+        try:
+            return train(args, cleanup)
+        except DataError as exc:
+            # A sample file that read_data's header check passed but that cannot
+            # be read when its batch comes (truncated, overwritten since): the
+            # file's name and exit 2, as for bad data found at the start; the
+            # checkpoints written so far stay.
+            print(f"error: {_data_error_line(exc)}", file=sys.stderr, flush=True)
+            return 2
+
+
+def _data_error_line(exc: Exception) -> str:
+    """The error's own line: raised in a DataLoader worker, its text is the
+    worker's whole traceback ("Caught DataError in DataLoader worker process 0.
+    Original Traceback ..."), ending in the line raised there."""
+    last = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
+    prefix = f"{type(exc).__module__}.{type(exc).__qualname__}: "
+    return last[len(prefix):] if last.startswith(prefix) else last
 
 
 def train(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
