@@ -363,8 +363,8 @@ def test_partial_table_reads_only_the_pids_their_ancestors_and_the_runs_ids(spaw
     assert len(full.rows) >= len(want) + len(bystanders)
     assert not any(b.pid in part.rows for b in bystanders)
     assert [r.pid for r in part.rows.values()] == sorted(part.rows)    # process_iter's order
-    for pid, row in part.rows.items():
-        assert row == full.rows[pid] or dataclasses.replace(row, status="") == dataclasses.replace(full.rows[pid], status="")
+    for pid, row in part.rows.items():     # read as process_iter reads them (status aside: two instants)
+        assert dataclasses.replace(row, status="") == dataclasses.replace(full.rows[pid], status="")
 
 
 def test_reused_group_id_holder_is_loaded_and_refuses_the_tie_in_both_tables(spawned):
