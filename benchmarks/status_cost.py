@@ -200,7 +200,7 @@ def table_cost(repeat: int = 20) -> tuple[float, float]:
             p.kill()
             p.wait()
     print(f"ProcessTable.snapshot() ({rows} processes, median of {repeat}): {full_s * 1000:8.2f} ms")
-    print(f"ProcessTable.partial({len(pids)} pids, {len(part.rows)} rows read):{" " * 5}{part_s * 1000:8.2f} ms  "
+    print(f"ProcessTable.partial({len(pids)} pids, {len(part.rows)} rows read):     {part_s * 1000:8.2f} ms  "
           f"ratio partial/snapshot = {part_s / full_s:.3f}")
     return full_s, part_s
 
