@@ -16,7 +16,9 @@ phase (imports, registry, monitors, cache, NVML, processes, JSON out: medians
 of --repeat processes of benchmarks/status_phases.py, the real entry point
 with timers around each phase). Timed processes run with bytecode caching on
 (PYTHONDONTWRITEBYTECODE unset), as an installed package has it.
-Usage: python benchmarks/status_cost.py [--dir DIR] [--log-gb 1] [--repeat 5] [--gpu-worker] [--profile DIR]
+It also times, in-process, the whole ProcessTable.snapshot() against the
+ProcessTable.partial() that names the GPU processes' owners (--tables: that alone).
+Usage: python benchmarks/status_cost.py [--dir DIR] [--log-gb 1] [--repeat 5] [--gpu-worker] [--profile DIR] [--tables]
 """
 
 from __future__ import annotations
@@ -169,6 +171,40 @@ def timed(fn, repeat: int) -> float:
     return statistics.median(times)
 
 
+def table_cost(repeat: int = 20) -> tuple[float, float]:
+    """In-process: the whole machine's ProcessTable.snapshot() against the
+    partial table that names the owners of a few GPU processes (issue 11: the
+    walk was 22 ms of one status process on an H200 host). A leader in its
+    own group with a worker, and an unrelated process, stand in for the GPU
+    processes; both tables must give the same owners. Runs on any machine."""
+    import psutil
+    from eagle3_console.monitor.procs import ProcessTable, RunRef
+    leader = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                               "w = subprocess.Popen(['sleep', '60']); print(w.pid, flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, process_group=0)
+    other = subprocess.Popen(["sleep", "60"], start_new_session=True)     # not in the run's session
+    try:
+        worker = int(leader.stdout.readline())
+        ref = RunRef(run_id=1, stage="gpuworker", pid=leader.pid, create_time=psutil.Process(leader.pid).create_time(),
+                     pgid=leader.pid, sid=os.getsid(leader.pid), workspace="/ws/bench")
+        pids = {worker, leader.pid, other.pid}
+        full_owners = ProcessTable.snapshot().owners([ref], only=pids)
+        part = ProcessTable.partial(pids, [ref])
+        assert {p: i.how for p, i in part.owners([ref], only=pids).items()} \
+            == {p: i.how for p, i in full_owners.items()} == {worker: "tree", leader.pid: "leader"}
+        full_s = timed(ProcessTable.snapshot, repeat)
+        part_s = timed(lambda: ProcessTable.partial(pids, [ref]), repeat)
+        rows = len(ProcessTable.snapshot().rows)
+    finally:
+        for p in (other, leader):
+            p.kill()
+            p.wait()
+    print(f"ProcessTable.snapshot() ({rows} processes, median of {repeat}): {full_s * 1000:8.2f} ms")
+    print(f"ProcessTable.partial({len(pids)} pids, {len(part.rows)} rows read):     {part_s * 1000:8.2f} ms  "
+          f"ratio partial/snapshot = {part_s / full_s:.3f}")
+    return full_s, part_s
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", type=Path, default=None)
@@ -177,7 +213,12 @@ def main() -> int:
     ap.add_argument("--gpu-worker", action="store_true",
                     help="GPU machine: time status --json with NVML live while a stage holds GPU memory")
     ap.add_argument("--profile", type=Path, default=None, help="write importtime and cProfile output here")
+    ap.add_argument("--tables", action="store_true",
+                    help="only time ProcessTable.snapshot() against ProcessTable.partial() (no workspace)")
     a = ap.parse_args()
+    if a.tables:
+        table_cost()
+        return 0
     root = a.dir or Path(tempfile.mkdtemp(prefix="status-cost-"))
     root.mkdir(parents=True, exist_ok=True)
     out, log = build(root, a.log_gb)
@@ -209,6 +250,7 @@ def main() -> int:
           f"--no-gpus, cache warm)")
     print(f"status --json, output growing:{live * 1000:8.1f} ms  (a sample file added or removed before each call: "
           "its shard's folder changed, so the output's per-file state is read and rewritten)")
+    table_cost()
     phases(root, a.repeat, no_gpus=True)
     phases(root, a.repeat, no_gpus=True, out=out)
     settle(cmd, out)

@@ -64,6 +64,7 @@ def main() -> int:
     patch(snapshot.Collector, "_stage_status", "stage monitors (shards, disk, logs)")
     patch(snapshot, "attach_owners", "processes (psutil: GPU owners)")
     patch(procs.ProcessTable, "snapshot", "processes (psutil: GPU owners)")
+    patch(procs.ProcessTable, "partial", "processes (psutil: GPU owners)")
     patch(alerts, "derive", "alerts")
     patch(Snapshot, "to_dict", "JSON out")
     patch(cli, "status_json", "JSON out")

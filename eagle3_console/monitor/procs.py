@@ -18,9 +18,12 @@ A pid is never trusted alone: pids are reused, so the leader counts only with
 its recorded create_time, and a group or session id counts only while it has
 not been handed to an unrelated process (see _id_trusted).
 
-Cost: one psutil.process_iter pass per ProcessTable, shared by every run of a
-refresh; environments are read once per process lifetime (cached by pid and
-create_time) and only for processes that nothing else tied.
+Cost: one psutil.process_iter pass per ProcessTable.snapshot(), shared by
+every run of a refresh; naming the owners of a few GPU processes needs only
+ProcessTable.partial() (those pids, their ancestors and each run's recorded
+ids: a few reads, not one per process of the machine); environments are read
+once per process lifetime (cached by pid and create_time) and only for
+processes that nothing else tied.
 """
 
 from __future__ import annotations
@@ -165,6 +168,26 @@ def run_env(row: _Row) -> RunEnv | None:
     return value
 
 
+_ROW_ATTRS = ["pid", "ppid", "create_time", "name", "status"]
+
+
+def _read_row(pid: int) -> _Row | None:
+    """One process's row, read as process_iter reads it (as_dict under
+    oneshot, an unreadable attribute None), so a partial table's rows are the
+    full one's; None when the process is gone."""
+    try:
+        info = psutil.Process(pid).as_dict(_ROW_ATTRS)
+    except psutil.NoSuchProcess:
+        return None
+    if info["create_time"] is None or info["ppid"] is None:
+        return None
+    try:
+        pgid, sid = os.getpgid(pid), os.getsid(pid)
+    except OSError:
+        pgid = sid = None
+    return _Row(pid, info["ppid"], info["create_time"], info["name"] or "", info["status"] or "", pgid, sid)
+
+
 class ProcessTable:
     """One snapshot of the process table, shared by all runs of one refresh."""
 
@@ -185,7 +208,7 @@ class ProcessTable:
     @classmethod
     def snapshot(cls) -> "ProcessTable":
         rows = []
-        for p in psutil.process_iter(["pid", "ppid", "create_time", "name", "status"]):
+        for p in psutil.process_iter(_ROW_ATTRS):
             info = p.info
             if info["create_time"] is None or info["ppid"] is None:
                 continue    # vanished between listing and reading
@@ -199,6 +222,60 @@ class ProcessTable:
         # Forget environments of processes that are gone, so the cache stays bounded.
         live = {(r.pid, r.create_time) for r in table.rows.values()}
         for key in [k for k in _ENV_CACHE if k not in live]:
+            del _ENV_CACHE[key]
+        return table
+
+    @classmethod
+    def partial(cls, pids: Iterable[int], refs: Iterable[RunRef]) -> "ProcessTable":
+        """The rows `owners(refs, only=pids)` reads, and no others: the same
+        answer for those pids as snapshot()'s table, at a few reads instead
+        of one per process of the machine (22 ms on a GPU host).
+
+        Why the answer is the same, lookup by lookup, for a pid w of `pids`:
+          rows / ancestors  w and its whole ppid chain are loaded (the walk
+                  stops where ancestors() stops: ppid <= 1 or a vanished row),
+                  so `look` and the rows read (status, name, create_time)
+                  are the full table's.
+          matches  reads only the leader's and the supervisor's rows: loaded,
+                  so `excluded` and each leader's trust are the same.
+          _id_trusted  reads the row of the pid equal to the group/session
+                  id; a missing row means "trusted" (the id is still
+                  reserved), so the holder is loaded whenever it lives.
+          descendants  w is a descendant of p exactly when p is on w's
+                  chain, and the chain from p down to w is loaded; what the
+                  partial children index misses is what no wanted pid's
+                  answer depends on (ties of processes off the chains).
+          by_pgid / by_sid  w's own row, with its ids, is in the index.
+          run_env / cmdline  read for w and its ancestors only, per pid.
+        Every tie of w and of its ancestors thus happens here as there. Where
+        two runs tie one process with equal strength the first tie wins, so
+        the order of ties matters too: rows are kept in pid order, as
+        psutil.process_iter yields them, so every list walked (rows,
+        children, by_pgid, by_sid) is the full one's in the same order less
+        the processes not loaded, and the ties of the loaded processes come
+        in the same order."""
+        refs = tuple(refs)
+        want: list[int] = [p for p in pids if p is not None and p > 0]
+        for ref in refs:
+            want.extend(i for i in (ref.pid, ref.supervisor_pid, ref.pgid, ref.sid) if i is not None and i > 0)
+        rows: dict[int, _Row] = {}
+        tried: set[int] = set()
+        for pid in want:
+            # Walk up: ancestors() follows ppid while it is > 1.
+            while pid not in tried:
+                tried.add(pid)
+                row = _read_row(pid)
+                if row is None:
+                    break
+                rows[pid] = row
+                if row.ppid <= 1:
+                    break
+                pid = row.ppid
+        table = cls(rows[pid] for pid in sorted(rows))
+        # Prune only what this table looked at: a process it never read may
+        # well still live, and its cached environment stay valid.
+        live = {(r.pid, r.create_time) for r in rows.values()}
+        for key in [k for k in _ENV_CACHE if k[0] in tried and k not in live]:
             del _ENV_CACHE[key]
         return table
 
@@ -387,11 +464,15 @@ def attach_owners(report: GpuReport, refs: Iterable[RunRef], table: ProcessTable
     """Fill each GPU process's name, create_time and owning run, in place.
 
     NVML reports pids in the host's pid namespace; a pid not in our table
-    (another container, or already gone) keeps run_id None."""
+    (another container, or already gone) keeps run_id None. Without `table`,
+    a partial one of just what the answer reads (ProcessTable.partial)."""
     if not report.available:
         return report
-    table = table or ProcessTable.snapshot()
-    owners = table.owners(tuple(refs), only={gp.pid for gpu in report.gpus for gp in gpu.processes})
+    refs = tuple(refs)
+    pids = {gp.pid for gpu in report.gpus for gp in gpu.processes}
+    if table is None:
+        table = ProcessTable.partial(pids, refs)
+    owners = table.owners(refs, only=pids)
     for gpu in report.gpus:
         for gp in gpu.processes:
             row = table.get(gp.pid)
