@@ -34,7 +34,7 @@ step() {   # step NAME SECONDS COMMAND...
 for what in "$@"; do
   case $what in
     default) step train_8b 330 $PY benchmarks/train_throughput.py --shape 8b --seq 2048,4096 --out "$WORK" \
-               --check-levers --json "$OUT/train_8b.json" ;;
+               --check-levers --program 2048 --json "$OUT/train_8b.json" ;;
     mixed)   step train_8b_mixed 300 $PY benchmarks/train_throughput.py --shape 8b --seq 2048 --lengths mixed \
                --length-bucket 512 --steps 6 --out "$WORK" --json "$OUT/train_8b_mixed.json" ;;
     old)     step train_8b_old 150 $PY benchmarks/train_throughput.py --shape 8b --seq 2048,4096 --levers old \
