@@ -45,6 +45,8 @@ step profile_8b 180 $PY benchmarks/profile_extract.py --shape 8b --samples 96 --
 step train_8b 240 $PY benchmarks/train_throughput.py --shape 8b --seq 2048,4096 --out "$WORK" --check-levers
 step status 60 $PY benchmarks/status_cost.py --dir "$WORK/status" --log-gb 1 --repeat 5 --gpu-worker \
   --profile "$OUT/profiles"
+# The same in a venv of the console's own (benchmarks/status_clean_venv.sh; needs .whl carried).
+step status_clean 90 bash benchmarks/status_clean_venv.sh "$WORK"
 # The MoE shape last (cheapest to lose): DeepSeek-V2-Lite's layer shapes, 8 of its 27 layers.
 step extract_moe 150 $PY benchmarks/extract_throughput.py --shape moe --layers 8 --samples 192 --naive-samples 4 \
   --out "$WORK" --durable direct
@@ -60,7 +62,7 @@ grep -h -e '^device:' -e '^shape ' -e '^matmul' -e '^direct write' -e '^bare for
   -e '^extraction loop' -e '^call [0-9]' -e '^python -c' -e 'seen from outside' \
   -e '^train ' -e '^compile ' -e '^levers ' -e '^GPU worker' -e '^nvidia-smi' \
   -e '^python -c pass' -e '^status --json' -e '^status phases' -e '^collect()' -e '^baseline' \
-  "$OUT"/extract_8b.log "$OUT"/profile_8b.log "$OUT"/train_8b.log "$OUT"/status.log "$OUT"/extract_moe.log \
+  "$OUT"/extract_8b.log "$OUT"/profile_8b.log "$OUT"/train_8b.log "$OUT"/status.log "$OUT"/status_clean.log "$OUT"/extract_moe.log \
   "$OUT"/profile_moe.log "$OUT"/profile_moe_cold.log \
   2>/dev/null | tee "$OUT/summary.txt"
 cat "$OUT/steps.txt"

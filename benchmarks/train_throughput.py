@@ -209,8 +209,53 @@ def check_levers(model, view, batch, k: int, levers, device, dtype) -> str:
             f"gradient cosine {cos:.6f}, rel norm of the difference {rel:.1e}")
 
 
+class InlinePrefetcher:
+    """The baseline: ops.train's previous prefetcher (before the thread), kept
+    here to be measured beside the current one in the same invocation. The
+    training thread itself takes the next batch from the loader and issues its
+    copy on a side stream, once the step's backward is queued (prefetch())."""
+
+    def __init__(self, source, device, dtype):
+        import torch
+
+        self.source, self.device, self.dtype = source, device, dtype
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.pending, self.wait_s = None, 0.0
+
+    def prefetch(self) -> None:
+        import torch
+
+        from ops.train.prefetch import DEVICE_KEYS
+
+        if self.pending is not None:
+            return
+        t0 = time.perf_counter()
+        batch = next(self.source)
+        self.wait_s += time.perf_counter() - t0
+        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+            dev = {key: batch[key].to(self.device, dtype=self.dtype if batch[key].is_floating_point()
+                                      else batch[key].dtype, non_blocking=True) for key in DEVICE_KEYS}
+        self.pending = (batch, dev)
+
+    def next(self):
+        import torch
+
+        self.prefetch()
+        (batch, dev), self.pending = self.pending, None
+        if self.stream is not None:
+            current = torch.cuda.current_stream(self.device)
+            current.wait_stream(self.stream)
+            for t in dev.values():
+                t.record_stream(current)
+        return batch, dev
+
+    def close(self) -> bool:
+        return True
+
+
 def measure(work: Path, seq: int, k: int, budget: int, warmup: int, steps: int, workers: int,
-            device, rate: float, levers, check: bool = False, mixed: bool = False, pin: bool = False) -> dict:
+            device, rate: float, levers, check: bool = False, mixed: bool = False, pin: bool = False,
+            staging: str = "pinned") -> dict:
     """ops.train's step on ops.train's data path; per-step wait and step times.
     mixed: the warm-up is one pass over every batch (every shape compiles there),
     the timed steps a second pass from the start."""
@@ -256,7 +301,8 @@ def measure(work: Path, seq: int, k: int, budget: int, warmup: int, steps: int, 
             yield from loader
 
     from ops.train.prefetch import DevicePrefetcher
-    it = DevicePrefetcher(cycle(), device, dtype)
+    it = InlinePrefetcher(cycle(), device, dtype) if staging == "inline" else \
+        DevicePrefetcher(cycle(), device, dtype, staging=staging)
     waits, times, tokens, flops, warm_times, gaps = [], [], [], [], [], []
     model.train()
     checked = None
@@ -290,6 +336,17 @@ def measure(work: Path, seq: int, k: int, budget: int, warmup: int, steps: int, 
             with autocast:
                 loss, losses, correct, counts = model(dev["input_ids"], dev["aux"], view.embed, tgt, ok, k, 0.8)
                 loss.backward()
+            if isinstance(it, InlinePrefetcher):
+                # The baseline fetches here, beside the queued step: its wait is timed the same way.
+                if use_cuda:
+                    mid0 = torch.cuda.Event(enable_timing=True)
+                    mid0.record()
+                wait1 = it.wait_s
+                it.prefetch()
+                t_data += it.wait_s - wait1
+                if use_cuda:
+                    mid1 = torch.cuda.Event(enable_timing=True)
+                    mid1.record()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -299,7 +356,8 @@ def measure(work: Path, seq: int, k: int, budget: int, warmup: int, steps: int, 
             if step >= warmup:
                 waits.append(t_data)
                 if use_cuda:
-                    gaps.append(before.elapsed_time(after) / 1000)  # the step ended synced: both have run
+                    gaps.append(before.elapsed_time(after) / 1000
+                            + (mid0.elapsed_time(mid1) / 1000 if isinstance(it, InlinePrefetcher) else 0.0))  # the step ended synced: both have run
                 times.append(time.perf_counter() - t0)
                 lengths = batch["lengths"].tolist()
                 tokens.append(sum(lengths))
@@ -323,7 +381,7 @@ def measure(work: Path, seq: int, k: int, budget: int, warmup: int, steps: int, 
             "gpu_idle_for_data": sum(gaps) / total if gaps else None,
             "peak_alloc": peak[0] if peak else None, "peak_reserved": peak[1] if peak else None,
             "flops_per_token": flops_per_token(cfg, k, seq), "loss": float(loss.detach()),
-            "levers": levers.describe(), "check": checked}
+            "levers": levers.describe(), "check": checked, "staging": staging}
 
 
 PROGRESS_RE = re.compile(r"progress: step (\d+)/(\d+) .* tok/s (\d+)")
@@ -372,6 +430,9 @@ def main() -> int:
                     help="every sample --seq tokens, or lengths spread up to --seq (counts a corpus's compiles)")
     ap.add_argument("--out", type=Path, default=None, help="working folder (default: a new temp folder)")
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--staging", default="pinned",
+                    help="comma-separated: how batches reach the GPU (ops/train/prefetch.py STAGING: pinned, "
+                         "pageable), and inline for the previous prefetcher (the baseline); each measured in turn")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
 
@@ -415,43 +476,45 @@ def main() -> int:
         log(f"data {seq}: {n} samples x " + (f"{seq} tokens" if lengths is None else
                                              f"{len(set(lengths))} distinct lengths {min(lengths)}-{seq} tokens")
             + f", {written / 2**30:.2f} GiB on disk (written in {time.perf_counter() - t0:.0f} s)")
-        try:
-            r = measure(work, seq, k, budget, warmup, steps, a.workers, device, rate, levers, a.check_levers,
-                        mixed=lengths is not None, pin=a.pin)
-        except torch.OutOfMemoryError as exc:
-            log(f"train {seq}-token samples, K={k}: does not fit ({str(exc).splitlines()[0]})")
-            results.append({"seq": seq, "oom": str(exc).splitlines()[0]})
-            torch.cuda.empty_cache()
-            continue
-        except Exception as exc:     # e.g. a compile failing: say so and go on with the next length
-            import traceback
+        for staging in a.staging.split(","):
+            try:
+                r = measure(work, seq, k, budget, warmup, steps, a.workers, device, rate, levers,
+                            a.check_levers and staging == a.staging.split(",")[0],
+                            mixed=lengths is not None, pin=a.pin, staging=staging)
+            except torch.OutOfMemoryError as exc:
+                log(f"train {seq}-token samples, K={k}: does not fit ({str(exc).splitlines()[0]})")
+                results.append({"seq": seq, "oom": str(exc).splitlines()[0]})
+                torch.cuda.empty_cache()
+                continue
+            except Exception as exc:     # e.g. a compile failing: say so and go on with the next length
+                import traceback
 
-            traceback.print_exc()
-            first = (str(exc).strip().splitlines() or [""])[0][:300]
-            log(f"train {seq}-token samples, K={k}, levers {a.levers}: failed ({type(exc).__name__}: {first})")
-            results.append({"seq": seq, "error": f"{type(exc).__name__}: {first}"})
+                traceback.print_exc()
+                first = (str(exc).strip().splitlines() or [""])[0][:300]
+                log(f"train {seq}-token samples, K={k}, levers {a.levers}: failed ({type(exc).__name__}: {first})")
+                results.append({"seq": seq, "error": f"{type(exc).__name__}: {first}"})
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                continue
+            mem = (f"; peak memory {r['peak_alloc'] / 2**30:.1f} GiB allocated, {r['peak_reserved'] / 2**30:.1f} GiB "
+                   f"reserved" if r["peak_alloc"] is not None else "")
+            if seq in program_seqs and staging == a.staging.split(",")[0]:
+                r["program_tok_s"] = run_program(work, seq, k, budget, warmup, steps)
+                mem += f"; python -m ops.train said {r['program_tok_s']:,.0f} tok/s"
+            c = r["compile"]
+            log(f"compile {seq}: {c['graphs_warmup']} graphs built in the {c['warmup_steps']} warm-up steps "
+                f"({c['warmup_s']:.1f} s, ~{c['compile_s']:.1f} s beyond the steady step time), "
+                f"{c['graphs_check']} in the check ({c['check_s']:.1f} s), {c['graphs_timed']} in the timed steps; "
+                f"{c['batch_shapes']} batch shapes; excluded from tok/s and MFU")
+            log(f"train {seq}-token samples ({r['batch_samples']} a batch), K={k}, levers {a.levers} "
+                f"({levers.describe()}), batches {staging}: {r['tok_s']:,.0f} tok/s = "
+                f"{r['mfu']:.1%} MFU ({r['flops_per_token'] / 1e6:,.1f} MFLOP a token counted); "
+                f"{r['data_wait']:.1%} of step time waiting for data (the host blocked taking its batch)"
+                + (f", GPU idle for it {r['gpu_idle_for_data']:.1%}" if r.get("gpu_idle_for_data") is not None else "")
+                + f"; {r['step_s'] * 1000:.0f} ms a step{mem}")
+            results.append(r)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-            continue
-        mem = (f"; peak memory {r['peak_alloc'] / 2**30:.1f} GiB allocated, {r['peak_reserved'] / 2**30:.1f} GiB "
-               f"reserved" if r["peak_alloc"] is not None else "")
-        if seq in program_seqs:
-            r["program_tok_s"] = run_program(work, seq, k, budget, warmup, steps)
-            mem += f"; python -m ops.train said {r['program_tok_s']:,.0f} tok/s"
-        c = r["compile"]
-        log(f"compile {seq}: {c['graphs_warmup']} graphs built in the {c['warmup_steps']} warm-up steps "
-            f"({c['warmup_s']:.1f} s, ~{c['compile_s']:.1f} s beyond the steady step time), "
-            f"{c['graphs_check']} in the check ({c['check_s']:.1f} s), {c['graphs_timed']} in the timed steps; "
-            f"{c['batch_shapes']} batch shapes; excluded from tok/s and MFU")
-        log(f"train {seq}-token samples ({r['batch_samples']} a batch), K={k}, levers {a.levers} "
-            f"({levers.describe()}): {r['tok_s']:,.0f} tok/s = "
-            f"{r['mfu']:.1%} MFU ({r['flops_per_token'] / 1e6:,.1f} MFLOP a token counted); "
-            f"{r['data_wait']:.1%} of step time waiting for data (the host blocked taking its batch)"
-            + (f", GPU idle for it {r['gpu_idle_for_data']:.1%}" if r.get("gpu_idle_for_data") is not None else "")
-            + f"; {r['step_s'] * 1000:.0f} ms a step{mem}")
-        results.append(r)
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
         if not a.keep:
             shutil.rmtree(work / f"data-{seq}", ignore_errors=True)
     if not a.keep:

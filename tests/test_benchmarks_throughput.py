@@ -62,13 +62,17 @@ def test_mfu_count_is_the_issues_formula():
 @pytest.mark.slow
 def test_train_throughput_tiny_prints_its_ratios(tmp_path):
     out = run_benchmark("train_throughput.py", "--shape", "tiny", "--out", str(tmp_path), "--program", "64,128",
-                        "--json", str(tmp_path / "r.json"))
+                        "--staging", "pinned,inline", "--json", str(tmp_path / "r.json"))
     assert out.startswith("device: CPU")
     for seq in (64, 128):
-        line = next(ln for ln in out.splitlines() if ln.startswith(f"train {seq}-token samples"))
-        assert re.search(r"[\d,]+ tok/s = \d+\.\d% MFU", line), line
-        assert re.search(r"\d+\.\d% of step time waiting for data", line), line
-        assert re.search(r"python -m ops.train said [\d,]+ tok/s", line), line
+        lines = [ln for ln in out.splitlines() if ln.startswith(f"train {seq}-token samples")]
+        assert ["batches pinned" in lines[0], "batches inline" in lines[1]] == [True, True], lines
+        for line in lines:
+            assert re.search(r"[\d,]+ tok/s = \d+\.\d% MFU", line), line
+            assert re.search(r"\d+\.\d% of step time waiting for data", line), line
+        # The program runs once a length, beside the first variant.
+        assert re.search(r"python -m ops.train said [\d,]+ tok/s", lines[0]), lines[0]
+        assert "python -m ops.train" not in lines[1]
     assert (tmp_path / "r.json").is_file()
 
 

@@ -177,3 +177,28 @@ def test_wait_s_counts_the_time_blocked_on_a_slow_source(make):
 def test_depth_must_be_positive():
     with pytest.raises(ValueError, match="depth"):
         DevicePrefetcher(batches(1), CPU, torch.float32, depth=0)
+
+
+def test_pinned_slot_stages_each_key_in_one_reused_buffer_grown_when_needed():
+    """What the CUDA path copies from (the buffers pinned there; pinning needs CUDA)."""
+    from ops.train.prefetch import _PinnedSlot
+
+    slot = _PinnedSlot(pin=False)
+    a = torch.randn(4, 8, 3).to(torch.bfloat16)
+    v = slot.stage("aux", a)
+    assert v.dtype == a.dtype and v.shape == a.shape and torch.equal(v, a)
+    buf = slot.buffers["aux"]
+    b = torch.randn(2, 8, 3).to(torch.bfloat16)          # smaller: the same buffer
+    assert torch.equal(slot.stage("aux", b), b) and slot.buffers["aux"] is buf
+    ids = torch.randint(0, 100, (4, 8))
+    assert torch.equal(slot.stage("input_ids", ids), ids) and slot.buffers["aux"] is buf
+    c = torch.randn(16, 8, 3).to(torch.bfloat16)         # larger: grown once
+    assert torch.equal(slot.stage("aux", c), c) and slot.buffers["aux"] is not buf
+    assert slot.buffers["aux"].numel() >= c.numel() * 2
+
+
+def test_unknown_staging_is_refused():
+    from ops.train.prefetch import DevicePrefetcher
+
+    with pytest.raises(ValueError, match="staging must be one of"):
+        DevicePrefetcher(iter(()), torch.device("cpu"), torch.float32, staging="zero-copy")

@@ -37,6 +37,10 @@ import time
 from typing import Iterator
 
 DEVICE_KEYS = ("input_ids", "aux", "final", "loss_mask", "lengths")
+# How a batch reaches the device: "pinned" copies it (in this thread) into one
+# of two reused page-locked slots, then a true asynchronous DMA; "pageable"
+# copies straight from the workers' shared memory (the driver stages it).
+STAGING = ("pinned", "pageable")
 
 _END = object()      # the source ended
 
@@ -46,6 +50,30 @@ class _Failed:
 
     def __init__(self, exc: BaseException):
         self.exc = exc
+
+
+class _PinnedSlot:
+    """Page-locked host buffers (one per batch key) a batch is staged in before
+    its copy to the device, reused for the run; `event` marks the end of the
+    last copy out of them (the slot is refilled only after it)."""
+
+    def __init__(self, pin: bool = True) -> None:
+        self.buffers: dict = {}
+        self.event = None
+        self.pin = pin          # False only in the CPU tests (pinning needs CUDA)
+
+    def stage(self, key: str, t):
+        import torch
+
+        nbytes = t.numel() * t.element_size()
+        buf = self.buffers.get(key)
+        if buf is None or buf.numel() < nbytes:
+            # Grown (a longer length bucket) with a quarter to spare: pinning costs ~0.4 ms a MB.
+            buf = torch.empty(nbytes + nbytes // 4, dtype=torch.uint8, pin_memory=self.pin)
+            self.buffers[key] = buf
+        view = buf[:nbytes].view(t.dtype).view(t.shape)
+        view.copy_(t)
+        return view
 
 
 class DevicePrefetcher:
@@ -59,11 +87,16 @@ class DevicePrefetcher:
     was blocked in next() waiting for data. close() stops and joins the thread;
     call it when training ends or fails."""
 
-    def __init__(self, source: Iterator[dict], device, dtype, depth: int = 2):
+    def __init__(self, source: Iterator[dict], device, dtype, depth: int = 2, staging: str = "pinned"):
         import torch
 
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
+        if staging not in STAGING:
+            raise ValueError(f"staging must be one of {STAGING}, got {staging!r}")
+        self.staging = staging
+        self.slots = [_PinnedSlot(), _PinnedSlot()]
+        self.turn = 0
         self.source, self.device, self.dtype = source, device, dtype
         self.cuda = device.type == "cuda"
         # The thread's current device is its own (CUDA's is per host thread):
@@ -79,11 +112,22 @@ class DevicePrefetcher:
         self.thread.start()
 
     def _copy(self, batch: dict) -> dict:
+        slot = None
+        if self.cuda and self.staging == "pinned":
+            slot = self.slots[self.turn]
+            self.turn = 1 - self.turn
+            if slot.event is not None:
+                slot.event.synchronize()    # its previous batch has left it (this thread waits, not the GPU)
         out = {}
         for key in DEVICE_KEYS:
             t = batch[key]
             dtype = self.dtype if t.is_floating_point() else t.dtype
-            out[key] = t.to(self.device, dtype=dtype, non_blocking=True)
+            src = slot.stage(key, t) if slot is not None else t
+            out[key] = src.to(self.device, dtype=dtype, non_blocking=True)
+        if slot is not None:
+            import torch
+            slot.event = torch.cuda.Event()
+            slot.event.record()
         return out
 
     def _put(self, item) -> bool:
