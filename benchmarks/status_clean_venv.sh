@@ -14,4 +14,5 @@ $PY -m venv --without-pip "$venv"
 site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 for whl in .whl/psutil-*.whl .whl/nvidia_ml_py-*.whl .whl/typer-*.whl .whl/click-*.whl .whl/rich-*.whl .whl/shellingham-*.whl .whl/typing_extensions-*.whl .whl/markdown_it_py-*.whl .whl/mdurl-*.whl .whl/pygments-*.whl .whl/annotated_doc-*.whl; do "$venv/bin/python" -m zipfile -e "$whl" "$site"; done
 "$venv/bin/python" -c 'import psutil, pynvml, sys; print("console venv:", sys.prefix, "psutil", psutil.__version__)'
-exec "$venv/bin/python" benchmarks/status_cost.py --dir "$WORK/status-clean" --log-gb 1 --repeat 7 --gpu-worker
+exec "$venv/bin/python" benchmarks/status_cost.py --dir "$WORK/status-clean" --log-gb 1 --repeat 7 --gpu-worker \
+  --worker-python "$(command -v $PY)"

@@ -212,6 +212,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--gpu-worker", action="store_true",
                     help="GPU machine: time status --json with NVML live while a stage holds GPU memory")
+    ap.add_argument("--worker-python", default=sys.executable,
+                    help="the interpreter (with torch) of the GPU worker stage (default: this one)")
     ap.add_argument("--profile", type=Path, default=None, help="write importtime and cProfile output here")
     ap.add_argument("--tables", action="store_true",
                     help="only time ProcessTable.snapshot() against ProcessTable.partial() (no workspace)")
@@ -255,7 +257,7 @@ def main() -> int:
     phases(root, a.repeat, no_gpus=True, out=out)
     settle(cmd, out)
     if a.gpu_worker:
-        gpu_status(root, a.repeat, a.profile)
+        gpu_status(root, a.repeat, a.profile, a.worker_python)
     elif a.profile:
         profile(cmd, a.profile, "status_no_gpus")
     return 0
@@ -281,12 +283,15 @@ WORKER = ("import time, torch; x = torch.empty(2 << 30, dtype=torch.uint8, devic
           "torch.cuda.synchronize(); print('worker holds 2 GiB', flush=True); time.sleep(900)")
 
 
-def gpu_status(root: Path, repeat: int, profile_dir: Path | None) -> None:
+def gpu_status(root: Path, repeat: int, profile_dir: Path | None, worker_python: str) -> None:
     """status --json with NVML live and a supervised stage on the GPU, beside nvidia-smi."""
     toml = root / "eagle3.toml"
     text = toml.read_text()
     if "[stages.gpuworker]" not in text:
-        toml.write_text(text + f"\n[stages.gpuworker]\nargv = [\"python\", \"-c\", {json.dumps(WORKER)}]\n")
+        # An absolute path: a stage's bare "python" is the console's own interpreter,
+        # which in a venv of the console's own has no torch.
+        toml.write_text(text + f"\n[stages.gpuworker]\nargv = [{json.dumps(worker_python)}, \"-c\", "
+                        f"{json.dumps(WORKER)}]\n")
     cli = [sys.executable, "-m", "eagle3_console.cli", "-w", str(root)]
     run([*cli, "run", "gpuworker", "--force"], check=True, stdout=subprocess.DEVNULL)
     try:

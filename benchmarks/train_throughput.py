@@ -253,6 +253,28 @@ class InlinePrefetcher:
         return True
 
 
+class ResidentBatch:
+    """The floor: one batch copied to the device once and trained on every
+    step, so no loader, no copy and no wait; the step time of a data path
+    against this one's is what that path costs."""
+
+    def __init__(self, source, device, dtype):
+        from ops.train.prefetch import DevicePrefetcher
+
+        first = DevicePrefetcher(source, device, dtype)
+        try:
+            self.batch, self.dev = first.next()
+        finally:
+            first.close()
+        self.wait_s = 0.0
+
+    def next(self):
+        return self.batch, self.dev
+
+    def close(self) -> bool:
+        return True
+
+
 def measure(work: Path, seq: int, k: int, budget: int, warmup: int, steps: int, workers: int,
             device, rate: float, levers, check: bool = False, mixed: bool = False, pin: bool = False,
             staging: str = "pinned") -> dict:
@@ -301,8 +323,12 @@ def measure(work: Path, seq: int, k: int, budget: int, warmup: int, steps: int, 
             yield from loader
 
     from ops.train.prefetch import DevicePrefetcher
-    it = InlinePrefetcher(cycle(), device, dtype) if staging == "inline" else \
-        DevicePrefetcher(cycle(), device, dtype, staging=staging)
+    if staging == "inline":
+        it = InlinePrefetcher(cycle(), device, dtype)
+    elif staging == "resident":
+        it = ResidentBatch(cycle(), device, dtype)
+    else:
+        it = DevicePrefetcher(cycle(), device, dtype, staging=staging)
     waits, times, tokens, flops, warm_times, gaps = [], [], [], [], [], []
     model.train()
     checked = None
@@ -432,7 +458,8 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--staging", default="pinned",
                     help="comma-separated: how batches reach the GPU (ops/train/prefetch.py STAGING: pinned, "
-                         "pageable), and inline for the previous prefetcher (the baseline); each measured in turn")
+                         "pageable), inline for the previous prefetcher (the baseline), resident for one batch "
+                         "kept on the device (the floor: no data path at all); each measured in turn")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
 
@@ -515,6 +542,15 @@ def main() -> int:
             results.append(r)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
+        floor = next((x for x in results if x.get("seq") == seq and x.get("staging") == "resident"
+                      and "step_s" in x), None)
+        if floor is not None:
+            for x in results:
+                if x.get("seq") == seq and x.get("staging") not in (None, "resident") and "step_s" in x:
+                    x["data_cost"] = 1 - floor["step_s"] / x["step_s"]
+                    log(f"data path {seq}, batches {x['staging']}: {x['step_s'] * 1000:.0f} ms a step against "
+                        f"{floor['step_s'] * 1000:.0f} ms with one batch resident on the device = "
+                        f"{x['data_cost']:.1%} of the step spent on data")
         if not a.keep:
             shutil.rmtree(work / f"data-{seq}", ignore_errors=True)
     if not a.keep:
