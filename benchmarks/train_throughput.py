@@ -456,6 +456,9 @@ def main() -> int:
                     help="every sample --seq tokens, or lengths spread up to --seq (counts a corpus's compiles)")
     ap.add_argument("--out", type=Path, default=None, help="working folder (default: a new temp folder)")
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--switch-interval", type=float, default=None,
+                    help="sys.setswitchinterval for the run (seconds; Python's default 0.005): how long the "
+                         "training thread may wait for the GIL while the prefetch thread holds it")
     ap.add_argument("--staging", default="pinned",
                     help="comma-separated: how batches reach the GPU (ops/train/prefetch.py STAGING: pinned, "
                          "pageable), inline for the previous prefetcher (the baseline), resident for one batch "
@@ -481,6 +484,9 @@ def main() -> int:
         model_mod.COMPILE_MODE = a.compile_mode
     levers = lever_config(a.levers, device.type == "cuda", a.length_bucket)
     log(bc.device_line())
+    if a.switch_interval is not None:
+        sys.setswitchinterval(a.switch_interval)
+    log(f"GIL switch interval {sys.getswitchinterval() * 1000:g} ms")
     rate, what = bc.matmul_rate(device, torch.bfloat16 if device.type == "cuda" else torch.float32)
     log(f"matmul {what}: {rate / 1e12:.1f} TFLOP/s (the MFU denominator)")
     write_target(work / "target", target_cfg, device)
