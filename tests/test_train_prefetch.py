@@ -72,7 +72,7 @@ def test_batches_come_in_order_on_the_device_in_its_dtype(make):
         seen.append(cpu["i"])
         assert dev["aux"].dtype == torch.float32 and dev["input_ids"].dtype == torch.long
         assert dev["loss_mask"].dtype == torch.bool and int(dev["input_ids"][0, 0]) == cpu["i"]
-        assert torch.equal(dev["aux"], cpu["aux"].float())
+        assert torch.equal(dev["aux"], batch(cpu["i"])["aux"].float())
     assert seen == [0, 1, 2]
     with pytest.raises(StopIteration):
         pf.next()
@@ -202,3 +202,32 @@ def test_unknown_staging_is_refused():
 
     with pytest.raises(ValueError, match="staging must be one of"):
         DevicePrefetcher(iter(()), torch.device("cpu"), torch.float32, staging="zero-copy")
+
+
+def test_the_host_states_are_dropped_in_the_thread_not_handed_to_the_training_thread():
+    import weakref
+
+    from ops.train.prefetch import HOST_DROPPED
+
+    seen = []
+
+    def source():
+        for i in range(3):
+            b = {"input_ids": torch.zeros(2, 4, dtype=torch.long), "aux": torch.randn(2, 4, 6),
+                 "final": torch.randn(2, 4, 2), "loss_mask": torch.ones(2, 4, dtype=torch.bool),
+                 "lengths": torch.tensor([4, 4]), "samples": [i, i]}
+            seen.append(weakref.ref(b["aux"]))
+            yield b
+
+    it = DevicePrefetcher(source(), torch.device("cpu"), torch.float32, depth=1)
+    try:
+        batch, dev = it.next()
+        assert not set(HOST_DROPPED) & set(batch) and batch["samples"] == [0, 0]
+        assert set(HOST_DROPPED) <= set(dev) and dev["aux"].shape == (2, 4, 6)
+        del batch, dev
+        it.next()
+        it.next()
+        # The first batch's host states live nowhere once the thread moved past it.
+        assert seen[0]() is None
+    finally:
+        it.close()

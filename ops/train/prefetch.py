@@ -37,6 +37,11 @@ import time
 from typing import Iterator
 
 DEVICE_KEYS = ("input_ids", "aux", "final", "loss_mask", "lengths")
+# The host copies of the hidden states (534 MB a batch at 8 x 2,048 tokens of an
+# 8B target, in the workers' shared memory) are dropped in this thread once on
+# the device: freed in the training thread, unmapping them stalled the start of
+# each step (the CPU batch next() returns keeps the small keys only).
+HOST_DROPPED = ("aux", "final")
 # How a batch reaches the device: "pinned" copies it (in this thread) into one
 # of two reused page-locked slots, then a true asynchronous DMA; "pageable"
 # copies straight from the workers' shared memory (the driver stages it).
@@ -77,7 +82,7 @@ class _PinnedSlot:
 
 
 class DevicePrefetcher:
-    """next() -> (the CPU batch, its device tensors), in the source's order.
+    """next() -> (the CPU batch without HOST_DROPPED, its device tensors), in the source's order.
 
     `depth` bounds the queue of batches ready on the device. Memory: up to
     `depth` batches wait on the GPU in the queue and one more is being copied
@@ -160,6 +165,7 @@ class DevicePrefetcher:
                         event.record(self.stream)
                 else:
                     dev, event = self._copy(batch), None
+                batch = {k: v for k, v in batch.items() if k not in HOST_DROPPED}
                 if not self._put((batch, dev, event)):
                     return
         except BaseException as exc:    # a worker's error, a copy out of memory: the training thread raises it
