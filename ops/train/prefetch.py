@@ -15,13 +15,18 @@ calling thread for its length. Meanwhile it queued no kernels, so the GPU
 drained its queue and waited; more workers did not help, as the workers were
 not what it waited on.
 
-So a background thread does both: next(source), then the copies on its own
-stream, an event recorded after them; the batch, its device tensors and the
-event go into a bounded queue. The training thread only takes from the queue
-and makes the compute stream wait on the event (a device-side wait: the host
-goes straight on queuing the step). The copy and the wait on the workers
-release the GIL, the unpickling holds it: the two threads share one
-interpreter, but the training thread no longer stands still through either.
+So a background thread does it all: next(source); the copy of each key into
+one of two reused pinned slots, then a real asynchronous DMA on its own stream
+(a pageable copy, staged by the driver, made the step slower: 645 against
+555 ms); an event after them; the batch, its device tensors and the event into
+a bounded queue. The training thread only takes from the queue and makes the
+compute stream wait on the event (a device-side wait). The thread also drops
+the host copies of the hidden states (HOST_DROPPED) once they are on the
+device: freed in the training thread when the next batch replaced them
+(534 MB of worker shared memory to unmap), they stalled every step's start
+(GPU idle ~11 %); dropped here, the step went from 555 to 514 ms. On one H200 this path costs 0.4 %
+of a step against one batch kept on the device (benchmarks/train_throughput.py
+--staging resident,pinned,inline; benchmarks/RESULTS.md).
 
 The same thread runs on the CPU, where the copy is a plain .to(device) and
 there are no streams or events (the tests exercise the threading there). The
