@@ -85,7 +85,7 @@ def test_train_throughput_tiny_with_levers_checks_them_first(tmp_path):
                                                                   "fused AdamW on") and "vs the old path" in ln)
     cos = float(re.search(r"gradient cosine ([\d.]+)", check).group(1))
     assert cos > 0.9999, check
-    assert re.search(r"train 64-token samples .*levers chunked,fused-adamw \(.*\): [\d,]+ tok/s = \d+\.\d% MFU", out)
+    assert re.search(r"train 64-token samples .*levers chunked,fused-adamw \(.*\), batches pinned: [\d,]+ tok/s = \d+\.\d% MFU", out)
 
 
 @pytest.mark.slow
@@ -101,4 +101,4 @@ def test_train_throughput_counts_the_compiles_of_mixed_lengths(tmp_path):
                   line)
     graphs, _warm, timed, n_shapes = (int(x) for x in m.groups())
     assert 0 < graphs <= 3 * n_shapes and n_shapes <= 2 and timed == 0, line
-    assert re.search(r"train 128-token samples .*compile on, length bucket 64\): [\d,]+ tok/s", out)
+    assert re.search(r"train 128-token samples .*compile on, length bucket 64\), batches pinned: [\d,]+ tok/s", out)
