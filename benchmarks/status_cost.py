@@ -316,14 +316,6 @@ def gpu_status(root: Path, repeat: int, profile_dir: Path | None, worker_python:
         phases(root, repeat, no_gpus=False)
         # NVML's own cost as a whole process, beside `python -c pass`: what is
         # left to cut once the console's part is gone.
-        # The same call ended by os._exit once its output is flushed: what the
-        # interpreter's teardown (and the libraries' exit handlers) cost.
-        quick = ("import os, sys\nfrom eagle3_console.cli import run\ncode = 0\ntry:\n"
-                 f"    run({json.dumps(cmd[3:])})\n"
-                 "except SystemExit as exc:\n    code = exc.code or 0\nsys.stdout.flush()\nos._exit(code)")
-        quick_s = timed(lambda: run([sys.executable, "-c", quick], stdout=subprocess.DEVNULL), repeat)
-        print(f"status --json ended by os._exit:       {quick_s * 1000:8.1f} ms  (teardown and exit handlers: "
-              f"{(status_s - quick_s) * 1000:.1f} ms)")
         for label, code in (("import pynvml", "import pynvml"),
                             ("import pynvml; init; shutdown",
                              "import pynvml; pynvml.nvmlInit(); pynvml.nvmlShutdown()"),

@@ -225,7 +225,7 @@ class InlinePrefetcher:
     def prefetch(self) -> None:
         import torch
 
-        from ops.train.prefetch import DEVICE_KEYS
+        from ops.train.prefetch import to_device
 
         if self.pending is not None:
             return
@@ -233,8 +233,7 @@ class InlinePrefetcher:
         batch = next(self.source)
         self.wait_s += time.perf_counter() - t0
         with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
-            dev = {key: batch[key].to(self.device, dtype=self.dtype if batch[key].is_floating_point()
-                                      else batch[key].dtype, non_blocking=True) for key in DEVICE_KEYS}
+            dev = to_device(batch, self.device, self.dtype)
         self.pending = (batch, dev)
 
     def next(self):

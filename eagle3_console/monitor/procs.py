@@ -171,21 +171,27 @@ def run_env(row: _Row) -> RunEnv | None:
 _ROW_ATTRS = ["pid", "ppid", "create_time", "name", "status"]
 
 
-def _read_row(pid: int) -> _Row | None:
-    """One process's row, read as process_iter reads it (as_dict under
-    oneshot, an unreadable attribute None), so a partial table's rows are the
-    full one's; None when the process is gone."""
-    try:
-        info = psutil.Process(pid).as_dict(_ROW_ATTRS)
-    except psutil.NoSuchProcess:
-        return None
+def _row(info: dict) -> _Row | None:
+    """A row from psutil's as_dict(_ROW_ATTRS) (an unreadable attribute None),
+    with the process's group and session; None for a process that vanished
+    between being listed and being read."""
     if info["create_time"] is None or info["ppid"] is None:
         return None
     try:
-        pgid, sid = os.getpgid(pid), os.getsid(pid)
+        pgid, sid = os.getpgid(info["pid"]), os.getsid(info["pid"])
     except OSError:
         pgid = sid = None
-    return _Row(pid, info["ppid"], info["create_time"], info["name"] or "", info["status"] or "", pgid, sid)
+    return _Row(info["pid"], info["ppid"], info["create_time"], info["name"] or "", info["status"] or "", pgid, sid)
+
+
+def _read_row(pid: int) -> _Row | None:
+    """One process's row, read as process_iter reads it (as_dict under
+    oneshot), so a partial table's rows are the full one's; None when the
+    process is gone."""
+    try:
+        return _row(psutil.Process(pid).as_dict(_ROW_ATTRS))
+    except psutil.NoSuchProcess:
+        return None
 
 
 class ProcessTable:
@@ -207,18 +213,7 @@ class ProcessTable:
 
     @classmethod
     def snapshot(cls) -> "ProcessTable":
-        rows = []
-        for p in psutil.process_iter(_ROW_ATTRS):
-            info = p.info
-            if info["create_time"] is None or info["ppid"] is None:
-                continue    # vanished between listing and reading
-            try:
-                pgid, sid = os.getpgid(info["pid"]), os.getsid(info["pid"])
-            except OSError:
-                pgid = sid = None
-            rows.append(_Row(info["pid"], info["ppid"], info["create_time"], info["name"] or "",
-                             info["status"] or "", pgid, sid))
-        table = cls(rows)
+        table = cls(row for row in (_row(p.info) for p in psutil.process_iter(_ROW_ATTRS)) if row is not None)
         # Forget environments of processes that are gone, so the cache stays bounded.
         live = {(r.pid, r.create_time) for r in table.rows.values()}
         for key in [k for k in _ENV_CACHE if k not in live]:

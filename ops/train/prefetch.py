@@ -86,6 +86,18 @@ class _PinnedSlot:
         return view
 
 
+def to_device(batch: dict, device, dtype, slot: _PinnedSlot | None = None) -> dict:
+    """DEVICE_KEYS of `batch` on `device`, floating tensors in `dtype`, copied
+    without blocking (through `slot`'s pinned buffers when given), on the
+    current stream."""
+    out = {}
+    for key in DEVICE_KEYS:
+        t = batch[key]
+        src = slot.stage(key, t) if slot is not None else t
+        out[key] = src.to(device, dtype=dtype if t.is_floating_point() else t.dtype, non_blocking=True)
+    return out
+
+
 class DevicePrefetcher:
     """next() -> (the CPU batch without HOST_DROPPED, its device tensors), in the source's order.
 
@@ -121,24 +133,25 @@ class DevicePrefetcher:
         self.thread = threading.Thread(target=self._run, name="device-prefetch", daemon=True)
         self.thread.start()
 
-    def _copy(self, batch: dict) -> dict:
+    def _copy(self, batch: dict):
+        """(device tensors, the event after their copies) on CUDA, (tensors, None) on the CPU."""
+        import torch
+
+        if not self.cuda:
+            return to_device(batch, self.device, self.dtype), None
         slot = None
-        if self.cuda and self.staging == "pinned":
+        if self.staging == "pinned":
             slot = self.slots[self.turn]
             self.turn = 1 - self.turn
             if slot.event is not None:
                 slot.event.synchronize()    # its previous batch has left it (this thread waits, not the GPU)
-        out = {}
-        for key in DEVICE_KEYS:
-            t = batch[key]
-            dtype = self.dtype if t.is_floating_point() else t.dtype
-            src = slot.stage(key, t) if slot is not None else t
-            out[key] = src.to(self.device, dtype=dtype, non_blocking=True)
+        with torch.cuda.stream(self.stream):
+            out = to_device(batch, self.device, self.dtype, slot)
+            event = torch.cuda.Event()
+            event.record(self.stream)
         if slot is not None:
-            import torch
-            slot.event = torch.cuda.Event()
-            slot.event.record()
-        return out
+            slot.event = event
+        return out, event
 
     def _put(self, item) -> bool:
         """Into the queue unless close() asks the thread to stop (it may be
@@ -163,13 +176,7 @@ class DevicePrefetcher:
                 except StopIteration:
                     self._put(_END)
                     return
-                if self.cuda:
-                    with torch.cuda.stream(self.stream):
-                        dev = self._copy(batch)
-                        event = torch.cuda.Event()
-                        event.record(self.stream)
-                else:
-                    dev, event = self._copy(batch), None
+                dev, event = self._copy(batch)
                 batch = {k: v for k, v in batch.items() if k not in HOST_DROPPED}
                 if not self._put((batch, dev, event)):
                     return
