@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import ast
 import typing
+from array import array
 from enum import IntEnum
 from types import SimpleNamespace
 
@@ -73,15 +74,51 @@ class SamplingParams:
         self.max_new_tokens, self.temperature = max_new_tokens, temperature
 
 
+def sglang_methods(module: str, cls: str, names: tuple[str, ...]) -> dict:
+    """Methods of an SGLang class compiled from the installed source, so the
+    double runs SGLang's own code where it is plain Python (no kernels)."""
+    path = sglang_engine._source_path(module)
+    tree = ast.parse(path.read_text())
+    ns = {"Optional": typing.Optional, "List": typing.List, "array": array, "list": list}
+    out = {}
+    for name in names:
+        fn = sglang_engine._find(tree, [cls, name])
+        assert fn is not None, f"{module}.{cls}.{name} not in {path}"
+        fn.decorator_list = []
+        exec(compile(ast.Module(body=[fn], type_ignores=[]), str(path), "exec"), ns)
+        out[name] = ns[name]
+    return out
+
+
+_REQ = sglang_methods("sglang.srt.managers.schedule_batch", "Req", ("refresh_fill_ids", "get_fill_ids"))
+
+
 class Req:
+    """Req's fill-id state as 0.5.23 keeps it: ids in array("q") (origin_input_ids
+    as given, output_ids and full_untruncated_fill_ids created empty in
+    __init__), extend_end None until admission sets it; refresh_fill_ids and
+    get_fill_ids are SGLang's own, from the installed source, so ids of the
+    wrong type fail here as they failed on the GPU (list + array)."""
+
+    refresh_fill_ids = _REQ["refresh_fill_ids"]
+    get_fill_ids = _REQ["get_fill_ids"]
+
     def __init__(self, rid, origin_input_text, origin_input_ids, sampling_params, **_) -> None:
-        self.rid, self.origin_input_ids, self.sampling_params = rid, list(origin_input_ids), sampling_params
-        self.fill_ids = None
+        self.rid, self.origin_input_ids, self.sampling_params = rid, origin_input_ids, sampling_params
+        self.output_ids = array("q")
+        self.full_untruncated_fill_ids = array("q")
+        self.extend_end = None
+        self.prefix_len = 0
+        self.initialized = False
+
+    @property
+    def extend_len(self) -> int:        # Req.extend_len
+        return self.extend_end - self.prefix_len
 
     def init_next_round_input(self, tree_cache=None) -> None:
-        self.fill_ids = list(self.origin_input_ids)
-        self.prefix_len = 0             # radix cache off: no prefix matches
-        self.extend_len = len(self.fill_ids)
+        self.refresh_fill_ids()
+        self.prefix_len = 0             # radix cache off: a ChunkCache matches no prefix
+        self.initialized = True
 
 
 class Pool:
@@ -115,14 +152,17 @@ class ScheduleBatch:
         return b
 
     def prepare_for_extend(self) -> None:
-        assert all(r.fill_ids is not None for r in self.reqs), "init_next_round_input not called"
+        # As 0.5.23's prepare_for_extend reads each req: fill ids from prefix_len,
+        # seq_lens = extend_end, extend_lens = extend_len (None before admission: TypeError).
+        assert all(r.initialized for r in self.reqs), "init_next_round_input not called"
         self.forward_mode = "EXTEND"
+        input_ids = [r.get_fill_ids()[r.prefix_len:] for r in self.reqs]
+        self.seq_lens = [r.extend_end for r in self.reqs]
         self.extend_lens = [r.extend_len for r in self.reqs]
         self.prefix_lens = [r.prefix_len for r in self.reqs]
         self.req_to_token_pool.alloc(len(self.reqs))
         self.allocator.alloc(sum(self.extend_lens))
-        self.prefill_input_ids_cpu = torch.tensor([t for r in self.reqs for t in r.fill_ids[r.prefix_len:]],
-                                                  dtype=torch.int64)
+        self.prefill_input_ids_cpu = torch.tensor([t for ids in input_ids for t in ids], dtype=torch.int64)
         self.input_ids = None
 
 

@@ -50,6 +50,7 @@ the installed source by tests/test_sglang_engine.py).
 from __future__ import annotations
 
 import os
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -162,11 +163,19 @@ class SGLangTarget:
         params = sg.SamplingParams(max_new_tokens=1, temperature=0.0)
         reqs = []
         for i, tokens in enumerate(token_lists):
-            req = sg.Req(rid=f"extract-{i}", origin_input_text="", origin_input_ids=list(map(int, tokens)),
+            # 0.5.23's Req holds token ids as array("q") (schedule_batch.py
+            # Req.__init__ `origin_input_ids: array[int]`; refresh_fill_ids adds
+            # them to its array("q") output_ids, which a list cannot take).
+            req = sg.Req(rid=f"extract-{i}", origin_input_text="", origin_input_ids=array("q", map(int, tokens)),
                          sampling_params=params)
-            # Sets fill_ids / prefix / extend lens as the scheduler does before a
+            # fill ids and the prefix match, as the scheduler does before a
             # prefill; with the radix cache off nothing matches: prefix 0.
             req.init_next_round_input(self.pools.tree_cache)
+            # Admission: the whole sequence in this extend, as PrefillAdder does
+            # with chunked prefill off (schedule_policy.py add_one_req:
+            # `req.extend_end = len(req.full_untruncated_fill_ids)`); prepare_for_extend
+            # reads seq_lens and extend_len from it.
+            req.extend_end = len(req.full_untruncated_fill_ids)
             reqs.append(req)
         batch = sg.ScheduleBatch.init_new(
             reqs=reqs, req_to_token_pool=self.pools.req_to_token_pool,
