@@ -72,3 +72,50 @@ def test_ops_layers_rule_is_sglangs(module, cls, arch):
     assert capture(None) == layers.sglang_capture_ids(layers.default_aux_layers(61))
     # The real run: canonical [2, 30, 58] -> capture [3, 31, 59] through the ids export writes.
     assert capture(layers.sglang_config_ids_for(arch, [2, 30, 58])) == [3, 31, 59]
+
+
+# The runtime check on the GPU host reported 4 internals "not found" that the
+# static check accepts: dataclass fields without a class default
+# (ModelRunnerOutput.logits_output) and class attributes whose default is None
+# (ScheduleBatch.prefill_input_ids_cpu). The same shapes, in a module both
+# checks can read here, must get the same verdict from both.
+_SHAPES = '''
+import dataclasses
+from typing import Optional
+
+
+@dataclasses.dataclass
+class Output:
+    logits_output: object
+    can_run_graph: bool
+    hidden: Optional[int] = None
+
+
+@dataclasses.dataclass(slots=True, kw_only=True)
+class Slotted:
+    rows: int
+
+
+class Batch:
+    prefill_input_ids_cpu: Optional[int] = None
+
+    def prepare(self, batch, future_map):
+        pass
+'''
+
+
+def test_runtime_and_static_checks_agree_on_fields_and_none_defaults(tmp_path, monkeypatch):
+    pkg = tmp_path / "shapes_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "mod.py").write_text(_SHAPES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    present = tuple(eng.Internal("shapes_pkg.mod", q, p, "t") for q, p in (
+        ("Output.logits_output", ()), ("Output.can_run_graph", ()), ("Output.hidden", ()),
+        ("Slotted.rows", ()), ("Batch.prefill_input_ids_cpu", ()), ("Batch.prepare", ("batch", "future_map"))))
+    assert eng.check_static(present) == []
+    assert eng.check_runtime(present) == []
+    absent = (eng.Internal("shapes_pkg.mod", "Output.no_field", (), "t"),
+              eng.Internal("shapes_pkg.mod", "Batch.prepare", ("nope",), "t"))
+    assert [p.split(":")[0] for p in eng.check_static(absent)] == [p.split(":")[0] for p in eng.check_runtime(absent)]
+    assert len(eng.check_runtime(absent)) == 2

@@ -226,6 +226,27 @@ def check_static(internals=INTERNALS) -> list[str]:
     return problems
 
 
+_MISSING = object()
+_FIELD = object()   # a dataclass field without a class-level default: exists only on instances
+
+
+def _member(obj, name: str):
+    """`obj.name` as the static check reads the source: a class attribute whose
+    value is None (`prefill_input_ids_cpu: Optional[Tensor] = None`) is there, and
+    so is a dataclass field that has no default (`logits_output: ...` in
+    ModelRunnerOutput; slots=True dataclasses keep no class value either), which
+    getattr on the class cannot see."""
+    try:
+        return getattr(obj, name)
+    except AttributeError:
+        pass
+    if isinstance(obj, type):
+        for klass in obj.__mro__:
+            if name in getattr(klass, "__dataclass_fields__", {}) or name in vars(klass).get("__annotations__", {}):
+                return _FIELD
+    return _MISSING
+
+
 def check_runtime(internals=INTERNALS) -> list[str]:
     """The same by importing (on the GPU host, where SGLang's dependencies are installed)."""
     problems = []
@@ -236,13 +257,13 @@ def check_runtime(internals=INTERNALS) -> list[str]:
             problems.append(f"{it.module}: cannot import ({type(exc).__name__}: {exc})")
             continue
         for part in it.qualname.split("."):
-            obj = getattr(obj, part, None)
-            if obj is None:
+            obj = _member(obj, part)
+            if obj is _MISSING:
                 break
-        if obj is None:
+        if obj is _MISSING:
             problems.append(f"{it.module}.{it.qualname}: not found ({it.why})")
             continue
-        if it.params and callable(obj):
+        if it.params and obj is not _FIELD and callable(obj):
             names = set(inspect.signature(obj).parameters)
             missing = [p for p in it.params if p not in names]
             if missing:
