@@ -22,7 +22,10 @@ def derive(snap: Snapshot) -> list[Alert]:
         findings = log.findings if log else {}
         if st.status == "failed":
             why = f"exit code {st.exit_code}" if st.signal is None else f"signal {st.signal}"
-            last = findings.get("traceback")
+            # The program's own last word: its exception, else its one-line
+            # error (under torchrun, the rank's, not the launcher's report).
+            said = [f for f in (findings.get("traceback"), findings.get("program_error")) if f is not None]
+            last = max(said, key=lambda f: f.at_offset) if said else None
             a.append(Alert(CRITICAL, "stage_failed", f"{st.name} failed ({why})", st.name,
                            last.line if last else last_program_line(log)))
         if st.status == "lost" and st.alive:

@@ -99,6 +99,14 @@ class OpSpec:
     result_path_param: str | None = None
     # Module run as `python -m <module>`; defaults to ops.<name>.
     module: str | None = None
+    # Params whose value is a list of argv words (SGLang's extra_args): carried
+    # as the JSON of the list, since the comma join of other lists would split
+    # `--json-model-override-args {...}` at its own commas.
+    json_params: tuple[str, ...] = ()
+    # How the op's processes are started, given its params and its `python -m`
+    # argv: extract with engine sglang and tp > 1 runs one process per TP rank
+    # under torchrun. None: the argv as it is.
+    launch: Callable[[dict[str, Any], list[str]], list[str]] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def argv(self, params: dict[str, Any], target_path: str | None = None,
@@ -111,7 +119,8 @@ class OpSpec:
         if unknown:
             raise ValueError(f"op {self.name!r} has no param(s) {unknown}; "
                              f"it takes {sorted(self.params)}")
-        out = [python or sys.executable, "-m", self.module or f"ops.{self.name}"]
+        python = python or sys.executable
+        out = [python, "-m", self.module or f"ops.{self.name}"]
         if self.uses_target and target_path:
             out += ["--target", str(target_path)]
         merged = {k: v for k, v in self.params.items() if v is not REQUIRED}
@@ -125,11 +134,14 @@ class OpSpec:
                 out.append("--no-" + key.replace("_", "-"))    # off, where the op's default is on
             elif value is False or value is None:
                 continue
+            elif key in self.json_params:
+                if value:
+                    out += [flag, json.dumps(list(value)) if isinstance(value, (list, tuple)) else str(value)]
             elif isinstance(value, (list, tuple)):
                 out += [flag, ",".join(str(v) for v in value)]
             else:
                 out += [flag, str(value)]
-        return out
+        return self.launch(merged, out) if self.launch else out
 
     def param_type_error(self, key: str, value: Any) -> str | None:
         """What is wrong with `value` for param `key`, judged by the type of its

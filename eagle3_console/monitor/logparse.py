@@ -29,6 +29,10 @@ latest per kind):
   are under oom, its weight loading under loading;
 - traceback: `Traceback (most recent call last):`; the finding is replaced by
   the final exception line once it arrives (e.g. `RuntimeError: ...`);
+- torchrun: a traceback ending in `ChildFailedError` (a rank failed) is kept
+  as `launcher`, and the rank's own traceback stays the `traceback` finding;
+- program_error: an op's one-line `PROG: error: ...` (ops/common.py run_main,
+  bad input, exit 2), with or without torchrun's `[rank0]:` prefix;
 - errors: an `errors: N` (or `errors=N`) counter -> LogState.errors;
 - our summary line, printed by the ops (ops/extract/progress.py):
       progress: samples 972/1000 tokens 502983 errors 0 tok/s 2910.5
@@ -95,6 +99,13 @@ _NCCL = re.compile(
     r"NCCL error|nccl\w*Error|NCCL WARN|ProcessGroupNCCL.*(?:[Tt]imeout|timed out)"
     r"|Watchdog caught collective operation timeout")
 _TRACEBACK = "Traceback (most recent call last):"
+# torch/distributed/elastic/multiprocessing/errors/__init__.py: torchrun ends
+# with `torch.distributed.elastic.multiprocessing.errors.ChildFailedError:` and
+# a "Failures:" table when a rank exits non-zero; the rank's own error is above.
+_LAUNCHER_FAILED = "ChildFailedError"
+# ops/common.py run_main: `extract: error: <BadInput>` (exit 2), optionally
+# behind torchrun's `[rank0]:` / `[default0]:` prefix (--tee, --local-ranks-filter).
+_PROGRAM_ERROR = re.compile(r"^(?:\[[\w-]+\]:\s*)?[\w.-]+: error: \S")
 _ERRORS = re.compile(r"\berrors?\s*[:=]\s*(\d+)")
 _SUMMARY = re.compile(r"\bprogress:\s+(.*)$")
 _PAIR = re.compile(r"(\S+)\s+(\S+)")
@@ -150,14 +161,25 @@ class LineParser:
             body = text[len(prefix):] if prefix and text.startswith(prefix) else text
             if not body.strip() or body[0] in " \t":
                 return          # a frame, its source line, a caret line
+            before = self.tb.get("before")
             self.tb = None     # the final exception line
-            self._find("traceback", text.strip(), offset)
+            if _LAUNCHER_FAILED in text:
+                # torchrun's own report that a rank failed: the rank said why
+                # earlier (its traceback, or the op's one-line `error:`), so
+                # that stays the finding; the launcher's line is kept apart.
+                self._find("launcher", text.strip(), offset)
+                if before is not None:
+                    self.state.findings["traceback"] = before
+                else:
+                    self.state.findings.pop("traceback", None)
+            else:
+                self._find("traceback", text.strip(), offset)
         # Each parser runs behind a substring test: most lines pay a few `in`s.
         stripped = text.strip()
         if "Traceback" in text:
             idx = text.find(_TRACEBACK)
             if idx >= 0:
-                self.tb = {"prefix": text[:idx]}
+                self.tb = {"prefix": text[:idx], "before": self.state.findings.get("traceback")}
                 self._find("traceback", stripped, offset)
         m = _LOADING.search(text) if ("checkpoint shards" in text or "Loading weights" in text) else None
         if signatures_only:
@@ -183,6 +205,8 @@ class LineParser:
         if ("hit an exception" in text or "sigquit" in text or "died during" in text) \
                 and _SERVER_DIED.search(text):
             self._find("server_died", stripped, offset)
+        if ": error: " in text and _PROGRAM_ERROR.match(stripped):
+            self._find("program_error", stripped, offset)
         if how == "summary":            # a summary line's errors are summed over ranks
             if " errors " in text:
                 self._find("errors", stripped, offset)

@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ep", type=int, help="sglang: expert parallel size (MoE; divides tp)")
     p.add_argument("--mem-fraction-static", type=float,
                    help="sglang: share of each GPU for weights and KV cache (default: SGLang's)")
+    p.add_argument("--extra-args",
+                   help="sglang: JSON list of SGLang server flags added to the engine's own, "
+                        "e.g. [\"--attention-backend\", \"triton\"] (checked by SGLang's parser)")
     return spec_defaults(p, SPEC)
 
 

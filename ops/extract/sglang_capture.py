@@ -58,7 +58,7 @@ from types import SimpleNamespace
 
 def server_argv(*, target: str, tp: int, ep: int, dtype: str, context_length: int,
                 config_layer_ids: Sequence[int], mem_fraction_static: float | None = None,
-                seed: int = 0) -> list[str]:
+                seed: int = 0, extra_args: Sequence[str] = ()) -> list[str]:
     """The `python -m sglang.launch_server`-style argv of the engine's ServerArgs."""
     argv = ["--model-path", str(target), "--tp-size", str(tp), "--ep-size", str(ep),
             "--dtype", dtype, "--context-length", str(context_length),
@@ -70,19 +70,17 @@ def server_argv(*, target: str, tp: int, ep: int, dtype: str, context_length: in
             "--random-seed", str(seed)]
     if mem_fraction_static is not None:
         argv += ["--mem-fraction-static", str(mem_fraction_static)]
-    return argv
+    # The operator's flags last (attention backend, memory, cluster): the
+    # managed ones are refused before (sglang_args.MANAGED), so none overrides ours.
+    return argv + list(extra_args)
 
 
 def server_args(argv: Sequence[str]):
     """SGLang's ServerArgs for `argv`, through its own parser (unresolved:
     resolve_once, which reads the checkpoint and the GPUs, runs in publish)."""
-    import argparse
+    from ops.extract.sglang_args import parse_full
 
-    from sglang.srt.server_args import ServerArgs
-
-    parser = argparse.ArgumentParser(prog="extract --engine sglang", exit_on_error=False)
-    ServerArgs.add_cli_args(parser)
-    return ServerArgs.from_cli_args(parser.parse_args(list(argv)))
+    return parse_full(argv)
 
 
 def internals() -> SimpleNamespace:

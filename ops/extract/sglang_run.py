@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from ops.common import BadInput
-from ops.extract import sglang_capture, sglang_engine
+from ops.extract import sglang_args, sglang_capture, sglang_engine
 from ops.extract import target as target_mod
 from ops.extract.loop import _Loop, log
 from ops.layers import engine_ids, parse_layer_ids
@@ -68,10 +68,21 @@ def check(args) -> str:
         # SGLang's parser takes any float: the pools would be sized from it after the load.
         raise BadInput(f"engine sglang: mem_fraction_static {args.mem_fraction_static}: expected a fraction "
                        f"between 0 and 1")
+    try:
+        extra = extra_args(args)
+    except ValueError as exc:
+        raise BadInput(f"engine sglang: {exc}") from None
+    bad = [x.message for x in sglang_args.lint(vars(args) | {"extra_args": extra}, None) if x.level == "error"]
+    if bad:
+        raise BadInput("engine sglang: " + "; ".join(bad))
     if args.device not in ("auto", "cuda"):
         raise BadInput(f"engine sglang: device {args.device!r}: SGLang places rank r on GPU LOCAL_RANK; "
                        f"leave device at auto")
     return version
+
+
+def extra_args(args) -> list[str]:
+    return sglang_args.extra_args_of(getattr(args, "extra_args", None))
 
 
 def tp_coords() -> tuple[int, int, int]:
@@ -146,7 +157,14 @@ def _plan(args):
     argv = sglang_capture.server_argv(target=str(info.path), tp=args.tp, ep=args.ep, dtype=dtype,
                                       context_length=args.max_seq_len,
                                       config_layer_ids=ids["sglang_config_layer_ids"],
-                                      mem_fraction_static=args.mem_fraction_static)
+                                      mem_fraction_static=args.mem_fraction_static,
+                                      extra_args=extra_args(args))
+    try:
+        sglang_capture.server_args(argv)
+    except ValueError as exc:
+        raise BadInput(f"engine sglang: extra_args {extra_args(args)}: SGLang's parser: {exc}") from None
+    except ImportError:
+        pass        # a --no-deps install: load() says so in one line
     return info, layer_ids, ids, argv
 
 

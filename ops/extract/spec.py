@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ops.extract import sglang_args
 from ops.extract.durable import DEFAULT as DURABLE
 from ops.formats import SAMPLE_RE, TMP_SUFFIX, BadSampleFile, check_whole
 from ops.spec import REQUIRED, EstimateContext, OpSpec, dtype_bytes
@@ -84,6 +85,10 @@ def result_line(config: dict) -> str | None:
             f"aux layers {config.get('layer_ids')} + final {config.get('final_layer_id')} "
             f"(SGLang capture {config.get('sglang_layers_to_capture')}), {config.get('dtype')}")
 
+def lint(ctx: EstimateContext, gpus: list[int] | None) -> list:
+    return sglang_args.lint(ctx.params, gpus)
+
+
 SPEC = OpSpec(
     name="extract",
     summary="hidden states of the target's aux layers + final state, one safetensors file a sample",
@@ -109,6 +114,7 @@ SPEC = OpSpec(
         "tp": 1,                    # sglang: tensor parallel ranks = processes (torchrun --nproc-per-node)
         "ep": 1,                    # sglang: expert parallel size (divides tp)
         "mem_fraction_static": None,    # sglang: its weights + KV share of each GPU (None: SGLang's)
+        "extra_args": None,         # sglang: a list of SGLang server flags (ops/extract/sglang_args.py)
     },
     output_params=("output",),
     uses_target=True,
@@ -121,4 +127,7 @@ SPEC = OpSpec(
     partial_files=partial_files,
     result_file="data_config.json",
     result_line=result_line,
+    json_params=("extra_args",),
+    launch=sglang_args.launch,
+    extra={"lint": lint},
 )

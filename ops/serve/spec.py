@@ -8,24 +8,9 @@ log and from the server's own HTTP endpoints. The model defaults to
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-from typing import Any
 
 from ops.serve import command
 from ops.spec import EstimateContext, Lint, OpSpec
-
-
-@dataclass(frozen=True)
-class ServeSpec(OpSpec):
-    def argv(self, params: dict[str, Any], target_path: str | None = None,
-             python: str | None = None) -> list[str]:
-        # extra_args is a list of argv words; the generic rule would join it
-        # with commas (and `--json-model-override-args {...}` has commas of its own).
-        params = dict(params)
-        if isinstance(params.get("extra_args"), (list, tuple)):
-            params["extra_args"] = json.dumps(list(params["extra_args"])) if params["extra_args"] else None
-        return super().argv(params, target_path=target_path, python=python)
 
 
 def lint(ctx: EstimateContext, gpus: list[int] | None) -> list[Lint]:
@@ -42,7 +27,7 @@ def lint(ctx: EstimateContext, gpus: list[int] | None) -> list[Lint]:
     return command.lint(params, str(model) if model else None, gpus, ctx.target)
 
 
-SPEC = ServeSpec(
+SPEC = OpSpec(
     name="serve",
     summary="a managed SGLang server (python -m sglang.launch_server): the target alone or speculative EAGLE3",
     params={
@@ -68,5 +53,6 @@ SPEC = ServeSpec(
     uses_target=True,
     uses_gpu=True,
     progress="log",
+    json_params=("extra_args",),
     extra={"lint": lint, "serve": True},
 )
