@@ -27,7 +27,10 @@ DEEPSEEK_V2_LITE = dict(vocab_size=102400, hidden_size=2048, intermediate_size=1
                         n_shared_experts=2, first_k_dense_replace=1, kv_lora_rank=512, q_lora_rank=None,
                         qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, topk_method="greedy",
                         n_group=1, topk_group=1, routed_scaling_factor=1.0, norm_topk_prob=False,
-                        max_position_embeddings=8192, rms_norm_eps=1e-6, tie_word_embeddings=False)
+                        max_position_embeddings=8192, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                        # In DeepSeek-V2-Lite's config.json; transformers' DeepseekV2Config drops them,
+                        # SGLang's deepseek_v2.py reads them (_is_layer_sparse, the router).
+                        moe_layer_freq=1, scoring_func="softmax")
 # Small enough for a CPU test: the same code paths, seconds not minutes.
 LLAMA_TINY = dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,

@@ -95,6 +95,7 @@ def main() -> int:
     ap.add_argument("--engines", default="hf,sglang")
     ap.add_argument("--durable", default=None, help="--durable for every root (default: by filesystem)")
     ap.add_argument("--token-budget", type=int, default=16384)
+    ap.add_argument("--dtype", default=None, help="--dtype for both engines (SGLang takes bfloat16/float16)")
     ap.add_argument("--sglang-args", default=None, help="JSON list passed as --extra-args to engine sglang")
     ap.add_argument("--mem-fraction-static", type=float, default=None)
     ap.add_argument("--verify", type=int, default=4, help="verify --deep N --recompute N of each sglang output")
@@ -153,7 +154,7 @@ def main() -> int:
         for engine in engines:
             out = root / f"out-{engine}"
             shutil.rmtree(out, ignore_errors=True)
-            extra = ["--engine", engine]
+            extra = ["--engine", engine] + (["--dtype", a.dtype] if a.dtype else [])
             if engine == "sglang":
                 if a.sglang_args:
                     extra += ["--extra-args", a.sglang_args]

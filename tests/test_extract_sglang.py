@@ -388,8 +388,34 @@ def test_an_sglang_whose_runtime_does_not_import_is_one_line(hf_run, tmp_path):
         pytest.skip("SGLang's runtime imports here")
     target, prepared, _ = hf_run
     p = _run(["--engine", "sglang", "--target", str(target), "--input", str(prepared),
-              "--output", str(tmp_path / "o")], str(REPO))
+              "--output", str(tmp_path / "o"), "--dtype", "bfloat16"], str(REPO))
     assert p.returncode == 2, p.stderr
     assert "Traceback" not in p.stderr and p.stderr.count("\n") == 1, p.stderr
     assert p.stderr.startswith("extract: error: engine sglang: sglang 0.5.23 is installed, but its runtime "
                                f"does not import here ({missing})"), p.stderr
+
+
+def test_float32_is_refused_in_one_line_before_the_load(hf_run, tmp_path):
+    # On the H200 a float32 target loaded (a minute) and died at its first forward:
+    # sgl_kernel's rmsnorm "failed to dispatch data type Float".
+    target, prepared, _ = hf_run
+    p = _run(["--engine", "sglang", "--target", str(target), "--input", str(prepared),
+              "--output", str(tmp_path / "o")], str(REPO))
+    assert p.returncode == 2, p.stderr
+    assert "Traceback" not in p.stderr and p.stderr.count("\n") == 1, p.stderr
+    assert p.stderr.startswith("extract: error: engine sglang: dtype float32: SGLang 0.5.23's fused kernels"), p.stderr
+    assert 'set the stage\'s dtype = "bfloat16"' in p.stderr
+
+
+def test_the_context_length_is_capped_at_the_models_positions(tmp_path):
+    # On the H200: "User-specified context_length (4096) is greater than the derived
+    # context_length (512)" from SGLang's ModelConfig, for the demo target.
+    from ops.extract.sglang_run import context_length
+
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 512}))
+    assert context_length(4096, tmp_path) == 512
+    assert context_length(256, tmp_path) == 256
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": {"max_position_embeddings": 2048}}))
+    assert context_length(4096, tmp_path) == 2048
+    (tmp_path / "config.json").write_text("{}")
+    assert context_length(4096, tmp_path) == 4096

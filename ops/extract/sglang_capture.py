@@ -205,6 +205,15 @@ def load(argv: Sequence[str], *, tp_rank: int, gpu_id: int, expected_capture: Se
          n_aux: int) -> SGLangTarget:
     """Bring the target up on this rank (collective over the TP group): the
     sequence of 0.5.23's scheduler process without its IPC and scheduling."""
+    from ops.common import BadInput
+    from ops.extract.sglang_engine import PINNED_SGLANG
+
+    dtype = argv[list(argv).index("--dtype") + 1] if "--dtype" in argv else None
+    if dtype == "float32":
+        # Seen on the H200: sgl_kernel's rmsnorm "failed to dispatch data type Float"
+        # at the first forward, after the whole load.
+        raise BadInput(f"engine sglang: dtype float32: SGLang {PINNED_SGLANG}'s fused kernels (sgl_kernel "
+                       f"rmsnorm) take bfloat16 or float16; set the stage's dtype = \"bfloat16\"")
     try:
         from sglang.srt.configs.model_config import ModelConfig
         from sglang.srt.distributed.bootstrap import init_layer_runtime, init_parallel_runtime
@@ -221,9 +230,6 @@ def load(argv: Sequence[str], *, tp_rank: int, gpu_id: int, expected_capture: Se
     except ImportError as exc:
         # The version check passed on the package metadata; an install without its
         # dependencies (pip --no-deps, as bin/test does) has no model runner.
-        from ops.common import BadInput
-        from ops.extract.sglang_engine import PINNED_SGLANG
-
         raise BadInput(f"engine sglang: sglang {PINNED_SGLANG} is installed, but its runtime does not import "
                        f"here ({exc}); install it with its dependencies on a GPU host "
                        f"(pip install sglang=={PINNED_SGLANG})") from None

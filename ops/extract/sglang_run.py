@@ -85,6 +85,23 @@ def extra_args(args) -> list[str]:
     return sglang_args.extra_args_of(getattr(args, "extra_args", None))
 
 
+def context_length(max_seq_len: int, target: Path) -> int:
+    """max_seq_len, capped at what SGLang derives from the config (ModelConfig
+    _derive_context_length refuses a longer --context-length unless
+    SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN is set): no sample is longer than
+    the longest of prepare's, and none can be longer than the model's positions."""
+    import json
+
+    try:
+        cfg = json.loads((Path(target) / "config.json").read_text())
+    except (OSError, ValueError):
+        return max_seq_len
+    cfg = cfg.get("text_config") or cfg
+    derived = [int(cfg[k]) for k in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
+               if isinstance(cfg.get(k), int) and cfg[k] > 0]
+    return min([max_seq_len, *derived[:1]])
+
+
 def tp_coords() -> tuple[int, int, int]:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -155,7 +172,7 @@ def _plan(args):
         raise BadInput(f"target {info.path}: engine sglang: {ids.get('sglang_config_error')}")
     dtype = target_mod.resolve_dtype(args.dtype, info)
     argv = sglang_capture.server_argv(target=str(info.path), tp=args.tp, ep=args.ep, dtype=dtype,
-                                      context_length=args.max_seq_len,
+                                      context_length=context_length(args.max_seq_len, info.path),
                                       config_layer_ids=ids["sglang_config_layer_ids"],
                                       mem_fraction_static=args.mem_fraction_static,
                                       extra_args=extra_args(args))
