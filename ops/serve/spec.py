@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ops.serve import command
+from ops.serve.readiness import SERVE_READY_TIMEOUT_S
 from ops.spec import EstimateContext, Lint, OpSpec
 
 
@@ -62,6 +63,7 @@ SPEC = ServeSpec(
         "num_draft_tokens": 4,
         "enable_metrics": True,
         "extra_args": None,         # a list of argv words passed to SGLang as they are
+        "ready_timeout_s": SERVE_READY_TIMEOUT_S,   # the console's: not ready by then is CRITICAL
         "force": False,             # start despite lint errors (`run --force` sets it)
         "launcher": command.SGLANG_LAUNCHER,   # module run as `python -m`; tests use a fake
     },
