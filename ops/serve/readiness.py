@@ -25,7 +25,10 @@ What the endpoints answer, read from python/sglang/srt/entrypoints/http_server.p
   up and ready to roll!". Warming up is that window: port open, not Up.
 
 So a server's readiness endpoint is the first of CHAIN that does not answer 404,
-learned once per server and kept.
+learned once per server and kept. A limit where it is /health_generate and the
+wait is shorter than its one-second sleep (the console's refresh): a server
+whose last check failed (status UnHealthy, which 0.5.23's /ready reports) still
+reads ready while its HTTP loop answers; bench waits out the check instead.
 """
 
 from __future__ import annotations
