@@ -63,6 +63,15 @@ FLUSHED = ("Cache flushed.\nPlease check backend logs for more details. "
            "(When there are running or waiting requests, the operation will not be performed.)\n")
 
 
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request, client_address):
+        # A client that gave up waiting (the monitor's 0.3 s against /health_generate's
+        # one-second sleep): uvicorn drops the answer silently, so does the double.
+        import sys
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            super().handle_error(request, client_address)
+
+
 class Double:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, speculative: bool = False,
                  accept_length: float = 3.0, num_steps: int = 3, num_draft_tokens: int = 4,
@@ -101,7 +110,7 @@ class Double:
 
             do_PUT = do_POST
 
-        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.server = _Server((host, port), Handler)
         self.server.daemon_threads = True
         self.host, self.port = self.server.server_address[:2]
         self.thread: threading.Thread | None = None

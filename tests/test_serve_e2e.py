@@ -245,11 +245,11 @@ def test_a_server_without_ready_warms_up_then_is_ready_and_never_critical(ws):
     ws.write(pipeline(port, env=', FAKE_SGLANG_VERSION = "0.5.17"').replace(
         'FAKE_SGLANG_WARMUP_S = "0.5"', 'FAKE_SGLANG_WARMUP_S = "2.5"'))
     ws.cli("run", "serve", check=0)
-    seen, critical = [], []
+    seen, alerts = [], []
 
     def ready():
         st, snap, _code = serve_state(ws)
-        critical.extend(a for a in snap["alerts"] if a["level"] == "critical")
+        alerts.extend(a for a in snap["alerts"] if a["stage"] == "serve")
         if st["serve"]:
             seen.append((st["serve"]["state"], st["serve"]["reason"]))
         return st if st["serve"] and st["serve"]["state"] == "ready" else None
@@ -260,7 +260,7 @@ def test_a_server_without_ready_warms_up_then_is_ready_and_never_critical(ws):
         assert st["serve"]["state"] == "ready" and st["serve"]["version"] == "0.5.17"
         assert st["serve"]["readiness"] == "/health_generate"
         assert ("warming_up", "/health_generate answered 503 (this server has no /ready)") in seen
-        assert critical == [] and not any(s == "unhealthy" for s, _ in seen)
+        assert alerts == [] and not any(s == "unhealthy" for s, _ in seen)
     finally:
         ws.cli("stop", "serve", "--grace", "2")
 
