@@ -44,8 +44,8 @@ HEALTH_SLEEP_S = 1.0
 # longest a healthy or failing /health_generate takes to answer.
 HEALTH_ANSWER_S = 22.0
 # How long a serve stage may take to become ready (load + warm-up) before the
-# console says CRITICAL; the default of serve's ready_timeout_s. A 1 TB target
-# took 22 minutes to load here.
+# console says CRITICAL; the default of serve's ready_timeout_s. A large MoE
+# target's load alone takes 22 minutes, its first warm-up minutes more.
 SERVE_READY_TIMEOUT_S = 3600.0
 
 
@@ -84,7 +84,7 @@ class Readiness:
             try:
                 code = self.get(HEALTH, self.health_timeout)
             except OSError as exc:
-                if self.health_timeout < HEALTH_SLEEP_S:
+                if self.health_timeout < HEALTH_SLEEP_S and isinstance(exc, TimeoutError):
                     return self._health_pending(exc)
                 return Answer("no_answer", HEALTH, no_answer(HEALTH, self.health_timeout, exc))
             if code != 404:
