@@ -148,6 +148,7 @@ class ServeState:
     speculative: bool = False
     version: str | None = None          # the server's own (from /server_info)
     metrics: bool | None = None         # whether /metrics answered
+    readiness: str | None = None        # the endpoint that said ready or not: /ready, /health_generate, /model_info
     sampled_at: float | None = None     # when the figures were read
 
 

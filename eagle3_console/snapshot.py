@@ -191,7 +191,9 @@ class Collector:
         if mon is None:
             from eagle3_console.monitor.serve import ServeMonitor     # serve stages only
             mon = ServeMonitor(str(params.get("host") or "127.0.0.1"), int(params.get("port") or 30000),
-                               speculative=params.get("mode") == "speculative", started=run.started)
+                               speculative=params.get("mode") == "speculative", started=run.started,
+                               **({"ready_timeout_s": float(params["ready_timeout_s"])}
+                                  if params.get("ready_timeout_s") else {}))
             self._serves[run.id] = mon
         return mon
 

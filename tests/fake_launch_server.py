@@ -8,10 +8,15 @@ while it starts (strings from its source: model_executor/model_runner.py
 entrypoints/http_server.py "The server is fired up and ready to roll!", the
 log format "[%Y-%m-%d %H:%M:%S TPn] ..." of utils/common.py configure_logger),
 and serves tests/sglang_double.py's endpoints: port closed while "loading",
-/ready 503 while warming up, 200 once fired up.
+/ready 503 while warming up, 200 once fired up. The warm-up is SGLang's own
+(entrypoints/http_server.py _execute_server_warmup, the same in 0.5.17 and
+0.5.23): poll /model_info until 200, send one /generate (the first forward,
+which compiles the kernels), set the status Up, log "fired up".
 
 Environment knobs: FAKE_SGLANG_LOAD_S (weight loading, default 1.5 s),
-FAKE_SGLANG_WARMUP_S (port open, not ready; default 0.5 s), FAKE_SGLANG_FAIL=oom
+FAKE_SGLANG_WARMUP_S (the warm-up request's first forward: port open, not
+ready; default 0.5 s), FAKE_SGLANG_VERSION=0.5.17 (that release's server: no
+/ready route, see tests/sglang_double.py), FAKE_SGLANG_FAIL=oom
 (after loading: the scheduler's KV-pool RuntimeError of
 model_executor/pool_configurator.py, the sigquit line of entrypoints/engine.py,
 exit 1); FAKE_SGLANG_ORPHANS=1 with it leaves the worker children running, as a
@@ -21,13 +26,16 @@ TP worker that outlives its server does.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 
-from tests.sglang_double import Double
+from tests.sglang_double import VERSION, Double
 
 
 def stamp(tp: int | None = None) -> str:
@@ -37,6 +45,22 @@ def stamp(tp: int | None = None) -> str:
 def say(line: str, end: str = "\n") -> None:
     sys.stdout.write(line + end)
     sys.stdout.flush()
+
+
+def warm_up(url: str) -> None:
+    """_execute_server_warmup's steps, against this server's own port."""
+    for _ in range(120):
+        try:
+            with urllib.request.urlopen(url + "/model_info", timeout=5) as resp:
+                if resp.status == 200:
+                    break
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.05)
+    body = json.dumps({"text": "The capital city of France is",
+                       "sampling_params": {"temperature": 0, "max_new_tokens": 8}}).encode()
+    req = urllib.request.Request(url + "/generate", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as resp:
+        resp.read()
 
 
 def main() -> int:
@@ -82,10 +106,12 @@ def main() -> int:
             for w in workers:
                 w.kill()
         return 1
+    version = os.environ.get("FAKE_SGLANG_VERSION", VERSION)
     double = Double(host=args.host, port=args.port, speculative=bool(args.speculative_algorithm),
-                    tp=args.tp_size, dp=args.dp_size, model_path=args.model_path).start()
+                    tp=args.tp_size, dp=args.dp_size, model_path=args.model_path, version=version,
+                    ready_route=version != "0.5.17", first_forward_s=warmup_s).start()
     say(f"{stamp()} INFO:     Uvicorn running on http://{args.host}:{double.port} (Press CTRL+C to quit)")
-    time.sleep(warmup_s)
+    warm_up(double.url)
     double.status = "Up"
     say(f"{stamp()} The server is fired up and ready to roll!")
     while True:

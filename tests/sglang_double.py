@@ -14,6 +14,17 @@ Mirrored from the installed sglang 0.5.23:
   `/generate` (POST): `{"text", "output_ids", "meta_info"}`, a list of them for
   a batch; `/flush_cache` (GET/POST): 200 "Cache flushed.\\nPlease check backend
   logs ..." or 400 "Flush cache failed.\\n" while requests run.
+  `/model_info` (and its deprecated alias `/get_model_info`): 200 with the model
+  path, `is_generation`, ... as soon as the HTTP server runs, warming up or not.
+- the same file of sglang 0.5.17 (ready_route=False, version="0.5.17";
+  https://github.com/sgl-project/sglang/blob/v0.5.17/python/sglang/srt/entrypoints/http_server.py,
+  read from the sglang-0.5.17 wheel): no `/ready` route (404 `{"detail":"Not Found"}`);
+  `/health_generate`, `/model_info`, `/server_info` as above.
+- the warm-up of both (http_server.py _execute_server_warmup): the first
+  `/generate` is the server's own warm-up request, whose forward compiles the
+  JIT kernels (`first_forward_s`); the scheduler answers nothing else meanwhile,
+  so `/server_info` (tokenizer_manager.get_internal_state, a scheduler round
+  trip) waits for it, as the issue's 0.5.17 run saw (its 10 s probe timed out).
 - python/sglang/srt/managers/tokenizer_manager.py (meta_info): `id`,
   `finish_reason` ({"type": "length", "length": n} when max_new_tokens ends it),
   `prompt_tokens`, `weight_version`, `num_retractions`, `reasoning_tokens`,
@@ -47,19 +58,36 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 VERSION = "0.5.23"
+MODEL_INFO = ("/model_info", "/get_model_info")
 FLUSHED = ("Cache flushed.\nPlease check backend logs for more details. "
            "(When there are running or waiting requests, the operation will not be performed.)\n")
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request, client_address):
+        # A client that gave up waiting (the monitor's 0.3 s against /health_generate's
+        # one-second sleep): uvicorn drops the answer silently, so does the double.
+        import sys
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            super().handle_error(request, client_address)
 
 
 class Double:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, speculative: bool = False,
                  accept_length: float = 3.0, num_steps: int = 3, num_draft_tokens: int = 4,
                  step_s: float = 0.001, vocab: int = 32000, tp: int = 1, dp: int = 1,
-                 model_path: str = "/models/target", metrics: bool = True, health_sleep_s: float = 1.0):
+                 model_path: str = "/models/target", metrics: bool = True, health_sleep_s: float = 1.0,
+                 version: str = VERSION, ready_route: bool = True, first_forward_s: float = 0.0,
+                 health_route: bool = True):
         self.speculative, self.accept_length = speculative, float(accept_length)
         self.num_steps, self.num_draft_tokens = num_steps, num_draft_tokens
         self.step_s, self.vocab, self.tp, self.dp = step_s, vocab, tp, dp
         self.model_path, self.metrics, self.health_sleep_s = model_path, metrics, health_sleep_s
+        self.version, self.ready_route, self.first_forward_s = version, ready_route, first_forward_s
+        self.health_route = health_route    # False: neither /ready nor /health_generate (only /model_info)
+        self.paths: list[str] = []          # every request's path, in order
+        self.forwarded = False              # whether the first forward (kernel compile) ran
+        self.compiling = False              # the first forward is running: the scheduler answers nothing else
         self.status = "Starting"            # ServerStatus: Starting | Up | UnHealthy
         self.running = 0
         self.flushes = 0
@@ -82,7 +110,7 @@ class Double:
 
             do_PUT = do_POST
 
-        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.server = _Server((host, port), Handler)
         self.server.daemon_threads = True
         self.host, self.port = self.server.server_address[:2]
         self.thread: threading.Thread | None = None
@@ -114,14 +142,22 @@ class Double:
             time.sleep(30)
             return
         path = h.path.split("?", 1)[0]
-        if path == "/ready":
+        self.paths.append(path)
+        if path == "/ready" and self.ready_route:
             return self._send(h, 200 if self.status == "Up" else 503)
-        if path in ("/health", "/health_generate"):
+        if path in ("/health", "/health_generate") and self.health_route:
             if self.status == "Starting":
                 return self._send(h, 503)
             time.sleep(self.health_sleep_s)
             return self._send(h, 200 if self.status == "Up" else 503)
+        if path in MODEL_INFO and method == "GET":
+            return self._send(h, 200, json.dumps({
+                "model_path": self.model_path, "tokenizer_path": self.model_path, "is_generation": True,
+                "preferred_sampling_params": None, "weight_version": "default",
+                "has_image_understanding": False, "has_audio_understanding": False}).encode())
         if path in ("/server_info", "/get_server_info") and method == "GET":
+            while self.compiling:       # a scheduler round trip: after the forward in flight
+                time.sleep(0.02)
             return self._send(h, 200, json.dumps(self.server_info()).encode())
         if path == "/metrics" and method == "GET":
             if not self.metrics:
@@ -154,7 +190,7 @@ class Double:
             "speculative_num_draft_tokens": self.num_draft_tokens if self.speculative else None,
             "launch_command": None, "max_total_num_tokens": 61440, "startup_time": self.startup_time,
             "internal_states": [dict(state) for _ in range(self.dp)],
-            "version": VERSION, "frontend": "python",
+            "version": self.version, "frontend": "python",
         }
 
     def metrics_text(self) -> str:
@@ -181,7 +217,14 @@ class Double:
         steps = math.ceil(n / self.accept_length) if self.speculative else n
         with self.lock:
             self.running += 1
+            first, self.forwarded = not self.forwarded, True
         try:
+            if first and self.first_forward_s > 0:
+                self.compiling = True
+                try:
+                    time.sleep(self.first_forward_s)
+                finally:
+                    self.compiling = False
             time.sleep(steps * self.step_s)
         finally:
             with self.lock:

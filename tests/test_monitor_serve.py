@@ -148,3 +148,91 @@ def test_a_server_that_stopped_accepting_is_not_reported_as_closed(double):
         full.close()
     st = mon.sample(log_with(), running=True)
     assert st.reason == f"port {double.port} closed after the server was ready"
+
+
+# --- SGLang releases without /ready (0.5.17: the double's ready_route=False) ---------------
+
+@pytest.fixture
+def old_double():
+    d = Double(speculative=True, accept_length=2.4, version="0.5.17", ready_route=False).start()
+    yield d
+    d.stop()
+
+
+def test_without_ready_the_state_comes_from_health_generate(old_double):
+    mon = ServeMonitor("127.0.0.1", old_double.port, True, started=time.time() - 30)
+    st = mon.sample(log_with(), running=True)
+    assert st.state == "warming_up" and st.readiness == "/health_generate"
+    assert st.reason == "/health_generate answered 503 (this server has no /ready)"
+    old_double.status = "Up"
+    st = mon.sample(log_with(), running=True)
+    # Past Starting, /health_generate sleeps a second before it answers: its pending answer
+    # and /model_info's 200 are what 0.5.23's /ready would have said.
+    assert st.state == "ready" and st.version == "0.5.17" and st.accept_length == 2.4
+    assert st.reason.startswith("/health_generate past Starting (no 503 within 0.3 s") and "/model_info answered 200" in st.reason
+    assert 29 <= st.time_to_ready_s < 40
+
+
+def test_the_fired_up_line_on_a_server_without_ready_is_ready_not_unhealthy(old_double):
+    # The issue's run on 0.5.17: `unhealthy ... ready after 2m46s (/ready answered 404)`, CRITICAL.
+    old_double.status = "Up"
+    log = log_with(ready="[2026-12-01 10:02:51] The server is fired up and ready to roll!")
+    st = ServeMonitor("127.0.0.1", old_double.port, True, started=time.time()).sample(log, running=True)
+    assert st.state == "ready" and "404" not in st.reason
+
+
+def test_without_ready_unhealthy_after_ready_when_it_stops_answering(old_double):
+    old_double.status = "Up"
+    mon = ServeMonitor("127.0.0.1", old_double.port, True, started=None)
+    assert mon.sample(log_with(), running=True).state == "ready"
+    old_double.hang = True
+    st = mon.sample(log_with(), running=True, now=time.time() + 60)
+    assert st.state == "unhealthy" and "/model_info: no answer within 0.3 s" in st.reason
+
+
+def test_after_ready_health_generate_is_asked_at_most_every_interval(old_double):
+    # Each /health_generate makes the server generate a token; /model_info is free.
+    old_double.status = "Up"
+    mon = ServeMonitor("127.0.0.1", old_double.port, True, started=None, health_every_s=60)
+    t = time.time()
+    for i in range(4):
+        assert mon.sample(log_with(), running=True, now=t + i).state == "ready"
+    assert old_double.paths.count("/health_generate") == 1 and old_double.paths.count("/ready") == 1
+    st = mon.sample(log_with(), running=True, now=t + 61)
+    assert st.state == "ready" and old_double.paths.count("/health_generate") == 2
+
+
+def test_with_only_model_info_ready_needs_the_fired_up_line():
+    d = Double(ready_route=False, health_route=False).start()
+    try:
+        mon = ServeMonitor("127.0.0.1", d.port, False, started=time.time())
+        st = mon.sample(log_with(), running=True)
+        assert st.state == "warming_up" and st.readiness == "/model_info"
+        assert st.reason == ("/model_info answered 200 (this server has neither /ready nor /health_generate); "
+                             "not fired up yet (no such line in the log)")
+        log = log_with(ready="[2026-12-01 10:02:51] The server is fired up and ready to roll!")
+        assert mon.sample(log, running=True).state == "ready"
+    finally:
+        d.stop()
+
+
+# --- the readiness deadline: warming up is never CRITICAL before it --------------------
+
+def test_warming_up_for_long_is_not_unhealthy_before_the_deadline(double):
+    started = time.time() - 40 * 60       # a 22-minute load, then minutes of kernel compiles
+    st = ServeMonitor("127.0.0.1", double.port, True, started=started).sample(log_with(), running=True)
+    assert st.state == "warming_up" and st.reason == "/ready answered 503"
+
+
+def test_not_ready_by_ready_timeout_s_is_unhealthy(double):
+    started = time.time() - 100
+    st = ServeMonitor("127.0.0.1", double.port, True, started=started,
+                      ready_timeout_s=60).sample(log_with(), running=True)
+    assert st.state == "unhealthy"
+    assert st.reason == "not ready 1m40s after the start (ready_timeout_s 60 s): /ready answered 503"
+    st = ServeMonitor("127.0.0.1", free_port(), True, started=started,
+                      ready_timeout_s=60).sample(log_with(), running=True)
+    assert st.state == "unhealthy" and st.reason.endswith("(ready_timeout_s 60 s): port "
+                                                          f"{st.url.rsplit(':', 1)[1]} not open yet")
+    assert ServeMonitor("127.0.0.1", double.port, True, started=started,
+                        ready_timeout_s=600).sample(log_with(), running=True).state == "warming_up"

@@ -8,6 +8,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -98,11 +99,14 @@ def test_a_server_without_speculation_is_refused_clearly(servers, tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-def test_a_server_that_is_not_there_is_one_line(tmp_path):
+def test_a_server_that_is_not_there_is_one_line_at_the_readiness_deadline(tmp_path):
     pf = tmp_path / "prompts.jsonl"
     pf.write_text(json.dumps({"input_ids": PROMPTS[0]}) + "\n")
-    proc = bench("--url", "http://127.0.0.1:9", "--prompts-file", str(pf), "--output", str(tmp_path / "out"))
-    assert proc.returncode == 2 and proc.stderr.startswith("error: http://127.0.0.1:9/server_info: no answer")
+    proc = bench("--url", "http://127.0.0.1:9", "--prompts-file", str(pf), "--output", str(tmp_path / "out"),
+                 "--ready-timeout-s", "1")
+    assert proc.returncode == 2
+    assert proc.stderr == ("error: http://127.0.0.1:9: not ready within ready_timeout_s 1 s: /ready: connection "
+                           "refused (nothing listens on the port yet)\n")
 
 
 def test_the_lint_says_what_each_engine_needs(tmp_path):
@@ -121,8 +125,8 @@ def test_a_baseline_that_is_down_or_speculative_is_refused_before_any_prompt(ser
     pf = tmp_path / "prompts.jsonl"
     pf.write_text(json.dumps({"input_ids": PROMPTS[0]}) + "\n")
     proc = bench("--url", spec.url, "--baseline-url", "http://127.0.0.1:9", "--prompts-file", str(pf),
-                 "--output", str(tmp_path / "out"))
-    assert proc.returncode == 2 and proc.stderr.startswith("error: http://127.0.0.1:9/server_info: no answer")
+                 "--output", str(tmp_path / "out"), "--ready-timeout-s", "1")
+    assert proc.returncode == 2 and proc.stderr.startswith("error: http://127.0.0.1:9: not ready within ")
     assert spec.requests == [] and "progress:" not in proc.stdout
     # The same server twice (or two speculative ones) would report a speed-up of about 1.
     proc = bench("--url", spec.url, "--baseline-url", spec.url, "--prompts-file", str(pf),
@@ -145,8 +149,124 @@ def test_a_server_that_accepts_and_never_answers_is_one_line_in_seconds(tmp_path
     pf.write_text(json.dumps({"input_ids": PROMPTS[0]}) + "\n")
     t0 = time.monotonic()
     try:
-        proc = bench("--url", url, "--prompts-file", str(pf), "--output", str(tmp_path / "out"))
+        proc = bench("--url", url, "--prompts-file", str(pf), "--output", str(tmp_path / "out"),
+                     "--ready-timeout-s", "3")
     finally:
         hung.close()
     assert time.monotonic() - t0 < 60          # the default --timeout-s is 600, for one generation
-    assert proc.returncode == 2 and proc.stderr == f"error: {url}/server_info: no answer (timed out)\n"
+    assert proc.returncode == 2
+    assert proc.stderr == f"error: {url}: not ready within ready_timeout_s 3 s: /ready: no answer within 3 s (timed out)\n"
+
+
+# --- waiting for readiness before the first probe --------------------------------------
+
+def _prompts(tmp_path):
+    pf = tmp_path / "prompts.jsonl"
+    pf.write_text("\n".join(json.dumps({"input_ids": p}) for p in PROMPTS) + "\n")
+    return pf
+
+
+def warm_up_later(double: Double, after_s: float):
+    """SGLang's start-up (http_server.py _execute_server_warmup): the warm-up /generate,
+    whose first forward compiles the kernels (the double's first_forward_s), then Up."""
+    import threading
+    import urllib.request
+
+    def run():
+        time.sleep(after_s)
+        req = urllib.request.Request(double.url + "/generate", data=json.dumps(
+            {"text": "The capital city of France is", "sampling_params": {"max_new_tokens": 8}}).encode(),
+            headers={"Content-Type": "application/json"})
+        urllib.request.urlopen(req, timeout=60).read()
+        double.status = "Up"
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def test_bench_waits_while_the_server_compiles_its_kernels(tmp_path):
+    # The issue's run: the first start compiled kernels for minutes; /server_info (a scheduler
+    # round trip) answered nothing meanwhile, and the bench's 10 s probe gave up.
+    d = Double(speculative=True, accept_length=3.0, first_forward_s=13.0).start()
+    try:
+        warm_up_later(d, 0.0)
+        proc = bench("--url", d.url, "--prompts-file", str(_prompts(tmp_path)), "--max-new-tokens", "9",
+                     "--output", str(tmp_path / "out"), "--ready-timeout-s", "60")
+    finally:
+        d.stop()
+    assert proc.returncode == 0, proc.stderr
+    assert f"bench: waiting for {d.url} to be ready: /ready answered 503 (0 s of 60 s)" in proc.stdout
+    assert f"bench: {d.url} ready after " in proc.stdout
+    # The first probe came after the server was up.
+    assert d.paths.index("/server_info") > max(i for i, p in enumerate(d.paths) if p == "/ready")
+    assert json.loads((tmp_path / "out" / "bench.json").read_text())["acceptance_length"] == pytest.approx(3.0)
+
+
+def test_bench_waits_for_a_port_that_is_not_open_yet(tmp_path):
+    import socket
+    import threading
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started: list[Double] = []
+
+    def later():
+        time.sleep(2.0)             # the weights load before SGLang binds its port
+        d = Double(port=port, speculative=True).start()
+        d.status = "Up"
+        started.append(d)
+    t = threading.Thread(target=later, daemon=True)
+    t.start()
+    try:
+        proc = bench("--url", f"http://127.0.0.1:{port}", "--prompts-file", str(_prompts(tmp_path)),
+                     "--max-new-tokens", "9", "--output", str(tmp_path / "out"), "--ready-timeout-s", "60")
+    finally:
+        t.join()
+        started[0].stop()
+    assert proc.returncode == 0, proc.stderr
+    assert "/ready: connection refused (nothing listens on the port yet) (0 s of 60 s)" in proc.stdout
+
+
+def test_bench_waits_on_a_server_without_ready_through_health_generate(tmp_path):
+    d = Double(speculative=True, accept_length=2.4, version="0.5.17", ready_route=False).start()
+    base = Double(speculative=False, version="0.5.17", ready_route=False).start()
+    base.status = "Up"
+    try:
+        warm_up_later(d, 2.5)
+        proc = bench("--url", d.url, "--baseline-url", base.url, "--prompts-file", str(_prompts(tmp_path)),
+                     "--max-new-tokens", "12", "--output", str(tmp_path / "out"), "--ready-timeout-s", "60")
+    finally:
+        d.stop()
+        base.stop()
+    assert proc.returncode == 0, proc.stderr
+    assert (f"bench: waiting for {d.url} to be ready: /health_generate answered 503 (this server has no /ready) "
+            f"(0 s of 60 s)") in proc.stdout
+    assert f"ready after" in proc.stdout and "/health_generate answered 200" in proc.stdout
+    r = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert r["server"]["version"] == "0.5.17" and r["outputs_match"] is True
+
+
+def test_a_server_not_ready_by_the_deadline_is_one_line_and_no_prompt_is_sent(tmp_path):
+    d = Double(speculative=True).start()       # Starting, for ever
+    try:
+        proc = bench("--url", d.url, "--prompts-file", str(_prompts(tmp_path)), "--output", str(tmp_path / "out"),
+                     "--ready-timeout-s", "2.5")
+    finally:
+        d.stop()
+    assert proc.returncode == 2
+    assert proc.stderr == f"error: {d.url}: not ready within ready_timeout_s 2.5 s: /ready answered 503\n"
+    assert d.requests == [] and "/server_info" not in d.paths and "progress:" not in proc.stdout
+    assert not (tmp_path / "out" / "bench.json").exists()
+
+
+def test_ready_timeout_s_must_be_positive(tmp_path):
+    proc = bench("--url", "http://127.0.0.1:9", "--prompts-file", str(_prompts(tmp_path)),
+                 "--output", str(tmp_path / "out"), "--ready-timeout-s", "0")
+    assert proc.returncode == 2 and proc.stderr.startswith("error: --ready-timeout-s 0: expected seconds > 0")
+    assert len(proc.stderr.splitlines()) == 1
+    lint = SPEC.extra["lint"]
+    ctx = EstimateContext(root=tmp_path, params={"engine": "sglang", "url": "http://x:1", "data": "d",
+                                                 "ready_timeout_s": -5}, target={})
+    assert [str(x) for x in lint(ctx, None)] == [
+        "error: ready_timeout_s -5: expected seconds > 0 (how long bench waits for its servers to be ready)"]

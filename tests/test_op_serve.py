@@ -259,3 +259,11 @@ def test_ep_with_moe_dp_size_in_extra_args_follows_sglangs_rule():
     errs = command.errors(command.lint({"tp": 8, "ep": 2, "extra_args": ["--moe-data-parallel-size=2"]}, "/m",
                                        list(range(8))))
     assert len(errs) == 1 and "ep 2 x moe_dp_size 2 = 4, but tp is 8" in errs[0].message
+
+
+def test_ready_timeout_s_must_be_positive_and_is_not_passed_to_sglang():
+    errs = command.errors(command.lint({"ready_timeout_s": 0}, "/m", [0]))
+    assert [x.message for x in errs] == ["ready_timeout_s 0: expected seconds > 0 (how long the server may take "
+                                         "to become ready before the console says CRITICAL)"]
+    assert not command.errors(command.lint({"ready_timeout_s": 90.0}, "/m", [0]))
+    assert "--ready-timeout-s" not in command.server_argv({"ready_timeout_s": 90.0}, "/m")

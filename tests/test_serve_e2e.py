@@ -198,7 +198,8 @@ params = {{ engine = "sglang", prompts_file = "prompts.jsonl", output = "runs/be
 def test_bench_names_its_servers_by_serve_stage_and_the_console_binds_their_urls(ws):
     """params.server / baseline_server name serve stages; the launch's argv (the
     plan shown is the plan run) carries the URLs their host and port make."""
-    ws.write(bench_pipeline(31001, 31002, 'server = "serve_spec", baseline_server = "serve_base"'))
+    ws.write(bench_pipeline(31001, 31002, 'server = "serve_spec", baseline_server = "serve_base", '
+                                          'ready_timeout_s = 1'))
     (ws.root / "prompts.jsonl").write_text('{"input_ids": [1, 2, 3, 4]}\n')
     ws.cli("run", "bench_sglang", check=0)
     run = ws.latest("bench_sglang")
@@ -209,6 +210,7 @@ def test_bench_names_its_servers_by_serve_stage_and_the_console_binds_their_urls
     wait_for(lambda: ws.latest("bench_sglang").status not in ("pending", "running") or None, timeout=30)
     log = next((ws.root / ".eagle3").glob("logs/*bench_sglang.log")).read_text()
     assert "http://127.0.0.1:31001 (serve stage serve_spec)" in log   # no server up: the op says so and ends
+    assert "error: http://127.0.0.1:31001: not ready within ready_timeout_s 1 s: /ready: connection refused" in log
 
 
 def test_a_server_param_that_names_no_serve_stage_or_the_wrong_mode_is_refused(ws):
@@ -227,10 +229,74 @@ def test_a_server_param_that_names_no_serve_stage_or_the_wrong_mode_is_refused(w
 
 def test_a_server_bound_to_every_interface_is_reached_on_loopback(ws):
     """The URL the console gives bench is the one its serve monitor polls."""
-    ws.write(bench_pipeline(31003, 31004, 'server = "serve_spec"').replace(
+    ws.write(bench_pipeline(31003, 31004, 'server = "serve_spec", ready_timeout_s = 1').replace(
         'port = 31003, mode', 'port = 31003, host = "0.0.0.0", mode'))
     (ws.root / "prompts.jsonl").write_text('{"input_ids": [1, 2, 3, 4]}\n')
     ws.cli("run", "bench_sglang", check=0)
     argv = ws.latest("bench_sglang").argv
     assert argv[argv.index("--url") + 1] == "http://127.0.0.1:31003"
     wait_for(lambda: ws.latest("bench_sglang").status not in ("pending", "running") or None, timeout=30)
+
+
+def test_a_server_without_ready_warms_up_then_is_ready_and_never_critical(ws):
+    """SGLang 0.5.17 has no /ready (404): the issue's console said CRITICAL `unhealthy ...
+    (/ready answered 404)` on a healthy server. The fake serves that release's endpoints."""
+    port = free_port()
+    ws.write(pipeline(port, env=', FAKE_SGLANG_VERSION = "0.5.17"').replace(
+        'FAKE_SGLANG_WARMUP_S = "0.5"', 'FAKE_SGLANG_WARMUP_S = "2.5"'))
+    ws.cli("run", "serve", check=0)
+    seen, alerts = [], []
+
+    def ready():
+        st, snap, _code = serve_state(ws)
+        alerts.extend(a for a in snap["alerts"] if a["stage"] == "serve")
+        if st["serve"]:
+            seen.append((st["serve"]["state"], st["serve"]["reason"]))
+        return st if st["serve"] and st["serve"]["state"] == "ready" else None
+    try:
+        st = wait_for(ready, timeout=40, poll=0.1)
+        for _ in range(5):          # and it stays ready, the "fired up" line in the log
+            st = ready() or serve_state(ws)[0]
+        assert st["serve"]["state"] == "ready" and st["serve"]["version"] == "0.5.17"
+        assert st["serve"]["readiness"] == "/health_generate"
+        assert ("warming_up", "/health_generate answered 503 (this server has no /ready)") in seen
+        assert alerts == [] and not any(s == "unhealthy" for s, _ in seen)
+    finally:
+        ws.cli("stop", "serve", "--grace", "2")
+
+
+def test_bench_started_with_its_serve_stage_waits_for_it(ws):
+    """The issue's bench gave up after its 10 s probe while the server was still starting."""
+    port = free_port()
+    export = ws.root / "runs" / "export"
+    (export / "sglang").mkdir(parents=True)
+    (export / "sglang" / "config.json").write_text(json.dumps(
+        {"architectures": ["LlamaForCausalLMEagle3"], "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3]}}))
+    (ws.root / "prompts.jsonl").write_text('{"input_ids": [1, 2, 3, 4]}\n{"input_ids": [5, 6, 7]}\n')
+    ws.write(f"""
+[target]
+path = "models/target"
+architecture = "LlamaForCausalLM"
+
+[stages.serve_spec]
+op = "serve"
+gpus = [0]
+params = {{ port = {port}, mode = "speculative", drafter = "runs/export", launcher = "tests.fake_launch_server" }}
+env = {{ PYTHONPATH = "{ROOT}", FAKE_SGLANG_LOAD_S = "2", FAKE_SGLANG_WARMUP_S = "2", FAKE_SGLANG_VERSION = "0.5.17" }}
+
+[stages.bench_sglang]
+op = "bench"
+params = {{ engine = "sglang", server = "serve_spec", prompts_file = "prompts.jsonl", output = "runs/bench_sglang", max_new_tokens = 16, ready_timeout_s = 60 }}
+""")
+    ws.cli("run", "serve_spec", check=0)
+    try:
+        ws.cli("run", "bench_sglang", check=0)
+        run = ws.wait_status("bench_sglang", ("succeeded", "failed"), timeout=60)
+        log = next((ws.root / ".eagle3").glob("logs/*bench_sglang.log")).read_text()
+        assert run.status == "succeeded", log
+        assert f"bench: waiting for http://127.0.0.1:{port} to be ready: /ready: connection refused" in log
+        assert f"bench: http://127.0.0.1:{port} ready after " in log
+        r = json.loads((ws.root / "runs" / "bench_sglang" / "bench.json").read_text())
+        assert r["server"]["version"] == "0.5.17" and r["acceptance_length"] > 1
+    finally:
+        ws.cli("stop", "serve_spec", "--grace", "2")

@@ -6,17 +6,25 @@ the stage (status --json, the stages table, the progress pane).
 
 States (what the operator waits through on a 22-minute load):
 - loading: the port is closed (weight-load % from the log's tqdm bar);
-- warming_up: the port accepts, but `/ready` is not 200 yet;
-- ready: `/ready` answered 200;
-- unhealthy: after ready, `/ready` not 200, a timeout, the port closed while
-  the process lives, or the log says a child died (scheduler, detokenizer);
+- warming_up: the port accepts, but the server is not ready yet (SGLang's
+  warm-up request compiles kernels for minutes on a first start);
+- ready: the readiness endpoint says so (ops/serve/readiness.py);
+- unhealthy: after ready, not ready, a timeout, the port closed while the
+  process lives, or the log says a child died (scheduler, detokenizer); before
+  ready, only once ready_timeout_s (serve's param) passed since the start:
+  loading and warming up are never an alert;
 - stopped: the run is not running.
 
-Endpoints, as sglang 0.5.23 defines them (python/sglang/srt/entrypoints/http_server.py):
-- `/ready`: 200 when the tokenizer manager's status is Up, else 503, at once.
-  Not `/health`: with SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION (default on)
-  `/health` runs a one-token generation and sleeps a second before it
-  answers, longer than a refresh may wait.
+Readiness across SGLang versions (ops/serve/readiness.py, which cites both
+sources): `/ready` (0.5.23: 200 when Up, 503 else, at once); where it answers
+404 (0.5.17 has none) `/health_generate`, asked with the same short timeout:
+503 at once while Starting, and a pending answer means past Starting (it
+sleeps a second, then generates a token), confirmed by `/model_info`
+answering; once ready it is asked at most every HEALTH_EVERY_S, `/model_info`
+in between. Where neither exists, `/model_info` 200 plus the log's "fired up"
+line is ready. Not `/health` on 0.5.23: it is `/health_generate`'s handler.
+
+Other endpoints, as sglang 0.5.23 defines them (python/sglang/srt/entrypoints/http_server.py):
 - `/server_info` (`/get_server_info` is its deprecated alias, which logs a
   warning on every call): the resolved server args plus `version` and
   `internal_states`, one dict per DP rank with `last_gen_throughput` and,
@@ -40,9 +48,13 @@ import time
 
 from eagle3_console.model import LogState, ServeState
 from eagle3_console.monitor.logparse import line_time
+from ops.serve.readiness import HEALTH, SERVE_READY_TIMEOUT_S, Readiness
+from ops.units import human_duration
 
 TIMEOUT_S = 0.3
 FIGURES_EVERY_S = 2.0
+# Each /health_generate makes the server generate a token: after ready, one a while.
+HEALTH_EVERY_S = 10.0
 
 _SAMPLE = re.compile(r"^(sglang:[a-z_]+)(?:\{[^}]*\})?\s+(\S+)")
 
@@ -111,15 +123,20 @@ def server_url(host: str, port: int) -> str:
 
 class ServeMonitor:
     def __init__(self, host: str, port: int, speculative: bool, started: float | None,
-                 timeout: float = TIMEOUT_S, figures_every_s: float = FIGURES_EVERY_S):
+                 timeout: float = TIMEOUT_S, figures_every_s: float = FIGURES_EVERY_S,
+                 ready_timeout_s: float | None = SERVE_READY_TIMEOUT_S, health_every_s: float = HEALTH_EVERY_S):
         self.host, self.port = connect_host(host), int(port)
         self.speculative = speculative
         self.started = started
         self.timeout = timeout
         self.figures_every_s = figures_every_s
+        self.ready_timeout_s = ready_timeout_s
+        self.health_every_s = health_every_s
         self.ever_ready = False
         self.first_ready_at: float | None = None
         self._last: ServeState | None = None
+        self._health_at: float | None = None
+        self.readiness = Readiness(lambda path, t: http_get(self.host, self.port, path, t)[0], timeout)
 
     @property
     def url(self) -> str:
@@ -146,29 +163,45 @@ class ServeMonitor:
                 st.state = "loading"
                 st.reason = f"port {self.port} not open yet" + (
                     f"; weights {log.load_pct:.0f}% loaded" if log and log.load_pct is not None else "")
-            if died:
-                st.state, st.reason = "unhealthy", died.line
-            return st
-        try:
-            code, _body = http_get(self.host, self.port, "/ready", self.timeout)
-        except OSError as exc:
-            code, why = None, f"/ready: no answer within {self.timeout:g} s ({exc})"
         else:
-            why = f"/ready answered {code}"
-        if code == 200:
-            st.state, st.reason = "ready", why
+            self._ask(st, now, findings)
+        self._deadline(st, now)
+        if died and st.state != "ready":
+            st.state, st.reason = "unhealthy", died.line
+        return st
+
+    def _ask(self, st: ServeState, now: float, findings: dict) -> None:
+        health = not (self.ever_ready and self._health_at is not None and now - self._health_at < self.health_every_s)
+        ans = self.readiness.probe(health=health)
+        if ans.endpoint == HEALTH:
+            self._health_at = now
+        st.readiness = ans.endpoint
+        # /model_info alone says the HTTP server answers, which it does while warming up too.
+        ready = ans.state == "ready" or (ans.state == "answering" and self.ever_ready)
+        if ready:
+            st.state, st.reason = "ready", ans.reason + (
+                "" if ans.state == "ready" else (f"; {HEALTH} checked {human_duration(now - self._health_at)} ago"
+                                                 if self._health_at is not None else "; the log said fired up"))
             if self.first_ready_at is None:
                 self.first_ready_at = now     # when the log has no "fired up" line (yet)
             self.ever_ready = True
             st.time_to_ready_s = self._time_to_ready(findings)
             self._figures(st, now)
         elif self.ever_ready:
-            st.state, st.reason = "unhealthy", why
+            st.state, st.reason = "unhealthy", ans.reason
         else:
-            st.state, st.reason = "warming_up", why
-        if died and st.state != "ready":
-            st.state, st.reason = "unhealthy", died.line
-        return st
+            st.state, st.reason = "warming_up", ans.reason + (
+                "; not fired up yet (no such line in the log)" if ans.state == "answering" else "")
+
+    def _deadline(self, st: ServeState, now: float) -> None:
+        """Loading and warming up are no alert until serve's ready_timeout_s passed."""
+        if st.state not in ("loading", "warming_up") or self.started is None or self.ready_timeout_s is None:
+            return
+        waited = now - self.started
+        if waited > self.ready_timeout_s:
+            st.state = "unhealthy"
+            st.reason = (f"not ready {human_duration(waited)} after the start (ready_timeout_s "
+                         f"{self.ready_timeout_s:g} s): {st.reason}")
 
     def _time_to_ready(self, findings: dict) -> float | None:
         if self.started is None:

@@ -38,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "(recorded in bench.json)")
     p.add_argument("--baseline-server", help="engine sglang: the serve stage behind --baseline-url")
     p.add_argument("--timeout-s", type=float, help="engine sglang: per request")
+    p.add_argument("--ready-timeout-s", type=float, help="engine sglang: how long to wait for the servers to be "
+                                                         "ready before the first probe (> 0)")
     p.add_argument("--output")
     p.add_argument("--data", help="hidden-state data for prompts (default: the export's)")
     p.add_argument("--prompts-file", help='JSONL lines with "input_ids" (instead of --data)')
@@ -122,6 +124,10 @@ def main_sglang(args) -> int:
               "in a pipeline, params.server names the serve stage instead)",
               file=sys.stderr, flush=True)
         return 2
+    if not args.ready_timeout_s > 0:
+        print(f"error: --ready-timeout-s {args.ready_timeout_s:g}: expected seconds > 0 (params.ready_timeout_s: "
+              f"how long to wait for the servers to be ready)", file=sys.stderr, flush=True)
+        return 2
     try:
         prompts = prompts_for(args)
         if not prompts:
@@ -131,7 +137,7 @@ def main_sglang(args) -> int:
               + (f" vs baseline {args.baseline_url}" if args.baseline_url else "")
               + (f" (serve stage {args.baseline_server})" if args.baseline_server else ""), flush=True)
         result = run_bench(args.url, prompts, args.max_new_tokens, args.baseline_url, args.timeout_s,
-                           log=lambda m: print(m, flush=True))
+                           log=lambda m: print(m, flush=True), ready_timeout_s=args.ready_timeout_s)
     except (ValueError, OSError, ServerError) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2

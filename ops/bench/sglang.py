@@ -12,21 +12,31 @@ baseline URL (a server without speculation) the same prompts are timed there
 and the speed-up is the ratio of output tokens/s; whether both servers gave
 the same greedy tokens is reported too.
 
+Before its first probe the bench waits for each server to be ready
+(ops/serve/readiness.py: `/ready`, or on a release without it `/health_generate`,
+else `/model_info`), at most ready_timeout_s from its start: a server started
+beside it loads and compiles its kernels for minutes first.
+
 Standard library only (urllib): the bench host needs no SGLang client.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
+from ops.serve.readiness import HEALTH_ANSWER_S, HEALTH_SLEEP_S, Readiness
+
 FLUSHED_PREFIX = "Cache flushed."
 # /server_info and /flush_cache answer at once on a live server; the bench's timeout
 # is sized for one generation, and a hung server would hold the bench that long.
 PROBE_TIMEOUT_S = 10.0
+READY_POLL_S = 2.0          # between readiness probes while a server warms up
+READY_SAY_EVERY_S = 10.0    # a "waiting" line at most this often
 
 
 class ServerError(RuntimeError):
@@ -41,7 +51,8 @@ class Answer:
     seconds: float
 
 
-def _request(url: str, path: str, body: dict | None, timeout: float) -> tuple[int, bytes]:
+def _http(url: str, path: str, body: dict | None, timeout: float) -> tuple[int, bytes]:
+    """(status, body); OSError (refused, timed out, a broken answer) when no answer comes."""
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url.rstrip("/") + path, data=data, method="POST" if data else "GET",
                                  headers={"Content-Type": "application/json"} if data else {})
@@ -50,8 +61,44 @@ def _request(url: str, path: str, body: dict | None, timeout: float) -> tuple[in
             return resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
-    except (urllib.error.URLError, OSError) as exc:
-        raise ServerError(f"{url}{path}: no answer ({getattr(exc, 'reason', exc)})") from None
+    except urllib.error.URLError as exc:
+        raise exc.reason if isinstance(exc.reason, OSError) else OSError(str(exc.reason)) from None
+    except http.client.HTTPException as exc:
+        raise OSError(f"bad HTTP answer: {exc!r}") from None
+
+
+def _request(url: str, path: str, body: dict | None, timeout: float) -> tuple[int, bytes]:
+    try:
+        return _http(url, path, body, timeout)
+    except OSError as exc:
+        raise ServerError(f"{url}{path}: no answer ({exc})") from None
+
+
+def wait_ready(url: str, ready_timeout_s: float, log=print, t0: float | None = None) -> str:
+    """Return (why it is ready) once the server at `url` is ready; ServerError when
+    ready_timeout_s passed since t0 (time.monotonic(), default now). Refused
+    connections are waited through: the port opens only once the weights loaded."""
+    t0 = time.monotonic() if t0 is None else t0
+    deadline = t0 + ready_timeout_s
+    ready = Readiness(lambda path, t: _http(url, path, None, t)[0], PROBE_TIMEOUT_S)
+    said = None
+    while True:
+        left = deadline - time.monotonic()
+        ready.timeout = max(0.1, min(PROBE_TIMEOUT_S, left))
+        # Long enough for /health_generate's answer (>= 1 s), its whole check at most.
+        ready.health_timeout = max(HEALTH_SLEEP_S + 1.0, min(HEALTH_ANSWER_S, left))
+        ans = ready.probe()
+        now = time.monotonic()
+        if ans.state in ("ready", "answering"):     # answering: /model_info, all such a server has
+            if said is not None:
+                log(f"bench: {url} ready after {now - t0:.0f} s ({ans.reason})")
+            return ans.reason
+        if now >= deadline:
+            raise ServerError(f"{url}: not ready within ready_timeout_s {ready_timeout_s:g} s: {ans.reason}")
+        if said is None or now - said >= READY_SAY_EVERY_S:
+            log(f"bench: waiting for {url} to be ready: {ans.reason} ({now - t0:.0f} s of {ready_timeout_s:g} s)")
+            said = now
+        time.sleep(min(READY_POLL_S, max(0.0, deadline - now)))
 
 
 def server_info(url: str, timeout: float) -> dict:
@@ -93,8 +140,12 @@ def generate(url: str, input_ids: list[int], max_new_tokens: int, timeout: float
 
 
 def run_bench(url: str, prompts: list[tuple[int, list[int]]], max_new_tokens: int,
-              baseline_url: str | None = None, timeout: float = 600.0, log=print) -> dict:
+              baseline_url: str | None = None, timeout: float = 600.0, log=print,
+              ready_timeout_s: float = 600.0) -> dict:
     """The bench on live servers; raises ServerError with the reason when a server fails."""
+    t0 = time.monotonic()
+    for u in [url] + ([baseline_url] if baseline_url else []):
+        wait_ready(u, ready_timeout_s, log, t0)       # one deadline for both
     probe = min(timeout, PROBE_TIMEOUT_S)
     info = server_info(url, probe)
     if not info.get("speculative_algorithm"):

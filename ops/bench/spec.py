@@ -57,6 +57,10 @@ def lint(ctx: EstimateContext, _gpus) -> list[Lint]:
     if engine == "sglang" and not p.get("url"):
         return [Lint("error", "engine sglang needs params.server (a speculative serve stage of this pipeline) "
                               "or params.url (e.g. http://127.0.0.1:30000)")]
+    rts = p.get("ready_timeout_s")
+    if engine == "sglang" and rts is not None and not (isinstance(rts, (int, float)) and rts > 0):
+        return [Lint("error", f"ready_timeout_s {rts!r}: expected seconds > 0 (how long bench waits for its "
+                              f"servers to be ready)")]
     if engine == "sglang" and not (p.get("data") or p.get("prompts_file") or p.get("drafter")):
         return [Lint("error", "engine sglang needs held-out prompts: params.data, prompts_file or drafter "
                               "(whose export_info.json names the data)")]
@@ -74,6 +78,7 @@ SPEC = OpSpec(
         "server": None,             # engine sglang: a serve stage (mode speculative) whose host:port is url
         "baseline_server": None,    # engine sglang: a serve stage (mode target) whose host:port is baseline_url
         "timeout_s": 600.0,
+        "ready_timeout_s": 600.0,   # engine sglang: how long to wait for the servers to be ready
         "output": REQUIRED,
         "data": None,
         "prompts_file": None,

@@ -37,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--num-draft-tokens", type=int)
     ap.add_argument("--enable-metrics", action=argparse.BooleanOptionalAction)
     ap.add_argument("--extra-args", help="JSON list of argv words passed to SGLang")
+    ap.add_argument("--ready-timeout-s", type=float, help="the console's: not ready this long after the start is "
+                                                          "CRITICAL (not passed to SGLang)")
     ap.add_argument("--force", action="store_true", help="exec the server despite lint errors")
     ap.add_argument("--launcher")
     return spec_defaults(ap, SPEC)

@@ -171,6 +171,10 @@ def lint(p: dict[str, Any], model_path: str | None, gpus: Sequence[int] | None,
         else:
             out.append(Lint("error", f"ep {ep} x moe_dp_size {moe_dp} = {ep * moe_dp}, but tp is {tp}: "
                                      f"SGLang requires ep x moe_dp_size == tp"))
+    rts = p.get("ready_timeout_s")
+    if rts not in (None, "") and not float(rts) > 0:
+        out.append(Lint("error", f"ready_timeout_s {rts}: expected seconds > 0 (how long the server may take "
+                                 f"to become ready before the console says CRITICAL)"))
     mfs = p.get("mem_fraction_static")
     if mfs not in (None, "") and not 0.0 < float(mfs) < 1.0:
         out.append(Lint("error", f"mem_fraction_static {mfs}: expected a fraction between 0 and 1"))

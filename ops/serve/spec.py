@@ -10,6 +10,7 @@ from __future__ import annotations
 
 
 from ops.serve import command
+from ops.serve.readiness import SERVE_READY_TIMEOUT_S
 from ops.spec import EstimateContext, Lint, OpSpec
 
 
@@ -47,6 +48,7 @@ SPEC = OpSpec(
         "num_draft_tokens": 4,
         "enable_metrics": True,
         "extra_args": None,         # a list of argv words passed to SGLang as they are
+        "ready_timeout_s": SERVE_READY_TIMEOUT_S,   # the console's: not ready by then is CRITICAL
         "force": False,             # start despite lint errors (`run --force` sets it)
         "launcher": command.SGLANG_LAUNCHER,   # module run as `python -m`; tests use a fake
     },
