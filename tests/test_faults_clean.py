@@ -282,7 +282,8 @@ def test_a_zero_byte_state_db_beside_its_id_is_reported_and_never_recreated(ws):
     """Before: the read created a new registry in the empty file, then said
     "replaced: holds registry <the id it just made>"."""
     ws.write('[stages.a]\nargv = ["true"]\noutputs = ["out/a"]\n')
-    ws.cli("status", "--no-gpus")
+    ws.cli("run", "a", check=0)
+    ws.wait_status("a", ("succeeded",))
     state = ws.root / ".eagle3"
     registry = (state / "state.id").read_text().strip()
     for extra in ("state.db-wal", "state.db-shm"):
