@@ -300,6 +300,11 @@ class Registry:
             rows = self.conn.execute("SELECT * FROM runs ORDER BY id DESC LIMIT ?", (limit,))
         return [Run.from_row(r, self.registry_id) for r in rows]
 
+    def stage_history(self, stage: str) -> list[tuple[int, str]]:
+        """(id, status) of every run of the stage, oldest first (no JSON decoded)."""
+        return [(r[0], r[1]) for r in self.conn.execute(
+            "SELECT id, status FROM runs WHERE stage = ? ORDER BY id", (stage,))]
+
     def run_ids(self) -> list[int]:
         return [r[0] for r in self.conn.execute("SELECT id FROM runs")]
 
