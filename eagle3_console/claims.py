@@ -157,17 +157,20 @@ def records_files(stage: Any) -> bool:
 class Claim:
     """The outputs one supervisor claims for its run: lock fds held until release."""
 
-    def __init__(self, ws: Workspace, run: Any, registry: str, outputs: list[str], vouch: bool):
+    def __init__(self, ws: Workspace, run: Any, registry: str, outputs: list[str], vouch: bool,
+                 history: list[tuple[int, str]] | None = None):
         self.ws, self.run, self.registry, self.vouch = ws, run, registry, vouch
+        self.history = history or []        # (id, status) of the stage's runs, as at the start
         self.outputs = outputs
         self.held: dict[str, int] = {}
         self.pids: list[tuple[int, float]] = []
         self.notes: list[str] = []
 
     @classmethod
-    def for_run(cls, ws: Workspace, run: Any, registry: str) -> "Claim":
+    def for_run(cls, ws: Workspace, run: Any, reg: Any) -> "Claim":
         """The run's outputs as its stage names them now; none when the pipeline
         file no longer loads (the run goes on; only the claim is lost)."""
+        registry = reg.registry_id
         try:
             from eagle3_console import config as cfg
             from eagle3_console import runs
@@ -178,8 +181,10 @@ class Claim:
             claim = cls(ws, run, registry, [], False)
             claim.notes.append(f"outputs not claimed: {exc}")
             return claim
-        claim = cls(ws, run, registry, outputs, vouch)
-        if vouch:
+        claim = cls(ws, run, registry, outputs, vouch, reg.stage_history(run.stage) if vouch else [])
+        # Only the stage's first record of "what was there before" is ever read (clean's _vouched).
+        if vouch and not any(manifest_path(ws, registry, rid, "start").exists()
+                             for rid, _s in claim.history if rid != run.id):
             claim._manifest("start")
         return claim
 
@@ -271,6 +276,10 @@ class Claim:
         its locks removed (still held, so no one else's lock is unlinked)."""
         if succeeded and self.vouch:
             self._manifest("end")
+            # Only the latest succeeded run's record is read: the older ones go.
+            for rid, status in self.history:
+                if status == "succeeded" and rid != self.run.id:
+                    manifest_path(self.ws, self.registry, rid, "end").unlink(missing_ok=True)
         for out, fd in self.held.items():
             try:
                 os.unlink(Path(out) / LOCK_NAME)

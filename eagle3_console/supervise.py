@@ -56,7 +56,7 @@ def supervise(ws: Workspace, run_id: int) -> int:
     env[ENV_STAGE] = run.stage
     env.setdefault("PYTHONUNBUFFERED", "1")
     # The outputs' lock files (claims.py): a second writer, from another workspace, is refused.
-    claim = Claim.for_run(ws, run, reg.registry_id)
+    claim = Claim.for_run(ws, run, reg)
     claim.set_pids((me.pid, me.create_time()))
     conflicts = claim.refresh()
     for note in claim.notes:
