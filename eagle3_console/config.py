@@ -6,6 +6,7 @@ Every error names the file, the key and what was expected; callers exit 3.
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import tomllib
@@ -34,6 +35,9 @@ TOP_KEYS = {"target", "stages", "workspace"}
 # stages, 4 min, 1.3 GB). Refused before parsing the rest.
 MAX_STAGES = 500
 MAX_FILE_BYTES = 4 << 20
+# A stage name becomes part of paths (its log, its trash folder) and argv words:
+# one safe set, so no name climbs out (`../x`), nests (`a/b`), hides (`.x`) or reads as a flag (`-rf`).
+STAGE_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 
 
 class ConfigError(ValueError):
@@ -188,6 +192,11 @@ def parse(raw: dict[str, Any], path: Path) -> Pipeline:
     stages_raw = _expect(path, "stages", raw.get("stages", {}), dict)
     if len(stages_raw) > MAX_STAGES:
         raise ConfigError(path, "stages", f"{len(stages_raw):,} stages; expected at most {MAX_STAGES}")
+    for name in stages_raw:
+        if not STAGE_NAME_RE.fullmatch(name):
+            raise ConfigError(path, f"stages.{json.dumps(name)}",
+                              "unsafe stage name; expected 1-64 of letters, digits, _ . - (first a letter, digit "
+                              "or _), e.g. extract_2 or bench-1.5")
     stages = {name: _parse_stage(path, name, body) for name, body in stages_raw.items()}
     pipe = Pipeline(path=path, target=target, stages=stages)
     _check_graph(pipe)

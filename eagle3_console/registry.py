@@ -167,6 +167,8 @@ class Registry:
             db_path.parent.mkdir(parents=True, exist_ok=True)
             self.conn = sqlite3.connect(db_path, timeout=30, isolation_level=None)
             self.conn.row_factory = sqlite3.Row
+            if expected:
+                self._check_holds_a_registry(expected, marker)
             self.conn.execute("PRAGMA journal_mode=WAL")
             self.conn.execute("PRAGMA synchronous=NORMAL")
             self.conn.executescript(SCHEMA)
@@ -195,6 +197,23 @@ class Registry:
             raise StateError(
                 f"state database {db_path} was replaced: it holds registry {self.registry_id}, {marker.name} says "
                 f"{expected}. Restore the original, or move {marker} aside to adopt this one")
+
+    def _check_holds_a_registry(self, expected: str, marker: Path) -> None:
+        """With a marker, the database must already be a registry: read before
+        anything is written, so that an emptied state.db (truncated, a 0-byte
+        copy) is reported as it is, not made into a new registry first."""
+        held = self.conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone()
+        if held:
+            held = self.conn.execute("SELECT 1 FROM meta WHERE key = 'registry_id'").fetchone()
+        if held:
+            return
+        self.conn.close()
+        size = self.path.stat().st_size
+        raise StateError(
+            f"state database {self.path} is empty ({size:,} bytes, no registry in it), but {marker.name} says "
+            f"registry {expected} was there; runs it recorded may still be alive. Restore it, or move {marker} "
+            f"aside to start an empty registry")
 
     def _write_marker(self, marker: Path) -> None:
         """First opener writes the id (O_EXCL: two racing openers of a new
@@ -280,6 +299,11 @@ class Registry:
         else:
             rows = self.conn.execute("SELECT * FROM runs ORDER BY id DESC LIMIT ?", (limit,))
         return [Run.from_row(r, self.registry_id) for r in rows]
+
+    def stage_history(self, stage: str) -> list[tuple[int, str]]:
+        """(id, status) of every run of the stage, oldest first (no JSON decoded)."""
+        return [(r[0], r[1]) for r in self.conn.execute(
+            "SELECT id, status FROM runs WHERE stage = ? ORDER BY id", (stage,))]
 
     def run_ids(self) -> list[int]:
         return [r[0] for r in self.conn.execute("SELECT id FROM runs")]

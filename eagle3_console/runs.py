@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eagle3_console import claims
 from eagle3_console.config import Pipeline, Stage
 from eagle3_console.monitor.disk import room_for
 from eagle3_console.monitor.procs import ProcessTable, orphans, process_alive
@@ -285,6 +286,9 @@ def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, 
         # run before a short disk); the check that counts is repeated below.
         check_can_start(reg, pipe, stage, force, ws=ws, strays=False)
         check_outputs_apart(ws, pipe, stage, params)
+        owned = claims.owned_elsewhere(output_paths(ws, stage, params), reg.registry_id, stage.name)
+        if owned:
+            raise Refused(f"stage {stage.name!r}: {owned}")
         bad = [x for x in lints(ws, pipe, stage, params) if x.level == "error"]
         if bad and not force:
             reg.record("run", "refused: lint", stage=stage.name, detail="; ".join(x.message for x in bad))

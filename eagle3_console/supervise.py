@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psutil
 
+from eagle3_console.claims import Claim
 from eagle3_console.registry import Registry
 from eagle3_console.workspace import ENV_REGISTRY, ENV_RUN_ID, ENV_STAGE, ENV_WORKSPACE, Workspace
 
@@ -54,11 +55,23 @@ def supervise(ws: Workspace, run_id: int) -> int:
     env[ENV_REGISTRY] = reg.registry_id
     env[ENV_STAGE] = run.stage
     env.setdefault("PYTHONUNBUFFERED", "1")
+    # The outputs' lock files (claims.py): a second writer, from another workspace, is refused.
+    claim = Claim.for_run(ws, run, reg)
+    claim.set_pids((me.pid, me.create_time()))
+    conflicts = claim.refresh()
+    for note in claim.notes:
+        log.write(f"[eagle3-console] {note}\n".encode())
+    if conflicts:
+        claim.release(succeeded=False)
+        log.write(f"[eagle3-console] not started: {'; '.join(conflicts)}\n".encode())
+        reg.finish(run_id, "failed", ended=time.time(), reason=f"not started: {conflicts[0]}")
+        return 1
     try:
         proc = subprocess.Popen(run.argv, cwd=run.cwd, env=env, stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=subprocess.STDOUT, process_group=0)
     except OSError as exc:
         log.write(f"[eagle3-console] cannot start {run.argv[0]!r}: {exc}\n".encode())
+        claim.release(succeeded=False)
         reg.finish(run_id, "failed", ended=time.time(), exit_code=127, reason=f"cannot start: {exc}")
         return 127
 
@@ -78,9 +91,11 @@ def supervise(ws: Workspace, run_id: int) -> int:
         create_time = None
     reg.update(run_id, status="running", pid=proc.pid, pgid=proc.pid, sid=os.getsid(0),
                create_time=create_time, started=time.time())
-    code = proc.wait()
+    claim.set_pids((me.pid, me.create_time()), (proc.pid, create_time))
+    code = claim.wait(proc, log)
     ended = time.time()
     stop_requested = reg.get(run_id).stop_requested
+    claim.release(succeeded=code == 0 and not stop_requested)
     if code < 0:
         sig = -code
         status = "killed" if stop_requested else "failed"

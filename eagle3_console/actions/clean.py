@@ -3,22 +3,33 @@
 Data flow: config + registry + the op's spec (what counts as partial) ->
 CleanPlan -> (confirm) -> execute_clean (re-plans first) -> events. Never a
 succeeded run's files, never outside the output root, never through a symlink,
-never while a process of the run lives or a writer holds a file open there.
+never while a process of the run lives, a writer holds a file open there, or
+another live run (of any workspace) owns the output (claims.py).
+
+Every file is reached from the output root's opened directory without
+following a link, and moved or deleted relative to its parent's fd after its
+(st_dev, st_ino) and its parents' are checked against the listing (fstree.py):
+a folder swapped for a symlink while clean runs leads nowhere. Cleans of one
+workspace take turns (.eagle3/clean.lock): the later ones re-plan, find
+nothing left, and say so (exit 0).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
-import shutil
-import stat
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Iterator
 
 import psutil
 
+from eagle3_console import claims
 from eagle3_console import config as cfg
 from eagle3_console import runs
+from eagle3_console.fstree import Changed, Dest, Entry, Root, ident
 from eagle3_console.monitor.procs import ProcessTable, RunRef
 from eagle3_console.registry import Registry, Run
 from eagle3_console.units import human_bytes
@@ -39,6 +50,8 @@ class CleanPlan:
     refusal: str | None = None
     skipped: list[str] = field(default_factory=list)   # what was not taken, and why
     nothing_to_do: bool = False     # the refusal is "nothing partial" (exit 0), not "unsafe" (2)
+    # What the walk saw of each file: (its output root, the entry with its identity and its parents').
+    entries: dict[Path, tuple[Path, Entry]] = field(default_factory=dict)
 
     @property
     def total_bytes(self) -> int:
@@ -74,41 +87,29 @@ class CleanResult:
         return out
 
 
-def _inside_without_symlinks(root: Path, path: Path) -> bool:
-    """True when `path` lies under `root` and no component from root to it is a symlink."""
-    try:
-        rel = path.relative_to(root)
-    except ValueError:
-        return False
-    cur = root
-    if root.is_symlink():
-        return False
-    for part in rel.parts:
-        cur = cur / part
+def _admit(plan: CleanPlan, root: Root, entry: Entry) -> None:
+    path = root.path_of(entry.rel)
+    if path not in plan.entries:
+        plan.files.append((path, root.size(entry)))
+        plan.entries[path] = (root.path, entry)
+
+
+def _admit_paths(plan: CleanPlan, root: Root, paths: list[Path], real_root: bool = False) -> None:
+    """Paths an op (or verify's report) named under `root`, each looked up again
+    from the root's fd: kept only when reached without a link and still the
+    file the path string showed (the op judged that one)."""
+    base = Path(os.path.realpath(root.path)) if real_root else root.path
+    for path in sorted(set(paths)):
+        rel = Path(os.path.relpath(os.path.normpath(path), base)).parts
+        entry = root.lookup(rel) if rel and ".." not in rel else None
         try:
-            if stat.S_ISLNK(os.lstat(cur).st_mode):
-                return False
-        except FileNotFoundError:
-            return False
-    return True
-
-
-def _size(path: Path) -> int:
-    """A file's bytes, or a directory's (train/export leave .tmp-<pid> checkpoint
-    directories): its regular files summed, symlinks not followed."""
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        return st.st_size
-    total = 0
-    for dirpath, _dirs, names in os.walk(path):
-        for name in names:
-            try:
-                sub = os.lstat(os.path.join(dirpath, name))
-            except FileNotFoundError:
-                continue
-            if stat.S_ISREG(sub.st_mode):
-                total += sub.st_size
-    return total
+            seen = os.lstat(path)
+        except OSError:
+            continue
+        if entry is None or ident(seen) != entry.ident:
+            plan.skipped.append(f"{path} (outside the output root or through a symlink)")
+            continue
+        _admit(plan, root, entry)
 
 
 def _open_files_under(roots: list[Path]) -> list[str]:
@@ -118,7 +119,7 @@ def _open_files_under(roots: list[Path]) -> list[str]:
     for proc in psutil.process_iter(["pid", "name"]):
         try:
             for f in proc.open_files():
-                if any(f.path.startswith(p) for p in prefixes):
+                if any(f.path.startswith(p) for p in prefixes) and os.path.basename(f.path) != claims.LOCK_NAME:
                     hits.append(f"pid {proc.pid} ({proc.info['name']}) has {f.path} open")
                     break
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
@@ -126,36 +127,54 @@ def _open_files_under(roots: list[Path]) -> list[str]:
     return hits
 
 
-def _candidates(stage: cfg.Stage, run: Run, roots: list[Path]) -> tuple[list[Path], str]:
-    expects_samples = stage.expected_samples is not None
-    if stage.spec:
-        found: list[Path] = []
-        for root in roots:
-            found += stage.spec.partial_files(root)
-        return found, "temp files and truncated or unreadable samples"
-    if expects_samples:
-        # A custom stage writing the hidden-state layout: whole samples are resume points.
-        found = []
-        for root in roots:
-            found += sample_partials(root)
-        return found, "temp files and truncated or unreadable samples"
-    found = []
+def _vouched(ws: Workspace, stage_name: str) -> tuple[dict | None, str]:
+    """What a record of this stage's runs vouches for (claims.py): the files a
+    succeeded run left, else those there before the stage's first recorded run.
+    None where no run left a record (runs from before the records): then the
+    clock decides, as it did."""
+    with Registry(ws.db_path) as reg:
+        history, registry = reg.stage_history(stage_name), reg.registry_id
+    ok = [rid for rid, status in history if status == "succeeded"]
+    if ok:
+        found = claims.read_manifest(claims.manifest_path(ws, registry, ok[-1], "end"))
+        return found, f"temp files and files that succeeded run {ok[-1]} did not leave as they are"
+    for rid, _status in history:
+        found = claims.read_manifest(claims.manifest_path(ws, registry, rid, "start"))
+        if found is not None:
+            return found, f"temp files and files that were not there before run {rid}, the stage's first, started"
+    return None, ""
+
+
+def _collect(ws: Workspace, plan: CleanPlan, stage: cfg.Stage, run: Run, roots: list[Path]) -> str:
+    """Fill the plan with the partial files under `roots`; returns what "partial" meant."""
+    vouched, why = (None, "") if stage.spec or stage.expected_samples is not None else _vouched(ws, stage.name)
     since = (run.started or run.created) - 1.0
-    for root in roots:
-        if not root.is_dir():
-            continue
-        for dirpath, _dirs, names in os.walk(root):
-            for name in names:
-                p = Path(dirpath) / name
-                try:
-                    st = os.lstat(p)
-                except FileNotFoundError:
+    for root_path in roots:
+        try:
+            root = Root(root_path)
+        except OSError:
+            continue            # absent (nothing written), or no longer a folder
+        with root:
+            if stage.spec or stage.expected_samples is not None:
+                # The op's own rule; a custom stage writing the hidden-state layout: whole samples are resume points.
+                lister = stage.spec.partial_files if stage.spec else sample_partials
+                _admit_paths(plan, root, lister(root_path))
+                why = "temp files and truncated or unreadable samples"
+                continue
+            mine = (vouched or {}).get(str(root_path), {})
+            for e in root.walk():
+                if e.rel == (claims.LOCK_NAME,):
                     continue
-                if not stat.S_ISREG(st.st_mode):
-                    continue
-                if name.endswith(TMP_SUFFIXES) or st.st_mtime >= since:
-                    found.append(p)
-    return found, f"temp files and files written since run {run.id} started"
+                if e.rel[-1].endswith(TMP_SUFFIXES):
+                    _admit(plan, root, e)
+                elif vouched is not None:
+                    if mine.get("/".join(e.rel)) != [e.size, e.mtime_ns]:
+                        _admit(plan, root, e)
+                elif e.mtime_ns / 1e9 >= since:
+                    _admit(plan, root, e)
+    if stage.spec or stage.expected_samples is not None:
+        return "temp files and truncated or unreadable samples"
+    return why or f"temp files and files written since run {run.id} started (by the clock: no run recorded its files)"
 
 
 def plan_clean(ws: Workspace, stage_name: str, purge: bool = False) -> CleanPlan:
@@ -179,11 +198,20 @@ def plan_clean(ws: Workspace, stage_name: str, purge: bool = False) -> CleanPlan
     if run.status == "succeeded":
         # A complete output is never cleaned, except the samples a verify stage's
         # report names as bad (still unchanged since): resume rewrites those.
-        bad, report = _verify_reported(ws, pipe, roots)
-        if bad:
-            plan.files = [(b.path, b.size) for b in bad]
+        bad, report, data = _verify_reported(ws, pipe, roots)
+        if bad and not _owned(plan, [data]):
+            try:
+                with Root(data) as root:
+                    _admit_paths(plan, root, [b.path for b in bad], real_root=True)
+            except OSError as exc:
+                plan.refusal = f"{data}: {exc.strerror}"
+                return plan
             plan.why = (f"run {run.id} succeeded, but verify's report {report} names these as bad; "
                         f"`run {stage_name}` again rewrites them")
+            if not plan.files:
+                plan.refusal = f"the bad files verify's report {report} names are gone or changed since"
+                plan.nothing_to_do = True
+        if bad:
             return plan
         plan.refusal = (f"run {run.id} of {stage_name!r} succeeded: its outputs are complete and are never cleaned; "
                         f"to redo the stage, move {', '.join(map(str, roots)) or 'its output'} aside yourself and run it again")
@@ -211,29 +239,36 @@ def plan_clean(ws: Workspace, stage_name: str, purge: bool = False) -> CleanPlan
         plan.refusal = (f"process(es) of stage {stage_name!r} still alive: "
                         f"{sorted(alive)}; run `kill-workers {stage_name}` first")
         return plan
+    if _owned(plan, roots):
+        return plan
     writers = _open_files_under(roots)
     if writers:
         plan.refusal = "a writer is still alive: " + "; ".join(writers[:3])
         return plan
-    found, plan.why = _candidates(stage, run, roots)
-    for path in sorted(set(found)):
-        root = next((r for r in roots if r == path or r in path.parents), None)
-        if root is None or not _inside_without_symlinks(root, path):
-            plan.skipped.append(f"{path} (outside the output root or through a symlink)")
-            continue
-        try:
-            plan.files.append((path, _size(path)))
-        except FileNotFoundError:
-            continue
+    plan.why = _collect(ws, plan, stage, run, roots)
     if not plan.files:
         plan.refusal = f"no partial files under {', '.join(map(str, roots))}"
         plan.nothing_to_do = True
     return plan
 
 
-def _verify_reported(ws: Workspace, pipe: cfg.Pipeline, roots: list[Path]) -> tuple[list, Path | None]:
+def _owned(plan: CleanPlan, roots: list[Path]) -> bool:
+    """Refuse an output another live run owns (its lock file: claims.py), e.g.
+    a run of another workspace writing the same /shared/out."""
+    for root in roots:
+        owner = claims.live_owner(root)
+        if owner:
+            plan.refusal = (f"output {root} is owned by {owner.describe()}, which is live: clean never touches "
+                            f"an output another run is writing")
+            return True
+    return False
+
+
+def _verify_reported(ws: Workspace, pipe: cfg.Pipeline, roots: list[Path]) -> tuple[list, Path | None, Path | None]:
     """The bad files that a verify stage of this pipeline reported under one of
-    `roots` (ops.verify.reported: only files inside the root, unchanged since)."""
+    `roots` (ops.verify.reported: only files inside the root, unchanged since),
+    the report and that root. The report's relative paths are the verify run's,
+    which ran in the workspace: they resolve there, wherever clean is called from."""
     from ops.verify.reported import ReportError, reported_bad_files
     for other in pipe.stages.values():
         if other.op != "verify" or not other.params.get("input") or not other.params.get("report"):
@@ -243,12 +278,12 @@ def _verify_reported(ws: Workspace, pipe: cfg.Pipeline, roots: list[Path]) -> tu
             continue
         report = ws.resolve(str(other.params["report"]))
         try:
-            bad = reported_bad_files(report, data)
+            bad = reported_bad_files(report, data, base=ws.root)
         except ReportError:
             continue
         if bad:
-            return bad, report
-    return [], None
+            return bad, report, data
+    return [], None, None
 
 
 def _fresh_dir(path: Path) -> Path:
@@ -265,59 +300,80 @@ def _fresh_dir(path: Path) -> Path:
     raise runs.Refused(f"{path}: 999 trash folders of that name already exist")
 
 
-def _trash_destination(trash: Path, root: Path, path: Path) -> Path:
+def _trash_rel(ws_root: Path, path: Path) -> tuple[str, ...]:
     """Where `path` (normalised, see Workspace.resolve) goes in this clean's trash
     folder: its place under the workspace, or under `outside/` its absolute
-    path for an output on another disk; never onto a file already there."""
+    path for an output on another disk (Dest never renames onto a file there)."""
     path = Path(os.path.normpath(path))
-    rel = path.relative_to(root) if root in path.parents else Path("outside", *path.parts[1:])
-    dest = Path(os.path.normpath(trash / rel))
-    if trash not in dest.parents:
-        raise OSError(0, f"trash destination {dest} would leave {trash}")
-    n = 1
-    candidate = dest
-    while os.path.lexists(candidate):
-        n += 1
-        candidate = dest.with_name(f"{dest.name}.{n}")
-    return candidate
+    rel = path.relative_to(ws_root).parts if ws_root in path.parents else ("outside", *path.parts[1:])
+    if not rel or ".." in rel:
+        raise OSError(0, f"no place in the trash for {path}")
+    return rel
+
+
+@contextmanager
+def _turn(ws: Workspace) -> Iterator[None]:
+    """One clean of a workspace at a time: the next one re-plans after it."""
+    fd = os.open(ws.state_dir / "clean.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def execute_clean(ws: Workspace, plan: CleanPlan) -> CleanResult:
     if plan.refusal:
         raise runs.Refused(plan.refusal)
-    # Conditions may have changed since the plan was shown: check again.
-    fresh = plan_clean(ws, plan.stage, plan.purge)
-    if fresh.refusal:
-        raise runs.Refused(fresh.refusal)
-    allowed = {p for p, _s in fresh.files}
-    moved, total, failed = 0, 0, []
-    if not plan.purge:
-        plan.trash = _fresh_dir(plan.trash)
-        trash_dev = os.stat(plan.trash).st_dev
-    for path, size in plan.files:
-        if path not in allowed:
-            failed.append(f"{path}: no longer partial, kept")
-            continue
-        try:
-            if plan.purge:
-                # rmtree never follows a symlink inside the directory (fd-based on Linux).
-                if stat.S_ISDIR(os.lstat(path).st_mode):
-                    shutil.rmtree(path)
-                else:
-                    os.unlink(path)
-            else:
-                if os.lstat(path).st_dev != trash_dev:
-                    failed.append(f"{path}: on another filesystem than the trash; kept (use --purge)")
-                    continue
-                dest = _trash_destination(plan.trash, ws.root, path)
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                os.rename(path, dest)
-            moved += 1
-            total += size
-        except OSError as exc:
-            failed.append(f"{path}: {exc.strerror}")
-    result = CleanResult(moved, total, None if plan.purge else str(plan.trash), failed)
+    with _turn(ws):
+        # Conditions may have changed since the plan was shown: check again.
+        fresh = plan_clean(ws, plan.stage, plan.purge)
+        if fresh.refusal:
+            # Nothing partial left (a parallel clean took it): what was asked for holds.
+            raise (runs.NothingToDo if fresh.nothing_to_do else runs.Refused)(fresh.refusal)
+        result = _execute(ws, plan, fresh)
     with Registry(ws.db_path) as reg:
-        reg.record("clean", "ok" if not failed else "partial", stage=plan.stage,
+        reg.record("clean", "ok" if not result.failed else "partial", stage=plan.stage,
                    targets=[str(p) for p, _s in plan.files[:1000]], detail="; ".join(result.lines()))
     return result
+
+
+def _execute(ws: Workspace, plan: CleanPlan, fresh: CleanPlan) -> CleanResult:
+    moved, total, failed = 0, 0, []
+    dest = None
+    if not plan.purge:
+        plan.trash = _fresh_dir(plan.trash)
+        dest = Dest(plan.trash)
+    opened: dict[Path, Root] = {}
+    try:
+        for path, size in plan.files:
+            now = fresh.entries.get(path)
+            seen = plan.entries.get(path, now)
+            if now is None:
+                failed.append(f"{path}: no longer partial, kept")
+                continue
+            root_path, entry = now
+            if seen[1].ident != entry.ident:
+                failed.append(f"{path}: another file since the plan, kept")
+                continue
+            try:
+                root = opened.get(root_path) or opened.setdefault(root_path, Root(root_path))
+                if dest is None:
+                    root.remove(entry)
+                elif entry.dev != dest.dev:
+                    failed.append(f"{path}: on another filesystem than the trash; kept (use --purge)")
+                    continue
+                else:
+                    root.move(entry, dest, _trash_rel(ws.root, path))
+                moved += 1
+                total += size
+            except Changed as exc:
+                failed.append(f"{path}: {exc.strerror}; kept")
+            except OSError as exc:
+                failed.append(f"{path}: {exc.strerror or exc}")
+    finally:
+        for root in opened.values():
+            root.close()
+        if dest is not None:
+            dest.close()
+    return CleanResult(moved, total, None if plan.purge else str(plan.trash), failed)

@@ -29,12 +29,14 @@ class ReportError(ValueError):
     """The report cannot be read: names the file and what is wrong."""
 
 
-def reported_bad_files(report_path: str | os.PathLike, output: str | os.PathLike | None = None
-                       ) -> list[ReportedBad]:
+def reported_bad_files(report_path: str | os.PathLike, output: str | os.PathLike | None = None,
+                       base: str | os.PathLike | None = None) -> list[ReportedBad]:
     """The bad files of verify's report at `report_path` that still exist
     unchanged inside `output` (default: the report's own "output"; when given,
-    the report must be about that directory). Raises ReportError naming the
-    file when the report is missing, not JSON or not a verify report."""
+    the report must be about that directory). The report's relative paths are
+    relative to `base`, the directory verify ran in (default: the cwd). Raises
+    ReportError naming the file when the report is missing, not JSON or not a
+    verify report."""
     report_path = Path(report_path)
     try:
         data = json.loads(report_path.read_text())
@@ -45,14 +47,17 @@ def reported_bad_files(report_path: str | os.PathLike, output: str | os.PathLike
     if not isinstance(data, dict) or not isinstance(data.get("bad_files"), list) \
             or not isinstance(data.get("output"), str):
         raise ReportError(f"{report_path}: not a verify report (expected keys 'output' and 'bad_files')")
-    root = Path(os.path.realpath(data["output"]))
+    def real(p: str) -> Path:
+        return Path(os.path.realpath(os.path.join(base, p) if base is not None else p))
+
+    root = real(data["output"])
     if output is not None and Path(os.path.realpath(output)) != root:
         raise ReportError(f"{report_path}: reports on {data['output']}, not on {output}")
     out: list[ReportedBad] = []
     for entry in data["bad_files"]:
         if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
             continue
-        path = Path(os.path.realpath(entry["path"]))
+        path = real(entry["path"])
         if root not in path.parents:
             continue
         try:
