@@ -16,12 +16,13 @@ from typing import Optional
 import typer
 
 from eagle3_console import config as cfg
+from eagle3_console import cliopts
 from eagle3_console.cli import (EXIT_CRITICAL, EXIT_OK, EXIT_UNKNOWN, Ctx, collect, err, out,
                                 status_json)
 from eagle3_console.registry import Registry, id_path
 from eagle3_console.workspace import ENV_WORKSPACE, Workspace
 
-app = typer.Typer(add_completion=False, no_args_is_help=False, rich_markup_mode=None,
+app = typer.Typer(cls=cliopts.BadInputIsExit3, add_completion=False, no_args_is_help=False, rich_markup_mode=None,
                   help="Operations console for training EAGLE-3 drafters. No command: open the console (TUI).")
 
 
@@ -104,7 +105,8 @@ def run(ctx: typer.Context, stage: str,
 
 @app.command()
 def stop(ctx: typer.Context, stage: str,
-         grace: float = typer.Option(10.0, "--grace", help="Seconds between SIGTERM and SIGKILL.")) -> None:
+         grace: float = typer.Option(10.0, "--grace", help="Seconds between SIGTERM and SIGKILL.",
+                                     callback=cliopts.seconds())) -> None:
     """SIGTERM the stage's process group, SIGKILL after the grace period."""
     from eagle3_console import runs
     c = _ctx(ctx)
@@ -129,7 +131,7 @@ def _ended(r) -> str:
 
 @app.command("runs")
 def runs_cmd(ctx: typer.Context, stage: Optional[str] = typer.Argument(None),
-             limit: int = typer.Option(20, "-n", help="How many runs."),
+             limit: int = typer.Option(20, "-n", help="How many runs.", callback=cliopts.integer(1)),
              as_json: bool = typer.Option(False, "--json")) -> None:
     """Run history, newest first."""
     from eagle3_console import runs
@@ -163,8 +165,9 @@ def runs_cmd(ctx: typer.Context, stage: Optional[str] = typer.Argument(None),
 def logs(ctx: typer.Context, stage: str,
          follow: bool = typer.Option(False, "-f", "--follow",
                                      help="Keep printing new lines (like tail -F) until the run ends."),
-         lines: int = typer.Option(50, "-n", help="Lines from the end."),
-         run_id: Optional[int] = typer.Option(None, "--run", help="A run id (default: the latest).")) -> None:
+         lines: int = typer.Option(50, "-n", help="Lines from the end.", callback=cliopts.integer(0)),
+         run_id: Optional[int] = typer.Option(None, "--run", help="A run id (default: the latest).",
+                                               callback=cliopts.integer(1, cliopts.MAX_ID, "a run id"))) -> None:
     """Print the tail of a stage's log."""
     from eagle3_console.logtail import follow as follow_log, run_ended, tail
     c = _ctx(ctx)
