@@ -224,11 +224,13 @@ def apply_exit_record(reg: Registry, run: Run) -> bool:
     rec = exitrecord.read(run.log_path)
     if rec is None:
         return False
+    if not rec.get("error") and process_alive(run.supervisor_pid, run.supervisor_create_time):
+        return False    # it is writing the registry itself (or retrying while the disk is full)
+    how = (f"the supervisor could not write {rec['error']}" if rec.get("error")
+           else "the supervisor ended before it wrote state.db")
     values = {k: rec[k] for k in ("ended", "exit_code", "signal", "reason") if rec.get(k) is not None}
-    if rec.get("error"):
-        values["reason"] = "; ".join(filter(None, [values.get("reason"),
-                                                   f"recorded from {exitrecord.path_for(run.log_path).name}: "
-                                                   f"the supervisor could not write {rec['error']}"]))
+    values["reason"] = "; ".join(filter(None, [values.get("reason"),
+                                               f"recorded from {exitrecord.path_for(run.log_path).name}: {how}"]))
     done = reg.finish(run.id, rec["status"], **values)
     if done:
         mark_end(reg, run.id, rec.get("boottime") if isinstance(rec.get("boottime"), dict) else None)

@@ -142,6 +142,7 @@ def record_end(reg: Registry, record: ExitRecord, run_id: int, status: str, valu
     record.write(dict(values, status=status, boottime=when))
     _say(log, line)
     delay, deadline, error = 0.2, time.monotonic() + retry_s, None
+    # One loop: either the registry takes it (True) or the retries run out (False).
     while True:
         try:
             reg.finish(run_id, status, **values)
@@ -149,15 +150,17 @@ def record_end(reg: Registry, record: ExitRecord, run_id: int, status: str, valu
             record.remove()
             return True
         except sqlite3.Error as exc:
+            if error is None:
+                # From now on a reader may apply the record (it does not while the
+                # supervisor lives and has not failed: that is the normal path).
+                record.write(dict(values, status=status, boottime=when, error=f"state.db: {exc}"))
+                _say(log, f"[eagle3-console] could not record the end in {reg.path}: {exc}; it is in "
+                          f"{record.path} (retrying for {retry_s:g} s; a status that can write state.db applies it too)\n")
             error = exc
         if time.monotonic() >= deadline:
-            break
+            return False
         time.sleep(delay)
         delay = min(delay * 2, 5.0)
-    record.write(dict(values, status=status, boottime=when, error=f"state.db: {error}"))
-    _say(log, f"[eagle3-console] could not record the end in {reg.path}: {error}; recorded in {record.path}, "
-              f"which the next status applies\n")
-    return False
 
 
 def main(argv: list[str] | None = None) -> int:
