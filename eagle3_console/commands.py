@@ -169,7 +169,7 @@ def logs(ctx: typer.Context, stage: str,
          run_id: Optional[int] = typer.Option(None, "--run", help="A run id (default: the latest).",
                                                callback=cliopts.integer(1, cliopts.MAX_ID, "a run id"))) -> None:
     """Print the tail of a stage's log."""
-    from eagle3_console.logtail import follow as follow_log, gone_message, run_ended, tail
+    from eagle3_console.logtail import follow as follow_log, gone_message, open_log, run_ended, tail
     c = _ctx(ctx)
     with Registry(c.ws.db_path) as reg:
         try:
@@ -184,22 +184,31 @@ def logs(ctx: typer.Context, stage: str,
         err.print(f"error: stage {stage!r} has no runs yet")
         raise typer.Exit(EXIT_CRITICAL)
     path = Path(r.log_path)
-    if not path.exists() and r.status != "pending":
+    opened = open_log(r)
+    if opened is None and r.status != "pending":
         # Deleted or rotated away: saying nothing (exit 0) read as "the run printed nothing".
         err.print(f"error: {gone_message(r, path)}", highlight=False, markup=False)
         raise typer.Exit(EXIT_CRITICAL)
-    shown, upto = tail(path, lines)
+    fh, moved = opened or (None, None)
+    if moved:
+        err.print(f"note: {path} is gone; reading the file run {r.id} still writes: {moved}",
+                  highlight=False, markup=False)
+    # The tail and the follow read one open file: a move in between loses nothing.
+    shown, upto = tail(Path(f"/proc/self/fd/{fh.fileno()}") if fh else path, lines)
     for line in shown:
         sys.stdout.write(line + "\n")
     sys.stdout.flush()
-    if follow:
-        try:
-            follow_log(path, sys.stdout, run_ended(c.ws.db_path, r.id), start=upto)
-        except KeyboardInterrupt:
-            return
-        with Registry(c.ws.db_path) as reg:
-            # Like the run's own exit: a failed, killed or lost run is no 0 for a script waiting on it.
-            raise typer.Exit(EXIT_OK if reg.get(r.id).status == "succeeded" else EXIT_CRITICAL)
+    if not follow:
+        if fh:
+            fh.close()
+        return
+    try:
+        follow_log(path, sys.stdout, run_ended(c.ws.db_path, r.id), start=upto, first=fh)
+    except KeyboardInterrupt:
+        return
+    with Registry(c.ws.db_path) as reg:
+        # Like the run's own exit: a failed, killed or lost run is no 0 for a script waiting on it.
+        raise typer.Exit(EXIT_OK if reg.get(r.id).status == "succeeded" else EXIT_CRITICAL)
 
 
 

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import time
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import BinaryIO, Callable, TextIO
 
 WINDOW = 8 << 20
 MAX_LINE = 8 << 10
@@ -180,18 +181,23 @@ def _open_at(path: Path, offset: int | None) -> _OpenLog | None:
 
 def follow(path: Path, out: TextIO, ended: Callable[[], str | None] = lambda: None,
            start: int | None = None, poll_s: float = 0.25,
-           sleep: Callable[[float], None] = time.sleep) -> str | None:
+           sleep: Callable[[float], None] = time.sleep, first=None) -> str | None:
     """Print each new line of `path` to `out` until `ended()` returns a line
     (the run's status line: printed after the log's last lines, then returned),
     like `tail --pid`. Starts at byte `start` (default: the current end).
 
     Moved aside or rotated: the file already open is read on (its writer
     still writes there) and a new file at the path is read from its start;
-    truncated in place: read again from its start."""
+    truncated in place: read again from its start. `first`: the log already
+    open (open_log()), so nothing written between the tail and this is lost."""
     files: list[_OpenLog] = []
-    first = _open_at(path, start)
     if first is not None:
-        files.append(first)
+        size = os.fstat(first.fileno()).st_size
+        files.append(_OpenLog(first, size if start is None else min(start, size)))
+    else:
+        opened = _open_at(path, start)
+        if opened is not None:
+            files.append(opened)
     try:
         while True:
             final = ended()
@@ -223,6 +229,45 @@ def follow(path: Path, out: TextIO, ended: Callable[[], str | None] = lambda: No
     finally:
         for f in files:
             f.close()
+
+
+def _append_fd(pid: int) -> int | None:
+    """The supervisor's log descriptor: its one regular file open for appending."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return None
+    for fd in fds:
+        try:
+            with open(f"/proc/{pid}/fdinfo/{fd}") as fh:
+                flags = next((int(line.split()[1], 8) for line in fh if line.startswith("flags:")), 0)
+            if flags & os.O_APPEND and stat.S_ISREG(os.stat(f"/proc/{pid}/fd/{fd}").st_mode):
+                return int(fd)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def open_log(run) -> tuple[BinaryIO, str | None] | None:
+    """(the run's log open for reading, where it lies now when that is not its
+    path), or None when it is gone. A live run's log moved or deleted before
+    this is still the file its supervisor writes: it is opened through the
+    supervisor's descriptor (/proc/PID/fd)."""
+    try:
+        return open(run.log_path, "rb"), None
+    except FileNotFoundError:
+        pass
+    from eagle3_console.monitor.procs import process_alive
+    if not run.live or not process_alive(run.supervisor_pid, run.supervisor_create_time):
+        return None
+    fd = _append_fd(run.supervisor_pid)
+    if fd is None:
+        return None
+    link = f"/proc/{run.supervisor_pid}/fd/{fd}"
+    try:
+        return open(link, "rb"), os.readlink(link)
+    except OSError:
+        return None
 
 
 def gone_message(run, path: Path) -> str:

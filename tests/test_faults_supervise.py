@@ -155,11 +155,17 @@ argv = {stage_cmd("counter.py", "--count", "60", "--every", "0.08")}
     log = Path(run.log_path)
     wait_for(lambda: "line 5\n" in log.read_text())
     follower = _follow(ws, "count")
+    # The move lands while it follows (its first lines printed), at line 19 or soon after.
+    out = follower.stdout.readline()
+    while not out.startswith("line "):
+        out = follower.stdout.readline()
     wait_for(lambda: "line 19\n" in log.read_text(), timeout=30, poll=0.01)
     log.rename(log.with_name(log.name + ".1"))
     if new_file:
         log.write_text("a new file at the path\n")
-    out, err = follower.communicate(timeout=60)
+    out += follower.stdout.read()       # not communicate(): it would skip what readline() buffered
+    err = follower.stderr.read()
+    follower.wait(60)
     assert follower.returncode == 0, (follower.returncode, err)
     shown = [line for line in out.splitlines() if line.startswith("line ")]
     assert shown == [f"line {i}" for i in range(60)], out
@@ -263,3 +269,23 @@ argv = {stage_cmd("counter.py", "--count", "20", "--every", "0.1")}
         assert r.reason == ("recorded from 000001-s.exit: the supervisor could not write state.db: "
                             "database or disk is full"), r.reason
     assert not record.exists()
+
+
+@pytest.mark.timeout(120)
+def test_logs_of_a_live_run_whose_log_was_moved_before_reads_the_file_it_writes(ws):
+    """The move lands before `logs -f` starts: the supervisor still writes the
+    moved file, and that is what is shown and followed (through its descriptor)."""
+    ws.write(f"""
+[stages.count]
+argv = {stage_cmd("counter.py", "--count", "40", "--every", "0.08")}
+""")
+    ws.cli("run", "count", check=0)
+    run = ws.wait_status("count", ("running",))
+    log = Path(run.log_path)
+    wait_for(lambda: "line 3\n" in log.read_text())
+    log.rename(log.with_name("elsewhere.txt"))
+    follower = _follow(ws, "count")
+    out, err = follower.communicate(timeout=60)
+    assert follower.returncode == 0, (out, err)
+    assert [x for x in out.splitlines() if x.startswith("line ")] == [f"line {i}" for i in range(40)]
+    assert "elsewhere.txt" in err and "is gone" in err
