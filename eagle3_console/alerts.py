@@ -31,10 +31,16 @@ def derive(snap: Snapshot) -> list[Alert]:
         if st.status == "lost" and st.alive:
             a.append(Alert(CRITICAL, "lost", f"{st.name}: supervisor of run {st.run_id} is gone; "
                                              f"the stage's processes are still watched", st.name))
-        elif st.status == "lost":
-            # Stopped, or died unrecorded: nothing of it runs, nothing is watched.
+        elif st.status == "lost" and st.done:
+            # Its outputs vouch for it (the op's record, complete): dependents may go on.
             a.append(Alert(WARNING, "lost", f"{st.name}: run {st.run_id} lost: its supervisor and its processes "
-                                            f"are gone; how it ended was not recorded", st.name))
+                                            f"are gone; how it ended was not recorded, its outputs are complete",
+                           st.name))
+        elif st.status == "lost":
+            # Died unrecorded (a stop of it records "killed"): CRITICAL, as README's
+            # exit-code table says; the policies treat it as failed.
+            a.append(Alert(CRITICAL, "lost", f"{st.name}: run {st.run_id} lost: its supervisor and its processes "
+                                             f"are gone; how it ended was not recorded", st.name))
         if "oom" in findings:
             a.append(Alert(CRITICAL, "oom", f"{st.name}: out of memory", st.name, findings["oom"].line))
         if "killed" in findings and st.status != "killed":

@@ -9,6 +9,7 @@ from datetime import datetime
 
 import typer
 
+from eagle3_console import cliopts
 from eagle3_console import config as cfg
 from eagle3_console.cli import EXIT_CRITICAL, EXIT_LOCKED, EXIT_OK, EXIT_UNKNOWN, collect, err, out
 from eagle3_console.commands import _ctx, _refused, app
@@ -32,8 +33,9 @@ def _go_ahead(plan, yes: bool) -> bool:
 @app.command("kill-workers")
 def kill_workers(ctx: typer.Context, stage: str,
                  yes: bool = typer.Option(False, "--yes", help="Act; without it only the plan is printed."),
-                 grace: float = typer.Option(10.0, "--grace"),
-                 wait: float = typer.Option(60.0, "--wait", help="Seconds to wait for GPU memory to come back.")) -> None:
+                 grace: float = typer.Option(10.0, "--grace", callback=cliopts.seconds()),
+                 wait: float = typer.Option(60.0, "--wait", help="Seconds to wait for GPU memory to come back.",
+                                            callback=cliopts.seconds())) -> None:
     """Kill every process of STAGE's run and every GPU process tied to it; prove the memory came back."""
     from eagle3_console import actions
     c = _ctx(ctx)
@@ -93,7 +95,8 @@ def restart(ctx: typer.Context, stage: str,
 @app.command()
 def watch(ctx: typer.Context,
           once: bool = typer.Option(False, "--once", help="One pass, then exit with the status code."),
-          interval: float = typer.Option(30.0, "--interval", help="Seconds between passes."),
+          interval: float = typer.Option(30.0, "--interval", help="Seconds between passes.",
+                                         callback=cliopts.seconds(above=True)),
           no_gpus: bool = typer.Option(False, "--no-gpus"),
           advance: bool = typer.Option(False, "--advance", help="Also start each stage that never ran (or is stale) once its dependencies are done."),
           until_done: bool = typer.Option(False, "--until-done", help="Exit once every stage succeeded (or nothing more can start).")) -> None:
@@ -131,18 +134,17 @@ EXPORTER_PORT = 9457   # not nvitop-exporter's 8000 / 5050, dcgm-exporter's 9400
 
 @app.command()
 def exporter(ctx: typer.Context,
-             port: int = typer.Option(EXPORTER_PORT, "--port", help="TCP port (0: any free one, printed)."),
+             port: int = typer.Option(EXPORTER_PORT, "--port", help="TCP port (0: any free one, printed).",
+                                      callback=cliopts.integer(0, 65535, "a TCP port")),
              host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
-             interval: float = typer.Option(5.0, "--interval", help="Seconds between snapshots (scrapes read the last one)."),
+             interval: float = typer.Option(5.0, "--interval", help="Seconds between snapshots (scrapes read the last one).",
+                                           callback=cliopts.seconds(above=True)),
              no_gpus: bool = typer.Option(False, "--no-gpus", help="Skip NVML.")) -> None:
     """Serve the snapshot as Prometheus metrics on http://HOST:PORT/metrics."""
     from eagle3_console import exporter as exp
     from eagle3_console.snapshot import Collector
     c = _ctx(ctx)
     c.pipeline()
-    if interval <= 0:
-        err.print(f"error: --interval {interval}: must be > 0", highlight=False, markup=False)
-        raise typer.Exit(EXIT_UNKNOWN)
     col = Collector(c.ws, gpus=not no_gpus, curves=False)
     try:
         code = exp.serve(col.collect, host, port, interval,

@@ -16,12 +16,13 @@ from typing import Optional
 import typer
 
 from eagle3_console import config as cfg
+from eagle3_console import cliopts
 from eagle3_console.cli import (EXIT_CRITICAL, EXIT_OK, EXIT_UNKNOWN, Ctx, collect, err, out,
                                 status_json)
 from eagle3_console.registry import Registry, id_path
 from eagle3_console.workspace import ENV_WORKSPACE, Workspace
 
-app = typer.Typer(add_completion=False, no_args_is_help=False, rich_markup_mode=None,
+app = typer.Typer(cls=cliopts.BadInputIsExit3, add_completion=False, no_args_is_help=False, rich_markup_mode=None,
                   help="Operations console for training EAGLE-3 drafters. No command: open the console (TUI).")
 
 
@@ -104,7 +105,8 @@ def run(ctx: typer.Context, stage: str,
 
 @app.command()
 def stop(ctx: typer.Context, stage: str,
-         grace: float = typer.Option(10.0, "--grace", help="Seconds between SIGTERM and SIGKILL.")) -> None:
+         grace: float = typer.Option(10.0, "--grace", help="Seconds between SIGTERM and SIGKILL.",
+                                     callback=cliopts.seconds())) -> None:
     """SIGTERM the stage's process group, SIGKILL after the grace period."""
     from eagle3_console import runs
     c = _ctx(ctx)
@@ -129,7 +131,7 @@ def _ended(r) -> str:
 
 @app.command("runs")
 def runs_cmd(ctx: typer.Context, stage: Optional[str] = typer.Argument(None),
-             limit: int = typer.Option(20, "-n", help="How many runs."),
+             limit: int = typer.Option(20, "-n", help="How many runs.", callback=cliopts.integer(1)),
              as_json: bool = typer.Option(False, "--json")) -> None:
     """Run history, newest first."""
     from eagle3_console import runs
@@ -163,10 +165,11 @@ def runs_cmd(ctx: typer.Context, stage: Optional[str] = typer.Argument(None),
 def logs(ctx: typer.Context, stage: str,
          follow: bool = typer.Option(False, "-f", "--follow",
                                      help="Keep printing new lines (like tail -F) until the run ends."),
-         lines: int = typer.Option(50, "-n", help="Lines from the end."),
-         run_id: Optional[int] = typer.Option(None, "--run", help="A run id (default: the latest).")) -> None:
+         lines: int = typer.Option(50, "-n", help="Lines from the end.", callback=cliopts.integer(0)),
+         run_id: Optional[int] = typer.Option(None, "--run", help="A run id (default: the latest).",
+                                               callback=cliopts.integer(1, cliopts.MAX_ID, "a run id"))) -> None:
     """Print the tail of a stage's log."""
-    from eagle3_console.logtail import follow as follow_log, run_ended, tail
+    from eagle3_console.logtail import follow as follow_log, gone_message, open_log, run_ended, tail
     c = _ctx(ctx)
     with Registry(c.ws.db_path) as reg:
         try:
@@ -181,15 +184,31 @@ def logs(ctx: typer.Context, stage: str,
         err.print(f"error: stage {stage!r} has no runs yet")
         raise typer.Exit(EXIT_CRITICAL)
     path = Path(r.log_path)
-    shown, upto = tail(path, lines)
+    opened = open_log(r)
+    if opened is None and r.status != "pending":
+        # Deleted or rotated away: saying nothing (exit 0) read as "the run printed nothing".
+        err.print(f"error: {gone_message(r, path)}", highlight=False, markup=False)
+        raise typer.Exit(EXIT_CRITICAL)
+    fh, moved = opened or (None, None)
+    if moved:
+        err.print(f"note: {path} is gone; reading the file run {r.id} still writes: {moved}",
+                  highlight=False, markup=False)
+    # The tail and the follow read one open file: a move in between loses nothing.
+    shown, upto = tail(Path(f"/proc/self/fd/{fh.fileno()}") if fh else path, lines)
     for line in shown:
         sys.stdout.write(line + "\n")
     sys.stdout.flush()
-    if follow:
-        try:
-            follow_log(path, sys.stdout, run_ended(c.ws.db_path, r.id), start=upto)
-        except KeyboardInterrupt:
-            pass
+    if not follow:
+        if fh:
+            fh.close()
+        return
+    try:
+        follow_log(path, sys.stdout, run_ended(c.ws.db_path, r.id), start=upto, first=fh)
+    except KeyboardInterrupt:
+        return
+    with Registry(c.ws.db_path) as reg:
+        # Like the run's own exit: a failed, killed or lost run is no 0 for a script waiting on it.
+        raise typer.Exit(EXIT_OK if reg.get(r.id).status == "succeeded" else EXIT_CRITICAL)
 
 
 

@@ -38,6 +38,9 @@ MAX_FILE_BYTES = 4 << 20
 # A stage name becomes part of paths (its log, its trash folder) and argv words:
 # one safe set, so no name climbs out (`../x`), nests (`a/b`), hides (`.x`) or reads as a flag (`-rf`).
 STAGE_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+# Levels from the top of the file (stages.x.params.y is 4): params are scalars and short lists;
+# deeper is a mistake, and at some hundreds every recursive walk of them dies of RecursionError.
+MAX_DEPTH = 32
 
 
 class ConfigError(ValueError):
@@ -150,9 +153,14 @@ def _str_list(file: Path, key: str, value: Any) -> list[str]:
 def parse_value(text: str) -> Any:
     """A `--set` value: TOML scalar when it parses (4, 0.85, true, "x", [1,2]), else the raw string."""
     try:
-        return tomllib.loads(f"v = {text}")["v"]
+        value = tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         return text
+    except RecursionError:
+        value = None
+    if value is None or too_deep(value):
+        raise ConfigError("--set", text[:40], f"nested more than {MAX_DEPTH} levels deep; expected at most {MAX_DEPTH}")
+    return value
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
@@ -170,7 +178,11 @@ def load(path: Path) -> Pipeline:
         size = path.stat().st_size
         if size > MAX_FILE_BYTES:
             raise ConfigError(path, "", f"{size:,} bytes; expected a pipeline file of at most {MAX_FILE_BYTES:,}")
-        raw = tomllib.loads(path.read_bytes().decode("utf-8"))
+        # utf-8-sig: a BOM (Windows editors write one) is dropped, not an "Invalid statement".
+        raw = tomllib.loads(path.read_bytes().decode("utf-8-sig"))
+    except RecursionError:
+        raise ConfigError(path, "(syntax)", f"arrays or tables nested too deep; expected at most {MAX_DEPTH} "
+                          "levels") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(path, "(encoding)", f"not UTF-8: byte 0x{exc.object[exc.start]:02x} at offset {exc.start}; "
                           "expected a UTF-8 text file") from None
@@ -181,7 +193,25 @@ def load(path: Path) -> Pipeline:
         raise ConfigError(path, "(syntax)", str(exc)) from None
     except OSError as exc:
         raise ConfigError(path, "(file)", f"unreadable: {exc.strerror}") from None
+    deep = too_deep(raw)
+    if deep:
+        raise ConfigError(path, deep, f"nested more than {MAX_DEPTH} levels deep; expected at most {MAX_DEPTH}")
     return parse(raw, path)
+
+
+def too_deep(value: Any, key: str = "", depth: int = 0) -> str | None:
+    """The key of the first value nested deeper than MAX_DEPTH, or None. A
+    600-deep array parsed here would fail later in every recursive walk of
+    params (json.dumps, the type checks) with a RecursionError."""
+    if depth > MAX_DEPTH:
+        return key or "(value)"
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        found = too_deep(v, f"{key}.{k}" if isinstance(k, str) and key else (k if isinstance(k, str) else key),
+                         depth + 1)
+        if found:
+            return found
+    return None
 
 
 def parse(raw: dict[str, Any], path: Path) -> Pipeline:

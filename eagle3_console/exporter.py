@@ -279,13 +279,17 @@ def serve(sample: Callable[[], Snapshot], host: str, port: int, interval_s: floa
           say: Callable[[str], None] = print, ready: Callable[[], None] | None = None) -> int:
     """Sample once, listen, then sample every interval until SIGTERM / SIGINT.
     Raises OSError when the address cannot be bound."""
-    from prometheus_client import start_http_server
+    from prometheus_client import make_wsgi_app
+
+    from eagle3_console.exporter_http import start_server
 
     exporter = SnapshotExporter(sample)
     exporter.refresh()          # the first scrape already has a snapshot
     registry = CollectorRegistry(auto_describe=False)
     registry.register(exporter)
-    server, _thread = start_http_server(port, addr=host, registry=registry)
+    # Not prometheus-client's start_http_server: its backlog of 5 and thread per
+    # connection lost scrapes in a storm (exporter_http.py).
+    server, _thread = start_server(make_wsgi_app(registry), host, port)
     stop = threading.Event()
 
     def on_signal(_sig: int, _frame: Any) -> None:
@@ -300,4 +304,5 @@ def serve(sample: Callable[[], Snapshot], host: str, port: int, interval_s: floa
     while not stop.wait(1.0):
         pass
     server.shutdown()
+    server.server_close()
     return 0

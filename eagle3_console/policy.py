@@ -18,6 +18,7 @@ from typing import Any, Callable
 from eagle3_console import actions
 from eagle3_console import config as cfg
 from eagle3_console import runs
+from eagle3_console.endclock import seconds_since_end
 from eagle3_console.model import Snapshot
 from eagle3_console.registry import Registry
 from eagle3_console.workspace import Workspace
@@ -81,9 +82,14 @@ def decide(pipe: cfg.Pipeline, snap: Snapshot, reg: Registry, now: float) -> lis
         if restarts >= limit or (not stage.restart and not halvable):
             continue
         backoff = (stage.restart.backoff_s if stage.restart else 0.0) * (2 ** restarts)
-        ended = chain[0].ended or chain[0].created
+        # The boot clock when the end was stamped with it (endclock.py); the wall
+        # clock otherwise, capped at the backoff's own size: a clock stepped back
+        # a day made `backoff_s = 5` wait 86402 s.
+        elapsed = seconds_since_end(reg, chain[0].id)
+        if elapsed is None:
+            elapsed = now - (chain[0].ended or chain[0].created)
         reason = ("out of memory" if oom else f"{st.status}") + f", restart {restarts + 1}"
-        out.append(Decision(st.name, st.run_id, reason, bool(halvable), max(0.0, ended + backoff - now)))
+        out.append(Decision(st.name, st.run_id, reason, bool(halvable), min(backoff, max(0.0, backoff - elapsed))))
     return out
 
 

@@ -8,15 +8,15 @@ supervisor vanished shows as `lost`.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eagle3_console import claims
+from eagle3_console import claims, exitrecord
 from eagle3_console.config import Pipeline, Stage
+from eagle3_console.endclock import mark_end
 from eagle3_console.monitor.disk import room_for
 from eagle3_console.monitor.procs import ProcessTable, orphans, process_alive
 from eagle3_console.monitor.tree import TreeIndex
@@ -93,6 +93,12 @@ def stage_params(stage: Stage, overrides: dict[str, Any] | None = None, base: di
                 raise Refused(f"stages.{stage.name}: param {key}: {wrong}", code=3)
         if pipe is not None:
             bind_servers(pipe, stage, params, overrides or {})
+    batch = (overrides or {}).get(stage.batch_param) if stage.batch_param else None
+    if isinstance(batch, (int, float)) and not isinstance(batch, bool) and not batch >= 1:
+        # A batch of 0 starts a run that does nothing (or divides by it); halving never goes below 1.
+        # Only what --set gives: a pipeline file may use a sentinel (-1: "the program decides").
+        raise Refused(f"stages.{stage.name}: param {stage.batch_param}: {batch!r}: expected a batch of at least 1 "
+                      f"(it is the stage's batch_param)", code=3)
     return params
 
 
@@ -194,6 +200,9 @@ def reconcile(reg: Registry) -> list[Run]:
     changed = []
     now = time.time()
     for run in reg.live_runs():
+        if apply_exit_record(reg, run):
+            changed.append(run)
+            continue
         if run.supervisor_pid is None:
             if now - run.created > PENDING_GRACE_S:
                 if reg.finish(run.id, "lost", reason="supervisor never started"):
@@ -203,9 +212,35 @@ def reconcile(reg: Registry) -> list[Run]:
             # The supervisor may have recorded the exit between our read and now.
             # ended = when the loss was noticed: watch's backoff counts from it.
             if reg.finish(run.id, "lost", ended=now, reason="supervisor gone without recording an exit"):
+                mark_end(reg, run.id)
                 reg.record("lost", "supervisor gone", stage=run.stage, run_id=run.id, actor="reconcile")
                 changed.append(run)
     return changed
+
+
+def apply_exit_record(reg: Registry, run: Run) -> bool:
+    """A live run whose supervisor wrote its exit to the exit record (the
+    registry was full, exitrecord.py) gets that exit; True when it did."""
+    rec = exitrecord.read(run.log_path)
+    if rec is None:
+        return False
+    if not rec.get("error") and process_alive(run.supervisor_pid, run.supervisor_create_time):
+        return False    # it is writing the registry itself (or retrying while the disk is full)
+    how = (f"the supervisor could not write {rec['error']}" if rec.get("error")
+           else "the supervisor ended before it wrote state.db")
+    values = {k: rec[k] for k in ("ended", "exit_code", "signal", "reason") if rec.get(k) is not None}
+    values["reason"] = "; ".join(filter(None, [values.get("reason"),
+                                               f"recorded from {exitrecord.path_for(run.log_path).name}: {how}"]))
+    done = reg.finish(run.id, rec["status"], **values)
+    if done:
+        mark_end(reg, run.id, rec.get("boottime") if isinstance(rec.get("boottime"), dict) else None)
+        reg.record("exit-record", rec["status"], stage=run.stage, run_id=run.id, actor="reconcile",
+                   detail=rec.get("error"))
+    try:
+        exitrecord.path_for(run.log_path).unlink()
+    except OSError:
+        pass
+    return done
 
 
 def stage_alive(run: Run) -> bool:
@@ -346,30 +381,7 @@ def signal_run(run: Run, sig: int) -> bool:
 
 
 def stop(ws: Workspace, stage_name: str, grace_s: float = 10.0) -> Run:
-    with Registry(ws.db_path) as reg:
-        reconcile(reg)
-        run = reg.latest(stage_name)
-        if run is None or not (run.live or stage_alive(run)):
-            raise NothingToDo(f"stage {stage_name!r} has no live run to stop")
-        reg.update(run.id, stop_requested=1)
-        # A pending run has no pid yet: its supervisor either sees stop_requested and
-        # never starts the stage, or records the pid we then signal.
-        deadline = time.time() + 10
-        while run.status == "pending" and time.time() < deadline:
-            time.sleep(0.05)
-            run = reg.get(run.id)
-        sent = signal_run(run, signal.SIGTERM)
-        deadline = time.time() + grace_s
-        while sent and stage_alive(run) and time.time() < deadline:
-            time.sleep(0.1)
-        killed = False
-        if stage_alive(run):
-            killed = signal_run(run, signal.SIGKILL)
-        deadline = time.time() + 5
-        while time.time() < deadline and reg.get(run.id).live:
-            time.sleep(0.05)
-        if reg.get(run.id).live and not stage_alive(run):
-            reg.finish(run.id, "killed", ended=time.time(), reason="stopped (supervisor did not record)")
-        outcome = "SIGKILL after grace" if killed else ("SIGTERM" if sent else "nothing to signal")
-        reg.record("stop", outcome, stage=stage_name, run_id=run.id, targets=[run.pgid])
-        return reg.get(run.id)
+    """SIGTERM the run's process group, SIGKILL after the grace; the whole group
+    verified gone (stopper.py; Refused, exit 2, names what outlived SIGKILL)."""
+    from eagle3_console.stopper import stop as stop_group
+    return stop_group(ws, stage_name, grace_s)

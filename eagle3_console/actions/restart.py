@@ -60,6 +60,9 @@ class RestartPlan:
 def halve(value: Any) -> Any:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"cannot halve {value!r}: not a number")
+    if not value > 1:
+        # "1 -> 1 (halved)" restarted the very run that failed: say so instead.
+        raise ValueError(f"it is {value!r}, and a batch cannot be halved below 1")
     return max(1, int(value) // 2) if isinstance(value, int) else max(1.0, value / 2)
 
 
@@ -95,6 +98,9 @@ def plan_restart(ws: Workspace, stage_name: str, overrides: dict[str, Any] | Non
                 plan.suggestion = (stage.batch_param, params[stage.batch_param], new)
         except ValueError as exc:
             plan.suggestion = None
+            if halve_batch:
+                plan.refusal = f"--halve-batch: cannot halve {stage.batch_param}: {exc}"
+                return plan
             plan.oom_line += f" (cannot halve: {exc})"
     try:
         plan.argv = stage.command(params, pipe.target)

@@ -1,0 +1,118 @@
+"""`stop STAGE`: SIGTERM the run's process group, SIGKILL after the grace, and
+say "killed" only once no member of the group is left.
+
+Before, stop watched the group's leader alone: a worker of the group that
+ignores SIGTERM ran on after its leader exited, and with the supervisor held
+by `kill -STOP` (so nobody reaped the leader, a zombie) stop said "killed",
+exit 0, over a live group. Now every pass reads the process table (the
+members tied to the run, monitor/procs.py: trusted by the leader's
+create_time, never a reused group id), a stopped supervisor is continued so
+it can reap its stage and record the exit, a stopped member gets SIGCONT
+after SIGTERM (a stopped process acts on SIGTERM only once continued), and a
+member that outlives SIGKILL is named in a refusal (exit 2).
+
+Data flow: registry (the run) -> monitor.procs (its group) -> signals ->
+registry (the exit, when the supervisor could not record it) -> events.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+
+from eagle3_console.monitor.procs import LEADER, PGID, TREE, ProcessTable, RunRef, process_alive, run_processes
+from eagle3_console.registry import Registry, Run
+from eagle3_console.workspace import Workspace
+
+POLL_S = 0.1
+AFTER_KILL_S = 5.0       # SIGKILL is not refused; a process in uninterruptible sleep takes a while
+
+
+def group_members(run: Run) -> list[int]:
+    """Live (not zombie) processes of the run's process group, as the process table ties them to it."""
+    if run.pgid is None:
+        return []
+    procs = run_processes(RunRef.from_run(run), ProcessTable.snapshot())
+    return [p.pid for p in procs if p.pgid == run.pgid and p.how in (LEADER, TREE, PGID)]
+
+
+def _signal_group(run: Run, sig: int) -> bool:
+    try:
+        os.killpg(run.pgid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def continue_supervisor(run: Run) -> bool:
+    """SIGCONT a supervisor that is stopped (kill -STOP, ^Z): stopped, it never
+    reaps the stage or records its exit. True when it was stopped."""
+    if not process_alive(run.supervisor_pid, run.supervisor_create_time):
+        return False
+    try:
+        if psutil.Process(run.supervisor_pid).status() not in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
+            return False
+        os.kill(run.supervisor_pid, signal.SIGCONT)
+        return True
+    except (psutil.Error, OSError):
+        return False
+
+
+def _wait_gone(run: Run, seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    left = group_members(run)
+    while left and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+        left = group_members(run)
+    return left
+
+
+def stop(ws: Workspace, stage_name: str, grace_s: float = 10.0) -> Run:
+    from eagle3_console.runs import NothingToDo, Refused, reconcile, stage_alive
+
+    with Registry(ws.db_path) as reg:
+        reconcile(reg)
+        run = reg.latest(stage_name)
+        if run is None or not (run.live or stage_alive(run) or group_members(run)):
+            raise NothingToDo(f"stage {stage_name!r} has no live run to stop")
+        was_lost = run.status == "lost"
+        reg.update(run.id, stop_requested=1)
+        # A pending run has no pid yet: its supervisor either sees stop_requested and
+        # never starts the stage, or records the pid we then signal.
+        deadline = time.monotonic() + 10
+        while run.status == "pending" and time.monotonic() < deadline:
+            time.sleep(0.05)
+            run = reg.get(run.id)
+        resumed = continue_supervisor(run)
+        members = group_members(run)
+        sent = bool(members) and _signal_group(run, signal.SIGTERM)
+        if sent:
+            _signal_group(run, signal.SIGCONT)
+        left = _wait_gone(run, grace_s) if sent else members
+        killed = False
+        if left:
+            killed = _signal_group(run, signal.SIGKILL)
+            left = _wait_gone(run, AFTER_KILL_S)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and reg.get(run.id).live:
+            time.sleep(0.05)
+        now = time.time()
+        if reg.get(run.id).live and not stage_alive(run) and not left:
+            reg.finish(run.id, "killed", ended=now, reason="stopped (supervisor did not record)")
+        if was_lost and not left:
+            # Its supervisor is gone, so nobody else records it: the operator ended
+            # it, which is "killed", not a loss still to be looked into.
+            reg.update(run.id, status="killed", ended=now, reason="stopped after its supervisor was lost")
+        outcome = "SIGKILL after grace" if killed else ("SIGTERM" if sent else "nothing to signal")
+        if resumed:
+            outcome += ", supervisor was stopped: SIGCONT"
+        if left:
+            outcome += f"; still alive: {left}"
+        reg.record("stop", outcome, stage=stage_name, run_id=run.id, targets=[run.pgid])
+        if left:
+            raise Refused(f"run {run.id} of {stage_name!r}: {len(left)} process(es) of its group "
+                          f"{run.pgid} still alive after SIGKILL: pid {', '.join(map(str, left))}")
+        return reg.get(run.id)
