@@ -153,7 +153,9 @@ def advance(ws: Workspace, snap: Snapshot, say: Callable[[str], None]) -> list[s
         except runs.Refused as exc:
             say(f"{name}: not started: {exc}")
             continue
-        msg = f"{name}: dependencies succeeded; started run {run.id}"
+        serves = [d for d in pipe.stages[name].depends_on if pipe.stages[d].op == "serve"]
+        why = f"dependencies done (server ready: {', '.join(serves)})" if serves else "dependencies succeeded"
+        msg = f"{name}: {why}; started run {run.id}"
         say(msg)
         done.append(msg)
     return done
