@@ -103,7 +103,11 @@ def watch(ctx: typer.Context,
     from eagle3_console import policy
     c = _ctx(ctx)
     c.pipeline()
-    say = lambda m: out.print(f"{datetime.now():%H:%M:%S} {m}", highlight=False, markup=False)  # noqa: E731
+    said = [0]
+
+    def say(m: str) -> None:
+        said[0] += 1
+        out.print(f"{datetime.now():%H:%M:%S} {m}", highlight=False, markup=False)
     try:
         with policy.WatchLock(c.ws):
             while True:
@@ -116,6 +120,9 @@ def watch(ctx: typer.Context,
                 for a in snap.alerts:
                     say(f"{a.level.upper()}: {a.message}")
                 if once:
+                    if not said[0]:     # a cron log that stays empty cannot tell "ran, all well" from "never ran"
+                        say(f"nothing to do: health {snap.health}; "
+                            + ", ".join(f"{s.name} {s.status}" for s in snap.stages))
                     raise typer.Exit(snap.exit_code)
                 if until_done and policy.settled(snap):
                     say("pipeline settled: " + ", ".join(f"{s.name} {s.status}" for s in snap.stages))
