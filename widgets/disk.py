@@ -33,8 +33,9 @@ def usage_lines(d: DiskUsage, width: int | None = None) -> list:
     t.append("written ", "dim")
     t.append(fmt.nbytes(d.written_bytes), "bold")
     t.append(f" ({fmt.count(d.files)} file{'' if d.files == 1 else 's'})", "dim")
-    if d.estimate_kind and d.estimate_bytes is not None:
-        t.append(f" of {KIND_LABEL.get(d.estimate_kind, d.estimate_kind)} ", "dim")
+    if d.estimate_kind in ("upper_bound", "exact", "metadata") and d.estimate_bytes is not None:
+        # The hidden states' figure, in both units (2.1T binary is the 2.35 TB a disk's label says).
+        t.append(f" of {KIND_LABEL[d.estimate_kind]} ", "dim")
         t.append(f"{fmt.nbytes(d.estimate_bytes)} ({si_bytes(d.estimate_bytes)})")
     else:
         t.append(" of est. ", "dim")
@@ -47,12 +48,13 @@ def usage_lines(d: DiskUsage, width: int | None = None) -> list:
     t.append(fmt.nbytes(d.free_bytes), "bold")
     t.append(f" of {fmt.nbytes(d.total_bytes)}", "dim")
     out.append(t)
-    if d.estimate_basis:
-        out.append(Text("= " + d.estimate_basis, "dim"))
     if final:
         # Padding ends the bar's line (a bare ProgressBar does not).
         out.append(Padding(ProgressBar(total=1.0, completed=min(1.0, d.written_bytes / final), width=None,
                                        complete_style="blue", finished_style="blue"), 0))
+    if d.estimate_basis:
+        # Last: a short pane (80x24) cuts how the figure was made, not the figure.
+        out.append(Text("= " + d.estimate_basis, "dim"))
     return out
 
 
@@ -69,7 +71,7 @@ def verdict(usages: list[DiskUsage]) -> str:
 
 class DiskPane(VerticalScroll, can_focus=False):
     DEFAULT_CSS = """
-    DiskPane { border: round $primary-darken-1; padding: 0 1; }
+    DiskPane { border: round $primary-darken-1; padding: 0 1; scrollbar-size-vertical: 0; }
     """
 
     def __init__(self, **kw) -> None:
