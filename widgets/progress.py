@@ -299,6 +299,8 @@ class ProgressPane(VerticalScroll, can_focus=False):
                 # no counter, or train's "done 72/72") say less than the result line.
                 first = counts.split("\n")[0]
                 counts = Text() if first.plain.startswith(("no progress", "done ")) else first
+            elif st.status == "never" and counts.plain.startswith("no progress"):
+                counts = Text()     # "not run yet": the result line says so ("no run recorded here")
             line = Text(st.result_said(), "green" if st.status == "succeeded" else "yellow")
             text = Text.assemble(counts, "\n", line) if counts.plain else line
         elif result is None:
