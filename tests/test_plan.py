@@ -11,7 +11,6 @@ import shutil
 import pytest
 
 from eagle3_console import config as cfg
-from eagle3_console import plan
 from eagle3_console.model import DiskUsage
 from eagle3_console.monitor.disk import free_space
 from eagle3_console.workspace import Workspace
@@ -156,6 +155,7 @@ params = { input = "data/prepared", output = "data/hs" }
         (out / "data_config.json").write_text(json.dumps(config))
     if lengths is not None:
         (out / "sample_lengths.json").write_text(json.dumps(lengths))
+    from eagle3_console import plan
     ws = Workspace(root)
     pipe = cfg.load(ws.config_path)
     st = pipe.stages["extract"]
