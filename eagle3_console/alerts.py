@@ -65,8 +65,11 @@ def derive(snap: Snapshot) -> list[Alert]:
     for d in snap.disk:
         if d.fits is False:
             need = (d.projected_bytes or d.estimate_bytes or 0) - d.written_bytes
+            # An upper bound (no token count yet) is said as one: the exact figure may well fit.
+            said = ("estimated to need at most {} (upper bound)" if d.final_kind == "upper_bound"
+                    else "projected to need {} more")
             alerts.append(Alert(WARNING, "disk_short",
-                                f"{d.stage}: output projected to need {human_bytes(need, '?')} more but "
+                                f"{d.stage}: output {said.format(human_bytes(need, '?'))} but "
                                 f"{human_bytes(d.free_bytes, '?')} is free at {d.path}", d.stage))
         elif d.free_bytes is not None and d.total_bytes and d.free_bytes < LOW_FREE_FRACTION * d.total_bytes:
             alerts.append(Alert(WARNING, "disk_low", f"{d.stage}: only {human_bytes(d.free_bytes, '?')} free at {d.path}",

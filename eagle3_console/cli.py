@@ -83,26 +83,50 @@ class Ctx:
             raise SystemExit(EXIT_UNKNOWN)
 
 
-def collect(c: Ctx, no_gpus: bool = False):
+class Unreadable(Exception):
+    """The workspace cannot be read (pipeline file, state database): the one line why."""
+
+    def __init__(self, message: str, code: str):
+        super().__init__(message)
+        self.code = code        # config_error | state_error: the JSON alert's code
+
+
+def _collect(c: Ctx, no_gpus: bool):
     from eagle3_console.snapshot import Collector
-    c.pipeline()
     try:
         col = Collector(c.ws, persist=True, gpus=not no_gpus)
         try:
             return col.collect()
         finally:
             col.close()
-    except cfg.ConfigError as exc:
-        err.print(f"error: {exc}", highlight=False, markup=False)
-        raise SystemExit(EXIT_UNKNOWN)
+    except (cfg.ConfigError, StateError) as exc:
+        raise Unreadable(str(exc), "config_error" if isinstance(exc, cfg.ConfigError) else "state_error") from None
     except sqlite3.Error as exc:
-        err.print(f"error: state database {c.ws.db_path} is unreadable: {exc}", highlight=False, markup=False)
+        raise Unreadable(f"state database {c.ws.db_path} is unreadable: {exc}", "state_error") from None
+
+
+def collect(c: Ctx, no_gpus: bool = False):
+    c.pipeline()
+    try:
+        return _collect(c, no_gpus)
+    except Unreadable as exc:
+        err.print(f"error: {exc}", highlight=False, markup=False)
         raise SystemExit(EXIT_UNKNOWN)
 
 
 def status_json(c: Ctx, no_gpus: bool) -> int:
-    """Print the snapshot as one JSON object; its exit code."""
-    snap = collect(c, no_gpus)
+    """Print the snapshot as one JSON object; its exit code. A workspace that cannot
+    be read is still one object (health unknown, the error), for whatever parses it."""
+    try:
+        snap = _collect(c, no_gpus)
+    except Unreadable as exc:
+        import time
+        err.print(f"error: {exc}", highlight=False, markup=False)
+        alert = {"level": "unknown", "code": exc.code, "message": str(exc), "stage": None, "line": None}
+        print(json.dumps({"schema": 1, "workspace": str(c.ws.root), "host": os.uname().nodename,
+                          "time": time.time(), "health": "unknown", "error": str(exc), "stages": [],
+                          "gpus": [], "disk": [], "alerts": [alert]}, indent=2))
+        return EXIT_UNKNOWN
     print(json.dumps(snap.to_dict(), indent=2, default=str))
     return snap.exit_code
 

@@ -72,14 +72,16 @@ def restart(ctx: typer.Context, stage: str,
             set_: list[str] = typer.Option([], "--set", help="Param override name=value (repeatable)."),
             kill: bool = typer.Option(False, "--kill", help="Kill the live run first (through kill-workers)."),
             halve: bool = typer.Option(False, "--halve-batch", help="After an OOM, halve the stage's batch_param."),
-            force: bool = typer.Option(False, "--force", help="Skip the dependency and disk checks."),
+            force: bool = typer.Option(False, "--force", help="Skip the dependency check (and the op's lint errors)."),
+            ignore_disk: bool = typer.Option(False, "--ignore-disk", help="Start even if the disk estimate exceeds the free space."),
             yes: bool = typer.Option(False, "--yes", help="Act; without it only the plan is printed.")) -> None:
     """A new run with the last run's params plus overrides, linked to it."""
     from eagle3_console import actions, runs
     c = _ctx(ctx)
     c.stage(stage)
     try:
-        plan = actions.plan_restart(c.ws, stage, cfg.parse_overrides(set_), kill=kill, halve_batch=halve, force=force)
+        plan = actions.plan_restart(c.ws, stage, cfg.parse_overrides(set_), kill=kill, halve_batch=halve, force=force,
+                                   ignore_disk=ignore_disk)
     except (cfg.ConfigError, runs.Refused) as exc:
         raise _refused(exc, EXIT_UNKNOWN)
     if not _go_ahead(plan, yes):
@@ -104,7 +106,11 @@ def watch(ctx: typer.Context,
     from eagle3_console import policy
     c = _ctx(ctx)
     c.pipeline()
-    say = lambda m: out.print(f"{datetime.now():%H:%M:%S} {m}", highlight=False, markup=False)  # noqa: E731
+    said = [0]
+
+    def say(m: str) -> None:
+        said[0] += 1
+        out.print(f"{datetime.now():%H:%M:%S} {m}", highlight=False, markup=False)
     try:
         with policy.WatchLock(c.ws):
             while True:
@@ -117,6 +123,9 @@ def watch(ctx: typer.Context,
                 for a in snap.alerts:
                     say(f"{a.level.upper()}: {a.message}")
                 if once:
+                    if not said[0]:     # a cron log that stays empty cannot tell "ran, all well" from "never ran"
+                        say(f"nothing to do: health {snap.health}; "
+                            + ", ".join(f"{s.name} {s.status}" for s in snap.stages))
                     raise typer.Exit(snap.exit_code)
                 if until_done and policy.settled(snap):
                     say("pipeline settled: " + ", ".join(f"{s.name} {s.status}" for s in snap.stages))

@@ -84,17 +84,24 @@ def _refused(exc: Exception, code: int = EXIT_CRITICAL) -> typer.Exit:
 @app.command()
 def run(ctx: typer.Context, stage: str,
         set_: list[str] = typer.Option([], "--set", help="Param override name=value (repeatable)."),
-        force: bool = typer.Option(False, "--force", help="Start even if dependencies have not succeeded or the disk looks short.")) -> None:
+        force: bool = typer.Option(False, "--force", help="Start even if dependencies are not done (or the op's lint finds errors)."),
+        ignore_disk: bool = typer.Option(False, "--ignore-disk", help="Start even if the disk estimate exceeds the free space.")) -> None:
     """Start STAGE as a supervised run that survives this terminal."""
-    from eagle3_console import runs
+    from eagle3_console import plan, runs
     c = _ctx(ctx)
     pipe = c.pipeline()
     try:
         overrides = cfg.parse_overrides(set_)
         st = pipe.stage(stage)
-        for x in runs.lints(c.ws, pipe, st, runs.stage_params(st, overrides, pipe=pipe)):
+        params = runs.stage_params(st, overrides, pipe=pipe)
+        # The plan first, whatever is refused next (a missing dependency, the disk).
+        for line in plan.launch_lines(c.ws, pipe, st, params):
+            out.print(line, highlight=False, markup=False)
+        for line in plan.rerun_warnings(c.ws, pipe, st):
+            err.print(line, highlight=False, markup=False)
+        for x in runs.lints(c.ws, pipe, st, params):
             err.print(f"lint {x}", highlight=False, markup=False)
-        r = runs.launch(c.ws, pipe, stage, overrides, force=force)
+        r = runs.launch(c.ws, pipe, stage, overrides, force=force, ignore_disk=ignore_disk)
     except cfg.ConfigError as exc:
         err.print(f"error: {exc}", highlight=False, markup=False)
         raise typer.Exit(EXIT_UNKNOWN)

@@ -100,6 +100,12 @@ class DiskUsage:
     free_bytes: int | None = None
     total_bytes: int | None = None
     fits: bool | None = None             # projected remainder fits in free space
+    # How estimate_bytes was made (eagle3_console/plan.py): exact | metadata | upper_bound |
+    # declared | estimate, and its factors in words; final_kind: the figure `fits` judged
+    # (measured: the projection from the files written so far).
+    estimate_kind: str | None = None
+    estimate_basis: str | None = None
+    final_kind: str | None = None
 
 
 @dataclass
@@ -202,7 +208,10 @@ class StageStatus:
 
     @property
     def done(self) -> bool:
-        """Counts as done for its dependents: succeeded, or lost with complete outputs."""
+        """Counts as done for its dependents: succeeded, or lost with complete outputs;
+        a serve stage (which never succeeds) once its server is ready."""
+        if self.serve is not None and self.serve.state == "ready":
+            return True
         return self.status == "succeeded" or (self.status == "lost" and bool(self.outputs_complete))
 
     def result_is_latest_runs(self) -> bool:

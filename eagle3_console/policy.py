@@ -159,7 +159,9 @@ def advance(ws: Workspace, snap: Snapshot, say: Callable[[str], None]) -> list[s
         except runs.Refused as exc:
             say(f"{name}: not started: {exc}")
             continue
-        msg = f"{name}: dependencies succeeded; started run {run.id}"
+        serves = [d for d in pipe.stages[name].depends_on if pipe.stages[d].op == "serve"]
+        why = f"dependencies done (server ready: {', '.join(serves)})" if serves else "dependencies succeeded"
+        msg = f"{name}: {why}; started run {run.id}"
         say(msg)
         done.append(msg)
     return done
@@ -168,7 +170,9 @@ def advance(ws: Workspace, snap: Snapshot, say: Callable[[str], None]) -> list[s
 def settled(snap: Snapshot) -> bool:
     """Nothing runs and nothing more will start: all succeeded, or a failure blocks the rest."""
     # A lost run whose processes live is still running, whatever its supervisor did.
-    if any(s.status in ("pending", "running") or (s.status == "lost" and s.alive) for s in snap.stages):
+    # A ready server serves until stopped: it is done for its dependents, not a run to wait for.
+    if any((s.status in ("pending", "running") or (s.status == "lost" and s.alive)) and not s.done
+           for s in snap.stages):
         return False
     if all(s.done for s in snap.stages):
         return True

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from eagle3_console.model import Snapshot, StageStatus
+from eagle3_console.plan import KIND_LABEL, si_bytes
 from eagle3_console.units import human_bytes, human_duration
 
 LEVEL_STYLE = {"ok": "green", "warning": "yellow", "critical": "bold red", "unknown": "magenta"}
@@ -74,9 +75,16 @@ def print_status(console: Console, snap: Snapshot) -> None:
         dt = Table("stage", "path", "written", "estimate", "projected", "free", "fits", title="disk", title_justify="left")
         for d in snap.disk:
             fits = "-" if d.fits is None else ("yes" if d.fits else "[bold red]NO[/]")
-            dt.add_row(d.stage, d.path, human_bytes(d.written_bytes), human_bytes(d.estimate_bytes),
-                       human_bytes(d.projected_bytes), human_bytes(d.free_bytes), fits)
+            kind = f" {KIND_LABEL.get(d.estimate_kind, d.estimate_kind)}" if d.estimate_kind else ""
+            projected = human_bytes(d.projected_bytes) + (" measured" if d.projected_bytes is not None else "")
+            dt.add_row(d.stage, d.path, human_bytes(d.written_bytes), human_bytes(d.estimate_bytes) + kind,
+                       projected, human_bytes(d.free_bytes), fits)
         console.print(dt)
+        for d in snap.disk:
+            if d.estimate_basis and d.estimate_bytes is not None:
+                label = KIND_LABEL.get(d.estimate_kind, d.estimate_kind)
+                console.print(f"{d.stage}: {label} {human_bytes(d.estimate_bytes)} "
+                              f"({si_bytes(d.estimate_bytes)}) = {d.estimate_basis}", highlight=False, markup=False)
     for a in snap.alerts:
         console.print(f"[{LEVEL_STYLE.get(a.level, '')}]{a.level.upper()}[/] {a.message}"
                       + (f"\n    {a.line.strip()[:160]}" if a.line else ""), highlight=False)

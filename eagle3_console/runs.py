@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eagle3_console import claims, exitrecord
+from eagle3_console import claims, exitrecord, plan
 from eagle3_console.config import Pipeline, Stage
 from eagle3_console.endclock import mark_end
 from eagle3_console.monitor.disk import room_for
@@ -51,6 +51,7 @@ class Preflight:
     path: str | None
     written_bytes: int = 0          # already under the outputs (a resume needs only the rest)
     fits: bool = True               # monitor.disk.room_for's verdict (True when nothing is estimated)
+    estimate: plan.Estimate | None = None   # the figure with its kind (upper bound, exact, ...) and basis
 
     @property
     def remaining_bytes(self) -> int | None:
@@ -60,7 +61,8 @@ class Preflight:
         """The refusal's sentence, sizes in a unit that shows them."""
         already = f" ({human_bytes(self.written_bytes)} of {human_bytes(self.estimate_bytes)} already written)" \
             if self.written_bytes else ""
-        return (f"needs about {human_bytes(self.remaining_bytes)} more{already} but only "
+        kind = f" ({self.estimate.label}: {self.estimate.basis})" if self.estimate else ""
+        return (f"needs about {human_bytes(self.remaining_bytes)} more{already}{kind} but only "
                 f"{human_bytes(self.free_bytes)} is free at {self.path}")
 
 
@@ -131,11 +133,8 @@ def estimate_context(ws: Workspace, pipe: Pipeline, params: dict[str, Any]) -> E
 
 
 def estimate_bytes(ws: Workspace, pipe: Pipeline, stage: Stage, params: dict[str, Any]) -> int | None:
-    if stage.estimate_bytes is not None:
-        return stage.estimate_bytes
-    if stage.spec:
-        return stage.spec.estimate_bytes(estimate_context(ws, pipe, params))
-    return None
+    est = plan.disk_estimate(ws, pipe, stage, params)
+    return None if est is None else est.bytes
 
 
 def output_paths(ws: Workspace, stage: Stage, params: dict[str, Any]) -> list[str]:
@@ -171,10 +170,11 @@ def check_outputs_apart(ws: Workspace, pipe: Pipeline, stage: Stage, params: dic
 
 
 def preflight(ws: Workspace, pipe: Pipeline, stage: Stage, params: dict[str, Any]) -> Preflight:
-    est = estimate_bytes(ws, pipe, stage, params)
+    estimate = plan.disk_estimate(ws, pipe, stage, params)
+    est = None if estimate is None else estimate.bytes
     outs = output_paths(ws, stage, params)
     if est is None or not outs:
-        return Preflight(est, None, outs[0] if outs else None)
+        return Preflight(est, None, outs[0] if outs else None, estimate=estimate)
     # One listing of what is there (the monitors' own index; a resume's outputs
     # are thousands of files, not millions): the estimate counts the whole output.
     written = 0
@@ -184,7 +184,7 @@ def preflight(ws: Workspace, pipe: Pipeline, stage: Stage, params: dict[str, Any
             index.refresh()
             written += index.total_bytes
     fits, free = room_for(outs[0], est, written)
-    return Preflight(est, free, outs[0], written, fits=fits is not False)
+    return Preflight(est, free, outs[0], written, fits=fits is not False, estimate=estimate)
 
 
 def lints(ws: Workspace, pipe: Pipeline, stage: Stage, params: dict[str, Any]) -> list:
@@ -192,7 +192,8 @@ def lints(ws: Workspace, pipe: Pipeline, stage: Stage, params: dict[str, Any]) -
     tp x dp against the gpus list, the drafter's aux layers); items print as
     `error: ...` / `warning: ...`."""
     check = stage.spec.extra.get("lint") if stage.spec else None
-    return list(check(estimate_context(ws, pipe, params), stage.gpus)) if check else []
+    found = list(check(estimate_context(ws, pipe, params), stage.gpus)) if check else []
+    return found + plan.layer_lints(pipe, stage, params)
 
 
 def reconcile(reg: Registry) -> list[Run]:
@@ -302,6 +303,15 @@ def check_can_start(reg: Registry, pipe: Pipeline, stage: Stage, force: bool, ws
         return
     for dep in stage.depends_on:
         dep_run = reg.latest(dep)
+        if dep in pipe.stages and pipe.stages[dep].op == "serve":
+            # A server never succeeds: depending on one means "its server is ready".
+            from eagle3_console.serve_deps import not_ready
+            problem = not_ready(pipe.stages[dep], dep_run, dep_run is not None and stage_alive(dep_run))
+            if problem:
+                raise Refused(f"stage {stage.name!r} depends on serve stage {dep!r}, {problem}; a dependency on a "
+                              f"serve stage means its server is ready: wait for it (`status` shows its state), "
+                              f"or pass --force")
+            continue
         if ws is not None and dep in pipe.stages and dependency_done(ws, pipe.stages[dep], dep_run):
             continue
         if dep_run is None or dep_run.status != "succeeded":
@@ -312,7 +322,8 @@ def check_can_start(reg: Registry, pipe: Pipeline, stage: Stage, force: bool, ws
 
 def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, Any] | None = None,
            force: bool = False, restart_of: int | None = None, reason: str | None = None,
-           base_params: dict[str, Any] | None = None) -> Run:
+           base_params: dict[str, Any] | None = None, ignore_disk: bool = False) -> Run:
+    """force overrides the dependency check (and lint errors), ignore_disk the disk check."""
     stage = pipe.stage(stage_name)
     params = stage_params(stage, overrides, base_params, pipe)
     ws.ensure_state()
@@ -329,15 +340,15 @@ def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, 
             reg.record("run", "refused: lint", stage=stage.name, detail="; ".join(x.message for x in bad))
             raise Refused(f"stage {stage.name!r}: " + "; ".join(x.message for x in bad), code=3)
         pf = preflight(ws, pipe, stage, params)
-        if not pf.fits and not force:
+        if not pf.fits and not ignore_disk:
             reg.record("run", "refused: disk", stage=stage.name,
                        detail=f"remaining {pf.remaining_bytes} > free {pf.free_bytes} at {pf.path}")
-            raise Refused(f"stage {stage.name!r} {pf.shortfall()}; free space or pass --force")
+            raise Refused(f"stage {stage.name!r} {pf.shortfall()}; free space or pass --ignore-disk")
         try:
             # The op repeats its own checks (serve's lints, extract's disk preflight):
-            # a forced launch says so in the argv, or the op would refuse at once. Not in
+            # a launch past them says so in the argv, or the op would refuse at once. Not in
             # the recorded params: a later restart is forced only when asked again.
-            forced = force and stage.spec is not None and "force" in stage.spec.params
+            forced = stage.spec is not None and "force" in stage.spec.params and (ignore_disk or (force and bool(bad)))
             argv = stage.command(dict(params, force=True) if forced else params, pipe.target)
         except (KeyError, ValueError) as exc:
             raise Refused(str(exc.args[0]), code=3) from None
@@ -365,7 +376,8 @@ def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, 
                 break
             time.sleep(0.02)
         reg.record("run", run.status, stage=stage.name, run_id=run.id, targets=argv,
-                   detail=reason or ("forced" if force else None))
+                   detail=reason or ", ".join(w for w, on in (("forced", force), ("disk ignored", ignore_disk)) if on)
+                   or None)
         return run
 
 

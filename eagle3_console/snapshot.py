@@ -18,6 +18,7 @@ from typing import Any
 
 from eagle3_console import alerts
 from eagle3_console import config as cfg
+from eagle3_console import plan
 from eagle3_console import runs as runs_mod
 from eagle3_console.model import DiskUsage, GpuReport, Snapshot, StageStatus
 from eagle3_console.monitor.disk import DiskMonitor
@@ -340,7 +341,8 @@ class Collector:
         expected = stage.expected_samples
         if expected is None and spec:
             expected = spec.expected_samples(ctx)
-        estimate = runs_mod.estimate_bytes(self.ws, pipe, stage, params)
+        est = plan.disk_estimate(self.ws, pipe, stage, params)
+        estimate = None if est is None else est.bytes
         disks: list[DiskUsage] = []
         uses_shards = (spec is not None and spec.progress == "shards") or (spec is None and expected is not None)
         fraction: float | None = None
@@ -370,6 +372,9 @@ class Collector:
                     disk_mon = DiskMonitor(stage.name, out, estimate if out == outs[0] else None)
                     self._disks[(stage.name, out)] = disk_mon
                 disks.append(disk_mon.refresh())
+        elif outs and est is not None:      # nothing written yet: the figure is known before the run
+            disks.append(plan.unwritten_usage(stage.name, outs[0], estimate))
+        plan.label_usages(disks, est)
         log = st.log
         if fraction is None and log and log.progress_total:
             fraction = min(1.0, (log.progress_done or 0) / log.progress_total)

@@ -292,9 +292,10 @@ def test_logs_of_a_recorded_run_survive_a_broken_pipeline_file(ws):
     assert proc.returncode == 0 and "succeeded" in proc.stdout, (proc.stdout, proc.stderr)
 
 
-def test_a_forced_launch_passes_force_to_an_op_that_checks_again(ws):
-    # extract repeats the disk preflight itself; a `run --force` past the console's check
-    # that did not reach it would be refused again at once ("pass --force").
+def test_a_launch_past_the_disk_check_passes_force_to_an_op_that_checks_again(ws):
+    # extract repeats the disk preflight itself; a `run --ignore-disk` past the console's check
+    # that did not reach it would be refused again at once ("pass --force"). `--force` alone
+    # overrides the dependencies only (issue 20).
     ws.write("""
 [target]
 path = "models/target"
@@ -306,7 +307,8 @@ op = "extract"
 params = { input = "data/prep", output = "data/hs", tokens = 1000000000000000 }
 """)
     ws.cli("run", "extract", check=2)                 # the console's own disk check
-    ws.cli("run", "extract", "--force", check=0)
+    ws.cli("run", "extract", "--force", check=2)
+    ws.cli("run", "extract", "--ignore-disk", check=0)
     run = ws.wait_status("extract", ("failed", "succeeded"))
     assert "--force" in run.argv
     assert "force" not in run.params                  # a later restart is forced only when asked

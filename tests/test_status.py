@@ -79,9 +79,12 @@ def test_failed_stage_with_oom_is_critical(ws):
 def test_disk_projected_short_is_a_warning(ws):
     ws.write(pipe().replace("expected_samples = 30", "expected_samples = 30\nestimate_bytes = 1000000000000000000"))
     code, data, _ = status(ws)
-    assert code == 0     # never ran: no output to project yet
+    # Never ran: the estimate alone says it will not fit, before the run (issue 20).
+    assert code == 1 and any(a["code"] == "disk_short" for a in data["alerts"])
+    assert data["disk"][0]["estimate_kind"] == "declared" and data["disk"][0]["written_bytes"] == 0
     assert ws.cli("run", "shards").returncode == 2        # the preflight refuses
-    ws.cli("run", "shards", "--force", "--set", "n=10", check=0)
+    assert ws.cli("run", "shards", "--force").returncode == 2     # --force is for the dependencies
+    ws.cli("run", "shards", "--ignore-disk", "--set", "n=10", check=0)
     ws.wait_status("shards", ("succeeded",))
     # 10 of 30 expected done: projected 3x written fits; the estimate is what
     # a fresh run would need. Force a short projection: expected far above done.

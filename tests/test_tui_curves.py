@@ -5,7 +5,8 @@ metrics.jsonl read by the collector; screenshots at 80x24 (sparklines) and
 
 The workspace is test_tui_snapshots.py's (fixed clock, host and path), with
 train an op stage whose metrics.jsonl lies in its output (no run recorded:
-a recorded run would add a disk row whose free space varies by machine). The
+a recorded run would add a disk row whose free space varies by machine; no
+[target].hidden_size either, or train's estimate would add one before any run). The
 disk pane names the selected stage's output folder: the workspace sits at a
 fixed path (WS_DIR, emptied first) so that the screen is the same each run.
 
@@ -56,7 +57,6 @@ def pipeline() -> str:
 [target]
 path = "assets/target"
 num_layers = 8
-hidden_size = 64
 dtype = "float32"
 vocab_size = 512
 """ + train_argv + f"""

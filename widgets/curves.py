@@ -88,8 +88,9 @@ def _num(v: float) -> str:
 class CurvesView:
     """The curves as a Rich renderable, laid out for the width it is given."""
 
-    def __init__(self, curves: Curves, tall: bool) -> None:
-        self.c, self.tall = curves, tall
+    def __init__(self, curves: Curves, tall: bool, rows: int | None = None) -> None:
+        # rows: the lines the pane leaves the curves (None: not known, the layout by `tall` alone).
+        self.c, self.tall, self.rows = curves, tall, rows
 
     def _line(self, label: str, spark: str, value: str, style: str = "") -> Text:
         t = Text()
@@ -107,7 +108,7 @@ class CurvesView:
             label = "tok/s "
             value = fmt.rate(c.tok_s[-1], " tok/s")
             span = fmt.duration(c.tok_s_times[-1] - c.tok_s_times[0]) if len(c.tok_s_times) > 1 else "0s"
-            if self.tall:
+            if self.tall and (self.rows is None or self.rows >= 4):
                 lines, lo, hi = chart(c.tok_s, max(4, width - 8), 3)
                 yield Text(f"tokens/s over the last {span}: {value}", "dim")
                 for i, line in enumerate(lines):
@@ -123,8 +124,13 @@ class CurvesView:
         steps = f"steps {c.steps[0]}..{c.steps[-1]}"
         label_w = 7
         loss_v = _num(c.loss[-1])
-        if self.tall:
-            lines, lo, hi = chart(c.loss, max(4, width - label_w - 1), CHART_ROWS)
+        rows = self.rows
+        # With the pane's rows known, every step's accuracy is said: a sparkline each where they
+        # fit (the chart shrinks first), else one line of values.
+        tall = self.tall and (rows is None or rows >= k + 4)
+        if tall:
+            chart_rows = CHART_ROWS if rows is None else min(CHART_ROWS, rows - k - 2)
+            lines, lo, hi = chart(c.loss, max(4, width - label_w - 1), chart_rows)
             yield Text.assemble(("loss ", "dim"), (loss_v, "bold"), (f"  {steps}", "dim"))
             for i, line in enumerate(lines):
                 edge = _num(hi) if i == 0 else _num(lo) if i == len(lines) - 1 else ""
@@ -132,7 +138,13 @@ class CurvesView:
         else:
             room = max(4, width - label_w - len(loss_v) - 1)
             yield self._line(f"{'loss':<{label_w}}", sparkline(c.loss, room), loss_v, "yellow")
-        shown = list(range(k)) if self.tall or k <= 2 else [0, k - 1]
+        if rows is None:
+            shown = list(range(k)) if self.tall or k <= 2 else [0, k - 1]
+        else:
+            shown = list(range(k)) if tall or rows >= k + 2 else []
+        if not shown and k:
+            last = [f"{a[-1]:.2f}" if a and not math.isnan(a[-1]) else fmt.DASH for a in c.acc]
+            yield Text.assemble((f"acc@1-{k} ", "dim"), (" ".join(last), "bold green"))
         for i in shown:
             v = c.acc[i][-1] if c.acc[i] else float("nan")
             value = fmt.DASH if math.isnan(v) else f"{v:.2f}"
@@ -156,7 +168,7 @@ def curves_key(c: Curves | None, tall: bool) -> tuple | None:
 class CurvesBody(Body):
     """The curves of a StageStatus, painted only when they changed."""
 
-    def show(self, st: StageStatus | None) -> None:
+    def show(self, st: StageStatus | None, rows: int | None = None) -> None:
         curves = st.curves if st is not None else None
         tall = self.app.size.height >= TALL_SCREEN
         key = curves_key(curves, tall)
@@ -164,4 +176,4 @@ class CurvesBody(Body):
         if key is None:
             self.paint(None, "")
             return
-        self.paint(key, lambda: CurvesView(curves, tall))
+        self.paint(key + (rows,), lambda: CurvesView(curves, tall, rows))

@@ -12,6 +12,7 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 
 from eagle3_console.model import DiskUsage
+from eagle3_console.plan import KIND_LABEL, si_bytes
 from widgets import fmt
 from widgets.body import Body, retitle
 
@@ -21,19 +22,28 @@ def usage_lines(d: DiskUsage, width: int | None = None) -> list:
     scroll it away), then where, how much, and a bar of written vs final."""
     out: list = []
     final = d.projected_bytes or d.estimate_bytes
+    upper = d.final_kind == "upper_bound"
     if d.fits is False:
         need = (final or 0) - d.written_bytes
-        out.append(Text(f"WILL NOT FIT: needs {fmt.nbytes(need)} more, {fmt.nbytes(d.free_bytes)} free",
-                        "bold white on red"))
+        said = f"MAY NOT FIT: needs at most {fmt.nbytes(need)}" if upper else \
+            f"WILL NOT FIT: needs {fmt.nbytes(need)} more"
+        out.append(Text(f"{said}, {fmt.nbytes(d.free_bytes)} free", "bold white on red"))
     out.append(Text(fmt.path_tail(d.path, width), "cyan", no_wrap=True))
     t = Text()
     t.append("written ", "dim")
     t.append(fmt.nbytes(d.written_bytes), "bold")
     t.append(f" ({fmt.count(d.files)} file{'' if d.files == 1 else 's'})", "dim")
-    t.append(" of est. ", "dim")
-    t.append(fmt.nbytes(d.estimate_bytes))
+    if d.estimate_kind in ("upper_bound", "exact", "metadata") and d.estimate_bytes is not None:
+        # The hidden states' figure, in both units (2.1T binary is the 2.35 TB a disk's label says).
+        t.append(f" of {KIND_LABEL[d.estimate_kind]} ", "dim")
+        t.append(f"{fmt.nbytes(d.estimate_bytes)} ({si_bytes(d.estimate_bytes)})")
+    else:
+        t.append(" of est. ", "dim")
+        t.append(fmt.nbytes(d.estimate_bytes))
     t.append("\nprojected ", "dim")
     t.append(fmt.nbytes(d.projected_bytes))
+    if d.projected_bytes is not None:
+        t.append(" measured", "dim")
     t.append("  free ", "dim")
     t.append(fmt.nbytes(d.free_bytes), "bold")
     t.append(f" of {fmt.nbytes(d.total_bytes)}", "dim")
@@ -42,13 +52,18 @@ def usage_lines(d: DiskUsage, width: int | None = None) -> list:
         # Padding ends the bar's line (a bare ProgressBar does not).
         out.append(Padding(ProgressBar(total=1.0, completed=min(1.0, d.written_bytes / final), width=None,
                                        complete_style="blue", finished_style="blue"), 0))
+    if d.estimate_basis:
+        # Last: a short pane (80x24) cuts how the figure was made, not the figure.
+        out.append(Text("= " + d.estimate_basis, "dim"))
     return out
 
 
 def verdict(usages: list[DiskUsage]) -> str:
     """For the pane's title, which stays visible when the pane is short."""
-    if any(d.fits is False for d in usages):
+    if any(d.fits is False and d.final_kind != "upper_bound" for d in usages):
         return " - WILL NOT FIT"
+    if any(d.fits is False for d in usages):
+        return " - MAY NOT FIT (upper bound)"
     if usages and all(d.fits for d in usages):
         return " - fits"
     return ""
@@ -56,7 +71,7 @@ def verdict(usages: list[DiskUsage]) -> str:
 
 class DiskPane(VerticalScroll, can_focus=False):
     DEFAULT_CSS = """
-    DiskPane { border: round $primary-darken-1; padding: 0 1; }
+    DiskPane { border: round $primary-darken-1; padding: 0 1; scrollbar-size-vertical: 0; }
     """
 
     def __init__(self, **kw) -> None:

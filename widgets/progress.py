@@ -117,9 +117,10 @@ def result_text(st: StageStatus) -> Text | None:
     whose = st.result_whose()
     if whose:
         t.append(whose.rstrip(": ") + "\n", "yellow")
-    if r.get("engine"):
-        # Beside the reference bench's, each record says where it was measured.
-        t.append(f"engine {r['engine']}" + (f" {r['url']}" if r.get("url") else "") + "\n", "bold")
+    if r.get("url"):
+        # Where it was measured, when that was a server; the reference engine's is said under
+        # the bars, so that a 5-row pane (80x24) keeps every draft position's bar.
+        t.append(f"engine {r['engine']} {r['url']}\n", "bold")
     t.append("acceptance length ", "dim")
     t.append(f"{al:.2f}", "bold green")
     k = r.get("draft_tokens")
@@ -148,7 +149,7 @@ def result_details(st: StageStatus) -> Text | None:
     r = st.result or {}
     if _num(r.get("acceptance_length")) is None:
         return None
-    lines = []
+    lines = [f"engine {r['engine']}"] if r.get("engine") and not r.get("url") else []
     plain, spec = _num(r.get("tok_s_plain")), _num(r.get("tok_s_speculative"))
     if plain is not None and spec is not None:
         lines.append(f"{spec:.1f} tok/s speculative vs {plain:.1f} plain")
@@ -177,7 +178,8 @@ def bar_rows(st: StageStatus) -> list[tuple[str, str, float | None, str]]:
     if log is not None and log.load_pct is not None and st.status == "running" and not st.progress:
         rows.append(("loading weights", "bold cyan", log.load_pct / 100, f"{log.load_pct:.0f}%"))
     has_result = _num((st.result or {}).get("acceptance_length")) is not None
-    if st.progress is not None and not (has_result and st.status == "succeeded"):
+    # Done and its record says more than "100%": no bar for it.
+    if st.progress is not None and not ((has_result or st.result_line) and st.status == "succeeded"):
         rows.append(("overall", "bold", st.progress, fmt.done_pct(st.progress)))
     if sp is not None:
         # One shard's bar is the overall bar again: shown from two shards on.
@@ -241,8 +243,10 @@ def bars_table(rows: list[tuple[str, str, float | None, str]]) -> Table:
 
 
 class ProgressPane(VerticalScroll, can_focus=False):
+    # No scrollbar: can_focus=False, so it could not be scrolled by key, and its thumb in the
+    # last columns read as stray marks; the content is fitted to the pane instead (curves' rows).
     DEFAULT_CSS = """
-    ProgressPane { border: round $primary-darken-1; padding: 0 1; }
+    ProgressPane { border: round $primary-darken-1; padding: 0 1; scrollbar-size-vertical: 0; }
     """
 
     def __init__(self, **kw) -> None:
@@ -253,6 +257,7 @@ class ProgressPane(VerticalScroll, can_focus=False):
         self._body = Body("select a stage")
         self._bars = Body("")
         self._curves = CurvesBody("")
+        self._last: tuple | None = None
 
     def compose(self):
         # The curves first: a short pane (80x24) shows them before it scrolls.
@@ -260,12 +265,25 @@ class ProgressPane(VerticalScroll, can_focus=False):
         yield self._body
         yield self._bars
 
+    def on_resize(self) -> None:
+        # The curves' rows follow the pane's height.
+        if self._last is not None:
+            self.show(*self._last)
+
+    def _room(self, parts: list) -> int | None:
+        """The rows left once `parts` (Texts, wrapped at the pane's width) are shown; None before layout."""
+        height, width = self.size.height, self.size.width     # the content area: inside border and padding
+        if height <= 0 or width <= 0:
+            return None
+        return height - sum(len(p.wrap(self.app.console, width)) for p in parts if p is not None and p.plain)
+
     def show(self, st: StageStatus | None, now: float) -> None:
+        self._last = (st, now)
         title = "Progress" if st is None else (
             f"Progress: {st.name}" + (f" (run {st.run_id})" if st.run_id else ""))
         retitle(self, title)
-        self._curves.show(st)
         if st is None:
+            self._curves.show(st)
             self._body.paint(None, "select a stage")
             self._bars.paint(None, "")
             return
@@ -278,9 +296,11 @@ class ProgressPane(VerticalScroll, can_focus=False):
             counts = summary(st, now)
             if st.status == "succeeded":
                 # Its "succeeded" line (and a "no progress reported" from an op that prints
-                # no counter) say less than the result line.
+                # no counter, or train's "done 72/72") say less than the result line.
                 first = counts.split("\n")[0]
-                counts = Text() if first.plain.startswith("no progress") else first
+                counts = Text() if first.plain.startswith(("no progress", "done ")) else first
+            elif st.status == "never" and counts.plain.startswith("no progress"):
+                counts = Text()     # "not run yet": the result line says so ("no run recorded here")
             line = Text(st.result_said(), "green" if st.status == "succeeded" else "yellow")
             text = Text.assemble(counts, "\n", line) if counts.plain else line
         elif result is None:
@@ -295,6 +315,8 @@ class ProgressPane(VerticalScroll, can_focus=False):
         if st.shards is not None and len(st.shards.shards) > 1:
             label = f"{len(st.shards.shards)} shards ({st.shards.layout})"
         details = result_details(st)
+        bar_lines = Text("\n".join(["-"] * (len(rows) + bool(label))))
+        self._curves.show(st, self._room([text, bar_lines, details]))
         # Fractions rounded to what a bar can show: a sample more is not a repaint.
         key = (label, [(r[0], r[1], None if r[2] is None else round(r[2], 3), r[3]) for r in rows], details)
 

@@ -47,10 +47,14 @@ def status_text(st: StageStatus) -> Text:
 def result_text(st: StageStatus) -> Text:
     """The stage's result in a cell: bench's acceptance length (completion
     tokens / verify steps, SGLang's), red when speculative output differed from greedy,
-    dim when the stage's latest run did not produce it (an earlier run's)."""
+    none when the stage's latest run did not produce it (an earlier run's)."""
     r = st.result or {}
     al = r.get("acceptance_length")
     if not isinstance(al, (int, float)):
+        return Text("-")
+    if st.status != "never" and not st.result_is_latest_runs():
+        # An earlier run's figure next to a killed or failed run reads as its own (the Progress
+        # pane says whose it is: "an earlier run's result (latest run N: killed)").
         return Text("-")
     if r.get("outputs_match") is False:
         return Text(f"AL {al:.2f} !=greedy", "bold red")

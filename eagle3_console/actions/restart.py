@@ -15,6 +15,7 @@ from eagle3_console import config as cfg
 from eagle3_console import runs
 from eagle3_console.actions.kill import KillPlan, execute_kill, plan_kill
 from eagle3_console.monitor.procs import ProcessTable, RunRef
+from eagle3_console.plan import disk_line
 from eagle3_console.registry import Registry, Run
 from eagle3_console.workspace import Workspace
 
@@ -31,6 +32,8 @@ class RestartPlan:
     suggestion: tuple[str, Any, Any] | None = None  # offered after an OOM, not applied
     refusal: str | None = None
     force: bool = False
+    ignore_disk: bool = False
+    disk: str | None = None                        # the disk estimate's line (plan.disk_line)
     lints: list = field(default_factory=list)      # the op's lint (serve: flags, GPUs, drafter layers)
 
     def lines(self) -> list[str]:
@@ -53,6 +56,7 @@ class RestartPlan:
         elif self.suggestion:
             out.append(f"suggested: --set {self.suggestion[0]}={self.suggestion[2]} (halved after the OOM)")
         out += [f"lint {x}" for x in self.lints]
+        out += [self.disk] if self.disk else []
         out.append("argv: " + " ".join(self.argv))
         return out
 
@@ -74,7 +78,8 @@ def oom_line(run: Run | None) -> str | None:
 
 
 def plan_restart(ws: Workspace, stage_name: str, overrides: dict[str, Any] | None = None,
-                 kill: bool = False, halve_batch: bool = False, force: bool = False, nvml: Any = None) -> RestartPlan:
+                 kill: bool = False, halve_batch: bool = False, force: bool = False, nvml: Any = None,
+                 ignore_disk: bool = False) -> RestartPlan:
     pipe = cfg.load(ws.config_path)
     stage = pipe.stage(stage_name)
     with Registry(ws.db_path) as reg:
@@ -84,7 +89,8 @@ def plan_restart(ws: Workspace, stage_name: str, overrides: dict[str, Any] | Non
         raise runs.Refused(f"stages.{stage_name}: --halve-batch needs a batch_param, and this stage declares none "
                            f"(add `batch_param = \"<param>\"` to it, or pass --set <param>=<value>)", code=3)
     params = runs.stage_params(stage, overrides, base=last.params if last else None, pipe=pipe)
-    plan = RestartPlan(stage=stage_name, last=last, params=params, argv=[], kill=None, force=force)
+    plan = RestartPlan(stage=stage_name, last=last, params=params, argv=[], kill=None, force=force,
+                       ignore_disk=ignore_disk)
     if last and last.status in ("failed", "killed", "lost"):
         plan.oom_line = oom_line(last)
     if plan.oom_line and stage.batch_param and stage.batch_param in params \
@@ -118,6 +124,11 @@ def plan_restart(ws: Workspace, stage_name: str, overrides: dict[str, Any] | Non
     if bad and not force:
         plan.refusal = f"stage {stage_name!r}: " + "; ".join(bad)
         return plan
+    pf = runs.preflight(ws, pipe, stage, params)
+    plan.disk = disk_line(pf)
+    if not pf.fits and not ignore_disk:
+        plan.refusal = f"stage {stage_name!r} {pf.shortfall()}; free space or pass --ignore-disk"
+        return plan
     alive = bool(last) and (last.live or runs.stage_alive(last))
     # Workers that outlived a failed run still hold their GPU memory: a restart next to them OOMs again.
     leftovers = sorted(ProcessTable.snapshot().owners((RunRef.from_run(last),))) if last and not alive else []
@@ -142,4 +153,5 @@ def execute_restart(ws: Workspace, plan: RestartPlan, progress: Callable[[str], 
     pipe = cfg.load(ws.config_path)
     reason = "restart" + (f", {plan.halved[0]} {plan.halved[1]} -> {plan.halved[2]} after OOM" if plan.halved else "")
     return runs.launch(ws, pipe, plan.stage, base_params=plan.params, force=plan.force,
-                       restart_of=plan.last.id if plan.last else None, reason=reason)
+                       restart_of=plan.last.id if plan.last else None, reason=reason,
+                       ignore_disk=plan.ignore_disk)

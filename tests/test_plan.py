@@ -1,0 +1,243 @@
+"""Day one of the Kimi-K2.5 job (issue 20): the disk figure and the layer ids are
+right before anything runs. The pipeline file is examples/kimi-k2.5.toml as
+committed; the CLI runs as a real subprocess on a real workspace."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import pytest
+
+from eagle3_console import config as cfg
+from eagle3_console.model import DiskUsage
+from eagle3_console.monitor.disk import free_space
+from eagle3_console.workspace import Workspace
+from ops import layers
+from tests.conftest import ROOT
+
+EXAMPLE = ROOT / "examples" / "kimi-k2.5.toml"
+UPPER = 10_000 * 4_096 * 4 * 7_168 * 2          # 2,348,810,240,000 B = 2.35 TB
+EXACT = 17_285_548 * 4 * 7_168 * 2              # 923 GiB (the seed's du -sh: 924G)
+GiB = 2**30
+
+
+@pytest.fixture
+def kimi(ws):
+    shutil.copy(EXAMPLE, ws.root / "eagle3.toml")
+    return ws
+
+
+def prepare_summary(ws, tokens: int = 17_285_548, samples: int = 10_000) -> None:
+    out = ws.root / "data" / "prepared"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps({"status": "complete", "samples": samples,
+                                                  "total_tokens": tokens, "max_seq_len": 4096}))
+
+
+def extract_disk(ws) -> dict:
+    snap = json.loads(ws.cli("status", "--json", "--no-gpus").stdout)
+    return next(d for d in snap["disk"] if d["stage"] == "extract")
+
+
+def test_the_example_is_the_job():
+    pipe = cfg.load(EXAMPLE)
+    t = pipe.target
+    assert (t["num_layers"], t["hidden_size"], t["vocab_size"], t["dtype"]) == (61, 7168, 163840, "bfloat16")
+    ex = pipe.stages["extract"]
+    assert ex.params["engine"] == "sglang" and ex.params["tp"] == 8 and len(ex.gpus) == 8
+    # The aux layers SGLang captures by default, written canonically: its capture list is k + 1.
+    assert layers.sglang_capture_ids(ex.params["layer_ids"]) == [2, 30, 58]
+    assert ex.params["layer_ids"] == layers.default_aux_layers(61)
+    assert pipe.stages["prepare"].params["limit"] == 10_000
+    assert pipe.stages["prepare"].params["max_seq_len"] == 4096
+    assert pipe.stages["serve_spec"].op == "serve" and pipe.stages["bench"].depends_on == ["serve_spec"]
+    assert pipe.stages["bench"].params["server"] == "serve_spec"
+
+
+def test_before_anything_ran_status_shows_the_upper_bound_labelled(kimi):
+    d = extract_disk(kimi)
+    assert d["estimate_bytes"] == UPPER and d["estimate_kind"] == "upper_bound"
+    assert d["final_kind"] == "upper_bound" and d["written_bytes"] == 0
+    assert "10,000 samples" in d["estimate_basis"] and "4,096 tokens" in d["estimate_basis"]
+    assert "per-file overhead" in d["estimate_basis"]
+    text = kimi.cli("status", "--no-gpus").stdout
+    assert "2.1 TiB upper bound" in text
+    assert ("extract: upper bound 2.1 TiB (2.35 TB) = 10,000 samples (prepare's limit) x 4,096 tokens "
+            "(extract's max_seq_len) x 4 states (3 aux + final) x 7,168 x 2 B (bfloat16), plus per-file overhead") \
+        in text
+
+
+def test_run_prints_the_plan_before_refusing_on_a_dependency(kimi):
+    proc = kimi.cli("run", "extract", check=2)
+    assert "depends on 'prepare', which has not succeeded" in proc.stderr
+    assert "disk: upper bound 2.1 TiB (2.35 TB) = 10,000 samples" in proc.stdout
+    assert ("layers (61-layer target): canonical [1, 29, 57] + final 60 | SGLang capture / "
+            "eagle_aux_hidden_state_layer_ids [2, 30, 58] | HF hidden_states index [2, 30, 58]") in proc.stdout
+    assert kimi.latest("extract") is None
+
+
+def test_the_exact_figure_once_prepare_wrote_its_summary(kimi):
+    prepare_summary(kimi)
+    d = extract_disk(kimi)
+    assert d["estimate_bytes"] == EXACT and d["estimate_kind"] == "exact"
+    assert round(EXACT / GiB) == 923
+    assert d["estimate_basis"].startswith("17,285,548 tokens (prepare's summary.json in ")
+    proc = kimi.cli("run", "extract", check=2)
+    assert "disk: exact 923.1 GiB (991 GB) = 17,285,548 tokens" in proc.stdout
+
+
+def test_force_overrides_the_dependencies_not_the_disk(kimi):
+    prepare_summary(kimi)
+    free, _total = free_space(kimi.root)
+    if free >= EXACT:
+        pytest.skip("this filesystem has room for 923 GiB")
+    # engine hf, tp 1: the op itself fails at once (no target here); what matters is who refuses.
+    sets = ["--set", "engine=hf", "--set", "tp=1"]
+    proc = kimi.cli("run", "extract", "--force", *sets, check=2)
+    assert "needs about 923.1 GiB more (exact: 17,285,548 tokens" in proc.stderr
+    assert "pass --ignore-disk" in proc.stderr
+    assert kimi.latest("extract") is None
+    kimi.cli("run", "extract", "--ignore-disk", *sets, check=2)        # the dependency still counts
+    assert kimi.latest("extract") is None
+    kimi.cli("run", "extract", "--force", "--ignore-disk", *sets, check=0)
+    run = kimi.latest("extract")
+    assert run is not None and "--force" in run.argv      # the op's own disk check is overridden too
+    kimi.wait_status("extract", ("failed", "succeeded"))
+    with kimi.registry() as reg:
+        assert any(e.detail == "forced, disk ignored" for e in reg.events() if e.action == "run")
+
+
+def test_restart_checks_the_disk_and_has_its_own_override(kimi):
+    prepare_summary(kimi)
+    free, _total = free_space(kimi.root)
+    if free >= EXACT:
+        pytest.skip("this filesystem has room for 923 GiB")
+    pipe = cfg.load(kimi.root / "eagle3.toml")
+    params = dict(pipe.stages["extract"].params, engine="hf", tp=1)
+    kimi.record_finished_run("extract", params, status="failed")
+    proc = kimi.cli("restart", "extract", "--force", "--yes", check=2)
+    assert "pass --ignore-disk" in proc.stdout + proc.stderr
+    assert kimi.latest("extract").restart_of is None
+    proc = kimi.cli("restart", "extract", "--force", "--ignore-disk", "--yes", check=0)
+    assert "disk: exact 923.1 GiB" in proc.stdout
+    assert kimi.latest("extract").restart_of is not None
+
+
+def test_a_foreign_tree_is_estimated_from_its_own_metadata(kimi):
+    """No prepare summary: the seed's data_config.json says tokens, hidden size, states."""
+    out = kimi.root / "data" / "hidden_states"
+    out.mkdir(parents=True)
+    (out / "data_config.json").write_text(json.dumps({
+        "extraction_method": "sglang_server_dump_patch", "layer_ids": [2, 30, 58, 60],
+        "sglang_layers_to_capture": [3, 31, 59], "max_seq_len": 4096, "total_samples": 10000,
+        "total_tokens": 17285548, "data_format_version": 1, "hidden_size": 7168, "num_layers_captured": 4}))
+    d = extract_disk(kimi)
+    assert d["estimate_bytes"] == EXACT and d["estimate_kind"] == "metadata"
+    assert "data_config.json's total_tokens" in d["estimate_basis"] and "num_layers_captured" in d["estimate_basis"]
+
+
+def _extract_estimate(root, config: dict | None, lengths: dict | None = None):
+    (root / "eagle3.toml").write_text("""
+[target]
+num_layers = 61
+hidden_size = 7168
+dtype = "bfloat16"
+
+[stages.extract]
+op = "extract"
+params = { input = "data/prepared", output = "data/hs" }
+""")
+    out = root / "data" / "hs"
+    out.mkdir(parents=True, exist_ok=True)
+    if config is not None:
+        (out / "data_config.json").write_text(json.dumps(config))
+    if lengths is not None:
+        (out / "sample_lengths.json").write_text(json.dumps(lengths))
+    from eagle3_console import plan
+    ws = Workspace(root)
+    pipe = cfg.load(ws.config_path)
+    st = pipe.stages["extract"]
+    return plan.disk_estimate(ws, pipe, st, dict(st.params))
+
+
+def test_speculators_metadata_tokens_from_sample_lengths(tmp_path):
+    est = _extract_estimate(tmp_path, {"data": {"num_samples": 3}}, {"0": 100, "1": 200, "2": 300})
+    assert est.kind == "metadata" and est.bytes == 600 * 4 * 7168 * 2
+    assert "600 tokens (sample_lengths.json in " in est.basis
+
+
+def test_speculators_samples_alone_give_an_upper_bound(tmp_path):
+    est = _extract_estimate(tmp_path, {"data": {"num_samples": 3}})
+    assert est.kind == "upper_bound" and est.bytes == 3 * 4096 * 4 * 7168 * 2
+    assert "data_config.json's data.num_samples" in est.basis
+
+
+def test_nothing_known_gives_no_figure(tmp_path):
+    assert _extract_estimate(tmp_path, None) is None
+
+
+def test_files_landing_give_the_measured_projection(ws):
+    ws.write("""
+[target]
+num_layers = 61
+hidden_size = 7168
+
+[stages.extract]
+op = "extract"
+params = { input = "data/prepared", output = "data/hs", num_samples = 4 }
+""")
+    shard = ws.root / "data" / "hs" / "rows_0-2000"
+    shard.mkdir(parents=True)
+    for i in range(2):
+        (shard / f"data_{i}.safetensors").write_bytes(b"x" * 1000)
+    d = extract_disk(ws)
+    assert d["final_kind"] == "measured" and d["projected_bytes"] == 4000   # 2 of 4 samples, 2,000 B
+    assert d["estimate_kind"] == "upper_bound" and d["estimate_bytes"] == 4 * 4096 * 4 * 7168 * 2
+
+
+def test_the_disk_pane_labels_the_estimate():
+    import io
+
+    from rich.console import Console, Group
+
+    from widgets.disk import usage_lines
+    d = DiskUsage(stage="extract", path="/data/hs", estimate_bytes=UPPER, free_bytes=68 * GiB,
+                  total_bytes=3 * 2**40, fits=False, estimate_kind="upper_bound", final_kind="upper_bound",
+                  estimate_basis="10,000 samples (prepare's limit) x 4,096 tokens")
+    console = Console(width=60, file=io.StringIO(), color_system=None)
+    with console.capture() as cap:
+        console.print(Group(*usage_lines(d, 60)))
+    text = " ".join(cap.get().split())
+    assert "upper bound 2.1T (2.35 TB)" in text
+    assert "10,000 samples (prepare's limit) x 4,096 tokens" in text
+    assert "MAY NOT FIT: needs at most 2.1T" in text     # the verdict of an upper bound says so
+
+
+# ------------------------------------------------------------------ layer ids
+def test_sglangs_spelling_of_the_default_is_a_lint_warning_naming_both_readings(kimi):
+    proc = kimi.cli("run", "extract", "--set", "layer_ids=[2, 30, 58]", check=2)
+    warning = next(line for line in proc.stderr.splitlines() if line.startswith("lint warning:"))
+    assert "layer_ids [2, 30, 58] is read as canonical ids" in warning
+    assert "SGLang capture [3, 31, 59]" in warning
+    assert "canonical [1, 29, 57]" in warning and "eagle_aux_hidden_state_layer_ids" in warning
+    proc = kimi.cli("run", "extract", check=2)
+    assert "lint warning" not in proc.stderr
+
+
+def test_layer_ids_the_target_cannot_have_are_a_lint_error(kimi):
+    proc = kimi.cli("run", "extract", "--set", "layer_ids=[2, 30, 61]", check=2)
+    assert "lint error: stages.extract.params.layer_ids: layer_ids [2, 30, 61]: [61] outside" in proc.stderr
+    assert kimi.latest("extract") is None
+
+
+def test_the_readme_names_layer_ids_and_its_three_spellings_for_61_layers():
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### The pipeline file"):readme.index("### Runs")]
+    assert "layer_ids" in section and "canonical" in section
+    rows = {m.group(1).strip(): m.group(2) for m in re.finditer(r"^\| ([^|]+?) \| (\[[\d, ]+\])", section, re.M)}
+    ks = layers.default_aux_layers(61)
+    assert rows[next(k for k in rows if k.startswith("canonical"))] == str(ks)
+    assert rows[next(k for k in rows if "eagle_aux_hidden_state_layer_ids" in k)] == str(layers.sglang_capture_ids(ks))
+    assert rows[next(k for k in rows if "hidden_states" in k and "HF" in k)] == str(layers.hf_hidden_states_indices(ks))
