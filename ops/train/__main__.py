@@ -168,10 +168,12 @@ def train(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
             print(msg, flush=True)
 
     output = Path(args.output)
+    from ops.train.owner import OwnerError, begin, load_resumed, refuse_early
     from ops.train.report import ReportError, open_report
     try:
+        refuse_early(output, args.resume, args.force)
         report = open_report(args.report_to, output, write=is_main)
-    except ReportError as exc:
+    except (ReportError, OwnerError) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
     try:
@@ -226,7 +228,6 @@ def train(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
                  "data": str(Path(args.data).resolve()), "vocab": str(Path(args.vocab).resolve()),
                  "holdout": held, "world_size": world, "grad_accum": args.grad_accum,
                  "ttt_steps": args.ttt_steps, "total_steps": total}
-    from ops.train.owner import OwnerError, begin, load_resumed
     try:
         start = begin(output, args.resume, args.force, cfg.to_dict(), is_main, log)
     except OwnerError as exc:

@@ -35,7 +35,8 @@ def _by_run(found: list[tuple[int, Path, dict | None]]) -> str:
     for step, _path, meta in found:
         mark = ck.run_of(meta) if meta is not None else ck.RunMark(token=None)
         groups.setdefault(mark, []).append(step)
-    return "; ".join(f"{mark.describe()}, steps {', '.join(map(str, sorted(s)))}" for mark, s in groups.items())
+    return "; ".join(f"{mark.describe()}, step{'s' if len(s) > 1 else ''} {', '.join(map(str, sorted(s)))}"
+                     for mark, s in groups.items())
 
 
 def _read(output: Path) -> list[tuple[int, Path, dict | None]]:
@@ -46,6 +47,13 @@ def _read(output: Path) -> list[tuple[int, Path, dict | None]]:
         except ck.CheckpointError:
             out.append((step, path, None))
     return out
+
+
+def refuse_early(output: Path, resume: bool, force: bool) -> None:
+    """The refusal before the data and the target load (seconds to minutes): a
+    plain new run into another run's checkpoints."""
+    if not resume and not force:
+        begin(output, resume, force, {}, False, lambda _msg: None)
 
 
 def begin(output: Path, resume: bool, force: bool, drafter_config: dict, is_main: bool, log) -> Start:
