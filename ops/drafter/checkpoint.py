@@ -4,7 +4,14 @@
 weights, SGLang names), trainer.pt (optimizer + scheduler) and meta.json (step,
 drafter config, data split). It is written under a temporary name and renamed,
 so a directory named step_<N> is always whole; a crash leaves only a *.tmp-*
-directory, which the train spec reports as partial.
+directory, which the train spec reports as partial (a full disk: the save
+removes it and raises an OSError naming the file, ops/drafter/diskio.py).
+
+A run owns its checkpoints: meta.json's "run" holds the run's token (random,
+made when a run starts from step 0; a resume keeps the token of the run it
+continues) and the console's run id of the process that wrote it
+(EAGLE3_RUN_ID). `keep` prunes only the checkpoints of the saving run;
+ops/train/owner.py decides what a new run does with another run's.
 """
 
 from __future__ import annotations
@@ -13,7 +20,11 @@ import json
 import os
 import re
 import shutil
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
+
+from ops.drafter import diskio
 
 CKPT_DIR = "checkpoints"
 STEP_RE = re.compile(r"^step_(\d+)$")
@@ -24,6 +35,32 @@ META_FILE = "meta.json"
 
 class CheckpointError(ValueError):
     pass
+
+
+@dataclass(frozen=True)
+class RunMark:
+    """Who wrote a checkpoint: the run's token, and the console's run id (None by hand)."""
+    token: str | None
+    id: str | None = None
+
+    @classmethod
+    def new(cls) -> "RunMark":
+        return cls(token=uuid.uuid4().hex[:12], id=os.environ.get("EAGLE3_RUN_ID") or None)
+
+    def to_dict(self) -> dict:
+        return {"token": self.token, "id": self.id}
+
+    def describe(self) -> str:
+        """'run 3 (token 1a2b...)', or what is known of a checkpoint that predates run marks."""
+        if self.token is None:
+            return "an unnamed run (checkpoints written before runs were recorded)"
+        return f"run {self.id or '(by hand)'} (token {self.token})"
+
+
+def run_of(meta: dict) -> RunMark:
+    run = meta.get("run") if isinstance(meta.get("run"), dict) else {}
+    token, rid = run.get("token"), run.get("id")
+    return RunMark(token=str(token) if token else None, id=str(rid) if rid not in (None, "") else None)
 
 
 def list_checkpoints(output: Path) -> list[tuple[int, Path]]:
@@ -55,41 +92,42 @@ def resolve(path: Path) -> Path:
     return found
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def save(output: Path, step: int, model_state: dict, trainer_state: dict, meta: dict, keep: int) -> Path:
-    import torch
-    from safetensors.torch import save_file
-
+def save(output: Path, step: int, model_state: dict, trainer_state: dict, meta: dict, keep: int,
+         run: RunMark, own: frozenset = frozenset()) -> Path:
+    """Write step_<step> for `run`, then keep its `keep` newest: of the
+    checkpoints whose token is run's (or in `own`: the tokens it continues)."""
     root = Path(output) / CKPT_DIR
-    root.mkdir(parents=True, exist_ok=True)
+    with diskio.naming(root):
+        root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:08d}"
     tmp = root / f"step_{step:08d}.tmp-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    save_file({k: v.detach().cpu().contiguous() for k, v in model_state.items()}, str(tmp / MODEL_FILE))
-    torch.save(trainer_state, tmp / TRAINER_FILE)
-    (tmp / META_FILE).write_text(json.dumps(dict(meta, step=step), indent=1))
-    for f in tmp.iterdir():
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
+    try:
+        diskio.save_safetensors(model_state, tmp / MODEL_FILE)
+        diskio.torch_save(trainer_state, tmp / TRAINER_FILE)
+        diskio.write_text(tmp / META_FILE, json.dumps(dict(meta, step=step, run=run.to_dict()), indent=1))
+    except BaseException:
+        # A torn checkpoint holds the space the next try needs; its name says it is torn anyway.
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if final.exists():
         shutil.rmtree(final)
     os.rename(tmp, final)
-    _fsync_dir(root)
-    for _, old in list_checkpoints(output)[:-keep] if keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
+    diskio.fsync_dir(root)
+    if keep > 0:
+        mine = [p for _, p in list_checkpoints(output) if _token(p) in ({run.token} | set(own))]
+        for old in mine[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _token(ckpt: Path) -> str | None:
+    try:
+        return run_of(load_meta(ckpt)).token
+    except CheckpointError:
+        return None
 
 
 def load_meta(ckpt: Path) -> dict:

@@ -2,10 +2,13 @@
 
 Data flow: train's checkpoint (newest under --checkpoint, or the one named) ->
 <output>/sglang/{config.json, model.safetensors} and
-<output>/speculators/{config.json, model.safetensors}, plus
-<output>/export_info.json (layer ids in every convention, source step, the
---check result). bench reads either directory back. Formats and the loader
-code they were checked against: ops/export/formats.py.
+<output>/speculators/{config.json, model.safetensors (with the target's
+embed_tokens.weight)}, plus <output>/export_info.json (layer ids in every
+convention, source step, the --check result). bench reads either directory
+back. Formats and the loader code they were checked against:
+ops/export/formats.py. The whole output is built beside the old one and
+switched in at once (ops/export/switch.py); a full disk ends in one line
+naming the file, the old export unchanged.
 
 --check reloads what was written (shapes against config.json, the aux ids back
 through each engine's rule to the canonical ids) and compares the reloaded
@@ -17,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -49,21 +51,32 @@ def parse_args(argv=None) -> argparse.Namespace:
     return build_parser().parse_args(argv)
 
 
-def write_format(out: Path, fmt: str, config: dict, state: dict) -> Path:
-    from safetensors.torch import save_file
+def write_format(stage: Path, fmt: str, config: dict, state: dict) -> Path:
+    from ops.drafter import diskio
 
-    final = out / fmt
-    tmp = out / f"{fmt}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"),
-              metadata={"format": "pt"})
-    if final.exists():
-        shutil.rmtree(final)
-    os.rename(tmp, final)
+    final = stage / fmt
+    final.mkdir(parents=True)
+    diskio.write_text(final / "config.json", json.dumps(config, indent=2) + "\n")
+    diskio.save_safetensors(state, final / "model.safetensors", metadata={"format": "pt"})
     return final
+
+
+def target_embedding(candidates: list[str], dtype, cfg):
+    """The target's token embedding for the speculators format: speculators'
+    Eagle3DraftModel (0.9.0) takes embed_tokens.weight from the export and
+    fills it from the verifier only where its freshly allocated tensor holds
+    NaN, so without it the logits depend on the allocator (issue 19, item 6)."""
+    from ops.drafter.target_head import load_target_head
+
+    local = [c for c in candidates if c and Path(c).is_dir()]
+    if not local:
+        raise ValueError(f"the speculators format holds the target's embedding, and no local target checkpoint "
+                         f"was found among {[c for c in candidates if c]}; pass --target DIR")
+    embed = load_target_head(Path(local[0])).embed
+    if tuple(embed.shape) != (cfg.target_vocab_size, cfg.hidden_size):
+        raise ValueError(f"{local[0]}: embedding of shape {tuple(embed.shape)}, the drafter was trained for "
+                         f"[{cfg.target_vocab_size}, {cfg.hidden_size}]")
+    return embed.to(dtype).contiguous()
 
 
 def check(ref_model, written: dict[str, Path], meta: dict, args, target: Path) -> dict:
@@ -82,6 +95,13 @@ def check(ref_model, written: dict[str, Path], meta: dict, args, target: Path) -
     report = {"samples": ids, "steps": steps, "formats": {}}
     for fmt, path in written.items():
         model, cfg, _, _ = read_export(path, ref_model.cfg.target_architecture)
+        embed_ok = True
+        if fmt == "speculators":
+            from safetensors import safe_open
+
+            with safe_open(str(path / "model.safetensors"), framework="pt") as fh:
+                embed_ok = torch.equal(fh.get_tensor("embed_tokens.weight").float(),
+                                       embed.to(getattr(torch, args.dtype)).float())
         model.eval()
         ids_ok = cfg.aux_layer_ids == ref_model.cfg.aux_layer_ids
         worst, agree, total = 0.0, 0, 0
@@ -96,12 +116,14 @@ def check(ref_model, written: dict[str, Path], meta: dict, args, target: Path) -
                     agree += int((a.argmax(-1) == b.argmax(-1)).sum())
                     total += a.shape[1]
         top1 = agree / max(1, total)
-        ok = ids_ok and worst <= CHECK_TOL[args.dtype] and top1 >= MIN_TOP1_AGREEMENT
+        ok = ids_ok and embed_ok and worst <= CHECK_TOL[args.dtype] and top1 >= MIN_TOP1_AGREEMENT
         report["formats"][fmt] = {"ok": ok, "aux_ids_roundtrip": ids_ok, "rel_logit_err": worst,
-                                  "top1_agreement": top1, "positions": total}
+                                  "top1_agreement": top1, "positions": total,
+                                  **({"embed_is_targets": embed_ok} if fmt == "speculators" else {})}
         print(f"check: {fmt}: rel logit error {worst:.2e} (tol {CHECK_TOL[args.dtype]:.0e}), top-1 agreement "
               f"{top1:.4f} over {total} positions ({len(ids)} samples, {steps} steps), aux ids "
-              f"{'round-trip' if ids_ok else 'DO NOT round-trip: ' + str(cfg.aux_layer_ids)} -> "
+              f"{'round-trip' if ids_ok else 'DO NOT round-trip: ' + str(cfg.aux_layer_ids)}"
+              f"{'' if embed_ok else ', embed_tokens.weight is NOT the target embedding'} -> "
               f"{'ok' if ok else 'FAILED'}", flush=True)
     report["ok"] = all(f["ok"] for f in report["formats"].values())
     return report
@@ -117,25 +139,48 @@ def target_ref(value: str) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    import torch
-
-    from ops import layers
     from ops.drafter import checkpoint as ck
-    from ops.export import formats as fm
+    from ops.drafter import diskio
+    from ops.export import switch
 
     try:
         ckpt = ck.resolve(Path(args.checkpoint))
         model, meta = ck.load_drafter(ckpt)
+        out = switch.real_output(Path(args.output))
+        switch.recover(out, lambda msg: print(msg, flush=True))
+        switch.check_output(out)
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = switch.staging_dir(out)
+    try:
+        return _export(args, ckpt, model, meta, out, stage)
+    except OSError as exc:
+        if not diskio.is_disk_full(exc):
+            raise
+        print(f"error: {diskio.disk_full_text(exc, stage)}; {out} is unchanged; free space and export again",
+              file=sys.stderr, flush=True)
+        return 2
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)      # a failed export leaves no staging folder
+
+
+def _export(args, ckpt: Path, model, meta: dict, out: Path, stage: Path) -> int:
+    """Build the whole export in `stage`, check it, switch it in at `out`."""
+    import torch
+
+    from ops import layers
+    from ops.drafter import diskio
+    from ops.export import formats as fm
+    from ops.export import switch
+
     cfg = model.cfg
     target = Path(target_ref(args.target or meta.get("target", "")))
     dtype = getattr(torch, args.dtype)
     state = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in model.trainable_state().items()}
     fmts = ("sglang", "speculators") if args.format == "both" else (args.format,)
-    out = Path(args.output)
-    out.mkdir(parents=True, exist_ok=True)
+    stage.mkdir()
     try:
         configs = {"sglang": lambda: fm.sglang_config(cfg, args.dtype),
                    "speculators": lambda: fm.speculators_config(
@@ -143,8 +188,12 @@ def main(argv=None) -> int:
                        target_ref(args.target or meta.get("target", "")))}
         written = {}
         for fmt in fmts:
-            written[fmt] = write_format(out, fmt, configs[fmt](), fm.to_format(state, fmt))
-            print(f"export: {fmt} -> {written[fmt]}", flush=True)
+            tensors = fm.to_format(state, fmt)
+            if fmt == "speculators":
+                tensors["embed_tokens.weight"] = target_embedding(
+                    [str(target), meta.get("target", "")], dtype, cfg)
+            written[fmt] = write_format(stage, fmt, configs[fmt](), tensors)
+            print(f"export: {fmt} -> {out / fmt}", flush=True)
     except ValueError as exc:          # e.g. no SGLang config ids reach the canonical layers
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
@@ -152,7 +201,7 @@ def main(argv=None) -> int:
         "checkpoint": str(ckpt), "step": meta.get("step"), "dtype": args.dtype,
         "target": target_ref(args.target or meta.get("target", "")), "target_architecture": cfg.target_architecture,
         "target_model_type": cfg.target_model_type, "target_num_layers": cfg.target_num_layers,
-        "draft_vocab_size": cfg.draft_vocab_size, "formats": {k: str(v) for k, v in written.items()},
+        "draft_vocab_size": cfg.draft_vocab_size, "formats": {k: str(out / k) for k in written},
         "holdout": meta.get("holdout", []), "data": meta.get("data"),
         **layers.engine_ids(cfg.aux_layer_ids, cfg.target_num_layers or max(cfg.aux_layer_ids) + 1,
                             cfg.target_architecture),
@@ -161,11 +210,17 @@ def main(argv=None) -> int:
     if args.check:
         try:
             info["check"] = check(model, written, meta, args, target)
-        except (ValueError, OSError, KeyError) as exc:
+        except (ValueError, KeyError) as exc:
+            print(f"error: --check could not run: {exc}", file=sys.stderr, flush=True)
+            return 2
+        except OSError as exc:
+            if diskio.is_disk_full(exc):
+                raise
             print(f"error: --check could not run: {exc}", file=sys.stderr, flush=True)
             return 2
         code = 0 if info["check"]["ok"] else 1
-    (out / fm.INFO_FILE).write_text(json.dumps(info, indent=1) + "\n")
+    diskio.write_text(stage / fm.INFO_FILE, json.dumps(info, indent=1) + "\n")
+    switch.commit(out, stage)
     print(f"done: step {meta.get('step')} exported as {', '.join(fmts)} ({args.dtype}) to {out}"
           + ("" if not args.check else f"; check {'ok' if code == 0 else 'FAILED'}"), flush=True)
     return code

@@ -46,7 +46,12 @@ speculators_model_type "eagle3", transformer_layer_config, draft_vocab_size,
 norm_before_residual, target_hidden_size, eagle_aux_hidden_state_layer_ids)
 and core.py / model_definitions.py (`fc`, `layers.0.{self_attn.q/k/v/o_proj,
 mlp.*, input_layernorm, hidden_norm, post_attention_layernorm}`, `norm`,
-`lm_head`, `d2t`, `t2d`; embed_tokens ignored when missing).
+`lm_head`, `d2t`, `t2d`). embed_tokens.weight is written too (the target's
+embedding in the export's dtype): 0.9.0's model.py `DraftVocabMixin` lists it in
+`_keys_to_ignore_on_load_missing` and `_load_verifier_weights` fills it from the
+verifier only `if self.embed_tokens.weight.isnan().any()`, a check on a tensor
+that from_pretrained allocates and does not initialise, so a missing one gave
+allocator-dependent logits (issue 19, item 6). vLLM loads it when present.
 """
 
 from __future__ import annotations
@@ -140,9 +145,11 @@ def to_format(state: dict, fmt: str) -> dict:
 
 
 def from_format(state: dict, fmt: str) -> dict:
+    """The drafter's trainable state (SGLang names) from `fmt`'s tensors (the
+    speculators format's copy of the target's embedding is not the drafter's)."""
     if fmt == SPECULATORS_DIR:
         return {k.replace("layers.0.", "midlayer.", 1) if k.startswith("layers.0.") else k: v
-                for k, v in state.items()}
+                for k, v in state.items() if k != "embed_tokens.weight"}
     return dict(state)
 
 
@@ -169,6 +176,7 @@ def expected_shapes(config: dict, fmt: str) -> dict[str, tuple[int, ...]]:
         "lm_head.weight": (vd, h),
         "d2t": (vd,),
         "t2d": (vt,),
+        **({"embed_tokens.weight": (vt, h)} if fmt == SPECULATORS_DIR else {}),
     }
 
 

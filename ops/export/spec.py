@@ -1,8 +1,10 @@
 """Spec of the export stage: the trained drafter in SGLang's and speculators/vLLM's formats.
 
 Output: <output>/sglang/, <output>/speculators/ (config.json + model.safetensors
-each) and <output>/export_info.json. Disk estimate: drafter params x dtype
-bytes x formats written.
+each; speculators' also holds the target's embedding) and
+<output>/export_info.json, built in <output>.tmp-<pid> beside it and switched
+in whole (ops/export/switch.py). Disk estimate: drafter params x dtype bytes x
+formats written, plus the embedding (target vocab x hidden) for speculators.
 """
 
 from __future__ import annotations
@@ -17,12 +19,17 @@ def estimate_bytes(ctx: EstimateContext) -> int | None:
     params = drafter_params(ctx)
     if params is None:
         return None
-    n_formats = 2 if ctx.params.get("format", "both") == "both" else 1
-    return params * dtype_bytes(ctx.params.get("dtype", "bfloat16")) * n_formats
+    fmt = ctx.params.get("format", "both")
+    n_formats = 2 if fmt == "both" else 1
+    embed = int(ctx.target.get("vocab_size") or 0) * int(ctx.target.get("hidden_size") or 0) \
+        if fmt in ("both", "speculators") else 0
+    return (params * n_formats + embed) * dtype_bytes(ctx.params.get("dtype", "bfloat16"))
 
 
 def partial_files(root: Path) -> list[Path]:
-    """Format directories left half-written (<format>.tmp-<pid>)."""
+    """Format directories left half-written (<format>.tmp-<pid>) by exports
+    before the whole-folder switch; the staging folder beside the output that a
+    killed export leaves is removed by the next export (switch.recover)."""
     root = Path(root)
     if not root.is_dir():
         return []

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from ops.common import spec_defaults
 from ops.train.levers import parse_bucket, resolve
+from ops.train.targets import TargetView, out_of_vocab
 from ops.train.spec import SPEC
 
 
@@ -54,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="leave after this step with a checkpoint, the schedule still spanning the whole run "
                         "(train in slices; --resume continues)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --output")
+    p.add_argument("--force", action="store_true",
+                   help="delete another run's checkpoints in --output and start over (ops/train/owner.py)")
     p.add_argument("--report-to", choices=("none", "tensorboard"),
                    help="also write the metrics as TensorBoard scalars under <output>/tb/")
     p.add_argument("--device", help="auto | cpu | cuda")
@@ -92,60 +95,9 @@ def lr_lambda(total: int, warmup: int, min_ratio: float):
     return f
 
 
-class TargetView:
-    """The frozen target pieces on the training device, and the per-batch targets."""
-
-    def __init__(self, head, vocab, device, dtype, post_norm: bool):
-        import torch
-
-        self.embed = head.embed.to(device=device, dtype=dtype)
-        self.lm_head = head.lm_head.to(device=device, dtype=dtype)
-        self.norm = head.norm.to(device=device, dtype=torch.float32)
-        self.eps = head.eps
-        self.post_norm = post_norm
-        self.draft_ids = vocab.draft_to_target.to(device)
-        self.t2d = vocab.t2d.to(device)
-
-    def targets(self, final, loss_mask, lengths):
-        """(logits over the draft ids [B,T,Vd], counted [B,T]) from the target's final states."""
-        import torch
-
-        with torch.no_grad():
-            if not self.post_norm:
-                x = final.float()
-                x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm
-                final = x
-            b, t, h = final.shape
-            flat = final.reshape(-1, h).to(self.lm_head.dtype)
-            rows = max(1, (1 << 27) // self.lm_head.shape[0])
-            restricted, in_vocab = [], []
-            for i in range(0, flat.shape[0], rows):
-                logits = flat[i:i + rows] @ self.lm_head.T
-                in_vocab.append(self.t2d[logits.argmax(-1)])
-                restricted.append(logits[:, self.draft_ids])
-            restricted = torch.cat(restricted).view(b, t, -1)
-            in_vocab = torch.cat(in_vocab).view(b, t)
-            pos = torch.arange(t, device=final.device)
-            next_exists = (pos + 1).unsqueeze(0) < lengths.to(final.device).unsqueeze(1)
-            next_masked = torch.nn.functional.pad(loss_mask[:, 1:], (0, 1))
-            return restricted, in_vocab & next_exists & next_masked
-
-
-def out_of_vocab(batch: dict, info, vocab_size: int, target: str) -> str | None:
-    """What is wrong when a batch holds a token id the target's embedding has
-    no row for (negative or >= vocab_size): the file, sample, position, id."""
-    ids = batch["input_ids"]
-    bad = (ids < 0) | (ids >= vocab_size)
-    if not bool(bad.any()):
-        return None
-    row, col = (int(v) for v in bad.nonzero()[0])
-    idx = int(batch["samples"][row])
-    return (f"{info.samples[idx]}: sample {idx} holds token id {int(ids[row, col])} at position {col}, "
-            f"outside the target's vocabulary of {vocab_size} ids ({target}); "
-            f"the hidden states were extracted with another tokenizer or target")
-
-
 def main(argv=None) -> int:
+    from ops.drafter import checkpoint as ck
+    from ops.drafter import diskio
     from ops.drafter.data import DataError
 
     args = parse_args(argv)
@@ -154,6 +106,17 @@ def main(argv=None) -> int:
     with contextlib.ExitStack() as cleanup:
         try:
             return train(args, cleanup)
+        except OSError as exc:
+            if not diskio.is_disk_full(exc):
+                raise
+            # A full disk (a checkpoint, metrics.jsonl): the file and ENOSPC in one
+            # line, as extract ends; the torn checkpoint is gone, the whole ones stay.
+            newest = ck.newest(Path(args.output))
+            print(f"error: {diskio.disk_full_text(exc, args.output)}; "
+                  + (f"the checkpoints written before stay (newest {newest}); free space and run again "
+                     f"with resume=true" if newest else "no checkpoint was written; free space and run again"),
+                  file=sys.stderr, flush=True)
+            return 2
         except DataError as exc:
             # A sample file that read_data's header check passed but that cannot
             # be read when its batch comes (truncated, overwritten since): the
@@ -181,6 +144,7 @@ def train(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
 
     from ops.common import progress
     from ops.drafter import checkpoint as ck
+    from ops.drafter import diskio
     from ops.drafter.config import from_target
     from ops.drafter.data import BatchDataset, holdout_split, make_batches, read_data
     from ops.drafter.metrics import simulated_acceptance_length
@@ -204,10 +168,12 @@ def train(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
             print(msg, flush=True)
 
     output = Path(args.output)
+    from ops.train.owner import OwnerError, begin, load_resumed, refuse_early
     from ops.train.report import ReportError, open_report
     try:
+        refuse_early(output, args.resume, args.force)
         report = open_report(args.report_to, output, write=is_main)
-    except ReportError as exc:
+    except (ReportError, OwnerError) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
     try:
@@ -258,34 +224,25 @@ def train(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
                             **({"fused": True} if levers.fused_adamw else {}))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(total, warmup, args.min_lr_ratio))
 
-    step = 0
     meta_base = {"drafter_config": cfg.to_dict(), "target": str(Path(args.target).resolve()),
                  "data": str(Path(args.data).resolve()), "vocab": str(Path(args.vocab).resolve()),
                  "holdout": held, "world_size": world, "grad_accum": args.grad_accum,
                  "ttt_steps": args.ttt_steps, "total_steps": total}
-    if args.resume:
-        found = ck.newest(output)
-        if found is None:
-            log(f"resume: no checkpoint under {output / ck.CKPT_DIR}; starting from step 0")
-        else:
-            meta = ck.load_meta(found)
-            if meta.get("drafter_config") != cfg.to_dict():
-                print(f"error: {found}: its drafter config differs from this run's "
-                      f"(target/vocab/data changed?)", file=sys.stderr, flush=True)
-                return 2
-            model.load_trainable_state(ck.load_model_state(found), where=str(found))
-            state = torch.load(found / ck.TRAINER_FILE, map_location=device, weights_only=False)
-            opt.load_state_dict(state["optimizer"])
-            sched.load_state_dict(state["scheduler"])
-            step = int(meta["step"])
-            log(f"resume: continuing from {found} (step {step})")
+    try:
+        start = begin(output, args.resume, args.force, cfg.to_dict(), is_main, log)
+    except OwnerError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    step = load_resumed(start, model, opt, sched, device)
 
     ddp = DDP(model, device_ids=[local_rank] if use_cuda else None, broadcast_buffers=False) \
         if world > 1 else model
 
     if is_main:
         output.mkdir(parents=True, exist_ok=True)
-        (output / "train_config.json").write_text(json.dumps(dict(meta_base, args=vars(args)), indent=1))
+        with diskio.naming(output / "train_config.json"):
+            (output / "train_config.json").write_text(
+                json.dumps(dict(meta_base, run=start.run.to_dict(), args=vars(args)), indent=1))
 
     def stream(consumed: int):
         """Micro-batches from position `consumed` (per rank) onwards, across epochs."""
@@ -372,7 +329,7 @@ def train(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
                 print(f"progress: step {step}/{total} loss {rec['loss']:.4f} "
                       f"acc [{','.join(f'{a:.3f}' for a in acc)}] tok/s {rec['tok_s']:.0f} "
                       f"lr {rec['lr']:.3e} epoch {epoch}", flush=True)
-                with open(metrics_path, "a") as fh:
+                with diskio.naming(metrics_path), open(metrics_path, "a") as fh:
                     fh.write(json.dumps(rec) + "\n")
                 if report is not None:
                     report.log(rec)
@@ -382,7 +339,7 @@ def train(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
             if is_main:
                 path = ck.save(output, step, model.trainable_state(),
                                {"optimizer": opt.state_dict(), "scheduler": sched.state_dict()},
-                               dict(meta_base, loss=float(sums[3 * k])), args.keep)
+                               dict(meta_base, loss=float(sums[3 * k])), args.keep, start.run, start.own)
                 print(f"checkpoint: {path}", flush=True)
             if world > 1:
                 dist.barrier()
