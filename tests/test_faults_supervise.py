@@ -117,13 +117,16 @@ def test_backoff_after_the_clock_stepped_back_a_day_waits_its_own_size(ws):
         reg.update(failed.id, ended=time.time() + 86400)     # the wall clock went back a day since
     proc = ws.cli("watch", "--once", "--no-gpus")
     left = _backoff_left(proc.stdout)
-    assert left is not None and left <= 3, proc.stdout
+    # On a loaded machine the 3 s may have passed before this first watch: then it restarts at once.
+    assert "restarted as run" in proc.stdout or (left is not None and left <= 3), proc.stdout
 
     def restarted():
-        out = ws.cli("watch", "--once", "--no-gpus").stdout
-        return "restarted as run" in out
-    wait_for(restarted, timeout=30, poll=0.5)
-    assert ws.latest("flaky").restart_of == failed.id
+        latest = ws.latest("flaky")
+        if latest.id != failed.id:
+            return latest
+        ws.cli("watch", "--once", "--no-gpus")
+        return None
+    assert wait_for(restarted, timeout=30, poll=0.5).restart_of == failed.id
 
 
 def test_backoff_of_an_end_without_a_boot_clock_stamp_is_capped(ws):
