@@ -201,7 +201,7 @@ def test_kill_refused_when_nothing_runs(ws):
 
 def test_clean_refused_for_a_succeeded_run(ws):
     ws.write(pipeline(ws.root))
-    launch(ws, "extract", crash_at=-1)
+    launch(ws, "extract", crash_at=1000)   # never reached (n = 20); a batch param below 1 is refused
     ws.wait_status("extract", ("succeeded",))
     files = sorted((ws.root / "out" / "hs").rglob("*"))
 

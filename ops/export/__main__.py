@@ -157,10 +157,11 @@ def main(argv=None) -> int:
     try:
         return _export(args, ckpt, model, meta, out, stage)
     except OSError as exc:
-        if not diskio.is_disk_full(exc):
-            raise
-        print(f"error: {diskio.disk_full_text(exc, stage)}; {out} is unchanged; free space and export again",
-              file=sys.stderr, flush=True)
+        # A full disk, or a switch the filesystem refuses (an output that is a mount
+        # point: EXDEV/EBUSY): one line; the old export is where it was.
+        why = diskio.disk_full_text(exc, stage) if diskio.is_disk_full(exc) else str(exc)
+        print(f"error: {why}; {out} is unchanged" + ("; free space and export again" if diskio.is_disk_full(exc)
+                                                       else ""), file=sys.stderr, flush=True)
         return 2
     finally:
         shutil.rmtree(stage, ignore_errors=True)      # a failed export leaves no staging folder
