@@ -99,13 +99,13 @@ def test_a_new_run_into_another_runs_checkpoints_refuses_and_force_replaces_them
     assert len(lines) == 1, proc.stderr
     line = lines[0]
     assert f"{out / 'checkpoints'}" in line and "another run" in line and "run 1" in line, line
-    assert "steps 9, 12" in line and "--force" in line and "force=true" in line and "resume=true" in line, line
+    assert "steps 9, 12" in line and "--replace-checkpoints" in line and "replace_checkpoints=true" in line and "resume=true" in line, line
     assert digests(out / "checkpoints") == before          # nothing touched
 
-    proc = run([*argv, "--force"], run_id="2")
+    proc = run([*argv, "--replace-checkpoints"], run_id="2")
     assert proc.returncode == 0, proc.stderr
     old_token = ck.load_meta(older_run / "checkpoints" / "step_00000012")["run"]["token"]
-    assert f"train: --force: deleted 2 checkpoint(s) of run 1 (token {old_token}), steps 9, 12" in proc.stdout, \
+    assert f"train: --replace-checkpoints: deleted 2 checkpoint(s) of run 1 (token {old_token}), steps 9, 12" in proc.stdout, \
         proc.stdout
     assert steps(out) == [4, 6]                             # keep 2 of its own, none pruned at birth
     mine = metas(out)
@@ -147,7 +147,7 @@ def test_resume_after_kill_takes_the_runs_own_newest_and_says_which(assets, olde
     shutil.copytree(older_run, out)
     argv = train_argv(assets, out, "--max-steps", "40", "--save-every", "5", "--keep", "2", "--lr", "2e-2")
     with open(tmp_path / "log", "w") as log:
-        proc = subprocess.Popen([*argv, "--force"], stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen([*argv, "--replace-checkpoints"], stdout=log, stderr=subprocess.STDOUT,
                                 env=dict(ENV, EAGLE3_RUN_ID="2"), cwd=REPO)
         _kill_when(proc, lambda: (out / "checkpoints" / "step_00000020").is_dir())
     left = metas(out)

@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="leave after this step with a checkpoint, the schedule still spanning the whole run "
                         "(train in slices; --resume continues)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --output")
-    p.add_argument("--force", action="store_true",
+    p.add_argument("--replace-checkpoints", action="store_true",
                    help="delete another run's checkpoints in --output and start over (ops/train/owner.py)")
     p.add_argument("--report-to", choices=("none", "tensorboard"),
                    help="also write the metrics as TensorBoard scalars under <output>/tb/")
@@ -171,7 +171,7 @@ def train(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
     from ops.train.owner import OwnerError, begin, load_resumed, refuse_early
     from ops.train.report import ReportError, open_report
     try:
-        refuse_early(output, args.resume, args.force)
+        refuse_early(output, args.resume, args.replace_checkpoints)
         report = open_report(args.report_to, output, write=is_main)
     except (ReportError, OwnerError) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
@@ -229,7 +229,7 @@ def train(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
                  "holdout": held, "world_size": world, "grad_accum": args.grad_accum,
                  "ttt_steps": args.ttt_steps, "total_steps": total}
     try:
-        start = begin(output, args.resume, args.force, cfg.to_dict(), is_main, log)
+        start = begin(output, args.resume, args.replace_checkpoints, cfg.to_dict(), is_main, log)
     except OwnerError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2

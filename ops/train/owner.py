@@ -2,7 +2,8 @@
 
 A run from step 0 gets a new token (ops/drafter/checkpoint.py RunMark). Into
 an output that holds checkpoints of another run it refuses (exit 2, one
-line) unless --force (`force = true`, `run train --force`), which deletes
+line) unless --replace-checkpoints (`replace_checkpoints = true`; not `run --force`, which only skips
+the console's dependency check), which deletes
 them first: a new run never mixes its steps with another run's, so `keep`,
 resume and export's "newest" see one run. --resume continues the newest
 checkpoint whose drafter config matches this run's, keeps that run's token
@@ -69,12 +70,12 @@ def begin(output: Path, resume: bool, force: bool, drafter_config: dict, is_main
     others = "another run" if len({ck.run_of(m or {}) for _, _, m in found}) == 1 else "other runs"
     if not force:
         raise OwnerError(f"{root} holds {len(found)} checkpoint(s) of {others}: {_by_run(found)}; "
-                         f"pass resume=true (--resume) to continue it, or force=true (--force, "
-                         f"`run train --force`) to delete them and start over")
+                         f"pass resume=true (--resume) to continue it, or replace_checkpoints=true "
+                         f"(--replace-checkpoints) to delete them and start over")
     if is_main:
         for _, path, _ in found:
             shutil.rmtree(path)
-        log(f"train: --force: deleted {len(found)} checkpoint(s) of {_by_run(found)}")
+        log(f"train: --replace-checkpoints: deleted {len(found)} checkpoint(s) of {_by_run(found)}")
     return Start(run=mark)
 
 

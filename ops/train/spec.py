@@ -75,7 +75,7 @@ SPEC = OpSpec(
         "workers": 2,
         "holdout": 0,
         "resume": False,
-        "force": False,             # delete another run's checkpoints in the output (ops/train/owner.py)
+        "replace_checkpoints": False,   # delete another run's checkpoints in the output (ops/train/owner.py)
         "report_to": "none",        # or "tensorboard": scalars under <output>/tb/ (the tensorboard extra)
         "device": "auto",
         "num_heads": None,
