@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ops.serve.command import extra_args_of
+from ops.serve.command import extra_args_of, flags
 from ops.spec import Lint
 
 # flag -> the param that sets it, or why the engine fixes it.
@@ -47,10 +47,6 @@ INCOMPATIBLE = {
     "--dp-size", "--data-parallel-size", "--pp-size", "--pipeline-parallel-size",
     "--attn-dp-size", "--attention-data-parallel-size", "--enable-dp-attention", "--enable-layernorm-sp",
 }
-
-
-def flags(words: Sequence[str]) -> list[str]:
-    return [w.split("=", 1)[0] for w in words if w.startswith("--")]
 
 
 def lint(params: dict[str, Any], gpus: Sequence[int] | None) -> list[Lint]:

@@ -99,7 +99,8 @@ def launch_argv(p: dict[str, Any], model_path: str, python: str) -> list[str]:
     return [python, "-m", str(p.get("launcher") or SGLANG_LAUNCHER)] + server_argv(p, model_path)
 
 
-def _flags(args: Sequence[str]) -> list[str]:
+def flags(args: Sequence[str]) -> list[str]:
+    """The flag names of argv words (`--x 2` and `--x=2` both give `--x`)."""
     return [a.split("=", 1)[0] for a in args if a.startswith("--")]
 
 
@@ -154,7 +155,7 @@ def lint(p: dict[str, Any], model_path: str | None, gpus: Sequence[int] | None,
     # deprecated --enable-dp-attention makes dp attention DP inside the TP group
     # (_handle_deprecated_dp_attention, arg_groups/parallel_hook.py): no GPUs of its own.
     pp = _flag_int(extra, PP_FLAGS)
-    replicas = 1 if "--enable-dp-attention" in _flags(extra) else dp
+    replicas = 1 if "--enable-dp-attention" in flags(extra) else dp
     world = tp * replicas * pp
     shape = f"tp {tp} x dp {replicas}" + (f" x pp {pp}" if pp != 1 else "")
     if gpus is None:
@@ -180,7 +181,7 @@ def lint(p: dict[str, Any], model_path: str | None, gpus: Sequence[int] | None,
         out.append(Lint("error", f"mem_fraction_static {mfs}: expected a fraction between 0 and 1"))
     if bad_extra is not None:
         return out + [bad_extra]
-    for flag in _flags(extra):
+    for flag in flags(extra):
         if flag in MANAGED:
             out.append(Lint("error", f"extra_args sets {flag}, which the serve op sets from param "
                                      f"{MANAGED[flag]!r}: set that param instead"))
