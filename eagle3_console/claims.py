@@ -24,14 +24,16 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eagle3_console.fstree import Root
 from eagle3_console.workspace import Workspace
+
+if TYPE_CHECKING:  # status --json reads claims and must not pay for subprocess (threading)
+    import subprocess
 
 LOCK_NAME = ".eagle3-lock"
 VOUCHED_DIR = "vouched"
@@ -260,8 +262,9 @@ class Claim:
             os.ftruncate(fd, 0)
             os.pwrite(fd, self._content(), 0)
 
-    def wait(self, proc: subprocess.Popen, log: Any = None) -> int:
+    def wait(self, proc: "subprocess.Popen", log: Any = None) -> int:
         """proc.wait(), claiming outputs as the stage creates them."""
+        import subprocess  # only the supervisor waits; see the TYPE_CHECKING import
         while self.pending:
             try:
                 return proc.wait(timeout=POLL_S)

@@ -12,7 +12,6 @@ link. Only the root's own path is resolved, once, when it is opened.
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -182,6 +181,7 @@ class Root:
         fd = self._checked_parent(entry)
         try:
             if entry.is_dir:
+                import shutil  # here, not at the top: status --json imports this module and not bz2/lzma
                 # fd-based on Linux: rmtree never follows a link inside (nor `name` itself).
                 shutil.rmtree(entry.rel[-1], dir_fd=fd)
             else:
