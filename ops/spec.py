@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from ops.params import REQUIRED, Param, ParamSet  # noqa: F401 - REQUIRED and Param are the specs' words
+
 DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
                "float32": 4, "fp32": 4, "float": 4, "float8_e4m3fn": 1, "fp8": 1}
 
@@ -75,8 +77,10 @@ def _no_partials(_root: Path) -> list[Path]:
 class OpSpec:
     name: str
     summary: str
-    # Every accepted param with its default; a default of REQUIRED means required.
-    params: dict[str, Any]
+    # Every accepted param (ops/params.py): a tuple of Param, or a plain
+    # {name: default} mapping (types from the defaults); kept as a ParamSet,
+    # which reads as {name: default}. A default of REQUIRED means required.
+    params: ParamSet
     # Params whose values are output paths (relative to the workspace root).
     output_params: tuple[str, ...] = ()
     # Whether the op takes `--target PATH` (the [target] table's path is passed).
@@ -109,6 +113,15 @@ class OpSpec:
     launch: Callable[[dict[str, Any], list[str]], list[str]] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.params, ParamSet):
+            object.__setattr__(self, "params", ParamSet(self.params))
+
+    def effective(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The params a run of this op gets: its defaults, then the stage's
+        (the one place they merge: argv, snapshot, restart and the TUI)."""
+        return {**self.params.defaults(), **params}
+
     def argv(self, params: dict[str, Any], target_path: str | None = None,
              python: str | None = None) -> list[str]:
         """The full command line. Params become `--key-with-dashes value`;
@@ -123,8 +136,7 @@ class OpSpec:
         out = [python, "-m", self.module or f"ops.{self.name}"]
         if self.uses_target and target_path:
             out += ["--target", str(target_path)]
-        merged = {k: v for k, v in self.params.items() if v is not REQUIRED}
-        merged.update(params)
+        merged = self.effective(params)
         for key in sorted(merged):
             value = merged[key]
             flag = "--" + key.replace("_", "-")
@@ -147,46 +159,16 @@ class OpSpec:
         """What is wrong with `value` for param `key`, judged by the type of its
         default (an op's argparse would refuse it only once the run started;
         a restart would then carry the typo again). None when it is fine."""
-        return value_type_error(self.params.get(key), value)
+        return self.params.check(key, value)
 
     def missing_params(self, params: dict[str, Any]) -> list[str]:
-        return sorted(k for k, v in self.params.items() if v is REQUIRED and k not in params)
+        return [k for k in self.params.required() if k not in params]
 
 
 def value_type_error(default: Any, value: Any) -> str | None:
-    """`value` against the type of `default`: booleans, integers and numbers
-    are checked; strings, lists and absent defaults are the program's to judge."""
-    if default is REQUIRED or default is None:
-        return None
-    if isinstance(default, bool):
-        ok, want = isinstance(value, bool), "true or false"
-    elif isinstance(default, int):
-        # The argv carries str(value): "8" works as well as 8 (argparse's int()).
-        ok, want = (isinstance(value, int) and not isinstance(value, bool)) or _parses(int, value), "an integer"
-    elif isinstance(default, float):
-        ok, want = (isinstance(value, (int, float)) and not isinstance(value, bool)) or _parses(float, value), \
-            "a number"
-    else:
-        return None
-    return None if ok else f"expected {want} (default {default!r}), got {value!r}"
-
-
-def _parses(kind: type, value: Any) -> bool:
-    if not isinstance(value, str):
-        return False
-    try:
-        kind(value)
-        return True
-    except ValueError:
-        return False
-
-
-class _Required:
-    def __repr__(self) -> str:
-        return "REQUIRED"
-
-
-REQUIRED: Any = _Required()
+    """`value` against the type of `default` (a custom stage's declared params,
+    which have no Param): Param's own check, so both speak alike."""
+    return Param("value", default).check(value)
 
 
 def dtype_bytes(dtype: str | None) -> int:
