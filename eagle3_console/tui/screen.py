@@ -344,6 +344,9 @@ class ConsoleScreen(Screen[None]):
         def execute() -> None:
             try:
                 ok, lines = g.execute(ctx, st, option, progress)
+            except runs.NothingToDo as exc:
+                # Another terminal did it first (a clean that raced ours): done, not a failure.
+                ok, lines = True, [f"nothing to do: {exc}"]
             except runs.Refused as exc:
                 ok, lines = False, [f"refused: {exc}"]
             except Exception as exc:
