@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # status --json reads claims and must not pay for subprocess 
 
 LOCK_NAME = ".eagle3-lock"
 VOUCHED_DIR = "vouched"
-POLL_S = 0.5        # how often a supervisor looks for an output its stage has just created
+POLL_S = 0.5        # how often a supervisor looks for an output its stage has just created (or swapped)
 
 
 def host() -> str:
@@ -207,8 +207,20 @@ class Claim:
         return [o for o in self.outputs if o not in self.held]
 
     def refresh(self) -> list[str]:
-        """Claim every output folder that exists now and is not claimed yet;
-        returns the conflicts (an output another live run owns)."""
+        """Claim every output folder that exists now and is not claimed yet (or
+        no longer: a stage that swaps its output folder in, as export does,
+        takes our lock away with the old one); returns the conflicts (an
+        output another live run owns)."""
+        for out, fd in list(self.held.items()):
+            try:
+                st = os.stat(Path(out) / LOCK_NAME, follow_symlinks=False)
+                here = os.fstat(fd)
+                still = (st.st_dev, st.st_ino) == (here.st_dev, here.st_ino)
+            except OSError:
+                still = False
+            if not still:
+                os.close(fd)
+                del self.held[out]
         conflicts = []
         for out in self.pending:
             if not os.path.isdir(out):
@@ -265,7 +277,7 @@ class Claim:
     def wait(self, proc: "subprocess.Popen", log: Any = None) -> int:
         """proc.wait(), claiming outputs as the stage creates them."""
         import subprocess  # only the supervisor waits; see the TYPE_CHECKING import
-        while self.pending:
+        while self.outputs:
             try:
                 return proc.wait(timeout=POLL_S)
             except subprocess.TimeoutExpired:

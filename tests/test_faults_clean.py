@@ -164,6 +164,44 @@ def test_clean_refuses_an_output_that_another_workspaces_live_run_owns(tmp_path)
     assert "owned by" not in b.cli("clean", "w").stdout
 
 
+SWAPS_ITS_OUTPUT = r"""
+import os, shutil, sys, time
+out = sys.argv[1]
+os.makedirs(out)
+time.sleep(1.5)                       # claimed by now (the supervisor looks every 0.5 s)
+# What export does for one atomic switch: a new folder, then swapped in.
+os.makedirs(out + ".new")
+open(os.path.join(out + ".new", "model.bin"), "w").write("new")
+os.rename(out, out + ".old")
+os.rename(out + ".new", out)
+shutil.rmtree(out + ".old")
+open(os.path.join(out, "swapped"), "w").close()
+time.sleep(8)
+"""
+
+
+def test_an_output_swapped_by_its_stage_is_claimed_again(tmp_path):
+    """Before: the lock lived in the folder the stage swapped away (export's
+    atomic switch), so the new folder was nobody's and another workspace's
+    clean or run was not refused for the rest of the run."""
+    shared = tmp_path / "shared" / "out"
+    a, b = WS(tmp_path / "A"), WS(tmp_path / "B")
+    a.root.mkdir()
+    b.root.mkdir()
+    script = tmp_path / "swap.py"
+    script.write_text(SWAPS_ITS_OUTPUT)
+    a.write(f"[stages.w]\nargv = {json.dumps([PY, str(script), str(shared)])}\noutputs = [{json.dumps(str(shared))}]\n")
+    b.write(writer_stage(str(shared), n=1, prefix="B_"))
+    a.cli("run", "w", check=0)
+    run_a = a.wait_status("w", ("running",))
+    wait_for(lambda: (shared / "swapped").exists())
+    lock = wait_for(lambda: _lock(shared), timeout=5)
+    assert lock["workspace"] == str(a.root) and lock["run"] == run_a.id, lock
+    again = b.cli("run", "w")
+    assert again.returncode == 2 and str(a.root) in again.stdout + again.stderr, again.stdout + again.stderr
+    a.cli("stop", "w")
+
+
 def test_a_lock_stays_live_while_the_stage_outlives_its_supervisor(tmp_path):
     """Liveness is the owner's pids with their create times, not only the
     supervisor's lock: kill -9 of A's supervisor leaves A's stage writing."""
