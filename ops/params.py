@@ -52,6 +52,9 @@ class Param:
     choices: tuple[Any, ...] | None = None
     json: bool = False
     metavar: str | None = None
+    # False only for a custom stage's declared params: nan and inf are numbers
+    # its program may take (the console judges types there, not values).
+    finite: bool = True
 
     @property
     def kind(self) -> type | None:
@@ -81,7 +84,7 @@ class Param:
             if number is None:
                 want = "an integer" if kind is int else "a number"
                 return f"expected {want} (default {self.default!r}), got {value!r}"
-            if not math.isfinite(number):
+            if self.finite and not math.isfinite(number):
                 return f"expected a finite number, got {value!r}"
             if self.low is not None and (number < self.low or (self.low_open and number == self.low)):
                 return f"expected {self._range()}, got {value!r}"

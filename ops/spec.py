@@ -168,7 +168,7 @@ class OpSpec:
 def value_type_error(default: Any, value: Any) -> str | None:
     """`value` against the type of `default` (a custom stage's declared params,
     which have no Param): Param's own check, so both speak alike."""
-    return Param("value", default).check(value)
+    return Param("value", default, finite=False).check(value)
 
 
 def dtype_bytes(dtype: str | None) -> int:
