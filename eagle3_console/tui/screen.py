@@ -46,7 +46,7 @@ from widgets.progress import ProgressPane
 from widgets.stages import StageTable
 
 if TYPE_CHECKING:
-    from eagle3_console.app import ConsoleApp
+    from eagle3_console.tui.host import ConsoleHost
 
 
 class UiCall(Message):
@@ -83,7 +83,7 @@ class ConsoleScreen(Screen[None]):
         Binding("question_mark", "help", "help"),
         Binding("q", "quit_console", "quit"),
     ]
-    app: "ConsoleApp"
+    app: "ConsoleHost"       # the App that holds it (eagle3_console/app.py), as the screen sees it
 
     def __init__(self) -> None:
         super().__init__()
