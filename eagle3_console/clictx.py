@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from eagle3_console import config as cfg
-from eagle3_console.cliexit import EXIT_UNKNOWN, Unreadable
-from eagle3_console.cliout import warn
+from eagle3_console import cliexit
+from eagle3_console.cliexit import Unreadable
 from eagle3_console.registry import StateError
 from eagle3_console.workspace import Workspace
 
@@ -70,11 +70,11 @@ def status_json(c: Ctx, no_gpus: bool) -> int:
         snap = _collect(c, no_gpus)
     except Unreadable as exc:
         import time
-        warn(f"error: {exc}")
+        code = cliexit.report(exc)
         alert = {"level": "unknown", "code": exc.alert, "message": str(exc), "stage": None, "line": None}
         print(json.dumps({"schema": 1, "workspace": str(c.ws.root), "host": os.uname().nodename,
                           "time": time.time(), "health": "unknown", "error": str(exc), "stages": [],
                           "gpus": [], "disk": [], "alerts": [alert]}, indent=2))
-        return EXIT_UNKNOWN
+        return code
     print(json.dumps(snap.to_dict(), indent=2, default=str))
     return snap.exit_code
