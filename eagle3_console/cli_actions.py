@@ -48,8 +48,7 @@ def kill_workers(ctx: typer.Context, stage: str,
     plan = actions.plan_kill(c.ws, stage, grace_s=grace)
     if not _go_ahead(plan, yes):
         return
-    result = actions.execute_kill(c.ws, plan, progress=say,
-                                  release_timeout_s=wait)
+    result = actions.execute_kill(c.ws, plan, progress=say, release_timeout_s=wait)
     raise typer.Exit(EXIT_OK if result.ok else EXIT_CRITICAL)
 
 
@@ -85,7 +84,6 @@ def restart(ctx: typer.Context, stage: str,
         return
     r = actions.execute_restart(c.ws, plan, progress=say)
     out.print(f"run {r.id} of {stage}: {r.status} (restart of {r.restart_of})", highlight=False)
-
 
 
 def watch(ctx: typer.Context,
