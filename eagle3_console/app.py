@@ -3,7 +3,9 @@ collector, options), loads the layout, and leaves when the terminal goes.
 
 Everything shown and done lives in eagle3_console/tui/: screen.py composes
 and renders, its sampler worker polls Collector.collect() off the UI thread,
-guarded.py is the table of guarded actions, console.tcss the layout.
+guarded.py is the table of guarded actions, host.py what the screen reads
+of this App (a protocol: the screen never imports this module) and Frozen,
+console.tcss the layout.
 eagle3_console/app.py and tui/ are the only core modules that import textual;
 commands.py (the typer app) calls run_app() for the bare command and `tui`.
 """
@@ -14,34 +16,16 @@ import os
 import signal
 import sys
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 from textual.app import App
 
+from eagle3_console.tui.host import Frozen
 from eagle3_console.tui.screen import ConsoleScreen
 from eagle3_console.workspace import Workspace
 
 REFRESH_S = 1.0
 STOP_GRACE_S = 10.0
-# Reproducible screens (snapshot tests, screenshots in docs): a fixed clock and host.
-ENV_FROZEN_TIME = "EAGLE3_CONSOLE_FROZEN_TIME"
-ENV_FROZEN_HOST = "EAGLE3_CONSOLE_FROZEN_HOST"
-
-
-@dataclass
-class Frozen:
-    """Shown instead of the live clock/host/workspace path (the data stay live)."""
-    time: float | None = None
-    host: str | None = None
-    workspace: str | None = None
-
-    @classmethod
-    def from_env(cls) -> "Frozen | None":
-        t, h = os.environ.get(ENV_FROZEN_TIME), os.environ.get(ENV_FROZEN_HOST)
-        if t is None and h is None:
-            return None
-        return cls(time=float(t) if t else None, host=h)
 
 
 class ConsoleApp(App[int]):

@@ -1,6 +1,11 @@
 """The action commands (kill-workers, clean, restart: a plan printed, done
 only with --yes), watch (the policies acting on their own) and the
-Prometheus exporter, registered on commands.app in that order."""
+Prometheus exporter. commands.py registers them on the typer app; this
+module does not import it.
+
+Data flow: clictx (the workspace, the snapshot) -> actions / policy /
+exporter -> the terminal. A refusal is raised (cliexit says it).
+"""
 
 from __future__ import annotations
 
@@ -11,13 +16,14 @@ import typer
 
 from eagle3_console import cliopts
 from eagle3_console import config as cfg
-from eagle3_console.cli import EXIT_CRITICAL, EXIT_LOCKED, EXIT_OK, EXIT_UNKNOWN, collect, err, out
-from eagle3_console.commands import _ctx, _refused, app
+from eagle3_console.cliexit import EXIT_CRITICAL, EXIT_OK, CommandError
+from eagle3_console.clictx import collect, ctx_of
+from eagle3_console.cliout import out, say
 
 
 def _show(lines: list[str]) -> None:
     for line in lines:
-        out.print(line, highlight=False, markup=False)
+        say(line)
 
 
 def _go_ahead(plan, yes: bool) -> bool:
@@ -30,7 +36,6 @@ def _go_ahead(plan, yes: bool) -> bool:
     return yes
 
 
-@app.command("kill-workers")
 def kill_workers(ctx: typer.Context, stage: str,
                  yes: bool = typer.Option(False, "--yes", help="Act; without it only the plan is printed."),
                  grace: float = typer.Option(10.0, "--grace", callback=cliopts.seconds()),
@@ -38,36 +43,30 @@ def kill_workers(ctx: typer.Context, stage: str,
                                             callback=cliopts.seconds())) -> None:
     """Kill every process of STAGE's run and every GPU process tied to it; prove the memory came back."""
     from eagle3_console import actions
-    c = _ctx(ctx)
+    c = ctx_of(ctx)
     c.stage(stage)
     plan = actions.plan_kill(c.ws, stage, grace_s=grace)
     if not _go_ahead(plan, yes):
         return
-    result = actions.execute_kill(c.ws, plan, progress=lambda m: out.print(m, highlight=False, markup=False),
-                                  release_timeout_s=wait)
+    result = actions.execute_kill(c.ws, plan, progress=say, release_timeout_s=wait)
     raise typer.Exit(EXIT_OK if result.ok else EXIT_CRITICAL)
 
 
-@app.command()
 def clean(ctx: typer.Context, stage: str,
           yes: bool = typer.Option(False, "--yes", help="Move the partial files to .eagle3/trash/."),
           purge: bool = typer.Option(False, "--purge", help="Delete instead of moving to the trash (with --yes).")) -> None:
     """Remove partial outputs of a failed or killed run (never a complete one)."""
-    from eagle3_console import actions, runs
-    c = _ctx(ctx)
+    from eagle3_console import actions
+    c = ctx_of(ctx)
     c.stage(stage)
     plan = actions.plan_clean(c.ws, stage, purge=purge)
     if not _go_ahead(plan, yes):
         return
-    try:
-        result = actions.execute_clean(c.ws, plan)
-    except runs.Refused as exc:
-        raise _refused(exc)
+    result = actions.execute_clean(c.ws, plan)
     _show(result.lines())
     raise typer.Exit(EXIT_OK if not result.failed else EXIT_CRITICAL)
 
 
-@app.command()
 def restart(ctx: typer.Context, stage: str,
             set_: list[str] = typer.Option([], "--set", help="Param override name=value (repeatable)."),
             kill: bool = typer.Option(False, "--kill", help="Kill the live run first (through kill-workers)."),
@@ -76,25 +75,17 @@ def restart(ctx: typer.Context, stage: str,
             ignore_disk: bool = typer.Option(False, "--ignore-disk", help="Start even if the disk estimate exceeds the free space."),
             yes: bool = typer.Option(False, "--yes", help="Act; without it only the plan is printed.")) -> None:
     """A new run with the last run's params plus overrides, linked to it."""
-    from eagle3_console import actions, runs
-    c = _ctx(ctx)
+    from eagle3_console import actions
+    c = ctx_of(ctx)
     c.stage(stage)
-    try:
-        plan = actions.plan_restart(c.ws, stage, cfg.parse_overrides(set_), kill=kill, halve_batch=halve, force=force,
-                                   ignore_disk=ignore_disk)
-    except (cfg.ConfigError, runs.Refused) as exc:
-        raise _refused(exc, EXIT_UNKNOWN)
+    plan = actions.plan_restart(c.ws, stage, cfg.parse_overrides(set_), kill=kill, halve_batch=halve, force=force,
+                               ignore_disk=ignore_disk)
     if not _go_ahead(plan, yes):
         return
-    try:
-        r = actions.execute_restart(c.ws, plan, progress=lambda m: out.print(m, highlight=False, markup=False))
-    except runs.Refused as exc:
-        raise _refused(exc)
+    r = actions.execute_restart(c.ws, plan, progress=say)
     out.print(f"run {r.id} of {stage}: {r.status} (restart of {r.restart_of})", highlight=False)
 
 
-
-@app.command()
 def watch(ctx: typer.Context,
           once: bool = typer.Option(False, "--once", help="One pass, then exit with the status code."),
           interval: float = typer.Option(30.0, "--interval", help="Seconds between passes.",
@@ -104,44 +95,40 @@ def watch(ctx: typer.Context,
           until_done: bool = typer.Option(False, "--until-done", help="Exit once every stage succeeded (or nothing more can start).")) -> None:
     """Apply the policies (restart with backoff, halve the batch after an OOM) under an exclusive lock."""
     from eagle3_console import policy
-    c = _ctx(ctx)
+    c = ctx_of(ctx)
     c.pipeline()
     said = [0]
 
-    def say(m: str) -> None:
+    def tell(m: str) -> None:
         said[0] += 1
         out.print(f"{datetime.now():%H:%M:%S} {m}", highlight=False, markup=False)
-    try:
-        with policy.WatchLock(c.ws):
-            while True:
-                snap = collect(c, no_gpus)
-                acted = policy.apply(c.ws, snap, say)
-                if advance:
-                    acted += policy.advance(c.ws, snap, say)
-                if acted:
-                    snap = collect(c, no_gpus)
-                for a in snap.alerts:
-                    say(f"{a.level.upper()}: {a.message}")
-                if once:
-                    if not said[0]:     # a cron log that stays empty cannot tell "ran, all well" from "never ran"
-                        say(f"nothing to do: health {snap.health}; "
-                            + ", ".join(f"{s.name} {s.status}" for s in snap.stages))
-                    raise typer.Exit(snap.exit_code)
-                if until_done and policy.settled(snap):
-                    say("pipeline settled: " + ", ".join(f"{s.name} {s.status}" for s in snap.stages))
-                    raise typer.Exit(snap.exit_code)
-                time.sleep(interval)
-    except policy.LockHeld as exc:
-        err.print(str(exc), highlight=False, markup=False)
-        raise typer.Exit(EXIT_LOCKED)
 
+    # Another watch holding the lock raises policy.LockHeld: exit 75 (cliexit).
+    with policy.WatchLock(c.ws):
+        while True:
+            snap = collect(c, no_gpus)
+            acted = policy.apply(c.ws, snap, tell)
+            if advance:
+                acted += policy.advance(c.ws, snap, tell)
+            if acted:
+                snap = collect(c, no_gpus)
+            for a in snap.alerts:
+                tell(f"{a.level.upper()}: {a.message}")
+            if once:
+                if not said[0]:     # a cron log that stays empty cannot tell "ran, all well" from "never ran"
+                    tell(f"nothing to do: health {snap.health}; "
+                         + ", ".join(f"{s.name} {s.status}" for s in snap.stages))
+                raise typer.Exit(snap.exit_code)
+            if until_done and policy.settled(snap):
+                tell("pipeline settled: " + ", ".join(f"{s.name} {s.status}" for s in snap.stages))
+                raise typer.Exit(snap.exit_code)
+            time.sleep(interval)
 
 
 # ------------------------------------------------------------------ exporter
 EXPORTER_PORT = 9457   # not nvitop-exporter's 8000 / 5050, dcgm-exporter's 9400, node_exporter's 9100
 
 
-@app.command()
 def exporter(ctx: typer.Context,
              port: int = typer.Option(EXPORTER_PORT, "--port", help="TCP port (0: any free one, printed).",
                                       callback=cliopts.integer(0, 65535, "a TCP port")),
@@ -152,15 +139,14 @@ def exporter(ctx: typer.Context,
     """Serve the snapshot as Prometheus metrics on http://HOST:PORT/metrics."""
     from eagle3_console import exporter as exp
     from eagle3_console.snapshot import Collector
-    c = _ctx(ctx)
+    c = ctx_of(ctx)
     c.pipeline()
     col = Collector(c.ws, gpus=not no_gpus, curves=False)
     try:
         code = exp.serve(col.collect, host, port, interval,
                          say=lambda m: out.print(m, highlight=False, markup=False, soft_wrap=True))
     except OSError as exc:
-        err.print(f"error: cannot listen on {host}:{port}: {exc.strerror or exc}", highlight=False, markup=False)
-        raise typer.Exit(EXIT_UNKNOWN)
+        raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     finally:
         col.close()
     raise typer.Exit(code)

@@ -1,5 +1,7 @@
-"""Checks the typer commands share: numeric options validated at parse time,
-and click's usage errors given the README's exit code for bad input (3).
+"""Checks the typer commands share: numeric options validated at parse time;
+and the typer app's group, which gives click's usage errors the README's exit
+code for bad input (3) and every command's failure its exit code and line
+(through cliexit, the one mapping).
 
 Click parses `--interval nan`, `--interval inf` and `--port 70000` happily
 (FloatRange lets NaN through: every comparison with it is false); each then
@@ -17,7 +19,10 @@ from typing import Any, Callable
 import click
 from typer.core import TyperGroup
 
-EXIT_BAD_INPUT = 3
+from eagle3_console import cliexit
+from eagle3_console.clictx import Ctx
+
+EXIT_BAD_INPUT = cliexit.EXIT_BAD_INPUT
 
 # A day: longer than any wait or interval an operator means (and inside what
 # time.sleep and Event.wait accept: 1e300 raises OverflowError in both).
@@ -52,14 +57,16 @@ def integer(minimum: int = 0, maximum: int = MAX_COUNT, what: str = "an integer"
     return check
 
 
-class BadInputIsExit3(TyperGroup):
-    """The typer app's group: a usage error (an unknown option, a missing
+class ExitCodeGroup(TyperGroup):
+    """The typer app's group. A usage error (an unknown option, a missing
     argument, a value a callback refused) exits 3, bad input, instead of
     click's 2, which the README's table (and cron) reads as CRITICAL.
+    What a command raises is said in one line with its exit code
+    (cliexit.report); a bug keeps its traceback.
 
     The group's own arguments are parsed in make_context, a command's inside
-    the group's invoke; both re-raise with the code changed, so click still
-    prints its usual `Usage: ... Error: ...` lines."""
+    the group's invoke; both re-raise a usage error with the code changed, so
+    click still prints its usual `Usage: ... Error: ...` lines."""
 
     def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
         try:
@@ -74,3 +81,11 @@ class BadInputIsExit3(TyperGroup):
         except click.UsageError as exc:
             exc.exit_code = EXIT_BAD_INPUT
             raise
+        except click.exceptions.Exit:
+            raise
+        except Exception as exc:
+            db_path = ctx.obj.ws.db_path if isinstance(ctx.obj, Ctx) else None
+            code = cliexit.report(exc, db_path)
+            if code is None:
+                raise
+            raise click.exceptions.Exit(code) from None

@@ -13,6 +13,7 @@ import sqlite3
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -59,8 +60,29 @@ CREATE TABLE IF NOT EXISTS events (
 );
 """
 
-LIVE = ("pending", "running")
-FINISHED = ("succeeded", "failed", "killed", "lost")
+
+class RunStatus(StrEnum):
+    """A run's status as the registry stores it (the SQLite value, the JSON
+    string: a StrEnum member is that string). A stage adds `never` and `stale`
+    (model.StageStatus), which are no run's."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    KILLED = "killed"
+    LOST = "lost"
+
+
+# No end recorded yet: its supervisor still watches it (the registry's
+# "first writer wins" on the end, one live run per stage).
+ACTIVE = (RunStatus.PENDING, RunStatus.RUNNING)
+# No end recorded, and lost: the supervisor is gone but the run's processes
+# may live on (stop, the TUI's quit warning and a launch's refusal mean these).
+MAY_BE_ALIVE = (*ACTIVE, RunStatus.LOST)
+# An end the supervisor saw and recorded (the exit record's statuses).
+EXITED = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.KILLED)
+_ACTIVE_SQL = ", ".join(f"'{s}'" for s in ACTIVE)
 
 
 @dataclass
@@ -93,7 +115,7 @@ class Run:
 
     @property
     def live(self) -> bool:
-        return self.status in LIVE
+        return self.status in ACTIVE
 
     @classmethod
     def from_row(cls, row: sqlite3.Row, registry: str | None = None) -> "Run":
@@ -261,8 +283,9 @@ class Registry:
                    log_path_for: Any, restart_of: int | None = None, reason: str | None = None) -> Run:
         cur = self.conn.execute(
             "INSERT INTO runs (stage, argv, params, env, cwd, status, created, log_path, restart_of, reason)"
-            " VALUES (?, ?, ?, ?, ?, 'pending', ?, '', ?, ?)",
-            (stage, json.dumps(argv), json.dumps(params), json.dumps(env), cwd, time.time(), restart_of, reason))
+            " VALUES (?, ?, ?, ?, ?, ?, ?, '', ?, ?)",
+            (stage, json.dumps(argv), json.dumps(params), json.dumps(env), cwd, str(RunStatus.PENDING), time.time(),
+             restart_of, reason))
         run_id = cur.lastrowid
         self.conn.execute("UPDATE runs SET log_path = ? WHERE id = ?", (str(_fresh_log(log_path_for(run_id))), run_id))
         return self.get(run_id)
@@ -285,7 +308,7 @@ class Registry:
         """Record an end unless one was recorded already (first writer wins)."""
         cols = ", ".join(["status = ?"] + [f"{k} = ?" for k in values])
         cur = self.conn.execute(
-            f"UPDATE runs SET {cols} WHERE id = ? AND status IN ('pending', 'running')",
+            f"UPDATE runs SET {cols} WHERE id = ? AND status IN ({_ACTIVE_SQL})",
             (status, *values.values(), run_id))
         return cur.rowcount == 1
 
@@ -309,7 +332,7 @@ class Registry:
         return [r[0] for r in self.conn.execute("SELECT id FROM runs")]
 
     def live_runs(self) -> list[Run]:
-        rows = self.conn.execute("SELECT * FROM runs WHERE status IN ('pending', 'running') ORDER BY id")
+        rows = self.conn.execute(f"SELECT * FROM runs WHERE status IN ({_ACTIVE_SQL}) ORDER BY id")
         return [Run.from_row(r, self.registry_id) for r in rows]
 
     def restart_chain(self, run_id: int) -> Iterator[Run]:

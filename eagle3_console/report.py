@@ -13,6 +13,7 @@ from rich.table import Table
 
 from eagle3_console.model import Snapshot, StageStatus
 from eagle3_console.plan import KIND_LABEL, si_bytes
+from eagle3_console.registry import RunStatus
 from eagle3_console.units import human_bytes, human_duration
 
 LEVEL_STYLE = {"ok": "green", "warning": "yellow", "critical": "bold red", "unknown": "magenta"}
@@ -28,7 +29,7 @@ def _exit(st: StageStatus) -> str:
 
 def _rate(st: StageStatus) -> str:
     # A finished run's last window says nothing about now (the TUI does the same).
-    if st.rate is None or st.status not in ("running", "lost"):
+    if st.rate is None or st.status not in (RunStatus.RUNNING, RunStatus.LOST):
         return "-"
     tok = f", {st.tokens_per_s:,.0f} tok/s" if st.tokens_per_s else ""
     return f"{st.rate:.2f} {st.rate_unit or '/s'}{tok}"

@@ -7,10 +7,4 @@ from __future__ import annotations
 
 from ops.units import human_bytes, human_duration
 
-__all__ = ["gib", "human_bytes", "human_duration"]
-
-
-def gib(n: int | None) -> str:
-    """The former always-GiB sentence form ("931322.6 GiB" next to a table's
-    909.5 TiB): now human_bytes itself, kept for the callers not moved yet."""
-    return human_bytes(n, "?")
+__all__ = ["human_bytes", "human_duration"]

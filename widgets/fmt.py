@@ -19,6 +19,8 @@ def nbytes(n: int | float | None) -> str:
 
 
 def gib(n: int | None) -> str:
+    """A figure in GiB without its unit, for "used/total GiB" (the GPU pane):
+    both sides in one unit, which human_bytes, picking one per figure, is not."""
     return DASH if n is None else f"{n / 2**30:.1f}"
 
 

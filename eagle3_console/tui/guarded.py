@@ -24,15 +24,19 @@ from eagle3_console import actions
 from eagle3_console import config as cfg
 from eagle3_console import runs
 from eagle3_console.model import Snapshot, StageStatus
-from eagle3_console.registry import Registry
+from eagle3_console.registry import EXITED, MAY_BE_ALIVE, Registry, RunStatus
 from eagle3_console.workspace import Workspace
 from widgets.dialogs import DialogSpec, Option
 from widgets.stages import is_oom
 
-LIVE = ("running", "pending", "lost")
-COMPLETE = ("succeeded", "stale")      # the stage's outputs exist and are whole
+COMPLETE = (RunStatus.SUCCEEDED, "stale")      # the stage's outputs exist and are whole ("stale": a stage's, no run's)
 
 Progress = Callable[[str], None]
+
+
+def _started(r: Any) -> bool:
+    """A launch went well: the run is under way, or already done (a quick stage)."""
+    return r.status in MAY_BE_ALIVE or r.status == RunStatus.SUCCEEDED
 
 
 @dataclass(frozen=True)
@@ -111,7 +115,7 @@ def execute_start(ctx: Context, st: StageStatus, option: Option, progress: Progr
     plan: StartPlan = option.plan
     _still_latest(ctx.ws, plan.stage, plan.last_run)
     r = runs.launch(ctx.ws, cfg.load(ctx.ws.config_path), plan.stage)
-    return r.status in LIVE or r.status == "succeeded", [f"started {plan.stage}: run {r.id}, {r.status}, pid {r.pid}"]
+    return _started(r), [f"started {plan.stage}: run {r.id}, {r.status}, pid {r.pid}"]
 
 
 # ------------------------------------------------------------------ stop
@@ -123,7 +127,7 @@ class StopPlan:
 
 
 def plan_stop(ctx: Context, st: StageStatus) -> DialogSpec:
-    if st.status not in LIVE or st.run_id is None:
+    if st.status not in MAY_BE_ALIVE or st.run_id is None:
         last = f"its last run {st.run_id} {st.status}" if st.run_id else "it never ran"
         return DialogSpec(title=f"Stop {st.name}", confirm_label="Stop", options=[Option(
             "stop", "stop", [], f"{last}; no live run of {st.name!r}", refusal_label="NOTHING TO STOP")])
@@ -138,7 +142,7 @@ def execute_stop(ctx: Context, st: StageStatus, option: Option, progress: Progre
     plan: StopPlan = option.plan
     _still_latest(ctx.ws, plan.stage, plan.run_id)      # stop the run shown, not one started since
     r = runs.stop(ctx.ws, plan.stage, grace_s=plan.grace_s)
-    return r.status in ("killed", "failed", "succeeded"), [f"run {r.id} of {plan.stage}: {r.status}"]
+    return r.status in EXITED, [f"run {r.id} of {plan.stage}: {r.status}"]
 
 
 # ------------------------------------------------------------------ kill
@@ -202,7 +206,7 @@ def plan_restart(ctx: Context, st: StageStatus) -> DialogSpec:
 
 def execute_restart(ctx: Context, st: StageStatus, option: Option, progress: Progress) -> tuple[bool, list[str]]:
     r = actions.execute_restart(ctx.ws, option.plan, progress=progress, nvml=ctx.nvml)
-    return r.status in LIVE or r.status == "succeeded", [f"run {r.id} of {st.name}: {r.status}, pid {r.pid}"]
+    return _started(r), [f"run {r.id} of {st.name}: {r.status}, pid {r.pid}"]
 
 
 ACTIONS: dict[str, Guarded] = {

@@ -34,7 +34,8 @@ from eagle3_console import announce
 from eagle3_console import config as cfg
 from eagle3_console import runs
 from eagle3_console.model import Snapshot, StageStatus
-from eagle3_console.tui.guarded import ACTIONS, LIVE, Context, Guarded, refused_spec
+from eagle3_console.registry import MAY_BE_ALIVE, RunStatus
+from eagle3_console.tui.guarded import ACTIONS, Context, Guarded, refused_spec
 from widgets.dialogs import ActionDialog, DialogSpec, Option, QuitDialog
 from widgets.disk import DiskPane
 from widgets.gpus import GpuPane
@@ -45,7 +46,7 @@ from widgets.progress import ProgressPane
 from widgets.stages import StageTable
 
 if TYPE_CHECKING:
-    from eagle3_console.app import ConsoleApp
+    from eagle3_console.tui.host import ConsoleHost
 
 
 class UiCall(Message):
@@ -60,7 +61,7 @@ class UiCall(Message):
 def default_stage(snap: Snapshot) -> str | None:
     """The stage to show first: a live one, else a failed one, else the one
     that ran last (a finished pipeline shows its bench result)."""
-    for wanted in (("running", "lost", "pending"), ("failed", "killed")):
+    for wanted in (MAY_BE_ALIVE, (RunStatus.FAILED, RunStatus.KILLED)):
         for st in snap.stages:
             if st.status in wanted:
                 return st.name
@@ -82,7 +83,7 @@ class ConsoleScreen(Screen[None]):
         Binding("question_mark", "help", "help"),
         Binding("q", "quit_console", "quit"),
     ]
-    app: "ConsoleApp"
+    app: "ConsoleHost"       # the App that holds it (eagle3_console/app.py), as the screen sees it
 
     def __init__(self) -> None:
         super().__init__()
@@ -278,7 +279,7 @@ class ConsoleScreen(Screen[None]):
         if self.snapshot is None:
             return []
         return [f"{s.name} (run {s.run_id}, pid {s.pid}, {s.status})" for s in self.snapshot.stages
-                if s.status in LIVE]
+                if s.status in MAY_BE_ALIVE]
 
     # ------------------------------------------------------------------ guarded actions
     def action_guard(self, verb: str) -> None:

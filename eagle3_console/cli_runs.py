@@ -1,0 +1,176 @@
+"""The commands about runs: run and stop a stage, the run history (runs), a
+run's log (logs) and the audit log of what was done to them (events).
+commands.py registers them on the typer app; this module does not import it.
+
+Data flow: clictx (the workspace) -> runs / registry / logtail -> the terminal.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from eagle3_console import cliopts
+from eagle3_console import config as cfg
+from eagle3_console.cliexit import EXIT_CRITICAL, EXIT_OK, CommandError
+from eagle3_console.clictx import Ctx, ctx_of
+from eagle3_console.cliout import out, say, warn
+from eagle3_console.registry import Registry, RunStatus, id_path
+
+
+def run(ctx: typer.Context, stage: str,
+        set_: list[str] = typer.Option([], "--set", help="Param override name=value (repeatable)."),
+        force: bool = typer.Option(False, "--force", help="Start even if dependencies are not done (or the op's lint finds errors)."),
+        ignore_disk: bool = typer.Option(False, "--ignore-disk", help="Start even if the disk estimate exceeds the free space.")) -> None:
+    """Start STAGE as a supervised run that survives this terminal."""
+    from eagle3_console import plan, runs
+    c = ctx_of(ctx)
+    pipe = c.pipeline()
+    overrides = cfg.parse_overrides(set_)
+    st = pipe.stage(stage)
+    params = runs.stage_params(st, overrides, pipe=pipe)
+    # The plan first, whatever is refused next (a missing dependency, the disk).
+    for line in plan.launch_lines(c.ws, pipe, st, params):
+        say(line)
+    for line in plan.rerun_warnings(c.ws, pipe, st):
+        warn(line)
+    for x in runs.lints(c.ws, pipe, st, params):
+        warn(f"lint {x}")
+    r = runs.launch(c.ws, pipe, stage, overrides, force=force, ignore_disk=ignore_disk)
+    out.print(f"run {r.id} of {stage}: {r.status}, pid {r.pid}, log {r.log_path}", highlight=False)
+
+
+def stop(ctx: typer.Context, stage: str,
+         grace: float = typer.Option(10.0, "--grace", help="Seconds between SIGTERM and SIGKILL.",
+                                     callback=cliopts.seconds())) -> None:
+    """SIGTERM the stage's process group, SIGKILL after the grace period."""
+    from eagle3_console import runs
+    c = ctx_of(ctx)
+    c.stage(stage)
+    r = runs.stop(c.ws, stage, grace_s=grace)
+    out.print(f"run {r.id} of {stage}: {r.status}", highlight=False)
+
+
+def _when(t: float | None) -> str:
+    return datetime.fromtimestamp(t).strftime("%m-%d %H:%M:%S") if t else "-"
+
+
+def _ended(r) -> str:
+    if r.signal:
+        import signal as _signal
+        return f"signal {_signal.Signals(r.signal).name}"
+    return "-" if r.exit_code is None else str(r.exit_code)
+
+
+def _has_registry(c: Ctx) -> bool:
+    """Whether the workspace ever had a state database (reading one would create it)."""
+    return c.ws.db_path.exists() or id_path(c.ws.db_path).exists()
+
+
+def runs_cmd(ctx: typer.Context, stage: Optional[str] = typer.Argument(None),
+             limit: int = typer.Option(20, "-n", help="How many runs.", callback=cliopts.integer(1)),
+             as_json: bool = typer.Option(False, "--json")) -> None:
+    """Run history, newest first."""
+    from eagle3_console import runs
+    c = ctx_of(ctx)
+    if not _has_registry(c):
+        rows = []
+    else:
+        with Registry(c.ws.db_path) as reg:
+            runs.reconcile(reg)
+            rows = reg.runs(stage, limit)
+    if stage and not rows:
+        # Recorded runs are listed even when the pipeline file changed since;
+        # with none, an unknown stage is bad input (exit 3), as everywhere.
+        c.stage(stage)
+    if as_json:
+        print(json.dumps([r.__dict__ for r in rows], indent=2))
+        return
+    from rich.table import Table
+    t = Table("run", "stage", "status", "pid", "started", "ended", "exit", "restart of", "reason")
+    for col in t.columns[:-1]:
+        col.no_wrap = True
+    for r in rows:
+        t.add_row(str(r.id), r.stage, r.status, str(r.pid or "-"), _when(r.started), _when(r.ended), _ended(r),
+                  str(r.restart_of or "-"), r.reason or "")
+    out.print(t)
+    if rows:
+        say("argv of each run: `runs --json`")
+
+
+def events(ctx: typer.Context,
+           stage: Optional[str] = typer.Option(None, "--stage", help="Only this stage's events."),
+           limit: int = typer.Option(50, "--limit", "-n", help="How many events.", callback=cliopts.integer(1)),
+           as_json: bool = typer.Option(False, "--json")) -> None:
+    """The audit log, newest first: who stopped, killed, cleaned or restarted what, and how it went."""
+    c = ctx_of(ctx)
+    if not _has_registry(c):
+        rows = []
+    else:
+        with Registry(c.ws.db_path) as reg:
+            rows = reg.events(stage, limit)
+    if stage and not rows:
+        c.stage(stage)      # as `runs`: no event of an unknown stage is bad input (exit 3)
+    if as_json:
+        print(json.dumps([e.__dict__ for e in rows], indent=2))
+        return
+    from rich.table import Table
+    t = Table("time", "actor", "action", "stage", "run", "outcome", "targets", "detail")
+    for col in t.columns[:6]:
+        col.no_wrap = True
+    for e in rows:
+        t.add_row(_when(e.time), e.actor, e.action, e.stage or "-", str(e.run_id or "-"), e.outcome,
+                  str(len(e.targets)) if e.targets else "-", e.detail or "")
+    out.print(t)
+    if rows:
+        say("the targets of each event: `events --json`")
+
+
+def logs(ctx: typer.Context, stage: str,
+         follow: bool = typer.Option(False, "-f", "--follow",
+                                     help="Keep printing new lines (like tail -F) until the run ends."),
+         lines: int = typer.Option(50, "-n", help="Lines from the end.", callback=cliopts.integer(0)),
+         run_id: Optional[int] = typer.Option(None, "--run", help="A run id (default: the latest).",
+                                               callback=cliopts.integer(1, cliopts.MAX_ID, "a run id"))) -> None:
+    """Print the tail of a stage's log."""
+    from eagle3_console.logtail import follow as follow_log, gone_message, open_log, run_ended, tail
+    c = ctx_of(ctx)
+    with Registry(c.ws.db_path) as reg:
+        try:
+            r = reg.get(run_id) if run_id else reg.latest(stage)
+        except KeyError:
+            raise CommandError(f"there is no run {run_id} in {c.ws.db_path}") from None
+    if r is None:
+        # A recorded run's log is shown even when the pipeline file changed or broke since;
+        # with none, an unknown stage is bad input (exit 3), not "no runs yet".
+        c.stage(stage)
+        raise CommandError(f"stage {stage!r} has no runs yet", EXIT_CRITICAL)
+    path = Path(r.log_path)
+    opened = open_log(r)
+    if opened is None and r.status != RunStatus.PENDING:
+        # Deleted or rotated away: saying nothing (exit 0) read as "the run printed nothing".
+        raise CommandError(gone_message(r, path), EXIT_CRITICAL)
+    fh, moved = opened or (None, None)
+    if moved:
+        warn(f"note: {path} is gone; reading the file run {r.id} still writes: {moved}")
+    # The tail and the follow read one open file: a move in between loses nothing.
+    shown, upto = tail(Path(f"/proc/self/fd/{fh.fileno()}") if fh else path, lines)
+    for line in shown:
+        sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+    if not follow:
+        if fh:
+            fh.close()
+        return
+    try:
+        follow_log(path, sys.stdout, run_ended(c.ws.db_path, r.id), start=upto, first=fh)
+    except KeyboardInterrupt:
+        return
+    with Registry(c.ws.db_path) as reg:
+        # Like the run's own exit: a failed, killed or lost run is no 0 for a script waiting on it.
+        raise typer.Exit(EXIT_OK if reg.get(r.id).status == RunStatus.SUCCEEDED else EXIT_CRITICAL)

@@ -1,0 +1,80 @@
+"""What every command shares: the invocation's workspace (Ctx, which typer
+hands each command as ctx.obj) and the snapshot a command reads
+(collect, status_json).
+
+Data flow: config / registry -> Ctx -> snapshot.Collector -> the commands.
+No typer or click here: `status --json` without typer (cli.py) runs
+status_json() too, so both paths print the same bytes and exit alike.
+Failures are raised (cliexit says them and picks the exit code).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any, Optional
+
+from eagle3_console import config as cfg
+from eagle3_console import cliexit
+from eagle3_console.cliexit import Unreadable
+from eagle3_console.registry import StateError
+from eagle3_console.workspace import Workspace
+
+
+class Ctx:
+    """The invocation's workspace and its pipeline file."""
+
+    def __init__(self, workspace: Optional[Path]):
+        self.ws = Workspace.at(workspace)
+
+    def pipeline(self) -> cfg.Pipeline:
+        return cfg.load(self.ws.config_path)
+
+    def stage(self, name: str) -> cfg.Stage:
+        # An unknown stage is a ConfigError: bad input (exit 3), not a crash with a traceback.
+        return self.pipeline().stage(name)
+
+
+def ctx_of(typer_ctx: Any) -> Ctx:
+    """The Ctx the group's callback put on typer's context."""
+    return typer_ctx.obj
+
+
+def _collect(c: Ctx, no_gpus: bool):
+    from eagle3_console.snapshot import Collector
+    try:
+        col = Collector(c.ws, persist=True, gpus=not no_gpus)
+        try:
+            return col.collect()
+        finally:
+            col.close()
+    except (cfg.ConfigError, StateError) as exc:
+        raise Unreadable(str(exc), "config_error" if isinstance(exc, cfg.ConfigError) else "state_error") from None
+    except sqlite3.Error as exc:
+        raise Unreadable(f"state database {c.ws.db_path} is unreadable: {exc}", "state_error") from None
+
+
+def collect(c: Ctx, no_gpus: bool = False):
+    """The workspace's snapshot; a pipeline file or state database that cannot
+    be read raises (exit 3)."""
+    c.pipeline()
+    return _collect(c, no_gpus)
+
+
+def status_json(c: Ctx, no_gpus: bool) -> int:
+    """Print the snapshot as one JSON object; its exit code. A workspace that cannot
+    be read is still one object (health unknown, the error), for whatever parses it."""
+    try:
+        snap = _collect(c, no_gpus)
+    except Unreadable as exc:
+        import time
+        code = cliexit.report(exc)
+        alert = {"level": "unknown", "code": exc.alert, "message": str(exc), "stage": None, "line": None}
+        print(json.dumps({"schema": 1, "workspace": str(c.ws.root), "host": os.uname().nodename,
+                          "time": time.time(), "health": "unknown", "error": str(exc), "stages": [],
+                          "gpus": [], "disk": [], "alerts": [alert]}, indent=2))
+        return code
+    print(json.dumps(snap.to_dict(), indent=2, default=str))
+    return snap.exit_code
