@@ -121,8 +121,7 @@ class Collector:
                         self._folder_path(key, rel).unlink()
                     except OSError:
                         pass
-                folders = {"root": os.fspath(mon.root), "glob": mon.sample_glob, "folders": mon.folders(),
-                           "lengths_key": mon._lengths_key, "errors": dict(mon._errors)}
+                folders = mon.folders()
             shards[key] = {"summary": mon.summary(), "obs": mon.observations(), "folders": folders}
         self._write(self._cache_path(), {"version": CACHE_VERSION, "shards": shards,
                                          "logs": {str(rid): f.to_state() for rid, f in self._logs.items()}})
