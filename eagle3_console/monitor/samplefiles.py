@@ -8,7 +8,7 @@ restored from .eagle3/cache/ may stay frozen (TreeIndex.freeze): only their
 counts are held until one changes; then thaw_dir() loads its saved per-file
 state (folder_state()).
 
-Layouts: monitor/layouts.py.
+Layouts (which names are samples, where): monitor/layouts.py.
 
 Tokens from headers: the `input_ids` shape in the safetensors header of each
 sample, read once per new file (a few hundred bytes; tensor data is never
@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Callable
 
 from eagle3_console.monitor.layouts import EAGLE3, GLOB, SPEC_HS, classify, folder_layouts, last_int
-from eagle3_console.monitor.tree import DirTotals, TreeIndex, TreeStats, dir_from_columns
+from eagle3_console.monitor.tree import TreeIndex, TreeStats
+from eagle3_console.monitor.treedir import DirTotals, dir_from_columns
 from ops.formats import SAMPLE_RE, TMP_SUFFIX, BadSampleFile, read_safetensors_header, tokens_in_header
 
 class SampleFiles:

@@ -46,7 +46,7 @@ class ShardMonitor:
         self.expected_tokens = expected_tokens
         self.window_s = window_s
         self.files = SampleFiles(self.root, index if index is not None else TreeIndex(self.root), sample_glob)
-        self.json = OutputJson(self.root)
+        self.root_json = OutputJson(self.root)
         self.window = rate.RateWindow(window_s)
         # A settled output's summary stands in for the files until it no longer
         # holds; then _full_state(now) (a monitor of the saved per-folder state,
@@ -67,7 +67,7 @@ class ShardMonitor:
     @property
     def errors(self) -> dict[str, str]:
         """file -> why it could not be read (saved with the per-folder state)."""
-        return dict(self.json.errors)
+        return dict(self.root_json.errors)
 
     def use_glob(self, sample_glob: str | None) -> None:
         """Count the files matching this pattern instead (None: the known layouts)."""
@@ -80,23 +80,23 @@ class ShardMonitor:
         now = time.time() if now is None else now
         if self._summary is not None:
             if settled.holds(self._summary, os.fspath(self.root), self.window_s,
-                             self.json.stat_key(SAMPLE_LENGTHS), now):
-                self.json.load_config()
+                             self.root_json.stat_key(SAMPLE_LENGTHS), now):
+                self.root_json.load_config()
                 return self._progress(now)
             self._leave_summary(now)
         if refresh_index:
             self.files.index.refresh()
         self.files.sync(self.files.index.last)
-        self.json.load_config()
-        if self.json.lengths_changed():
+        self.root_json.load_config()
+        if self.root_json.lengths_changed():
             self.files.lengths_changed()
         return self._progress(now)
 
     def _tokens_done(self) -> int | None:
-        return self.files.tokens_done(self.json.lengths)
+        return self.files.tokens_done(self.root_json.lengths)
 
     def _token_source(self) -> bool:
-        return self.files.token_source(bool(self.json.lengths_key))
+        return self.files.token_source(bool(self.root_json.lengths_key))
 
     # ---- progress, rate, ETA ------------------------------------------
     def _progress(self, now: float) -> ShardProgress:
@@ -110,11 +110,11 @@ class ShardMonitor:
             tokens = self._tokens_done()
         expected = self.expected_samples
         if expected is None:
-            expected = self.json.config_int("total_samples")
+            expected = self.root_json.config_int("total_samples")
         tokens_expected = self.expected_tokens
         if tokens_expected is None:
-            tokens_expected = self.json.config_int("total_tokens")
-        complete = self.json.complete(done)
+            tokens_expected = self.root_json.config_int("total_tokens")
+        complete = self.root_json.complete(done)
         sps, tps = self._rate(now, done, tokens)
         eta: float | None = None
         if complete:
@@ -125,7 +125,7 @@ class ShardMonitor:
             root=str(self.root), layout=layout, samples_done=done, samples_expected=expected,
             tokens_done=tokens, tokens_expected=tokens_expected, shards=_shard_counts(per_dir, expected),
             tmp_files=tmp, samples_per_s=sps, tokens_per_s=tps, eta_s=eta,
-            complete=complete, bad_files=bad, error=self.json.error_text())
+            complete=complete, bad_files=bad, error=self.root_json.error_text())
 
     def _rate(self, now: float, done: int, tokens: int | None) -> rate.Rate:
         observed = self.window.observe(now, done, tokens)
@@ -137,7 +137,7 @@ class ShardMonitor:
             # settled.holds(): no file of the tree is inside the window.
             return 0.0, 0.0 if self._summary["token_source"] else None
         recent = self.files.recent(int((now - self.window_s) * 1e9))
-        return rate.from_mtimes(recent, lambda rel: self.files.sample_tokens(rel, self.json.lengths()),
+        return rate.from_mtimes(recent, lambda rel: self.files.sample_tokens(rel, self.root_json.lengths()),
                                 self._token_source())
 
     # ---- per-folder persistence (a one-shot `status` under a live output) ----
@@ -147,8 +147,8 @@ class ShardMonitor:
         loaded; only a changed one's per-file state (folder_state()) is read
         and rewritten."""
         return {"root": os.fspath(self.root), "glob": self.sample_glob,
-                "folders": self.files.folders(self.json.lengths()),
-                "lengths_key": self.json.lengths_key, "errors": self.errors}
+                "folders": self.files.folders(self.root_json.lengths()),
+                "lengths_key": self.root_json.lengths_key, "errors": self.errors}
 
     def folder_state(self, rel_dir: str) -> dict:
         """One loaded folder's per-file state (its index entries, header tokens, bad files)."""
@@ -177,7 +177,7 @@ class ShardMonitor:
             return None
         try:
             eager = mon.files.freeze_saved(entry["folders"], int((now - window_s) * 1e9), loader)
-            mon.json.restore(None, {}, entry["lengths_key"], entry.get("errors") or {})
+            mon.root_json.restore(None, {}, entry["lengths_key"], entry.get("errors") or {})
             mon.window.set_observations(entry.get("obs") or ())
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
@@ -211,8 +211,8 @@ class ShardMonitor:
             return None
         done, per_dir, per_layout, tmp, bad = self.files.totals()
         return settled.make(
-            os.fspath(self.root), self.sample_glob, dirs=dirs, config_key=self.json.config_key,
-            config=self.json.config, lengths_key=self.json.lengths_key, errors=self.errors,
+            os.fspath(self.root), self.sample_glob, dirs=dirs, config_key=self.root_json.config_key,
+            config=self.root_json.config, lengths_key=self.root_json.lengths_key, errors=self.errors,
             done=done, per_dir={k: n for k, n in per_dir.items() if n > 0}, layout=layout_of(done, per_layout),
             tmp=tmp, bad=bad, tokens=self._tokens_done(), token_source=self._token_source(),
             newest_ns=index.newest_mtime_ns(), bytes=index.total_bytes, files=index.file_count)
@@ -232,7 +232,7 @@ class ShardMonitor:
         if s is None:
             return None
         try:
-            mon.json.restore(s["config_key"], dict(s["config"] or {}), s["lengths_key"], s["errors"])
+            mon.root_json.restore(s["config_key"], dict(s["config"] or {}), s["lengths_key"], s["errors"])
             mon._summary_index = settled.IndexTotals(int(s["bytes"]), int(s["files"]))
             mon.window.set_observations(obs or ())
         except (KeyError, TypeError, ValueError, AttributeError):
@@ -252,7 +252,7 @@ class ShardMonitor:
         if full is None:
             full = type(self)(self.root, self.expected_samples, self.expected_tokens,
                               window_s=self.window_s, sample_glob=self.sample_glob)
-        self.files, self.json = full.files, full.json
+        self.files, self.root_json = full.files, full.root_json
 
 
 def _shard_counts(per_dir, expected: int | None) -> list[ShardCount]:
