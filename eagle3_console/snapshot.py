@@ -4,7 +4,8 @@ Data flow: config + registry (runs) -> monitors (gpus, procs, shards, disk,
 logs) -> alerts -> Snapshot. A Collector keeps its monitors between passes so
 that a refresh is incremental (no re-walk of a terabyte, no re-read of a
 gigabyte of log); with persist=True it saves their state under .eagle3/cache/
-so that one-shot `status` processes continue where the previous one stopped.
+(savedmonitors.py) so that one-shot `status` processes continue where the
+previous one stopped.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from _thread import get_ident    # threading's, without threading's import
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +26,9 @@ from eagle3_console.monitor.logs import LogFollower
 from eagle3_console.monitor.procs import ProcessTable, RunRef, attach_owners, orphans, process_alive
 from eagle3_console.monitor.shards import ShardMonitor
 from eagle3_console.registry import Registry, Run, id_path
+from eagle3_console.savedmonitors import SavedMonitors
 from eagle3_console.workspace import Workspace
 from ops.spec import read_json_dict
-
-CACHE_NAME = "monitors.json"
-CACHE_VERSION = 3
-
 
 class Collector:
     def __init__(self, ws: Workspace, nvml: Any = None, persist: bool = False, gpus: bool = True,
@@ -53,93 +50,7 @@ class Collector:
         self._leftovers: tuple[float, tuple, dict[str, list[tuple[int, float]]]] = (0.0, (), {})
         self._table: ProcessTable | None = None       # this pass's process table, when one was needed
         self._results: dict[Path, tuple[tuple[int, int], tuple[dict | None, str | None, float]]] = {}
-        self._cache: dict[str, Any] = self._load_cache() if persist else {}
-
-    # -------------------------------------------------------------- cache
-    def _cache_path(self) -> Path:
-        return self.ws.cache_dir / CACHE_NAME
-
-    def _load_cache(self) -> dict[str, Any]:
-        try:
-            data = json.loads(self._cache_path().read_text())
-        except (OSError, ValueError):
-            return {}
-        return data if data.get("version") == CACHE_VERSION else {}
-
-    def _folder_path(self, key: str, rel: str) -> Path:
-        """Where one folder of an output keeps its per-file state (named after
-        the stage, the root and the folder, so every process uses the same one)."""
-        import hashlib      # 3 ms of import, only for an output whose summary no longer holds
-        out = hashlib.sha1(key.encode()).hexdigest()[:16]
-        return self.ws.cache_dir / f"shards-{out}-{hashlib.sha1(rel.encode()).hexdigest()[:12]}.json"
-
-    def _load_folder(self, key: str, rel: str) -> dict | None:
-        try:
-            data = json.loads(self._folder_path(key, rel).read_text())
-        except (OSError, ValueError):
-            return None
-        if (not isinstance(data, dict) or data.get("version") != CACHE_VERSION or data.get("key") != key
-                or data.get("rel") != rel):
-            return None
-        return data.get("state")
-
-    def _from_folders(self, ckey: str, entry: dict, root: str, now: float, expected: int | None,
-                      tokens: int | None, sample_glob: str | None) -> ShardMonitor | None:
-        if not isinstance(entry.get("folders"), dict):
-            return None
-        return ShardMonitor.from_folders(entry["folders"], root, lambda rel: self._load_folder(ckey, rel), now,
-                                         expected_samples=expected, expected_tokens=tokens,
-                                         sample_glob=sample_glob)
-
-    def _save_cache(self) -> None:
-        """Write the monitors' state for the next one-shot process. monitors.json
-        is small (logs, each output's summary and last observations) and written
-        every pass; an output's per-file state (20,000 entries for 20,000
-        samples) is written only when it changed. A settled output has a summary
-        (monitor/settled.py), and the next process reads its per-file state only
-        once that summary no longer holds. Many write at once (cron, loops of
-        `status`, the TUI, watch): each file through a temp file of its own,
-        renamed over it, so the last writer wins whole; a summary and a full
-        state from different writers need not agree, since each is checked
-        against the tree on its own. The cache only saves work: one that cannot
-        be written (a read-only or full state folder) means the next process
-        starts from scratch, never a failure."""
-        shards = {}
-        for (stage, root), mon in self._shards.items():
-            key = f"{stage}\0{root}"
-            if mon.summarized:
-                # Answered from the summary: the saved folders are as they were.
-                folders = (self._cache.get("shards", {}).get(key) or {}).get("folders")
-            else:
-                dirty, gone = mon.take_dirty_dirs()
-                for rel in dirty:
-                    if not self._write(self._folder_path(key, rel), {"version": CACHE_VERSION, "key": key,
-                                                                   "rel": rel, "state": mon.folder_state(rel)}):
-                        mon.mark_dirty(rel)
-                for rel in gone:
-                    try:
-                        self._folder_path(key, rel).unlink()
-                    except OSError:
-                        pass
-                folders = {"root": os.fspath(mon.root), "glob": mon.sample_glob, "folders": mon.folders(),
-                           "lengths_key": mon._lengths_key, "errors": dict(mon._errors)}
-            shards[key] = {"summary": mon.summary(), "obs": mon.observations(), "folders": folders}
-        self._write(self._cache_path(), {"version": CACHE_VERSION, "shards": shards,
-                                         "logs": {str(rid): f.to_state() for rid, f in self._logs.items()}})
-
-    def _write(self, path: Path, data: dict) -> bool:
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.{get_ident()}.tmp")
-        try:
-            self.ws.cache_dir.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(data))
-            os.replace(tmp, path)
-            return True
-        except OSError:
-            try:
-                tmp.unlink()
-            except OSError:
-                pass
-            return False
+        self._saved = SavedMonitors(ws.cache_dir) if persist else None
 
     # -------------------------------------------------------------- monitors
     def _shard_monitor(self, stage: str, root: str, expected: int | None, tokens: int | None,
@@ -147,25 +58,8 @@ class Collector:
         key = (stage, root)
         mon = self._shards.get(key)
         if mon is None:
-            ckey = f"{stage}\0{root}"
-            entry = self._cache.get("shards", {}).get(ckey)
-            if not isinstance(entry, dict):
-                entry = {}
-            if entry.get("summary"):
-                mon = ShardMonitor.from_summary(
-                    entry["summary"], root,
-                    lambda at: self._from_folders(ckey, entry, root, at, expected, tokens, sample_glob),
-                    expected_samples=expected, expected_tokens=tokens, sample_glob=sample_glob,
-                    obs=entry.get("obs"))
-            if mon is None and self.persist:
-                mon = self._from_folders(ckey, entry, root, time.time() if now is None else now,
-                                         expected, tokens, sample_glob)
-                if mon is not None:
-                    try:
-                        if entry.get("obs") is not None:
-                            mon.set_observations(entry["obs"])
-                    except (TypeError, ValueError):
-                        pass
+            if self._saved is not None:
+                mon = self._saved.shard_monitor(stage, root, expected, tokens, sample_glob, now)
             mon = mon or ShardMonitor(root, expected_samples=expected, expected_tokens=tokens,
                                       sample_glob=sample_glob)
             self._shards[key] = mon
@@ -176,13 +70,7 @@ class Collector:
     def _log_follower(self, run: Run) -> LogFollower:
         f = self._logs.get(run.id)
         if f is None:
-            state = self._cache.get("logs", {}).get(str(run.id))
-            f = None
-            if state:
-                try:
-                    f = LogFollower.from_state(state)
-                except (KeyError, TypeError, ValueError):
-                    f = None
+            f = self._saved.log_follower(run.id) if self._saved is not None else None
             f = f or LogFollower(run.log_path)
             self._logs[run.id] = f
         return f
@@ -268,8 +156,8 @@ class Collector:
             st = snap.stage(name)
             if st is not None:
                 st.alerts.append(alert)
-        if self.persist:
-            self._save_cache()
+        if self._saved is not None:
+            self._saved.save(self._shards, self._logs)
         return snap
 
     def _leftover_workers(self, latest: dict[str, Run | None]) -> dict[str, list[int]]:

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from eagle3_console.model import GpuInfo, GpuProcess, GpuReport
-from eagle3_console.monitor import procs as procs_mod
+from eagle3_console.monitor import procrows
 from eagle3_console.monitor.procs import (ProcessTable, RunRef, attach_owners, owner_of,
                                           process_alive, run_processes)
 from eagle3_console.workspace import ENV_RUN_ID, ENV_WORKSPACE
@@ -263,7 +263,7 @@ def test_owners_of_given_pids_agree_with_the_full_answer_and_read_few_environmen
     reading the environments of those pids and their ancestors only. Before,
     every process of the machine newer than the oldest run had its
     environment read by each one-shot `status`."""
-    from eagle3_console.monitor import procs as procs_mod
+    from eagle3_console.monitor import procrows
     stay = start_tree(spawned, 46, worker_mode, "stay")
     orphaned = start_tree(spawned, 47, worker_mode, "exit")
     bystanders = [subprocess.Popen(["sleep", "60"]) for _ in range(5)]
@@ -271,7 +271,7 @@ def test_owners_of_given_pids_agree_with_the_full_answer_and_read_few_environmen
     refs = (stay.ref(), orphaned.ref())
     full = ProcessTable.snapshot().owners(refs)
     asked = {stay.leader, stay.worker, stay.grand, orphaned.worker, orphaned.grand, bystanders[0].pid}
-    procs_mod._ENV_CACHE.clear()
+    procrows._ENV_CACHE.clear()
     table = ProcessTable.snapshot()
     some = table.owners(refs, only=asked)
     assert set(some) == asked & set(full) and len(some) == 5
@@ -280,8 +280,8 @@ def test_owners_of_given_pids_agree_with_the_full_answer_and_read_few_environmen
     look = set(asked)
     for pid in asked:
         look.update(table.ancestors(pid))
-    assert {pid for pid, _ct in procs_mod._ENV_CACHE} <= look
-    assert not any(b.pid in {pid for pid, _ct in procs_mod._ENV_CACHE} for b in bystanders[1:])
+    assert {pid for pid, _ct in procrows._ENV_CACHE} <= look
+    assert not any(b.pid in {pid for pid, _ct in procrows._ENV_CACHE} for b in bystanders[1:])
 
 
 def _answer(owners: dict) -> dict:
@@ -336,7 +336,7 @@ def test_partial_table_gives_the_full_tables_answer_for_its_pids(spawned):
                      by_session.worker: "session", by_session.grand: "tree",
                      by_env.worker: "env", by_env.grand: "tree"}
     for pids in pid_sets:
-        procs_mod._ENV_CACHE.clear()
+        procrows._ENV_CACHE.clear()
         part = ProcessTable.partial(pids, refs).owners(refs, only=pids)
         full = ProcessTable.snapshot().owners(refs, only=pids)
         assert _answer(part) == _answer(full), pids
@@ -417,19 +417,19 @@ def test_partial_table_prunes_cached_environments_only_of_processes_it_read(spaw
     gone = subprocess.Popen(["true"])
     gone.wait()
     ref = tree.ref()
-    procs_mod._ENV_CACHE.clear()
+    procrows._ENV_CACHE.clear()
     worker_ct = psutil.Process(tree.worker).create_time()
     bystander_ct = psutil.Process(bystander.pid).create_time()
-    procs_mod._ENV_CACHE.update({(bystander.pid, bystander_ct): None,     # alive, not read: kept
+    procrows._ENV_CACHE.update({(bystander.pid, bystander_ct): None,     # alive, not read: kept
                                  (2**22 + 7, 1.0): None,                    # gone, not read: kept
                                  (tree.worker, worker_ct - 100.0): None,    # the pid's earlier process
                                  (gone.pid, 1.0): None})                    # read and gone
     table = ProcessTable.partial([tree.worker, gone.pid], [ref])
     assert table.owners([ref], only=[tree.worker])[tree.worker].how == "env"
-    assert set(procs_mod._ENV_CACHE) == {(bystander.pid, bystander_ct), (2**22 + 7, 1.0),
+    assert set(procrows._ENV_CACHE) == {(bystander.pid, bystander_ct), (2**22 + 7, 1.0),
                                          (tree.worker, table.get(tree.worker).create_time)}
     ProcessTable.snapshot()
-    assert (2**22 + 7, 1.0) not in procs_mod._ENV_CACHE and (bystander.pid, bystander_ct) in procs_mod._ENV_CACHE
+    assert (2**22 + 7, 1.0) not in procrows._ENV_CACHE and (bystander.pid, bystander_ct) in procrows._ENV_CACHE
 
 
 WORKER_STAGE = ("import subprocess, sys, time; "

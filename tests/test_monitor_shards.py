@@ -184,6 +184,16 @@ def test_unreadable_data_config_is_reported_with_the_file(tmp_path):
     assert "total_samples should be an integer" in p.error
 
 
+def _next_process(mon, root):
+    """What the next one-shot `status` restores (snapshot.Collector, persist=True):
+    the per-folder counts and each folder's per-file state, through JSON."""
+    saved = json.loads(json.dumps({"entry": mon.folders(),
+                                   "dirs": {rel: mon.folder_state(rel) for rel in mon.index.dirs()}}))
+    again = ShardMonitor.from_folders(saved["entry"], root, saved["dirs"].get, now=time.time())
+    assert again is not None
+    return again
+
+
 def test_state_round_trip_does_not_reread_headers(tmp_path):
     old = time.time() - 3600
     for i in range(3):
@@ -192,7 +202,6 @@ def test_state_round_trip_does_not_reread_headers(tmp_path):
     os.utime(tmp_path, (old, old))
     mon = ShardMonitor(tmp_path)
     assert mon.refresh().tokens_done == 33
-    state = json.loads(json.dumps(mon.to_state()))
     # Overwrite a header in place, keeping size and mtime: only a re-read would notice.
     f = tmp_path / "rows_0-2000" / "data_0.safetensors"
     size = f.stat().st_size
@@ -200,7 +209,7 @@ def test_state_round_trip_does_not_reread_headers(tmp_path):
         fh.write(b"\xff" * 8)
     os.utime(f, (old, old))
     assert f.stat().st_size == size
-    again = ShardMonitor.from_state(state, tmp_path)
+    again = _next_process(mon, tmp_path)
     p = again.refresh()
     assert p.tokens_done == 33 and p.bad_files == 0 and again.index.last.dirs_listed == 0
     sample(tmp_path / "rows_0-2000" / "data_3.safetensors", 5)
@@ -220,11 +229,10 @@ def test_restored_monitor_reads_sample_lengths_only_when_needed(tmp_path):
         os.utime(p, (old, old))
     mon = ShardMonitor(tmp_path)
     assert mon.refresh().tokens_done == 300      # sample_lengths.json wins over the headers
-    state = json.loads(json.dumps(mon.to_state()))
     # Same size, same mtime, other content: a restored monitor that re-read it would say 1100.
     lengths.write_text(json.dumps({"0": 900, "1": 200}))
     os.utime(lengths, (old, old))
-    again = ShardMonitor.from_state(state, tmp_path)
+    again = _next_process(mon, tmp_path)
     assert again.refresh().tokens_done == 300
     # A new sample changes the set: the sum is rebuilt, reading the file now.
     sample(tmp_path / "rows_0-2000" / "data_2.safetensors", 5)
@@ -233,7 +241,7 @@ def test_restored_monitor_reads_sample_lengths_only_when_needed(tmp_path):
     lengths.write_text("{broken")
     p = again.refresh()
     assert "sample_lengths.json" in p.error and p.tokens_done == 10 + 11 + 5
-    restored = ShardMonitor.from_state(json.loads(json.dumps(again.to_state())), tmp_path)
+    restored = _next_process(again, tmp_path)
     assert "sample_lengths.json" in restored.refresh().error
 
 

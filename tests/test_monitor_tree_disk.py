@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_console.monitor.disk import (DiskMonitor, extraction_estimate, free_space,
+from eagle3_console.monitor.disk import (DiskMonitor, free_space,
                                         nearest_existing, room_for)
 from eagle3_console.monitor.tree import TreeIndex
 
@@ -223,16 +223,6 @@ def test_state_round_trip_continues_incrementally(tmp_path):
 
 
 # ---- disk ------------------------------------------------------------------
-
-def test_extraction_estimate_matches_the_real_runs():
-    big = extraction_estimate(17_285_548, 3, 7168, 2)
-    assert big == 17_285_548 * 4 * 7168 * 2
-    assert round(big / GiB) == 923            # du -sh: 924G
-    small = extraction_estimate(502_983, 3, 7168, 2)
-    assert round(small / GiB, 1) == 26.9       # du -sh: 27G
-    with pytest.raises(ValueError, match="hidden_size"):
-        extraction_estimate(10, 3, -1, 2)
-
 
 def test_nearest_existing_and_free_space_of_a_future_output(tmp_path):
     future = tmp_path / "not" / "yet" / "there"

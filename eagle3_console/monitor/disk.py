@@ -19,17 +19,6 @@ from eagle3_console.model import DiskUsage
 from eagle3_console.monitor.tree import TreeIndex
 
 
-def extraction_estimate(tokens: int, aux_layers: int, hidden_size: int, dtype_bytes: int) -> int:
-    """Bytes of hidden states for `tokens` tokens: every token stores each aux
-    layer's state plus the final state, hidden_size values of dtype_bytes each.
-    (Real run: 17,285,548 tokens x (3 + 1) x 7168 x 2 B = 923 GiB; du -sh said 924G.)"""
-    for name, value in (("tokens", tokens), ("aux_layers", aux_layers),
-                        ("hidden_size", hidden_size), ("dtype_bytes", dtype_bytes)):
-        if not isinstance(value, int) or value < 0:
-            raise ValueError(f"extraction_estimate: {name} must be a non-negative int, got {value!r}")
-    return tokens * (aux_layers + 1) * hidden_size * dtype_bytes
-
-
 def nearest_existing(path: str | os.PathLike) -> Path:
     """`path` or its closest ancestor that exists (the filesystem it will land on)."""
     p = Path(os.path.abspath(path))

@@ -1,10 +1,11 @@
-"""Which live processes belong to which run (psutil).
+"""Which live processes belong to which run.
 
 Where it sits: runs.py records each run's leader pid with its create_time,
 its process group and session (supervise.py); this module turns those records
 into the set of live processes of the run. snapshot.collect() uses it to name
 the owner of every GPU process (attach_owners), and actions.kill-workers to
 know exactly what it may signal (run_processes). Nothing here signals anything.
+The rows themselves (psutil, /proc/<pid>/environ) are monitor/procrows.py's.
 
 How a process is tied to a run, strongest first:
   leader   the stage process the supervisor started (pid + create_time)
@@ -33,43 +34,13 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from eagle3_console.model import GpuReport
-from eagle3_console.workspace import ENV_REGISTRY, ENV_RUN_ID, ENV_STAGE, ENV_WORKSPACE
+from eagle3_console.monitor.procrows import (CREATE_TIME_TOL_S, Row, all_rows, env_key, forget_envs,
+                                             process_alive, read_cmdline, read_row, run_env)
 
-# psutil derives create_time from /proc/<pid>/stat start ticks (1/100 s) plus
-# the boot time; two readings of one process agree far inside this.
-CREATE_TIME_TOL_S = 0.01
+__all__ = ["LEADER", "TREE", "PGID", "SESSION", "ENV", "RunRef", "ProcInfo", "ProcessTable", "orphans",
+           "run_processes", "owner_of", "attach_owners", "process_alive", "CREATE_TIME_TOL_S"]
 
 LEADER, TREE, PGID, SESSION, ENV = "leader", "tree", "pgid", "session", "env"
-
-
-class _LazyPsutil:
-    """psutil imported at first use (11 ms): a `status --json` with no live run
-    and no GPU process never needs it."""
-
-    def __getattr__(self, name: str) -> Any:
-        import psutil as module
-        globals()["psutil"] = module
-        return getattr(module, name)
-
-
-psutil: Any = _LazyPsutil()
-
-
-def process_alive(pid: int | None, create_time: float | None, tol: float = CREATE_TIME_TOL_S) -> bool:
-    """Whether the process recorded as (pid, create_time) still runs.
-
-    False for an unknown create_time (an untrusted pid), a pid now held by
-    another process, a dead pid, and a zombie (it runs nothing any more)."""
-    if pid is None or create_time is None or pid <= 0:
-        return False
-    try:
-        proc = psutil.Process(pid)
-        with proc.oneshot():
-            if abs(proc.create_time() - create_time) > tol:
-                return False
-            return proc.status() != psutil.STATUS_ZOMBIE
-    except (psutil.NoSuchProcess, psutil.ZombieProcess):
-        return False
 
 
 @dataclass(frozen=True)
@@ -116,92 +87,14 @@ class ProcInfo:
     stage: str
 
 
-@dataclass
-class _Row:
-    pid: int
-    ppid: int
-    create_time: float
-    name: str
-    status: str
-    pgid: int | None
-    sid: int | None
-
-
-@dataclass(frozen=True)
-class RunEnv:
-    """What a process's environment says of the run that started it."""
-
-    workspace: str
-    run_id: str
-    registry: str | None        # absent in processes started before registries had ids
-    stage: str | None
-
-    @property
-    def key(self) -> str:
-        return env_key(self.workspace, self.run_id)
-
-
-# (pid, create_time) -> RunEnv or None. /proc/<pid>/environ is the environment
-# the process started with, so it never changes for a process. Run ids are
-# small integers repeated in every workspace (and in every new registry of
-# one): an id alone would tie another workspace's workers to this run.
-_ENV_CACHE: dict[tuple[int, float], RunEnv | None] = {}
-
-
-def env_key(workspace: str | None, run_id: int | str) -> str:
-    return f"{workspace}\0{run_id}"
-
-
-def run_env(row: _Row) -> RunEnv | None:
-    key = (row.pid, row.create_time)
-    if key in _ENV_CACHE:
-        return _ENV_CACHE[key]
-    value: RunEnv | None
-    try:
-        env = psutil.Process(row.pid).environ()
-        rid, ws = env.get(ENV_RUN_ID), env.get(ENV_WORKSPACE)
-        value = RunEnv(ws, rid, env.get(ENV_REGISTRY), env.get(ENV_STAGE)) \
-            if rid is not None and ws is not None else None
-    except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess, OSError):
-        value = None    # another user's process, or gone: cannot be ours by env
-    _ENV_CACHE[key] = value
-    return value
-
-
-_ROW_ATTRS = ["pid", "ppid", "create_time", "name", "status"]
-
-
-def _row(info: dict) -> _Row | None:
-    """A row from psutil's as_dict(_ROW_ATTRS) (an unreadable attribute None),
-    with the process's group and session; None for a process that vanished
-    between being listed and being read."""
-    if info["create_time"] is None or info["ppid"] is None:
-        return None
-    try:
-        pgid, sid = os.getpgid(info["pid"]), os.getsid(info["pid"])
-    except OSError:
-        pgid = sid = None
-    return _Row(info["pid"], info["ppid"], info["create_time"], info["name"] or "", info["status"] or "", pgid, sid)
-
-
-def _read_row(pid: int) -> _Row | None:
-    """One process's row, read as process_iter reads it (as_dict under
-    oneshot), so a partial table's rows are the full one's; None when the
-    process is gone."""
-    try:
-        return _row(psutil.Process(pid).as_dict(_ROW_ATTRS))
-    except psutil.NoSuchProcess:
-        return None
-
-
 class ProcessTable:
     """One snapshot of the process table, shared by all runs of one refresh."""
 
-    def __init__(self, rows: Iterable[_Row] = ()) -> None:
-        self.rows: dict[int, _Row] = {r.pid: r for r in rows}
+    def __init__(self, rows: Iterable[Row] = ()) -> None:
+        self.rows: dict[int, Row] = {r.pid: r for r in rows}
         self.children: dict[int, list[int]] = {}
-        self.by_pgid: dict[int, list[_Row]] = {}
-        self.by_sid: dict[int, list[_Row]] = {}
+        self.by_pgid: dict[int, list[Row]] = {}
+        self.by_sid: dict[int, list[Row]] = {}
         for r in self.rows.values():
             self.children.setdefault(r.ppid, []).append(r.pid)
             if r.pgid is not None:
@@ -213,11 +106,8 @@ class ProcessTable:
 
     @classmethod
     def snapshot(cls) -> "ProcessTable":
-        table = cls(row for row in (_row(p.info) for p in psutil.process_iter(_ROW_ATTRS)) if row is not None)
-        # Forget environments of processes that are gone, so the cache stays bounded.
-        live = {(r.pid, r.create_time) for r in table.rows.values()}
-        for key in [k for k in _ENV_CACHE if k not in live]:
-            del _ENV_CACHE[key]
+        table = cls(all_rows())
+        forget_envs({(r.pid, r.create_time) for r in table.rows.values()})
         return table
 
     @classmethod
@@ -253,13 +143,13 @@ class ProcessTable:
         want: list[int] = [p for p in pids if p is not None and p > 0]
         for ref in refs:
             want.extend(i for i in (ref.pid, ref.supervisor_pid, ref.pgid, ref.sid) if i is not None and i > 0)
-        rows: dict[int, _Row] = {}
+        rows: dict[int, Row] = {}
         tried: set[int] = set()
         for pid in want:
             # Walk up: ancestors() follows ppid while it is > 1.
             while pid not in tried:
                 tried.add(pid)
-                row = _read_row(pid)
+                row = read_row(pid)
                 if row is None:
                     break
                 rows[pid] = row
@@ -269,12 +159,10 @@ class ProcessTable:
         table = cls(rows[pid] for pid in sorted(rows))
         # Prune only what this table looked at: a process it never read may
         # well still live, and its cached environment stay valid.
-        live = {(r.pid, r.create_time) for r in rows.values()}
-        for key in [k for k in _ENV_CACHE if k[0] in tried and k not in live]:
-            del _ENV_CACHE[key]
+        forget_envs({(r.pid, r.create_time) for r in rows.values()}, tried)
         return table
 
-    def get(self, pid: int) -> _Row | None:
+    def get(self, pid: int) -> Row | None:
         return self.rows.get(pid)
 
     def matches(self, pid: int | None, create_time: float | None, tol: float = CREATE_TIME_TOL_S) -> bool:
@@ -284,10 +172,7 @@ class ProcessTable:
 
     def cmdline(self, pid: int) -> tuple[str, ...]:
         if pid not in self._cmdlines:
-            try:
-                self._cmdlines[pid] = tuple(psutil.Process(pid).cmdline())
-            except (psutil.Error, OSError):
-                self._cmdlines[pid] = ()
+            self._cmdlines[pid] = read_cmdline(pid)
         return self._cmdlines[pid]
 
     def descendants(self, pid: int) -> list[int]:
@@ -410,7 +295,7 @@ class ProcessTable:
             if wanted is not None and pid not in wanted:
                 continue
             row = self.rows[pid]
-            if row.status == psutil.STATUS_ZOMBIE:
+            if row.zombie:
                 continue    # exited, awaiting its parent's wait(): nothing to watch or signal
             result[pid] = ProcInfo(pid=pid, create_time=row.create_time, name=row.name,
                                    cmdline=self.cmdline(pid), ppid=row.ppid, pgid=row.pgid,
@@ -429,7 +314,7 @@ def orphans(table: ProcessTable, workspace: str, registry_id: str, known_run_ids
     known = {str(i) for i in known_run_ids}
     found: dict[str, list[int]] = {}
     for row in table.rows.values():
-        if row.pid == os.getpid() or row.status == psutil.STATUS_ZOMBIE:
+        if row.pid == os.getpid() or row.zombie:
             continue
         value = run_env(row)
         if value is None or value.workspace != workspace:

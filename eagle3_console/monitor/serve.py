@@ -59,10 +59,6 @@ HEALTH_EVERY_S = 10.0
 _SAMPLE = re.compile(r"^(sglang:[a-z_]+)(?:\{[^}]*\})?\s+(\S+)")
 
 
-def port_open(host: str, port: int, timeout: float = TIMEOUT_S) -> bool:
-    return port_problem(host, port, timeout) is None
-
-
 def port_problem(host: str, port: int, timeout: float = TIMEOUT_S) -> str | None:
     """None when the port accepts; else "closed" (refused: nothing listens) or, on a
     timeout, "not accepting connections": a listener whose backlog is full, a hung server."""

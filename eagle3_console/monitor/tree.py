@@ -1,6 +1,6 @@
 """An incremental index of one directory tree (a stage's output root).
 
-Where it sits: monitor/disk.py (bytes written) and monitor/shards.py (sample
+Where it sits: monitor/disk.py (bytes written) and monitor/samplefiles.py (sample
 files, new files whose headers to read) both read one TreeIndex per output;
 snapshot.collect() refreshes it and persists its state under .eagle3/cache/.
 
@@ -33,9 +33,11 @@ import stat as statmod
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, NamedTuple
+from typing import Callable
 
-TMP_SUFFIX = ".tmp"
+from eagle3_console.monitor.treedir import DirEntries, DirTotals, FileEntry, dir_columns, dir_from_columns
+from ops.formats import TMP_SUFFIX
+
 # A directory's mtime ticks with the kernel clock (a few ms); on filesystems
 # that keep whole seconds (mtime with no sub-second part), a whole second or two.
 RACY_NS = 50_000_000
@@ -43,13 +45,6 @@ RACY_COARSE_NS = 2_000_000_000
 HOT_RECENT_PER_DIR = 8
 RECENT, ALWAYS = 1, 2
 STATE_VERSION = 2
-
-
-class FileEntry(NamedTuple):
-    size: int
-    mtime_ns: int
-    ino: int
-    hot: bool       # re-stat at the next refresh: may still be growing in place
 
 
 @dataclass
@@ -69,32 +64,6 @@ class TreeStats:
     dropped_dirs: set[str] = field(default_factory=set)
 
 
-class Frozen(NamedTuple):
-    """A settled directory whose per-file entries are not loaded (a one-shot
-    `status` restoring a big output): what the totals need, and its mtime,
-    which says whether a listing would find the same files."""
-
-    mtime_ns: int
-    subdirs: list[str]
-    bytes: int
-    files: int
-    newest_ns: int | None
-
-
-class _Dir:
-    __slots__ = ("mtime_ns", "racy", "files", "subdirs", "bytes", "hot")
-
-    def __init__(self, mtime_ns: int, racy: bool, files: dict[str, FileEntry],
-                 subdirs: list[str]) -> None:
-        self.mtime_ns = mtime_ns
-        self.racy = racy
-        self.files = files
-        self.subdirs = subdirs
-        self.bytes = sum(f.size for f in files.values())
-        # Names to re-stat at each refresh, so an unchanged directory costs O(hot), not O(files).
-        self.hot = {n for n, f in files.items() if f.hot}
-
-
 def _racy(mtime_ns: int, now_ns: int) -> bool:
     """Listed so soon after its last change that a later change may keep the same mtime."""
     window = RACY_COARSE_NS if mtime_ns % 1_000_000_000 == 0 else RACY_NS
@@ -109,11 +78,11 @@ class TreeIndex:
     def __init__(self, root: str | os.PathLike, hot_s: float = 1.0) -> None:
         self.root = Path(root)
         self.hot_ns = int(hot_s * 1e9)
-        self._dirs: dict[str, _Dir] = {}
-        # Frozen directories and how to load one (its saved entries, or None:
+        self._dirs: dict[str, DirEntries] = {}
+        # Frozen directories (their totals only) and how to load one (its saved entries, or None:
         # it is listed as new). Loaded when its mtime changes or a query needs its files.
-        self._frozen: dict[str, Frozen] = {}
-        self.thaw: Callable[[str], "_Dir | None"] | None = None
+        self._frozen: dict[str, DirTotals] = {}
+        self.thaw: Callable[[str], "DirEntries | None"] | None = None
         self.last: TreeStats = TreeStats()
 
     # ---- queries -------------------------------------------------------
@@ -129,7 +98,7 @@ class TreeIndex:
         """Relative paths of the loaded directories ("" is the root); frozen_dirs() are the others."""
         return list(self._dirs)
 
-    def frozen_dirs(self) -> dict[str, Frozen]:
+    def frozen_dirs(self) -> dict[str, DirTotals]:
         return dict(self._frozen)
 
     def files_in(self, rel: str = "") -> dict[str, FileEntry]:
@@ -141,13 +110,6 @@ class TreeIndex:
         """File names of one directory (a list: safe to change the index meanwhile)."""
         d = self._loaded(rel)
         return list(d.files) if d else []
-
-    def iter_files(self) -> Iterator[tuple[str, str, FileEntry]]:
-        """(directory rel path, name, entry) for every indexed file."""
-        self.thaw_all()
-        for rel, d in self._dirs.items():
-            for name, entry in d.files.items():
-                yield rel, name, entry
 
     def settled(self) -> dict[str, int] | None:
         """Each directory's mtime when nothing in the tree may still change
@@ -172,17 +134,17 @@ class TreeIndex:
         return d.files.get(name) if d else None
 
     # ---- frozen directories --------------------------------------------
-    def freeze(self, rel: str, frozen: Frozen) -> None:
+    def freeze(self, rel: str, frozen: DirTotals) -> None:
         """Hold `rel` as frozen (no entries in memory) until it changes."""
         self._dirs.pop(rel, None)
         self._frozen[rel] = frozen
 
-    def _loaded(self, rel: str) -> "_Dir | None":
+    def _loaded(self, rel: str) -> "DirEntries | None":
         if rel in self._frozen:
             return self._thaw(rel)
         return self._dirs.get(rel)
 
-    def _thaw(self, rel: str) -> "_Dir | None":
+    def _thaw(self, rel: str) -> "DirEntries | None":
         if self._frozen.pop(rel, None) is None:
             return self._dirs.get(rel)
         d = self.thaw(rel) if self.thaw is not None else None
@@ -203,17 +165,14 @@ class TreeIndex:
 
     def dir_columns(self, rel: str) -> list:
         """One loaded directory's saved form (see to_state)."""
-        d = self._dirs[rel]
-        fs = list(d.files.values())
-        return [d.mtime_ns, d.racy, d.subdirs, list(d.files),
-                [f.size for f in fs], [f.mtime_ns for f in fs], [f.ino for f in fs], sorted(d.hot)]
+        return dir_columns(self._dirs[rel])
 
-    def dir_info(self, rel: str) -> tuple[Frozen, bool]:
-        """A loaded directory's Frozen form, and whether it may be frozen
+    def dir_info(self, rel: str) -> tuple[DirTotals, bool]:
+        """A loaded directory's totals (its frozen form), and whether it may be frozen
         (settled: not racy, nothing re-stat'ed at every refresh)."""
         d = self._dirs[rel]
         newest = max((f.mtime_ns for f in d.files.values()), default=None)
-        return Frozen(d.mtime_ns, list(d.subdirs), d.bytes, len(d.files), newest), not (d.racy or d.hot)
+        return DirTotals(d.mtime_ns, list(d.subdirs), d.bytes, len(d.files), newest), not (d.racy or d.hot)
 
     # ---- refresh -------------------------------------------------------
     def refresh(self) -> TreeStats:
@@ -280,8 +239,8 @@ class TreeIndex:
             return ALWAYS
         return RECENT if now_ns - mtime_ns < self.hot_ns else 0
 
-    def _list(self, rel: str, path: str, old: _Dir | None, dst: os.stat_result,
-              now_ns: int, stats: TreeStats) -> _Dir | None:
+    def _list(self, rel: str, path: str, old: DirEntries | None, dst: os.stat_result,
+              now_ns: int, stats: TreeStats) -> DirEntries | None:
         old_files = old.files if old else {}
         files: dict[str, FileEntry] = {}
         subdirs: list[str] = []
@@ -331,11 +290,11 @@ class TreeIndex:
         for name in old_files:
             if name not in files:
                 stats.removed_files.append(_join(rel, name))
-        d = _Dir(dst.st_mtime_ns, _racy(dst.st_mtime_ns, now_ns), files, subdirs)
+        d = DirEntries(dst.st_mtime_ns, _racy(dst.st_mtime_ns, now_ns), files, subdirs)
         self._dirs[rel] = d
         return d
 
-    def _restat_hot(self, rel: str, path: str, d: _Dir, now_ns: int, stats: TreeStats) -> None:
+    def _restat_hot(self, rel: str, path: str, d: DirEntries, now_ns: int, stats: TreeStats) -> None:
         stats.changed_dirs.add(rel)
         for name in list(d.hot):
             prev = d.files[name]
@@ -367,10 +326,9 @@ class TreeIndex:
     # ---- persistence ---------------------------------------------------
     def to_state(self) -> dict:
         """A JSON-serialisable dict; from_state() continues incrementally.
-        Per directory: [mtime_ns, racy, subdirs, names, sizes, mtimes, inodes,
-        hot names]; flat lists of ints keep a 20,000-file state quick to dump and load."""
+        Per directory: its columns (monitor/treedir.py, dir_columns)."""
         self.thaw_all()
-        dirs = {rel: self.dir_columns(rel) for rel in self._dirs}
+        dirs = {rel: dir_columns(d) for rel, d in self._dirs.items()}
         return {"version": STATE_VERSION, "root": os.fspath(self.root), "hot_ns": self.hot_ns,
                 "dirs": dirs}
 
@@ -390,19 +348,3 @@ class TreeIndex:
         except (KeyError, TypeError, ValueError):
             idx._dirs.clear()       # a damaged cache costs one full listing, nothing more
         return idx
-
-
-def dir_from_columns(rel: str, columns: list) -> _Dir:
-    """A directory from TreeIndex.dir_columns(); raises TypeError or ValueError when damaged."""
-    mtime_ns, racy, subdirs, names, sizes, mtimes, inos, hot = columns
-    if not (len(names) == len(sizes) == len(mtimes) == len(inos)):
-        raise ValueError(f"directory {rel!r}: lists of different lengths")
-    hot = set(hot)
-    # JSON gives ints already; a damaged state only needs telling
-    # apart from a sound one (one check a column, not one a value):
-    # 20,000 files load in a third of the time of an int() each.
-    for column in (sizes, mtimes, inos):
-        if not all(type(v) is int for v in column):
-            raise ValueError(f"directory {rel!r}: a size, mtime or inode that is no integer")
-    files = dict(zip(names, map(FileEntry, sizes, mtimes, inos, [n in hot for n in names])))
-    return _Dir(int(mtime_ns), bool(racy), files, [str(x) for x in subdirs])
