@@ -108,7 +108,7 @@ def main() -> int:
         # Only the extraction loop is profiled: the target's load (a 15 GB
         # pageable host-to-device copy) would otherwise fill the tables.
         from ops.extract import loop as loop_mod
-        real_run, box = loop_mod._Loop.run, {}
+        real_run, box = loop_mod.Loop.run, {}
 
         def timed_run(self, mine):
             # Every call's loop time (load excluded); the profiler only on the chosen call.
@@ -124,15 +124,15 @@ def main() -> int:
             box.setdefault("loops", []).append(time.perf_counter() - t0)
             return result
 
-        real_forward = loop_mod._Loop._forward
+        real_forward = loop_mod.Loop._forward
 
         def stamped_forward(self, batch):
             # When each batch's forward was launched, per call: one-off costs show as long first intervals.
             box.setdefault("stamps", {}).setdefault(len(box.get("loops", [])), []).append(time.perf_counter())
             return real_forward(self, batch)
 
-        loop_mod._Loop.run = timed_run
-        loop_mod._Loop._forward = stamped_forward
+        loop_mod.Loop.run = timed_run
+        loop_mod.Loop._forward = stamped_forward
         try:
             # The first call in this process: load + first kernels of every shape
             # (what a fresh `python -m ops.extract` pays); profiled with --cold.
@@ -148,8 +148,8 @@ def main() -> int:
             else:
                 wall = first
         finally:
-            loop_mod._Loop.run = real_run
-            loop_mod._Loop._forward = real_forward
+            loop_mod.Loop.run = real_run
+            loop_mod.Loop._forward = real_forward
         box["loop"] = box["loops"][0] if args.cold else box["loops"][-1]
         syncs = sync_sites(device, lambda: extract(work / "target", work / "prepared", work / "out", *extra))
         prof = box["prof"]

@@ -101,23 +101,14 @@ def bucket_length(n: int, bucket: int, max_len: int) -> int:
 
 
 def make_batches(lengths: dict[int, int], token_budget: int, max_len: int, bucket: int = 0) -> list[list[int]]:
-    """Length-sorted batches whose count x padded length (the longest, capped at
-    max_len, rounded up to its bucket) <= token_budget; with a bucket, a batch
-    holds one bucket's samples only."""
-    order = sorted(lengths, key=lambda i: (min(lengths[i], max_len), i))
-    batches: list[list[int]] = []
-    cur: list[int] = []
-    cur_len = 0
-    for idx in order:
-        n = bucket_length(min(lengths[idx], max_len), bucket, max_len)
-        if cur and ((len(cur) + 1) * n > token_budget or (bucket > 0 and n != cur_len)):
-            batches.append(cur)
-            cur = []
-        cur.append(idx)
-        cur_len = n
-    if cur:
-        batches.append(cur)
-    return batches
+    """Length-sorted batches (shortest first) whose count x padded length (the
+    longest, capped at max_len, rounded up to its bucket) <= token_budget; with
+    a bucket, a batch holds one bucket's samples only (extract's planner:
+    ops/extract/batching.py token_batches)."""
+    from ops.extract.batching import token_batches
+
+    return token_batches(lengths, lambda i: min(lengths[i], max_len), token_budget, longest_first=False,
+                         padded=lambda n: bucket_length(n, bucket, max_len), one_length=bucket > 0)
 
 
 def load_sample(path: Path, hidden: int, max_len: int) -> dict:

@@ -1,8 +1,9 @@
 """`python -m ops.extract --target MODEL --input PREPARED --output DIR [...]`
 
 The program of the extract stage (its spec: ops/extract/spec.py; the loop:
-ops/extract/run.py). Under torchrun each rank takes samples r::WORLD_SIZE;
-with --engine sglang (ops/extract/sglang_run.py) the ranks are one TP group:
+ops/extract/run.py; the engines: ops/extract/engine.py, engines.py). Under torchrun each
+rank takes samples r::WORLD_SIZE; with --engine sglang
+(ops/extract/sglang_run.py) the ranks are one TP group:
 `torchrun --nproc-per-node TP -m ops.extract --engine sglang --tp TP ...`.
 Exit codes: 0 complete, 1 failure or incomplete (re-run resumes), 2 bad input
 or the disk preflight refused.
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 
 from ops.common import run_main, spec_defaults
 from ops.extract.durable import MODES
+from ops.extract.engines import ENGINES, open_engine
 from ops.extract.sglang_engine import PINNED_SGLANG
 from ops.extract.spec import SPEC
 
@@ -53,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch.compile each decoder layer (fuses the eager forward's small kernels; "
                         "the first batches pay the compile)")
     p.add_argument("--force", action="store_true", help="start even if the disk estimate exceeds free space")
-    p.add_argument("--engine", choices=("hf", "sglang"),
+    p.add_argument("--engine", choices=tuple(ENGINES),
                    help="hf: transformers forward with hooks; sglang: the target in SGLang "
                         f"(pinned {PINNED_SGLANG}) with tp/ep, one process per TP rank under torchrun")
     p.add_argument("--tp", type=int, help="sglang: tensor parallel size (= WORLD_SIZE)")
@@ -69,18 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    args.argv = argv
-    if args.engine == "sglang":
-        # Before torch and the target: another SGLang would fail hours in, or worse, not fail.
-        from ops.common import BadInput
-        from ops.extract.sglang_engine import EngineVersionError, check_version
-        try:
-            check_version()
-        except EngineVersionError as exc:
-            raise BadInput(str(exc)) from None
+    engine = open_engine(args)      # SGLang's version before torch and the target
     from ops.extract.run import extract
 
-    return extract(args)
+    return extract(args, engine, argv)
 
 
 if __name__ == "__main__":

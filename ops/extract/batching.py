@@ -1,39 +1,50 @@
-"""Forward batches of extract: a token budget over length-sorted samples, and
-the OOM retry that halves one batch's budget.
+"""Token-budget batches over length-sorted samples (token_batches: extract's
+forward batches and train's, ops/drafter/data.py make_batches), and extract's
+OOM retry that halves one batch's budget.
 
-Sits between the sample list (samples.py) and the forward pass (capture.py).
-The plan is a pure function of (indices, lengths, budget), so an interrupted
+Sits between the sample list (samples.py) and the forward pass (the engine's
+Target, engine.py). The plan is a pure function of (indices, lengths, budget), so an interrupted
 run re-plans the same batches and recomputes a half-written batch with the
 same shapes: its files come out byte-identical to an uninterrupted run's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+
+
+def token_batches(indices: Iterable[int], length: Callable[[int], int], budget: int, *,
+                  longest_first: bool, padded: Callable[[int], int] | None = None,
+                  one_length: bool = False) -> list[list[int]]:
+    """Samples sorted by length (ties by index), cut into batches whose padded
+    tokens (count x the longest's `padded` length) stay within `budget`; a
+    sample over the budget gets a batch of its own. `one_length`: a batch
+    holds samples of one padded length only (train's length buckets)."""
+    pad = padded or (lambda n: n)
+    order = sorted(indices, key=lambda i: (-length(i) if longest_first else length(i), i))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    width = 0
+    for idx in order:
+        n = pad(length(idx))
+        if current and ((len(current) + 1) * max(width, n) > budget or (one_length and n != width)):
+            batches.append(current)
+            current, width = [], 0
+        current.append(idx)
+        width = max(width, n)
+    if current:
+        batches.append(current)
+    return batches
 
 
 def plan_batches(indices: Sequence[int], lengths: Callable[[int], int] | Sequence[int],
                  budget: int) -> list[list[int]]:
-    """Longest first (an OOM shows at the start, not at 90 %), ties by index;
-    a batch holds as many samples as fit `count x longest <= budget` (padded
-    tokens). A sample longer than the budget gets a batch of its own."""
+    """Extract's plan: longest first (an OOM shows at the start, not at 90 %),
+    as many samples a batch as fit `count x longest <= budget` (padded tokens)."""
     if budget <= 0:
         raise ValueError(f"token budget must be positive, got {budget}")
     length = lengths if callable(lengths) else lengths.__getitem__
-    order = sorted(indices, key=lambda i: (-length(i), i))
-    batches: list[list[int]] = []
-    current: list[int] = []
-    longest = 0
-    for idx in order:
-        n = length(idx)
-        if current and (len(current) + 1) * max(longest, n) > budget:
-            batches.append(current)
-            current, longest = [], 0
-        current.append(idx)
-        longest = max(longest, n)
-    if current:
-        batches.append(current)
-    return batches
+    return token_batches(indices, length, budget, longest_first=True)
 
 
 class SampleTooLarge(RuntimeError):

@@ -1,11 +1,11 @@
 """The forward loop of extract: this rank's token-budget batches through the
 target, each sample's states into its file image, the images to the writers.
 
-Sits under run.py (which sets the run up: config, resume, the target, and
-the closing data_config) and over batching.py (the plan, the OOM halving),
-capture.py (the forward with hooks), staging.py + sample_file.py (pinned
-file images) and writer.py (the writer threads). The SGLang engine's loop
-(sglang_run.py) is this one with its own forward.
+Sits under run.py (which sets the run up: config, resume, the engine's
+target, and the closing data_config) and over batching.py (the plan, the OOM
+halving), the engine's Target (engine.py: hf_engine.py's hooked forward or
+sglang_run.py's packed one; the loop does not know which), staging.py +
+sample_file.py (pinned file images) and writer.py (the writer threads).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import torch
 
 from ops.common import EXIT_FAILURE
 from ops.extract import batching, durable
-from ops.extract.capture import HiddenStateCapture
 from ops.extract.progress import Progress
 from ops.extract.sample_file import SampleImage
 from ops.extract.staging import SlabPool
@@ -29,12 +28,12 @@ def log(message: str) -> None:
     print(message, file=sys.stdout, flush=True)
 
 
-class _Loop:
-    """Plans this rank's batches, runs them, hands each sample to the writers."""
+class Loop:
+    """Plans this rank's batches, runs them through `target` (engine.py's
+    Target), hands each sample to the writers."""
 
-    def __init__(self, model, layer_ids, samples, lengths, out_dir, done, args, rank, world) -> None:
-        self.capture = HiddenStateCapture(model, layer_ids)
-        self.input_device = self.capture.base.get_input_embeddings().weight.device
+    def __init__(self, target, samples, lengths, out_dir, done, args, rank, world) -> None:
+        self.target = target
         self.samples, self.lengths, self.out_dir, self.done = samples, lengths, out_dir, done
         self.args, self.rank, self.world = args, rank, world
         self._copy_streams: dict = {}
@@ -68,7 +67,7 @@ class _Loop:
         except batching.SampleTooLarge as exc:
             writer.close()
             progress.close()
-            self.capture.close()
+            self.target.close()
             print(str(exc), file=sys.stderr, flush=True)
             raise SystemExit(EXIT_FAILURE) from None
         writer.close()
@@ -77,7 +76,7 @@ class _Loop:
         # before rank 0 writes "complete".
         log(durable.finish(self.out_dir, self.args.durable))
         progress.close()
-        self.capture.close()
+        self.target.close()
         if writer.errors.disk_full is None:     # else one line says it (extract())
             for message in writer.errors.messages:
                 print(f"extract: write error: {message}", file=sys.stderr, flush=True)
@@ -90,31 +89,11 @@ class _Loop:
             torch.cuda.empty_cache()
 
     def _forward(self, batch: list[int]) -> None:
-        longest = max(self.lengths[i] for i in batch)
-        cuda = self.input_device.type == "cuda"
-        # Pinned inputs: a copy from pageable memory makes the host wait for
-        # the stream (CUDA's sync rules for pageable H2D), i.e. for the last
-        # batch's forward, and the GPU then idles while this one is launched.
-        ids = torch.zeros((len(batch), longest), dtype=torch.long, pin_memory=cuda)
-        rows = []
-        for row, idx in enumerate(batch):
-            tok, loss = self.samples.get(idx)
-            n = len(tok)
-            ids[row, :n] = torch.from_numpy(tok.astype(np.int64))
-            rows.append((row, idx, tok, loss, n))
-        mask = None
-        if any(n < longest for *_, n in rows):
-            # Only a padded batch needs the mask: with one, transformers asks
-            # the device whether it is all ones (a sync), without one it
-            # takes the causal path the all-ones mask would take anyway.
-            mask = torch.zeros((len(batch), longest), dtype=torch.long, pin_memory=cuda)
-            for row, _idx, _tok, _loss, n in rows:
-                mask[row, :n] = 1
-            mask = mask.to(self.input_device, non_blocking=True)
-        aux, final = self.capture(ids.to(self.input_device, non_blocking=True), mask)
+        rows = [(idx, *self.samples.get(idx)) for idx in batch]
+        aux, final, states = self.target.forward([tok for _idx, tok, _loss in rows])
         # Samples already on disk ran only to keep the batch's planned shapes.
-        self._submit(aux, final, [(idx, tok, loss, aux[row, :n], final[row, :n])
-                                  for row, idx, tok, loss, n in rows if idx not in self.done])
+        self._submit(aux, final, [(idx, tok, loss, *state) for (idx, tok, loss), state in zip(rows, states)
+                                  if idx not in self.done])
 
     def _submit(self, aux, final, pieces) -> None:
         """Each sample's (idx, ids, loss mask, aux states, final states) into

@@ -1,13 +1,15 @@
 """An extraction run: prepare's samples in, the hidden-state layout out.
 
 Data flow: samples.py (prepare's output) -> loop.py (this rank's batches:
-batching.py's plan, capture.py's forward with hooks, file images in pinned
-slabs, writer.py's threads) -> output.py (data_config, sample_lengths);
-progress.py prints what the log monitor parses. Under torchrun rank r takes samples r::WORLD_SIZE; rank 0
-owns data_config.json and sample_lengths.json. Imported by __main__.main()
-only, so torch stays out of the spec's imports. With engine "sglang",
-sglang_run.py enters at extract(): its loop is a _Loop whose forward is
-SGLang's, rank 0 the whole data world, the other TP ranks its followers.
+batching.py's plan, the engine's forward, file images in pinned slabs,
+writer.py's threads) -> output.py (data_config, sample_lengths); progress.py
+prints what the log monitor parses. The engine (engine.py's Engine: HF or
+SGLang, opened by __main__) says where this process is in the data world,
+loads the target and runs its forward; nothing here asks which engine it is.
+Under torchrun with the HF engine rank r takes samples r::WORLD_SIZE; with
+SGLang rank 0 is the whole data world and the other TP ranks follow it.
+Rank 0 owns data_config.json and sample_lengths.json. Imported by
+__main__.main() only, so torch stays out of the spec's imports.
 
 Resume: a sample file on disk counts as done only when verify's header
 check (ops/verify/check.py check_files: header whole, file as long as it
@@ -21,17 +23,16 @@ from __future__ import annotations
 
 import datetime as _dt
 import errno
-import os
 import sys
-import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from ops.common import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, BadInput
 from ops.extract import output, preflight, target as target_mod
-from ops.units import human_bytes
-from ops.extract.loop import _Loop, log
+from ops.extract.engine import Engine, torchrun_coords
+from ops.extract.loop import Loop, log
 from ops.extract.samples import load_samples
 from ops.extract.writer import DISK_FULL
 from ops.formats import DATA_CONFIG, SAMPLE_RE, SHARD_ROWS, TMP_SUFFIX, sample_path
@@ -42,23 +43,16 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def _distributed() -> tuple[int, int, int]:
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local = int(os.environ.get("LOCAL_RANK", str(rank)))
-    return rank, world, local
-
-
-def extract(args) -> int:
+def extract(args, engine: Engine, argv: list[str]) -> int:
     """Extract, and on a full disk end with one line and an `incomplete` data_config, not a traceback."""
     known: dict = {}
     try:
-        if getattr(args, "engine", "hf") == "sglang":
-            # The SGLang engine's dispatch: rank 0 runs this loop as a world of
-            # one over a target SGLang holds, the other TP ranks follow it.
-            from ops.extract import sglang_run
-            return sglang_run.extract(args, lambda: _extract(args, known, sglang_run))
-        return _extract(args, known)
+        if not engine.leads():
+            return engine.follow()
+        try:
+            return _extract(args, engine, argv, known)
+        finally:
+            engine.close()
     except OSError as exc:
         if exc.errno not in DISK_FULL:
             _not_running(known, exc)
@@ -86,7 +80,7 @@ def _disk_full(known: dict, exc: OSError) -> int:
     name = errno.errorcode.get(exc.errno, str(exc.errno))
     where = exc.filename or known.get("out_dir", "the output")
     why = f"disk full: {where}: {exc.strerror} ({name})"
-    rank = _distributed()[0]
+    rank = torchrun_coords()[0]
     config, out_dir = known.get("config"), known.get("out_dir")
     count, note = "", ""
     if rank == 0 and config is not None and out_dir is not None and (out_dir / DATA_CONFIG).exists():
@@ -101,8 +95,46 @@ def _disk_full(known: dict, exc: OSError) -> int:
     return EXIT_FAILURE
 
 
-def _extract(args, known: dict, engine=None) -> int:
-    rank, world, local_rank = engine.data_coords() if engine else _distributed()
+@dataclass
+class _Run:
+    """One leader's run: what the steps of _extract share."""
+
+    args: object
+    out_dir: Path
+    info: target_mod.TargetInfo
+    samples: object
+    lengths: list[int]
+    layer_ids: list[int]
+    dtype: str
+    config: dict
+    rank: int
+    world: int
+    local_rank: int
+    done: set[int] = field(default_factory=set)
+
+
+def _extract(args, engine: Engine, argv: list[str], known: dict) -> int:
+    run = _open_run(args, engine, argv, known)
+    rewrite = _resume(run)
+    if not _preflight(run, rewrite):
+        return EXIT_BAD_INPUT
+    placement = _start(run, known)
+    mine = [i for i in range(len(run.lengths)) if i % run.world == run.rank]
+    if all(i in run.done for i in mine):
+        # A re-run over a finished share must not pay for the model load.
+        log("extract: every sample of this share is on disk; nothing to extract"
+            + (f" [rank {run.rank}/{run.world}]" if run.world > 1 else ""))
+        stats = {"new_samples": 0, "new_tokens": 0, "errors": 0, "elapsed": 0.0}
+    else:
+        target = engine.load(run.info, run.dtype, run.layer_ids, placement)
+        stats = Loop(target, run.samples, run.lengths, run.out_dir, run.done, args, run.rank, run.world).run(mine)
+    return _finish(run, stats)
+
+
+def _open_run(args, engine: Engine, argv: list[str], known: dict) -> _Run:
+    """The target's config, the samples, the params checked, data_config.json's
+    contents (checked against a previous run's in the same output)."""
+    rank, world, local_rank = engine.coords()
     out_dir = Path(args.output)
     known["out_dir"] = out_dir
     info = target_mod.read_target(Path(args.target))
@@ -118,13 +150,19 @@ def _extract(args, known: dict, engine=None) -> int:
         if getattr(args, name) < 1:
             raise BadInput(f"{name} must be at least 1, got {getattr(args, name)}")
     lengths = samples.lengths()
-    total_samples, total_tokens = len(lengths), sum(lengths)
+    config = _data_config(args, argv, info, layer_ids, dtype, lengths, world)
+    config.update(engine.config_keys())
+    output.check_resumable(out_dir, config)
+    known["config"] = config
+    return _Run(args, out_dir, info, samples, lengths, layer_ids, dtype, config, rank, world, local_rank)
 
+
+def _data_config(args, argv, info, layer_ids, dtype, lengths, world) -> dict:
     arch = info.architecture or info.model_type
-    config = {
+    return {
         "status": "running",
         "data_format_version": output.DATA_FORMAT_VERSION,
-        "extraction_method": "hf_transformers_forward_hooks",
+        "extraction_method": None,      # the engine's (config_keys)
         "target": str(info.path.absolute()),
         "target_architecture": info.architecture,
         "target_model_type": info.model_type,
@@ -135,48 +173,56 @@ def _extract(args, known: dict, engine=None) -> int:
         "aux_hidden_size": info.hidden_size * len(layer_ids),
         "dtype": dtype,
         "max_seq_len": args.max_seq_len,
-        "total_samples": total_samples,
-        "total_tokens": total_tokens,
+        "total_samples": len(lengths),
+        "total_tokens": sum(lengths),
         "shard_rows": SHARD_ROWS,
         "input": str(Path(args.input).absolute()),
         "token_budget": args.token_budget,
         "compiled_layers": bool(getattr(args, "compile", False)),
         "world_size": world,
-        "command": [sys.executable, "-m", "ops.extract", *args.argv],
+        "command": [sys.executable, "-m", "ops.extract", *argv],
         "versions": output.package_versions(),
         "started_at": _now(),
     }
-    if engine:
-        config.update(engine.config_keys(args, args.sglang_version))
-    output.check_resumable(out_dir, config)
-    known["config"] = config
 
+
+def _resume(run: _Run) -> dict[int, str]:
+    """run.done: the samples on disk that pass verify's header check; the
+    others (idx -> why) are deleted by their owner rank to be rewritten."""
+    out_dir, world, rank, total = run.out_dir, run.world, run.rank, len(run.lengths)
     done, tmps = output.scan_existing(out_dir)
     for tmp in tmps:
         m = SAMPLE_RE.match(tmp.name[: -len(TMP_SUFFIX)])
         owner = int(m.group(1)) % world if m else 0
         if owner == rank:
             tmp.unlink(missing_ok=True)
-    done &= set(range(total_samples))
+    done &= set(range(total))
     # A file that exists was whole when renamed, but a disk, a copy or a hand
     # can cut it since: verify's header check (cheap: headers only) decides
     # what counts as done; the owner rank deletes the bad ones to rewrite them.
-    rewrite = _check_existing(out_dir, config, done, lengths)
+    rewrite = _check_existing(out_dir, run.config, done, run.lengths)
     done -= set(rewrite)
     for idx in rewrite:
         if idx % world == rank:
             sample_path(out_dir, idx).unlink(missing_ok=True)
-    remaining = sum(n for i, n in enumerate(lengths) if i not in done)
+    run.done = done
+    return rewrite
 
-    params = {"input": args.input, "layer_ids": layer_ids, "dtype": dtype,
+
+def _preflight(run: _Run, rewrite: dict[int, str]) -> bool:
+    """The disk estimate of what is left against the free space; False: refused."""
+    args, config, out_dir, lengths = run.args, run.config, run.out_dir, run.lengths
+    total_samples, total_tokens = len(lengths), sum(lengths)
+    remaining = sum(n for i, n in enumerate(lengths) if i not in run.done)
+    params = {"input": args.input, "layer_ids": run.layer_ids, "dtype": run.dtype,
               "tokens": args.tokens or total_tokens}
     fits, disk_text = preflight.disk_check(
-        params, {"hidden_size": info.hidden_size, "dtype": dtype}, out_dir,
+        params, {"hidden_size": run.info.hidden_size, "dtype": run.dtype}, out_dir,
         remaining / total_tokens if total_tokens else 0.0)
-    if rank == 0:
-        log(f"extract: {total_samples} samples, {total_tokens} tokens; aux layers {layer_ids} "
+    if run.rank == 0:
+        log(f"extract: {total_samples} samples, {total_tokens} tokens; aux layers {run.layer_ids} "
             f"(HF hidden_states {config['hf_hidden_states_indices']}, SGLang capture "
-            f"{config['sglang_layers_to_capture']}) + final post-norm; {len(done)} already on disk")
+            f"{config['sglang_layers_to_capture']}) + final post-norm; {len(run.done)} already on disk")
         if rewrite:
             shown = "; ".join(f"{sample_path(out_dir, i).name}: {why}" for i, why in list(rewrite.items())[:10])
             log(f"extract: resume: rewriting {len(rewrite)} sample file(s) on disk that fail verify's header "
@@ -184,48 +230,35 @@ def _extract(args, known: dict, engine=None) -> int:
         log(disk_text)
     if not fits:
         if not args.force:
-            if rank == 0:
+            if run.rank == 0:
                 print(f"extract: refusing to start: not enough free disk space ({disk_text}). "
                       f"Free space, choose another output, or pass --force.", file=sys.stderr, flush=True)
-            return EXIT_BAD_INPUT
-        if rank == 0:
+            return False
+        if run.rank == 0:
             log("extract: --force: starting although the estimate exceeds the free space")
+    return True
 
-    if world > 1:
+
+def _start(run: _Run, known: dict) -> target_mod.Placement:
+    """The ranks' group, this rank's placement, data_config.json "running"."""
+    if run.world > 1:
         import torch.distributed as dist
         dist.init_process_group(backend="gloo", timeout=_dt.timedelta(hours=24))
-    placement = target_mod.choose_placement(args.device, info, world, local_rank)
-    if args.memory_fraction is not None:
-        target_mod.cap_memory(placement, args.memory_fraction)
-
-    if rank == 0:
-        output.write_data_config(out_dir, config)
+    placement = target_mod.choose_placement(run.args.device, run.info, run.world, run.local_rank)
+    if run.args.memory_fraction is not None:
+        target_mod.cap_memory(placement, run.args.memory_fraction)
+    if run.rank == 0:
+        output.write_data_config(run.out_dir, run.config)
         known["config_written"] = True
-        output.write_sample_lengths(out_dir, dict(enumerate(lengths)))
-    _barrier(world)
+        output.write_sample_lengths(run.out_dir, dict(enumerate(run.lengths)))
+    _barrier(run.world)
+    return placement
 
-    mine = [i for i in range(total_samples) if i % world == rank]
-    if all(i in done for i in mine):
-        # A re-run over a finished share must not pay for the model load.
-        log("extract: every sample of this share is on disk; nothing to extract"
-            + (f" [rank {rank}/{world}]" if world > 1 else ""))
-        stats = {"new_samples": 0, "new_tokens": 0, "errors": 0, "elapsed": 0.0}
-    elif engine:
-        loop = engine.leader_loop(info, dtype, layer_ids, samples, lengths, out_dir, done, args)
-        stats = loop.run(mine)
-    else:
-        log(f"loading target {info.path} ({human_bytes(info.weight_bytes)}, {dtype}) "
-            f"on {placement.describe()}" + (f" [rank {rank}/{world}]" if world > 1 else ""))
-        t0 = time.monotonic()
-        model = target_mod.load_model(info, dtype, placement)
-        log(f"target loaded in {(time.monotonic() - t0) / 60:.1f} minutes")
-        if args.compile:
-            from ops.extract.capture import compile_layers
-            log(f"compile: {compile_layers(model)} decoder layers compiled (torch.compile, one shared graph; "
-                f"the first batches pay the compile)")
-        loop = _Loop(model, layer_ids, samples, lengths, out_dir, done, args, rank, world)
-        stats = loop.run(mine)
 
+def _finish(run: _Run, stats: dict) -> int:
+    """Every rank's counts summed; rank 0 writes data_config.json complete or incomplete."""
+    out_dir, config, world = run.out_dir, run.config, run.world
+    total_samples, total_tokens = len(run.lengths), sum(run.lengths)
     disk_full = stats.get("disk_full")
     totals = [stats["new_samples"], stats["new_tokens"], stats["errors"], int(disk_full is not None)]
     elapsed = stats["elapsed"]
@@ -241,13 +274,13 @@ def _extract(args, known: dict, engine=None) -> int:
     code = EXIT_OK
     if full_ranks and world == 1:
         raise disk_full     # extract() ends it with one line and an incomplete data_config
-    if rank == 0:
+    if run.rank == 0:
         on_disk, _ = output.scan_existing(out_dir)
         missing = sorted(set(range(total_samples)) - on_disk)
         minutes = elapsed / 60
         log(f"{new_samples} samples, {new_tokens} tokens extracted in {minutes:.1f} minutes. "
             f"{new_samples / max(elapsed, 1e-9):.1f} samples/s, {new_tokens / max(elapsed, 1e-9):.0f} tok/s."
-            + (f" ({len(done)} samples were already on disk.)" if done else ""))
+            + (f" ({len(run.done)} samples were already on disk.)" if run.done else ""))
         if missing or errors:
             config["status"] = "incomplete"
             config["missing_samples"] = len(missing)

@@ -11,7 +11,9 @@ are not split r::WORLD_SIZE as with the HF engine. Rank 0 (the leader) runs
 run.py's loop as a world of one: the same resume check, data_config.json,
 progress lines, OOM halving, writers; it hands each batch's token ids to the
 other ranks (followers) over the TP group's gloo group before its own forward,
-and writes. Followers write nothing and print no progress.
+and writes. Followers write nothing and print no progress. SGLangEngine is
+this engine behind engine.py's Engine protocol; the version pin was checked
+before it opens (engine.py open_engine).
 
 Before the model load the followers wait at a gate in torchrun's own store:
 the leader opens it ("load") when it gets as far as loading, or says "exit"
@@ -34,22 +36,19 @@ from pathlib import Path
 import torch
 
 from ops.common import BadInput
-from ops.extract import sglang_args, sglang_capture, sglang_engine
+from ops.extract import sglang_args, sglang_capture
 from ops.extract import target as target_mod
-from ops.extract.loop import _Loop, log
+from ops.extract.engine import Coords, torchrun_coords
+from ops.extract.loop import log
 from ops.layers import engine_ids, parse_layer_ids
 
 METHOD = "sglang"
 _GATE_KEY = "eagle3_console/extract_sglang/gate"
 
 
-def check(args) -> str:
-    """The pinned SGLang first, then the params; BadInput (one line, exit 2) otherwise."""
-    try:
-        version = sglang_engine.check_version()
-    except sglang_engine.EngineVersionError as exc:
-        raise BadInput(str(exc)) from None
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+def check(args) -> None:
+    """The params this engine cannot honour; BadInput (one line, exit 2)."""
+    world = torchrun_coords()[1]
     if args.tp < 1 or args.ep < 1:
         raise BadInput(f"engine sglang: tp and ep must be at least 1, got tp {args.tp}, ep {args.ep}")
     if args.tp % args.ep:
@@ -78,7 +77,6 @@ def check(args) -> str:
     if args.device not in ("auto", "cuda"):
         raise BadInput(f"engine sglang: device {args.device!r}: SGLang places rank r on GPU LOCAL_RANK; "
                        f"leave device at auto")
-    return version
 
 
 def extra_args(args) -> list[str]:
@@ -102,19 +100,132 @@ def context_length(max_seq_len: int, target: Path) -> int:
     return min([max_seq_len, *derived[:1]])
 
 
-def tp_coords() -> tuple[int, int, int]:
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    return rank, world, int(os.environ.get("LOCAL_RANK", str(rank)))
+class Plan:
+    """What every rank derives alike from the params and the target's config:
+    SGLang's argv and the capture it must report."""
+
+    def __init__(self, args) -> None:
+        info = target_mod.read_target(Path(args.target))
+        try:
+            layer_ids = parse_layer_ids(args.layer_ids, info.num_layers)
+        except ValueError as exc:
+            raise BadInput(f"target {info.path}: {exc}") from exc
+        ids = engine_ids(layer_ids, info.num_layers, info.architecture or info.model_type)
+        if ids.get("sglang_config_layer_ids") is None:
+            raise BadInput(f"target {info.path}: engine sglang: {ids.get('sglang_config_error')}")
+        dtype = target_mod.resolve_dtype(args.dtype, info)
+        self.argv = sglang_capture.server_argv(target=str(info.path), tp=args.tp, ep=args.ep, dtype=dtype,
+                                               context_length=context_length(args.max_seq_len, info.path),
+                                               config_layer_ids=ids["sglang_config_layer_ids"],
+                                               mem_fraction_static=args.mem_fraction_static,
+                                               extra_args=extra_args(args))
+        try:
+            sglang_capture.server_args(self.argv)
+        except ValueError as exc:
+            raise BadInput(f"engine sglang: extra_args {extra_args(args)}: SGLang's parser: {exc}") from None
+        except ImportError:
+            pass        # a --no-deps install: load() says so in one line
+        self.capture, self.n_aux = ids["sglang_layers_to_capture"], len(layer_ids)
+
+    def load(self, rank: int, local: int, world: int):
+        """This rank's SGLangTarget; every rank cuts a batch by the smallest rank's pools."""
+        target = sglang_capture.load(self.argv, tp_rank=rank, gpu_id=local,
+                                     expected_capture=self.capture, n_aux=self.n_aux)
+        if world > 1:
+            import torch.distributed as dist
+
+            limits = torch.tensor([target.max_reqs, target.max_tokens], dtype=torch.int64)
+            dist.all_reduce(limits, op=dist.ReduceOp.MIN, group=sglang_capture.tp_cpu_group())
+            target.max_reqs, target.max_tokens = (int(v) for v in limits.tolist())
+        return target
 
 
-def data_coords() -> tuple[int, int, int]:
-    """run.py's (rank, world, local rank): the leader is the whole data world."""
-    return 0, 1, tp_coords()[2]
+class SGLangEngine:
+    """engine.py's Engine over SGLang: rank 0 leads (run.py's loop, a data
+    world of one), the other TP ranks follow its forwards."""
+
+    def __init__(self, args, version: str, plan: Plan, gate: "_Gate | None") -> None:
+        self.tp, self.ep, self.version = args.tp, args.ep, version
+        self.plan, self.gate = plan, gate
+        self.rank, self.world, self.local = torchrun_coords()
+
+    @classmethod
+    def open(cls, args, version: str) -> "SGLangEngine":
+        """The params checked, then the plan: a target SGLang cannot capture
+        from is refused before any rank loads."""
+        check(args)
+        plan = Plan(args)
+        gate = _Gate() if torchrun_coords()[1] > 1 else None
+        return cls(args, version, plan, gate)
+
+    def coords(self) -> Coords:
+        return 0, 1, self.local
+
+    def config_keys(self) -> dict:
+        return {"extraction_method": METHOD, "sglang_version": self.version, "tp": self.tp, "ep": self.ep}
+
+    def leads(self) -> bool:
+        return self.rank == 0
+
+    def load(self, info, dtype, layer_ids, placement) -> "LeaderTarget":
+        if self.gate is not None:
+            self.gate.say("load")
+        log(f"loading target {info.path} in SGLang {self.version} (tp {self.tp}, ep {self.ep}, {dtype})")
+        t0 = time.monotonic()
+        target = self.plan.load(self.rank, self.local, self.world)
+        log(f"target loaded in {(time.monotonic() - t0) / 60:.1f} minutes")
+        return LeaderTarget(target, sglang_capture.tp_cpu_group() if self.world > 1 else None)
+
+    def close(self) -> None:
+        if self.gate is not None:
+            self.gate.say("exit")    # a no-op once "load" was said
+
+    def follow(self) -> int:
+        if self.gate.wait() != "load":
+            return 0
+        import torch.distributed as dist
+
+        target = self.plan.load(self.rank, self.local, self.world)
+        group = sglang_capture.tp_cpu_group()
+        while True:
+            box = [None]
+            dist.broadcast_object_list(box, src=0, group=group)
+            if box[0] is None:
+                return 0
+            try:
+                target.forward(box[0])
+            except torch.cuda.OutOfMemoryError:
+                # The leader hit it too (same shapes): it halves and sends the pieces.
+                torch.cuda.empty_cache()
 
 
-def config_keys(args, version: str) -> dict:
-    return {"extraction_method": METHOD, "sglang_version": version, "tp": args.tp, "ep": args.ep}
+class LeaderTarget:
+    """The leader's target (engine.py's Target): each forward's tokens go to
+    the followers first; the packed states are cut back into samples."""
+
+    def __init__(self, target, group) -> None:
+        self.target, self.group = target, group
+
+    def forward(self, tokens):
+        token_lists = [tok.tolist() for tok in tokens]
+        if self.group is not None:
+            import torch.distributed as dist
+
+            dist.broadcast_object_list([token_lists], src=0, group=self.group)
+        aux, final = self.target.forward(token_lists)
+        states, start = [], 0
+        for tok in token_lists:
+            states.append((aux[start:start + len(tok)], final[start:start + len(tok)]))
+            start += len(tok)
+        return aux, final, states
+
+    def close(self) -> None:
+        if self.group is not None:
+            import torch.distributed as dist
+
+            dist.broadcast_object_list([None], src=0, group=self.group)
+            self.group = None
+        self.target.close()
 
 
 class _Gate:
@@ -141,137 +252,3 @@ class _Gate:
     def wait(self) -> str:
         self.store.wait(["word"])
         return self.store.get("word").decode()
-
-
-def extract(args, leader) -> int:
-    """Rank 0 runs `leader()` (run.py's loop); the other ranks follow it."""
-    version = check(args)
-    _plan(args)     # a target SGLang cannot capture from is refused before any rank loads
-    rank, world, local = tp_coords()
-    args.sglang_version = version
-    gate = _Gate() if world > 1 else None
-    args.sglang_gate = gate
-    if rank == 0:
-        try:
-            return leader()
-        finally:
-            if gate is not None:
-                gate.say("exit")    # a no-op once "load" was said
-    return follow(args, gate, rank, local)
-
-
-def _plan(args):
-    """What every rank derives alike from the params and the target's config."""
-    info = target_mod.read_target(Path(args.target))
-    try:
-        layer_ids = parse_layer_ids(args.layer_ids, info.num_layers)
-    except ValueError as exc:
-        raise BadInput(f"target {info.path}: {exc}") from exc
-    ids = engine_ids(layer_ids, info.num_layers, info.architecture or info.model_type)
-    if ids.get("sglang_config_layer_ids") is None:
-        raise BadInput(f"target {info.path}: engine sglang: {ids.get('sglang_config_error')}")
-    dtype = target_mod.resolve_dtype(args.dtype, info)
-    argv = sglang_capture.server_argv(target=str(info.path), tp=args.tp, ep=args.ep, dtype=dtype,
-                                      context_length=context_length(args.max_seq_len, info.path),
-                                      config_layer_ids=ids["sglang_config_layer_ids"],
-                                      mem_fraction_static=args.mem_fraction_static,
-                                      extra_args=extra_args(args))
-    try:
-        sglang_capture.server_args(argv)
-    except ValueError as exc:
-        raise BadInput(f"engine sglang: extra_args {extra_args(args)}: SGLang's parser: {exc}") from None
-    except ImportError:
-        pass        # a --no-deps install: load() says so in one line
-    return info, layer_ids, ids, argv
-
-
-def load_target(args, rank: int, local: int):
-    info, layer_ids, ids, argv = _plan(args)
-    target = sglang_capture.load(argv, tp_rank=rank, gpu_id=local,
-                                 expected_capture=ids["sglang_layers_to_capture"], n_aux=len(layer_ids))
-    if tp_coords()[1] > 1:
-        import torch.distributed as dist
-
-        limits = torch.tensor([target.max_reqs, target.max_tokens], dtype=torch.int64)
-        dist.all_reduce(limits, op=dist.ReduceOp.MIN, group=sglang_capture.tp_cpu_group())
-        target.max_reqs, target.max_tokens = (int(v) for v in limits.tolist())
-    return target
-
-
-def leader_loop(info, dtype, layer_ids, samples, lengths, out_dir, done, args):
-    """run.py's dispatch point: the leader's loop over a target SGLang holds."""
-    rank, world, local = tp_coords()
-    gate = getattr(args, "sglang_gate", None)
-    if gate is not None:
-        gate.say("load")
-    log(f"loading target {info.path} in SGLang {args.sglang_version} (tp {args.tp}, ep {args.ep}, {dtype})")
-    t0 = time.monotonic()
-    target = load_target(args, rank, local)
-    log(f"target loaded in {(time.monotonic() - t0) / 60:.1f} minutes")
-    group = sglang_capture.tp_cpu_group() if world > 1 else None
-    return SGLangLoop(target, samples, lengths, out_dir, done, args, group)
-
-
-def follow(args, gate, rank: int, local: int) -> int:
-    if gate.wait() != "load":
-        return 0
-    import torch.distributed as dist
-
-    target = load_target(args, rank, local)
-    group = sglang_capture.tp_cpu_group()
-    while True:
-        box = [None]
-        dist.broadcast_object_list(box, src=0, group=group)
-        if box[0] is None:
-            return 0
-        try:
-            target.forward(box[0])
-        except torch.cuda.OutOfMemoryError:
-            # The leader hit it too (same shapes): it halves and sends the pieces.
-            torch.cuda.empty_cache()
-
-
-class _LeaderTarget:
-    """The leader's target: each forward's tokens go to the followers first."""
-
-    def __init__(self, target, group) -> None:
-        self.target, self.group = target, group
-
-    def forward(self, token_lists):
-        if self.group is not None:
-            import torch.distributed as dist
-
-            dist.broadcast_object_list([token_lists], src=0, group=self.group)
-        return self.target.forward(token_lists)
-
-    def close(self) -> None:
-        if self.group is not None:
-            import torch.distributed as dist
-
-            dist.broadcast_object_list([None], src=0, group=self.group)
-            self.group = None
-        self.target.close()
-
-
-class SGLangLoop(_Loop):
-    """run.py's loop with SGLang's packed forward in place of the HF capture;
-    run(), the writers, progress and the OOM halving are _Loop's own."""
-
-    def __init__(self, target, samples, lengths, out_dir, done, args, group=None) -> None:
-        self.capture = _LeaderTarget(target, group)
-        self.samples, self.lengths, self.out_dir, self.done = samples, lengths, out_dir, done
-        self.args, self.rank, self.world = args, 0, 1
-        self._copy_streams: dict = {}
-        self._pool = None
-
-    def _forward(self, batch: list[int]) -> None:
-        rows = [(idx, *self.samples.get(idx)) for idx in batch]
-        # Samples already on disk stay in: the batch keeps the planned shape.
-        aux, final = self.capture.forward([tok.tolist() for _idx, tok, _loss in rows])
-        pieces, start = [], 0
-        for idx, tok, loss in rows:
-            n = len(tok)
-            if idx not in self.done:
-                pieces.append((idx, tok, loss, aux[start:start + n], final[start:start + n]))
-            start += n
-        self._submit(aux, final, pieces)

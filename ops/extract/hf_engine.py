@@ -1,0 +1,88 @@
+"""The HF engine of extract: the target in transformers, states from forward hooks.
+
+Where it sits: an Engine (engine.py) that run.py's loop drives. Under torchrun
+every rank leads its own share of the samples (r::WORLD_SIZE) with a whole
+copy of the target on its GPU (target.py's placement); the forward pads a
+batch to its longest sample and capture.py's hooks return the aux layers'
+outputs and the final post-norm state.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from ops.extract import target as target_mod
+from ops.extract.capture import HiddenStateCapture
+from ops.extract.engine import Coords, torchrun_coords
+from ops.extract.loop import log
+from ops.units import human_bytes
+
+METHOD = "hf_transformers_forward_hooks"
+
+
+class HFEngine:
+    def __init__(self, args) -> None:
+        self.compile = bool(args.compile)
+
+    def coords(self) -> Coords:
+        return torchrun_coords()
+
+    def config_keys(self) -> dict:
+        return {"extraction_method": METHOD}
+
+    def leads(self) -> bool:
+        return True
+
+    def follow(self) -> int:
+        raise RuntimeError("the HF engine has no followers: every rank leads its own share")
+
+    def load(self, info, dtype, layer_ids, placement) -> "HFTarget":
+        rank, world, _local = self.coords()
+        log(f"loading target {info.path} ({human_bytes(info.weight_bytes)}, {dtype}) "
+            f"on {placement.describe()}" + (f" [rank {rank}/{world}]" if world > 1 else ""))
+        t0 = time.monotonic()
+        model = target_mod.load_model(info, dtype, placement)
+        log(f"target loaded in {(time.monotonic() - t0) / 60:.1f} minutes")
+        if self.compile:
+            from ops.extract.capture import compile_layers
+            log(f"compile: {compile_layers(model)} decoder layers compiled (torch.compile, one shared graph; "
+                f"the first batches pay the compile)")
+        return HFTarget(model, layer_ids)
+
+    def close(self) -> None:
+        pass
+
+
+class HFTarget:
+    """The batch padded to its longest sample, through the hooked model."""
+
+    def __init__(self, model, layer_ids) -> None:
+        self.capture = HiddenStateCapture(model, layer_ids)
+        self.input_device = self.capture.base.get_input_embeddings().weight.device
+
+    def forward(self, tokens):
+        longest = max(len(tok) for tok in tokens)
+        cuda = self.input_device.type == "cuda"
+        # Pinned inputs: a copy from pageable memory makes the host wait for
+        # the stream (CUDA's sync rules for pageable H2D), i.e. for the last
+        # batch's forward, and the GPU then idles while this one is launched.
+        ids = torch.zeros((len(tokens), longest), dtype=torch.long, pin_memory=cuda)
+        for row, tok in enumerate(tokens):
+            ids[row, :len(tok)] = torch.from_numpy(tok.astype(np.int64))
+        mask = None
+        if any(len(tok) < longest for tok in tokens):
+            # Only a padded batch needs the mask: with one, transformers asks
+            # the device whether it is all ones (a sync), without one it
+            # takes the causal path the all-ones mask would take anyway.
+            mask = torch.zeros((len(tokens), longest), dtype=torch.long, pin_memory=cuda)
+            for row, tok in enumerate(tokens):
+                mask[row, :len(tok)] = 1
+            mask = mask.to(self.input_device, non_blocking=True)
+        aux, final = self.capture(ids.to(self.input_device, non_blocking=True), mask)
+        return aux, final, [(aux[row, :len(tok)], final[row, :len(tok)]) for row, tok in enumerate(tokens)]
+
+    def close(self) -> None:
+        self.capture.close()
