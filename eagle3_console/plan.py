@@ -148,13 +148,13 @@ def upper_bound_inputs(ws: Workspace, pipe: Pipeline, stage: Stage,
                        params: dict[str, Any]) -> tuple[int | None, str, int, str]:
     """(samples, where from, max_seq_len, where from) for extract's upper bound:
     its own num_samples / max_seq_len, and those of the prepare stage writing its input."""
-    max_len = _int(params.get("max_seq_len")) or _int(stage.spec.params.get("max_seq_len")) or 4096
+    max_len = _int(stage.spec.effective(params).get("max_seq_len")) or 4096
     len_from = "extract's max_seq_len"
     samples = _int(params.get("num_samples")) or None
     samples_from = "extract's num_samples"
     prep = feeding_prepare(ws, pipe, params)
     if prep is not None:
-        pp = {**prep.spec.params, **prep.params}
+        pp = prep.spec.effective(prep.params)
         p_len = _int(pp.get("max_seq_len"))
         if p_len and p_len < max_len:
             max_len, len_from = p_len, f"{prep.name}'s max_seq_len"

@@ -27,13 +27,3 @@ def get_spec(name: str) -> OpSpec:
         raise KeyError(f"op {name!r} is not built yet ({exc})") from exc
     return module.SPEC
 
-
-def available_ops() -> list[str]:
-    out = []
-    for name in KNOWN_OPS:
-        try:
-            get_spec(name)
-        except KeyError:
-            continue
-        out.append(name)
-    return out

@@ -31,19 +31,22 @@ class BadInput(Exception):
 
 
 def run_main(main: Callable[[Sequence[str] | None], int | None],
-             argv: Sequence[str] | None = None, prog: str = "op") -> int:
+             argv: Sequence[str] | None = None, prog: str | None = "op") -> int:
     """Run a stage's main() under the exit-code contract and return the code.
 
-    BadInput -> 2 with its message on stderr; KeyboardInterrupt -> 130;
-    anything else -> 1 with the traceback (the log monitor recognises it).
+    BadInput -> 2 with its message on stderr (`<prog>: error: ...`, or the
+    bare `error: ...` line train, export and bench have always written when
+    `prog` is None); KeyboardInterrupt -> 130; anything else -> 1 with the
+    traceback (the log monitor recognises it).
     """
+    head = f"{prog}: " if prog else ""
     try:
         code = main(argv)
     except BadInput as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
+        print(f"{head}error: {exc}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr, flush=True)
+        print(f"{head}interrupted", file=sys.stderr, flush=True)
         return 130
     except SystemExit as exc:  # argparse exits 2 on bad flags; keep its code
         return exc.code if isinstance(exc.code, int) else EXIT_FAILURE

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     import argparse
@@ -36,10 +36,14 @@ class Param:
 
     `type` defaults to the default's type (bool, int, float, str); a param whose
     default is None names its type explicitly when it has one. `low`/`high` are
-    inclusive bounds of numbers (`low_open`: the low bound itself is refused,
-    as in 0 < memory_fraction <= 1). `choices`: the only accepted values.
+    inclusive bounds of numbers (`low_open`/`high_open`: the bound itself is
+    refused, as in 0 < memory_fraction <= 1). `choices`: the only accepted values.
     `json`: a list of argv words carried as the JSON of the list (SGLang's
     extra_args), since the comma join of other lists would split it.
+    `convert`: the op's own reading of a value that no type above says (train's
+    length_bucket: "auto" or a whole number); argparse's type and check() both
+    run it, ValueError saying what is wrong. `const`: what the bare flag means
+    (a pipeline file's `true` writes it bare; false leaves the default).
     """
 
     name: str
@@ -49,12 +53,15 @@ class Param:
     low: float | None = None
     high: float | None = None
     low_open: bool = False
+    high_open: bool = False
     choices: tuple[Any, ...] | None = None
     json: bool = False
     metavar: str | None = None
     # False only for a custom stage's declared params: nan and inf are numbers
     # its program may take (the console judges types there, not values).
     finite: bool = True
+    convert: "Callable[[str], Any] | None" = None
+    const: Any = None
 
     @property
     def kind(self) -> type | None:
@@ -75,6 +82,14 @@ class Param:
         kind = self.kind
         if value is None and self.default is None:
             return None
+        if self.const is not None and isinstance(value, bool):
+            return None     # true: the bare flag (const); false: the flag left out
+        if self.convert is not None:
+            try:
+                self.convert(str(value))
+            except ValueError as exc:
+                return f"{exc}, got {value!r}"
+            return None
         if kind is bool:
             if not isinstance(value, bool):
                 return f"expected true or false (default {self.default!r}), got {value!r}"
@@ -88,7 +103,7 @@ class Param:
                 return f"expected a finite number, got {value!r}"
             if self.low is not None and (number < self.low or (self.low_open and number == self.low)):
                 return f"expected {self._range()}, got {value!r}"
-            if self.high is not None and number > self.high:
+            if self.high is not None and (number > self.high or (self.high_open and number == self.high)):
                 return f"expected {self._range()}, got {value!r}"
         if self.choices is not None and value not in self.choices:
             return f"expected one of {', '.join(map(str, self.choices))}, got {value!r}"
@@ -96,7 +111,7 @@ class Param:
 
     def _range(self) -> str:
         lo = None if self.low is None else f"{'>' if self.low_open else '>='} {_fmt(self.low)}"
-        hi = None if self.high is None else f"<= {_fmt(self.high)}"
+        hi = None if self.high is None else f"{'<' if self.high_open else '<='} {_fmt(self.high)}"
         return " and ".join(x for x in (lo, hi) if x)
 
     def parse(self, text: str) -> Any:
@@ -105,6 +120,11 @@ class Param:
         import argparse
         kind = self.kind
         value: Any = text
+        if self.convert is not None:
+            try:
+                return self.convert(text)
+            except ValueError as exc:
+                raise argparse.ArgumentTypeError(f"{exc}, got {text!r}") from None
         if kind in (int, float):
             parsed = _number(kind, text)
             value = text if parsed is None else parsed
@@ -120,8 +140,10 @@ class Param:
             # --x / --no-x: argv() writes --no-x where the default is on.
             parser.add_argument(self.flag, action=argparse.BooleanOptionalAction, **kw)
             return
-        if self.metavar:
-            kw["metavar"] = self.metavar
+        if self.metavar or self.choices:
+            kw["metavar"] = self.metavar or "{" + ",".join(map(str, self.choices or ())) + "}"
+        if self.const is not None:
+            kw.update(nargs="?", const=self.const)
         parser.add_argument(self.flag, type=self.parse, **kw)
 
 
@@ -187,14 +209,17 @@ class ParamSet(Mapping[str, Any]):
         return sorted(k for k, p in self.declared.items() if p.default is REQUIRED)
 
 
-def build_parser(spec: Any, prog: str | None = None, description: str | None = None) -> "argparse.ArgumentParser":
+def build_parser(spec: Any, prog: str | None = None, description: str | None = None, *,
+                 target_required: bool = True,
+                 target_help: str = "local Hugging Face model directory") -> "argparse.ArgumentParser":
     """The op's argparse, every flag from `spec.params` (and `--target` where the
-    op takes the target). Add op-only flags to what it returns."""
+    op takes the target: required unless the op can do without it, as
+    verify's headers pass can). Add op-only flags to what it returns."""
     import argparse
     parser = argparse.ArgumentParser(prog=prog or f"python -m {spec.module or 'ops.' + spec.name}",
                                      description=description or spec.summary)
     if getattr(spec, "uses_target", False):
-        parser.add_argument("--target", required=True, help="local Hugging Face model directory")
+        parser.add_argument("--target", required=target_required, default=None, help=target_help)
     for param in spec.params.declared.values():
         param.add_to(parser)
     parser.set_defaults(**spec.params.defaults())

@@ -103,10 +103,6 @@ class OpSpec:
     result_path_param: str | None = None
     # Module run as `python -m <module>`; defaults to ops.<name>.
     module: str | None = None
-    # Params whose value is a list of argv words (SGLang's extra_args): carried
-    # as the JSON of the list, since the comma join of other lists would split
-    # `--json-model-override-args {...}` at its own commas.
-    json_params: tuple[str, ...] = ()
     # How the op's processes are started, given its params and its `python -m`
     # argv: extract with engine sglang and tp > 1 runs one process per TP rank
     # under torchrun. None: the argv as it is.
@@ -116,6 +112,14 @@ class OpSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.params, ParamSet):
             object.__setattr__(self, "params", ParamSet(self.params))
+
+    @property
+    def json_params(self) -> tuple[str, ...]:
+        """Params whose value is a list of argv words (SGLang's extra_args,
+        declared `Param(json=True)`): carried as the JSON of the list, since the
+        comma join of other lists would split `--json-model-override-args {...}`
+        at its own commas."""
+        return tuple(k for k, p in self.params.declared.items() if p.json)
 
     def effective(self, params: dict[str, Any]) -> dict[str, Any]:
         """The params a run of this op gets: its defaults, then the stage's

@@ -263,10 +263,8 @@ def test_a_server_not_ready_by_the_deadline_is_one_line_and_no_prompt_is_sent(tm
 def test_ready_timeout_s_must_be_positive(tmp_path):
     proc = bench("--url", "http://127.0.0.1:9", "--prompts-file", str(_prompts(tmp_path)),
                  "--output", str(tmp_path / "out"), "--ready-timeout-s", "0")
-    assert proc.returncode == 2 and proc.stderr.startswith("error: --ready-timeout-s 0: expected seconds > 0")
-    assert len(proc.stderr.splitlines()) == 1
-    lint = SPEC.extra["lint"]
-    ctx = EstimateContext(root=tmp_path, params={"engine": "sglang", "url": "http://x:1", "data": "d",
-                                                 "ready_timeout_s": -5}, target={})
-    assert [str(x) for x in lint(ctx, None)] == [
-        "error: ready_timeout_s -5: expected seconds > 0 (how long bench waits for its servers to be ready)"]
+    # The bound is the param's (ops/bench/spec.py): argparse refuses it here, the
+    # console at `run` (before the lint), in the same words.
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines()[-1] == "python -m ops.bench: error: argument --ready-timeout-s: expected > 0, got 0.0"
+    assert SPEC.param_type_error("ready_timeout_s", -5) == "expected > 0, got -5"

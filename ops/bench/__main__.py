@@ -22,33 +22,14 @@ import os
 import sys
 import time
 from pathlib import Path
-from ops.common import spec_defaults
+from ops.common import BadInput, run_main
+from ops.params import build_parser as spec_parser
 from ops.bench.spec import SPEC
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m ops.bench", description=__doc__.splitlines()[0])
-    p.add_argument("--engine", choices=("reference", "sglang"),
-                   help="reference: decode here with HF transformers; sglang: measure a live SGLang server")
-    p.add_argument("--drafter", help="export output directory (or its sglang/ or speculators/)")
-    p.add_argument("--target", default=None)
-    p.add_argument("--url", help="engine sglang: the speculative server (a serve stage's URL)")
-    p.add_argument("--baseline-url", help="engine sglang: a server without speculation")
-    p.add_argument("--server", help="engine sglang: the serve stage whose host:port the console made --url "
-                                    "(recorded in bench.json)")
-    p.add_argument("--baseline-server", help="engine sglang: the serve stage behind --baseline-url")
-    p.add_argument("--timeout-s", type=float, help="engine sglang: per request")
-    p.add_argument("--ready-timeout-s", type=float, help="engine sglang: how long to wait for the servers to be "
-                                                         "ready before the first probe (> 0)")
-    p.add_argument("--output")
-    p.add_argument("--data", help="hidden-state data for prompts (default: the export's)")
-    p.add_argument("--prompts-file", help='JSONL lines with "input_ids" (instead of --data)')
-    p.add_argument("--num-prompts", type=int)
-    p.add_argument("--max-new-tokens", type=int)
-    p.add_argument("--draft-tokens", type=int, help="K: drafts per verify step")
-    p.add_argument("--device")
-    p.add_argument("--dtype", help="auto (the target's), bfloat16, float16, float32")
-    return spec_defaults(p, SPEC)
+    return spec_parser(SPEC, description=__doc__.splitlines()[0], target_required=False,
+                       target_help="the target's Hugging Face checkpoint directory (engine reference needs it)")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -120,14 +101,8 @@ def main_sglang(args) -> int:
     from ops.bench.sglang import ServerError, run_bench
 
     if not args.url:
-        print("error: engine sglang needs --url (the speculative serve stage's, e.g. http://127.0.0.1:30000; "
-              "in a pipeline, params.server names the serve stage instead)",
-              file=sys.stderr, flush=True)
-        return 2
-    if not args.ready_timeout_s > 0:
-        print(f"error: --ready-timeout-s {args.ready_timeout_s:g}: expected seconds > 0 (params.ready_timeout_s: "
-              f"how long to wait for the servers to be ready)", file=sys.stderr, flush=True)
-        return 2
+        raise BadInput("engine sglang needs --url (the speculative serve stage's, e.g. http://127.0.0.1:30000; "
+                       "in a pipeline, params.server names the serve stage instead)")
     try:
         prompts = prompts_for(args)
         if not prompts:
@@ -139,8 +114,7 @@ def main_sglang(args) -> int:
         result = run_bench(args.url, prompts, args.max_new_tokens, args.baseline_url, args.timeout_s,
                            log=lambda m: print(m, flush=True), ready_timeout_s=args.ready_timeout_s)
     except (ValueError, OSError, ServerError) as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return 2
+        raise BadInput(str(exc)) from None
     result["serve_stages"] = {"server": args.server, "baseline_server": args.baseline_server}
     write_result(Path(args.output), result)
     speed = f" | speed-up {result['speedup']:.2f}x (baseline {result['tok_s_plain']:.1f} tok/s)" \
@@ -156,12 +130,16 @@ def main_sglang(args) -> int:
 
 
 def main(argv=None) -> int:
+    """The program's exit code: bad input is 2 with its `error:` line (ops/common.run_main)."""
+    return run_main(_main, argv, prog=None)
+
+
+def _main(argv=None) -> int:
     args = parse_args(argv)
     if args.engine == "sglang":
         return main_sglang(args)
     if not args.drafter or not args.target:
-        print("error: engine reference needs --drafter and --target", file=sys.stderr, flush=True)
-        return 2
+        raise BadInput("engine reference needs --drafter and --target")
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -187,12 +165,10 @@ def main(argv=None) -> int:
         if not prompts:
             raise ValueError("no usable prompts (each needs >= 2 tokens before the answer)")
     except (ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return 2
+        raise BadInput(str(exc)) from None
     if dcfg.target_vocab_size != int(tcfg.get("vocab_size", dcfg.target_vocab_size)):
-        print(f"error: drafter's vocab_size {dcfg.target_vocab_size} != the target's {tcfg.get('vocab_size')} "
-              f"({args.target}/config.json)", file=sys.stderr, flush=True)
-        return 2
+        raise BadInput(f"drafter's vocab_size {dcfg.target_vocab_size} != the target's {tcfg.get('vocab_size')} "
+                       f"({args.target}/config.json)")
 
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     device = torch.device("cuda" if use_cuda else "cpu")

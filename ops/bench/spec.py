@@ -12,7 +12,9 @@ its bench.json says "engine": "sglang" and its line is labelled so.
 
 from __future__ import annotations
 
-from ops.spec import REQUIRED, EstimateContext, Lint, OpSpec
+from ops.spec import EstimateContext, Lint, OpSpec, Param
+
+ENGINES = ("reference", "sglang")
 
 def result_line(r: dict) -> str | None:
     """bench.json in a line: what the whole pipeline was for."""
@@ -48,19 +50,14 @@ def sglang_line(r: dict) -> str:
 
 def lint(ctx: EstimateContext, _gpus) -> list[Lint]:
     """What each engine needs, said before the launch (argparse would say it only in the log)."""
+    # engine's choices and ready_timeout_s > 0 are the Params' (checked before the lint runs).
     p = ctx.params
     engine = p.get("engine") or "reference"
-    if engine not in ("reference", "sglang"):
-        return [Lint("error", f"engine {engine!r}: expected reference or sglang")]
     if engine == "reference" and not p.get("drafter"):
         return [Lint("error", "engine reference needs params.drafter (export's output directory)")]
     if engine == "sglang" and not p.get("url"):
         return [Lint("error", "engine sglang needs params.server (a speculative serve stage of this pipeline) "
                               "or params.url (e.g. http://127.0.0.1:30000)")]
-    rts = p.get("ready_timeout_s")
-    if engine == "sglang" and rts is not None and not (isinstance(rts, (int, float)) and rts > 0):
-        return [Lint("error", f"ready_timeout_s {rts!r}: expected seconds > 0 (how long bench waits for its "
-                              f"servers to be ready)")]
     if engine == "sglang" and not (p.get("data") or p.get("prompts_file") or p.get("drafter")):
         return [Lint("error", "engine sglang needs held-out prompts: params.data, prompts_file or drafter "
                               "(whose export_info.json names the data)")]
@@ -70,24 +67,29 @@ def lint(ctx: EstimateContext, _gpus) -> list[Lint]:
 SPEC = OpSpec(
     name="bench",
     summary="reference EAGLE-3 speculative decoding (chain, top-1) vs greedy: acceptance length, speed-up",
-    params={
-        "engine": "reference",      # reference (HF, here) | sglang (a live server at url)
-        "drafter": None,            # export's output directory (engine reference needs it)
-        "url": None,                # engine sglang: the speculative server
-        "baseline_url": None,       # engine sglang: the same target without speculation
-        "server": None,             # engine sglang: a serve stage (mode speculative) whose host:port is url
-        "baseline_server": None,    # engine sglang: a serve stage (mode target) whose host:port is baseline_url
-        "timeout_s": 600.0,
-        "ready_timeout_s": 600.0,   # engine sglang: how long to wait for the servers to be ready
-        "output": REQUIRED,
-        "data": None,
-        "prompts_file": None,
-        "num_prompts": 8,
-        "max_new_tokens": 64,
-        "draft_tokens": 5,
-        "device": "auto",
-        "dtype": "auto",
-    },
+    params=(
+        Param("engine", "reference", "reference: decode here with HF transformers; sglang: measure a live "
+              "SGLang server at --url", choices=ENGINES),
+        Param("drafter", None, "export's output directory (or its sglang/ or speculators/); engine reference "
+              "needs it", type=str),
+        Param("url", None, "engine sglang: the speculative server (a serve stage's URL)", type=str),
+        Param("baseline_url", None, "engine sglang: the same target served without speculation", type=str),
+        Param("server", None, "engine sglang: the serve stage (mode speculative) whose host:port the console "
+              "made --url (recorded in bench.json)", type=str),
+        Param("baseline_server", None, "engine sglang: the serve stage (mode target) behind --baseline-url",
+              type=str),
+        Param("timeout_s", 600.0, "engine sglang: seconds a request may take"),
+        Param("ready_timeout_s", 600.0, "engine sglang: seconds to wait for the servers to be ready before the "
+              "first probe", low=0, low_open=True),
+        Param("output", help="output directory (bench.json)"),
+        Param("data", None, "hidden-state data for prompts (default: the export's)", type=str),
+        Param("prompts_file", None, 'JSONL lines with "input_ids" (instead of --data)', type=str),
+        Param("num_prompts", 8, "held-out prompts decoded"),
+        Param("max_new_tokens", 64, "tokens generated a prompt"),
+        Param("draft_tokens", 5, "K: drafts per verify step"),
+        Param("device", "auto", "auto | cpu | cuda"),
+        Param("dtype", "auto", "auto (the target's), bfloat16, float16, float32"),
+    ),
     output_params=("output",),
     uses_target=True,
     uses_gpu=True,

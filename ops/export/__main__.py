@@ -23,28 +23,18 @@ import json
 import shutil
 import sys
 from pathlib import Path
-from ops.common import spec_defaults
+from ops.common import BadInput, run_main
+from ops.params import build_parser as spec_parser
 from ops.export.spec import SPEC
 
-DTYPES = ("bfloat16", "float16", "float32")
 # Relative logit error allowed after casting the weights (fp32 must round-trip exactly).
 CHECK_TOL = {"float32": 1e-5, "bfloat16": 3e-2, "float16": 5e-3}
 MIN_TOP1_AGREEMENT = 0.97
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m ops.export", description=__doc__.splitlines()[0])
-    p.add_argument("--checkpoint", help="train output directory (newest checkpoint) or a step_<N> dir")
-    p.add_argument("--output")
-    p.add_argument("--format", choices=("both", "sglang", "speculators"))
-    p.add_argument("--dtype", choices=DTYPES)
-    p.add_argument("--speculative-tokens", type=int, help="written into the speculators config "
-                   "(0: the training unroll depth)")
-    p.add_argument("--target", default=None, help="the target's checkpoint (default: the one training used)")
-    p.add_argument("--check", action=argparse.BooleanOptionalAction)
-    p.add_argument("--check-samples", type=int)
-    p.add_argument("--data", help="hidden states for --check (default: training's)")
-    return spec_defaults(p, SPEC)
+    return spec_parser(SPEC, description=__doc__.splitlines()[0], target_required=False,
+                       target_help="the target's checkpoint (default: the one training used)")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -138,6 +128,11 @@ def target_ref(value: str) -> str:
 
 
 def main(argv=None) -> int:
+    """The program's exit code: bad input is 2 with its `error:` line (ops/common.run_main)."""
+    return run_main(_main, argv, prog=None)
+
+
+def _main(argv=None) -> int:
     args = parse_args(argv)
     from ops.drafter import checkpoint as ck
     from ops.drafter import diskio
@@ -150,8 +145,7 @@ def main(argv=None) -> int:
         switch.recover(out, lambda msg: print(msg, flush=True))
         switch.check_output(out)
     except (ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return 2
+        raise BadInput(str(exc)) from None
     out.parent.mkdir(parents=True, exist_ok=True)
     stage = switch.staging_dir(out)
     try:
@@ -160,9 +154,8 @@ def main(argv=None) -> int:
         # A full disk, or a switch the filesystem refuses (an output that is a mount
         # point: EXDEV/EBUSY): one line; the old export is where it was.
         why = diskio.disk_full_text(exc, stage) if diskio.is_disk_full(exc) else str(exc)
-        print(f"error: {why}; {out} is unchanged" + ("; free space and export again" if diskio.is_disk_full(exc)
-                                                       else ""), file=sys.stderr, flush=True)
-        return 2
+        raise BadInput(f"{why}; {out} is unchanged" + ("; free space and export again" if diskio.is_disk_full(exc)
+                                                       else ""))
     finally:
         shutil.rmtree(stage, ignore_errors=True)      # a failed export leaves no staging folder
 
@@ -196,8 +189,7 @@ def _export(args, ckpt: Path, model, meta: dict, out: Path, stage: Path) -> int:
             written[fmt] = write_format(stage, fmt, configs[fmt](), tensors)
             print(f"export: {fmt} -> {out / fmt}", flush=True)
     except ValueError as exc:          # e.g. no SGLang config ids reach the canonical layers
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return 2
+        raise BadInput(str(exc)) from None
     info = {
         "checkpoint": str(ckpt), "step": meta.get("step"), "dtype": args.dtype,
         "target": target_ref(args.target or meta.get("target", "")), "target_architecture": cfg.target_architecture,
@@ -212,13 +204,11 @@ def _export(args, ckpt: Path, model, meta: dict, out: Path, stage: Path) -> int:
         try:
             info["check"] = check(model, written, meta, args, target)
         except (ValueError, KeyError) as exc:
-            print(f"error: --check could not run: {exc}", file=sys.stderr, flush=True)
-            return 2
+            raise BadInput(f"--check could not run: {exc}")
         except OSError as exc:
             if diskio.is_disk_full(exc):
                 raise
-            print(f"error: --check could not run: {exc}", file=sys.stderr, flush=True)
-            return 2
+            raise BadInput(f"--check could not run: {exc}")
         code = 0 if info["check"]["ok"] else 1
     diskio.write_text(stage / fm.INFO_FILE, json.dumps(info, indent=1) + "\n")
     switch.commit(out, stage)

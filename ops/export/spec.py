@@ -12,7 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ops.drafter.sizes import drafter_params
-from ops.spec import REQUIRED, EstimateContext, OpSpec, dtype_bytes
+from ops.spec import EstimateContext, OpSpec, Param, dtype_bytes
+
+DTYPES = ("bfloat16", "float16", "float32")
 
 
 def estimate_bytes(ctx: EstimateContext) -> int | None:
@@ -46,16 +48,16 @@ def result_line(info: dict) -> str | None:
 SPEC = OpSpec(
     name="export",
     summary="write the drafter for SGLang (LlamaForCausalLMEagle3) and speculators/vLLM (Eagle3Speculator)",
-    params={
-        "checkpoint": REQUIRED,     # train's output directory (newest checkpoint) or a step_<N> directory
-        "output": REQUIRED,
-        "format": "both",
-        "dtype": "bfloat16",
-        "speculative_tokens": 0,
-        "check": True,
-        "check_samples": 4,
-        "data": None,
-    },
+    params=(
+        Param("checkpoint", help="train's output directory (newest checkpoint) or a step_<N> directory"),
+        Param("output", help="output directory (sglang/, speculators/, export_info.json)"),
+        Param("format", "both", "which formats to write", choices=("both", "sglang", "speculators")),
+        Param("dtype", "bfloat16", "dtype of the exported weights", choices=DTYPES),
+        Param("speculative_tokens", 0, "written into the speculators config (0: the training unroll depth)"),
+        Param("check", True, "reload what was written and compare its logits with the checkpoint's"),
+        Param("check_samples", 4, "samples the check runs over"),
+        Param("data", None, "hidden states for --check (default: training's)", type=str),
+    ),
     output_params=("output",),
     uses_target=True,
     uses_gpu=False,

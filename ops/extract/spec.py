@@ -10,8 +10,9 @@ from pathlib import Path
 
 from ops.extract import sglang_args
 from ops.extract.durable import DEFAULT as DURABLE
+from ops.extract.durable import MODES as DURABLE_MODES
 from ops.formats import SAMPLE_RE, TMP_SUFFIX, BadSampleFile, check_whole
-from ops.spec import REQUIRED, EstimateContext, OpSpec, dtype_bytes
+from ops.spec import EstimateContext, OpSpec, Param, dtype_bytes
 
 
 def aux_layer_count(params: dict) -> int:
@@ -92,30 +93,40 @@ def lint(ctx: EstimateContext, gpus: list[int] | None) -> list:
 SPEC = OpSpec(
     name="extract",
     summary="hidden states of the target's aux layers + final state, one safetensors file a sample",
-    params={
-        "input": REQUIRED,          # prepare's output directory
-        "output": REQUIRED,
-        "layer_ids": "auto",        # canonical ids (0-indexed layer whose OUTPUT is captured)
-        "max_seq_len": 4096,
-        "token_budget": 16384,      # tokens per forward batch; halved on OOM
-        "num_samples": None,
-        "device": "auto",
-        "dtype": "auto",
-        "writers": 4,               # writer threads
-        "queue_size": 32,           # samples queued for the writers before the forward waits
-        "host_batches": 3,          # batches of file images in host (pinned) memory; then the forward waits
-        "progress_interval": 5.0,   # seconds between `progress:` lines
-        "memory_fraction": None,    # cap on each GPU's memory this process may take (0..1]
-        "tokens": None,             # override for the estimate when no summary exists
-        "durable": DURABLE,         # "fsync" / "direct" (each file; O_DIRECT) or "syncfs" (once, at the end): durable.py
-        "compile": False,           # torch.compile each decoder layer (capture.compile_layers)
-        "force": False,
-        "engine": "hf",             # "hf" (transformers forward + hooks) or "sglang" (ops/extract/sglang_run.py)
-        "tp": 1,                    # sglang: tensor parallel ranks = processes (torchrun --nproc-per-node)
-        "ep": 1,                    # sglang: expert parallel size (divides tp)
-        "mem_fraction_static": None,    # sglang: its weights + KV share of each GPU (None: SGLang's)
-        "extra_args": None,         # sglang: a list of SGLang server flags (ops/extract/sglang_args.py)
-    },
+    params=(
+        Param("input", help="prepare's output directory (samples.safetensors)"),
+        Param("output", help="hidden-state output directory"),
+        Param("layer_ids", "auto", "canonical aux layers (0-indexed layer whose OUTPUT is captured), e.g. "
+              "2,30,58; auto = [1, N//2-1, N-4]"),
+        Param("max_seq_len", 4096, "tokens kept of each sample", low=1),
+        Param("token_budget", 16384, "padded tokens per forward batch; halved for a batch that runs out of "
+              "memory", low=1),
+        Param("num_samples", None, "only the first N samples", type=int, low=1),
+        Param("device", "auto", "auto, cpu, cuda, cuda:N, balanced (device_map=auto)"),
+        Param("dtype", "auto", "auto (the checkpoint's), bfloat16, float16, float32"),
+        Param("writers", 4, "writer threads", low=1),
+        Param("queue_size", 32, "samples waiting for a writer before the forward loop waits", low=1),
+        Param("host_batches", 3, "batches of sample files held in (pinned) host memory at once; then the "
+              "forward waits", low=1),
+        Param("progress_interval", 5.0, "seconds between `progress:` lines"),
+        Param("memory_fraction", None, "cap on the share of each GPU's memory this process takes (leaves room "
+              "for others)", type=float, low=0, low_open=True, high=1),
+        Param("tokens", None, "token count for the disk estimate (default: the input's)", type=int),
+        Param("durable", DURABLE, "how sample files reach the disk before data_config.json says complete: "
+              "fsync each file before its rename (direct: written with O_DIRECT), or one syncfs of the "
+              "filesystem at the end (ops/extract/durable.py)", choices=DURABLE_MODES),
+        Param("compile", False, "torch.compile each decoder layer (fuses the eager forward's small kernels; "
+              "the first batches pay the compile)"),
+        Param("force", False, "start even if the disk estimate exceeds free space"),
+        Param("engine", "hf", "hf: transformers forward with hooks; sglang: the target in SGLang with tp/ep, "
+              "one process per TP rank under torchrun (ops/extract/sglang_run.py)", choices=("hf", "sglang")),
+        Param("tp", 1, "sglang: tensor parallel size (= WORLD_SIZE: torchrun --nproc-per-node)", low=1),
+        Param("ep", 1, "sglang: expert parallel size (MoE; divides tp)", low=1),
+        Param("mem_fraction_static", None, "sglang: share of each GPU for weights and KV cache (default: "
+              "SGLang's)", type=float, low=0, low_open=True, high=1, high_open=True),
+        Param("extra_args", None, "sglang: JSON list of SGLang server flags added to the engine's own, e.g. "
+              '["--attention-backend", "triton"] (ops/extract/sglang_args.py)', json=True),
+    ),
     output_params=("output",),
     uses_target=True,
     uses_gpu=True,
@@ -127,7 +138,6 @@ SPEC = OpSpec(
     partial_files=partial_files,
     result_file="data_config.json",
     result_line=result_line,
-    json_params=("extra_args",),
     launch=sglang_args.launch,
     extra={"lint": lint},
 )

@@ -15,7 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from ops.common import BadInput, progress, run_main, spec_defaults
+from ops.common import BadInput, progress, run_main
+from ops.params import build_parser as spec_parser
 from ops.prepare.spec import SPEC
 
 CHUNK = 256                 # conversations per tokenizer batch call / worker task
@@ -23,27 +24,13 @@ PARALLEL_FROM = 4096        # below this many rows, worker start-up costs more t
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m ops.prepare", description=__doc__.splitlines()[0])
-    p.add_argument("--input", help="conversations JSONL (ShareGPT or OpenAI rows)")
-    p.add_argument("--output", help="output directory")
-    p.add_argument("--tokenizer", help="tokenizer directory (default: --target)")
-    p.add_argument("--target", default=None, help="the target model directory")
-    p.add_argument("--max-seq-len", type=int)
-    p.add_argument("--workers", type=int, help="0 = auto")
-    p.add_argument("--limit", type=int, help="read only the first N rows")
-    p.add_argument("--trust-remote-code", action="store_true")
-    return spec_defaults(p, SPEC)
+    return spec_parser(SPEC, description=__doc__.splitlines()[0], target_required=False,
+                       target_help="the target model directory (its tokenizer unless --tokenizer)")
 
 
 def parse_args(argv):
-    args = build_parser().parse_args(argv)
-    if args.max_seq_len < 1:
-        raise BadInput(f"--max-seq-len must be >= 1, got {args.max_seq_len}")
-    if args.limit is not None and args.limit < 1:
-        raise BadInput(f"--limit must be >= 1, got {args.limit}")
-    if args.workers < 0:
-        raise BadInput(f"--workers must be >= 0, got {args.workers}")
-    return args
+    # The bounds (max_seq_len >= 1, limit >= 1, workers >= 0) are the spec's Params'.
+    return build_parser().parse_args(argv)
 
 
 def auto_workers(n_rows: int) -> int:

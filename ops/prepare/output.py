@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ops.common import TMP_SUFFIX, read_json, write_json_atomic
+from ops.common import TMP_SUFFIX, write_json_atomic
 
 SAMPLES = "samples.safetensors"
 SUMMARY = "summary.json"
@@ -80,11 +80,6 @@ def write_samples(output: Path, ids: list[np.ndarray], masks: list[np.ndarray],
 
 def write_summary(output: Path, summary: dict) -> None:
     write_json_atomic(output / SUMMARY, summary)
-
-
-def is_complete(output: Path) -> bool:
-    summary = read_json(output / SUMMARY)
-    return bool(summary) and summary.get("status") == "complete" and (output / SAMPLES).is_file()
 
 
 def load_samples(output: Path) -> dict[str, np.ndarray]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ops.spec import REQUIRED, EstimateContext, OpSpec, unvouched_files
+from ops.spec import EstimateContext, OpSpec, Param, unvouched_files
 
 # samples.safetensors holds 5 bytes a token (int32 id + uint8 mask); English
 # text runs ~4 bytes a token, JSON adds its keys: ~1.25 x the input, rounded up.
@@ -73,15 +73,15 @@ def result_line(summary: dict) -> str | None:
 SPEC = OpSpec(
     name="prepare",
     summary="tokenize conversations with the chat template; loss mask on assistant turns",
-    params={
-        "input": REQUIRED,          # JSONL: ShareGPT `conversations` or OpenAI `messages` rows
-        "output": REQUIRED,
-        "tokenizer": None,          # default: the target's directory
-        "max_seq_len": 4096,
-        "workers": 0,               # 0 = auto (1 below 4096 rows)
-        "limit": None,
-        "trust_remote_code": False,
-    },
+    params=(
+        Param("input", help="conversations JSONL (ShareGPT `conversations` or OpenAI `messages` rows)"),
+        Param("output", help="output directory"),
+        Param("tokenizer", None, "tokenizer directory (default: --target)", type=str),
+        Param("max_seq_len", 4096, "tokens kept of each conversation (the rest is cut)", low=1),
+        Param("workers", 0, "tokenizer processes (0 = auto: 1 below 4096 rows)", low=0),
+        Param("limit", None, "read only the first N rows", type=int, low=1),
+        Param("trust_remote_code", False, "let the tokenizer run its repository's code"),
+    ),
     output_params=("output",),
     uses_target=True,
     progress="log",

@@ -14,34 +14,14 @@ import os
 import sys
 
 from ops.serve import command
-from ops.common import spec_defaults
+from ops.common import BadInput, run_main
+from ops.params import build_parser as spec_parser
 from ops.serve.spec import SPEC
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m ops.serve", description=__doc__.splitlines()[0])
-    ap.add_argument("--target", default=None, help="the [target] path: the model when --model-path is not given")
-    ap.add_argument("--model-path")
-    ap.add_argument("--tp", type=int)
-    ap.add_argument("--dp", type=int)
-    ap.add_argument("--ep", type=int)
-    ap.add_argument("--host")
-    ap.add_argument("--port", type=int)
-    ap.add_argument("--mem-fraction-static", type=float)
-    ap.add_argument("--context-length", type=int)
-    ap.add_argument("--mode", choices=command.MODES)
-    ap.add_argument("--drafter")
-    ap.add_argument("--speculative-algorithm")
-    ap.add_argument("--num-steps", type=int)
-    ap.add_argument("--topk", type=int)
-    ap.add_argument("--num-draft-tokens", type=int)
-    ap.add_argument("--enable-metrics", action=argparse.BooleanOptionalAction)
-    ap.add_argument("--extra-args", help="JSON list of argv words passed to SGLang")
-    ap.add_argument("--ready-timeout-s", type=float, help="the console's: not ready this long after the start is "
-                                                          "CRITICAL (not passed to SGLang)")
-    ap.add_argument("--force", action="store_true", help="exec the server despite lint errors")
-    ap.add_argument("--launcher")
-    return spec_defaults(ap, SPEC)
+    return spec_parser(SPEC, description=__doc__.splitlines()[0], target_required=False,
+                       target_help="the [target] path: the model when --model-path is not given")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -88,6 +68,11 @@ def check_with_sglang(server_args: list[str]) -> str:
 
 
 def main(argv=None) -> int:
+    """The program's exit code: bad input is 2 with its `serve: error:` line (ops/common.run_main)."""
+    return run_main(_main, argv, prog="serve")
+
+
+def _main(argv=None) -> int:
     args = parse_args(argv)
     p = vars(args)
     model = args.model_path or args.target
@@ -95,26 +80,20 @@ def main(argv=None) -> int:
         lints = command.lint(p, model, visible_gpus())
         server = command.server_argv(p, model or "")
     except ValueError as exc:
-        print(f"serve: error: {exc}", file=sys.stderr, flush=True)
-        return 2
+        raise BadInput(str(exc)) from None
     for x in lints:
         print(f"serve: lint {x}", flush=True)
     if command.errors(lints) and args.force:
         print(f"serve: --force: starting despite {len(command.errors(lints))} lint error(s)", flush=True)
     elif command.errors(lints):
-        print(f"serve: refused: {len(command.errors(lints))} lint error(s) above", file=sys.stderr, flush=True)
-        return 2
+        raise BadInput(f"refused: {len(command.errors(lints))} lint error(s) above")
     if args.launcher == command.SGLANG_LAUNCHER:
         try:
             version = check_with_sglang(server)
         except ImportError as exc:
-            print(f"serve: error: sglang is not importable here ({exc}); pip install sglang=={command.PINNED_SGLANG}",
-                  file=sys.stderr, flush=True)
-            return 2
+            raise BadInput(f"sglang is not importable here ({exc}); pip install sglang=={command.PINNED_SGLANG}")
         except SystemExit:
-            print("serve: refused: SGLang's own parser rejected the argv (its message is above)",
-                  file=sys.stderr, flush=True)
-            return 2
+            raise BadInput("refused: SGLang's own parser rejected the argv (its message is above)") from None
         if version != command.PINNED_SGLANG:
             print(f"serve: lint warning: sglang {version} installed; flags were checked against "
                   f"{command.PINNED_SGLANG}", flush=True)
@@ -123,9 +102,7 @@ def main(argv=None) -> int:
     if port and port_in_use(host, port):
         # SGLang binds it only after the weights loaded, then dies on it; meanwhile the
         # console would read the other server's /ready as this stage's.
-        print(f"serve: error: port {port} on {host} is in use (another server?): stop it or choose another port",
-              file=sys.stderr, flush=True)
-        return 2
+        raise BadInput(f"port {port} on {host} is in use (another server?): stop it or choose another port")
     full = [sys.executable, "-m", args.launcher] + server
     print("serve: exec " + json.dumps(full), flush=True)
     os.execv(sys.executable, full)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ops.serve import command
 from ops.serve.readiness import SERVE_READY_TIMEOUT_S
-from ops.spec import EstimateContext, Lint, OpSpec
+from ops.spec import EstimateContext, Lint, OpSpec, Param
 
 
 def lint(ctx: EstimateContext, gpus: list[int] | None) -> list[Lint]:
@@ -31,30 +31,32 @@ def lint(ctx: EstimateContext, gpus: list[int] | None) -> list[Lint]:
 SPEC = OpSpec(
     name="serve",
     summary="a managed SGLang server (python -m sglang.launch_server): the target alone or speculative EAGLE3",
-    params={
-        "model_path": None,         # default: [target].path
-        "tp": 1,
-        "dp": 1,
-        "ep": 1,
-        "host": "127.0.0.1",
-        "port": 30000,
-        "mem_fraction_static": None,
-        "context_length": None,
-        "mode": "target",           # target | speculative
-        "drafter": None,            # export's output directory (its sglang/ folder)
-        "speculative_algorithm": "EAGLE3",
-        "num_steps": 3,
-        "topk": 1,
-        "num_draft_tokens": 4,
-        "enable_metrics": True,
-        "extra_args": None,         # a list of argv words passed to SGLang as they are
-        "ready_timeout_s": SERVE_READY_TIMEOUT_S,   # the console's: not ready by then is CRITICAL
-        "force": False,             # start despite lint errors (`run --force` sets it)
-        "launcher": command.SGLANG_LAUNCHER,   # module run as `python -m`; tests use a fake
-    },
+    params=(
+        Param("model_path", None, "the model (default: [target].path, passed as --target)", type=str),
+        Param("tp", 1, "tensor parallel size", low=1),
+        Param("dp", 1, "data parallel replicas", low=1),
+        Param("ep", 1, "expert parallel size (MoE; ep x moe_dp_size = tp)", low=1),
+        Param("host", "127.0.0.1", "address the server listens on"),
+        Param("port", 30000, "port the server listens on", low=1, high=65535),
+        Param("mem_fraction_static", None, "share of each GPU for weights and KV cache (default: SGLang's)",
+              type=float, low=0, low_open=True, high=1, high_open=True),
+        Param("context_length", None, "the model's context length (default: its config's)", type=int),
+        Param("mode", "target", "target: the target alone; speculative: with the EAGLE3 drafter",
+              choices=command.MODES),
+        Param("drafter", None, "export's output directory (its sglang/ folder)", type=str),
+        Param("speculative_algorithm", "EAGLE3", "SGLang's --speculative-algorithm", choices=command.ALGORITHMS),
+        Param("num_steps", 3, "draft steps a verify (--speculative-num-steps)"),
+        Param("topk", 1, "drafts kept a step (--speculative-eagle-topk)"),
+        Param("num_draft_tokens", 4, "tokens verified a step (--speculative-num-draft-tokens)"),
+        Param("enable_metrics", True, "SGLang's Prometheus /metrics (the console reads it)"),
+        Param("extra_args", None, "JSON list of argv words passed to SGLang as they are", json=True),
+        Param("ready_timeout_s", SERVE_READY_TIMEOUT_S, "the console's: not ready this long after the start "
+              "is CRITICAL (not passed to SGLang)", low=0, low_open=True),
+        Param("force", False, "exec the server despite lint errors (`run --force` sets it)"),
+        Param("launcher", command.SGLANG_LAUNCHER, "module run as `python -m` (tests use a fake)"),
+    ),
     uses_target=True,
     uses_gpu=True,
     progress="log",
-    json_params=("extra_args",),
     extra={"lint": lint, "serve": True},
 )

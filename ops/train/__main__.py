@@ -21,65 +21,16 @@ import os
 import sys
 import time
 from pathlib import Path
-from ops.common import spec_defaults
-from ops.train.levers import parse_bucket, resolve
+from ops.common import BadInput, run_main
+from ops.params import build_parser as spec_parser
+from ops.train.levers import resolve
 from ops.train.targets import TargetView, out_of_vocab
 from ops.train.spec import SPEC
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m ops.train", description=__doc__.splitlines()[0])
-    p.add_argument("--data", help="extract output directory (hidden states)")
-    p.add_argument("--vocab", help="vocab output directory (vocab.safetensors)")
-    p.add_argument("--target", required=True, help="the target's Hugging Face checkpoint directory")
-    p.add_argument("--output")
-    p.add_argument("--epochs", type=int)
-    p.add_argument("--max-steps", type=int, help="stop after this many steps (0: epochs decide)")
-    p.add_argument("--lr", type=float)
-    p.add_argument("--min-lr-ratio", type=float)
-    p.add_argument("--warmup-ratio", type=float)
-    p.add_argument("--weight-decay", type=float)
-    p.add_argument("--grad-clip", type=float)
-    p.add_argument("--token-budget", type=int, help="padded tokens per micro-batch per rank")
-    p.add_argument("--max-len", type=int)
-    p.add_argument("--grad-accum", type=int)
-    p.add_argument("--ttt-steps", type=int)
-    p.add_argument("--decay", type=float)
-    p.add_argument("--save-every", type=int)
-    p.add_argument("--keep", type=int, help="checkpoints kept (0: all)")
-    p.add_argument("--log-every", type=int)
-    p.add_argument("--seed", type=int)
-    p.add_argument("--workers", type=int)
-    p.add_argument("--holdout", type=int, help="samples kept out of training (for bench)")
-    p.add_argument("--stop-at", type=int,
-                   help="leave after this step with a checkpoint, the schedule still spanning the whole run "
-                        "(train in slices; --resume continues)")
-    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --output")
-    p.add_argument("--replace-checkpoints", action="store_true",
-                   help="delete another run's checkpoints in --output and start over (ops/train/owner.py)")
-    p.add_argument("--report-to", choices=("none", "tensorboard"),
-                   help="also write the metrics as TensorBoard scalars under <output>/tb/")
-    p.add_argument("--device", help="auto | cpu | cuda")
-    p.add_argument("--num-heads", type=int, help="override the target's num_attention_heads")
-    p.add_argument("--num-kv-heads", type=int)
-    p.add_argument("--intermediate-size", type=int)
-    # Speed levers (ops/drafter/model.py; equal to the old path within bf16 noise,
-    # timed by benchmarks/train_throughput.py). "auto": on CUDA the fast path,
-    # on the CPU the old one (ops/train/levers.py says why).
-    p.add_argument("--ttt-attention", choices=("auto", "mask", "flex"),
-                   help="TTT attention: explicit mask through SDPA, or a FlexAttention block mask (CUDA)")
-    p.add_argument("--loss", choices=("auto", "full", "chunked"),
-                   help="soft CE over full fp32 logits, or chunked with the LM head (less memory)")
-    # A bare --fused-adamw (the flag this was before it took a value; a pipeline
-    # file's `fused_adamw = true` still writes it) means on.
-    p.add_argument("--fused-adamw", choices=("auto", "on", "off"), nargs="?", const="on",
-                   help="AdamW's fused kernel")
-    p.add_argument("--compile", choices=("auto", "on", "off"),
-                   help="torch.compile each TTT step's layer and loss work (one graph per batch shape)")
-    p.add_argument("--length-bucket", type=parse_bucket,
-                   help="pad each batch's length up to a multiple of this many tokens (0: to its longest "
-                        "sample; auto: 256 where flex or compile builds a kernel per shape)")
-    return spec_defaults(p, SPEC)
+    return spec_parser(SPEC, description=__doc__.splitlines()[0],
+                       target_help="the target's Hugging Face checkpoint directory")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -96,6 +47,11 @@ def lr_lambda(total: int, warmup: int, min_ratio: float):
 
 
 def main(argv=None) -> int:
+    """The program's exit code: bad input is 2 with its `error:` line (ops/common.run_main)."""
+    return run_main(_main, argv, prog=None)
+
+
+def _main(argv=None) -> int:
     from ops.drafter import checkpoint as ck
     from ops.drafter import diskio
     from ops.drafter.data import DataError
@@ -112,18 +68,16 @@ def main(argv=None) -> int:
             # A full disk (a checkpoint, metrics.jsonl): the file and ENOSPC in one
             # line, as extract ends; the torn checkpoint is gone, the whole ones stay.
             newest = ck.newest(Path(args.output))
-            print(f"error: {diskio.disk_full_text(exc, args.output)}; "
-                  + (f"the checkpoints written before stay (newest {newest}); free space and run again "
-                     f"with resume=true" if newest else "no checkpoint was written; free space and run again"),
-                  file=sys.stderr, flush=True)
-            return 2
+            raise BadInput(f"{diskio.disk_full_text(exc, args.output)}; "
+                           + (f"the checkpoints written before stay (newest {newest}); free space and run "
+                              f"again with resume=true" if newest
+                              else "no checkpoint was written; free space and run again")) from None
         except DataError as exc:
             # A sample file that read_data's header check passed but that cannot
             # be read when its batch comes (truncated, overwritten since): the
             # file's name and exit 2, as for bad data found at the start; the
             # checkpoints written so far stay.
-            print(f"error: {_data_error_line(exc)}", file=sys.stderr, flush=True)
-            return 2
+            raise BadInput(_data_error_line(exc)) from None
 
 
 def _data_error_line(exc: Exception) -> str:
@@ -174,8 +128,7 @@ def train(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
         refuse_early(output, args.resume, args.replace_checkpoints)
         report = open_report(args.report_to, output, write=is_main)
     except (ReportError, OwnerError) as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return 2
+        raise BadInput(str(exc)) from None
     try:
         info = read_data(Path(args.data))
         head = load_target_head(Path(args.target))
@@ -184,12 +137,10 @@ def train(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
                           {"num_attention_heads": args.num_heads, "num_key_value_heads": args.num_kv_heads,
                            "intermediate_size": args.intermediate_size})
     except (ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return 2
+        raise BadInput(str(exc)) from None
     if info.hidden_size != cfg.hidden_size:
-        print(f"error: {info.root / 'data_config.json'}: hidden_size {info.hidden_size} != the target's "
-              f"{cfg.hidden_size} ({args.target}/config.json)", file=sys.stderr, flush=True)
-        return 2
+        raise BadInput(f"{info.root / 'data_config.json'}: hidden_size {info.hidden_size} != the target's "
+                       f"{cfg.hidden_size} ({args.target}/config.json)")
 
     torch.manual_seed(args.seed)
     model = Eagle3Drafter(cfg)
@@ -210,9 +161,8 @@ def train(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
     per_epoch = len(sampler)                 # micro-batches per rank per epoch
     steps_per_epoch = per_epoch // args.grad_accum
     if steps_per_epoch == 0:
-        print(f"error: {len(batches)} batches cannot feed {world} rank(s) x {args.grad_accum} "
-              f"accumulation; lower --token-budget or --grad-accum", file=sys.stderr, flush=True)
-        return 2
+        raise BadInput(f"{len(batches)} batches cannot feed {world} rank(s) x {args.grad_accum} "
+                       f"accumulation; lower --token-budget or --grad-accum")
     total = args.max_steps or args.epochs * steps_per_epoch
     warmup = math.ceil(total * args.warmup_ratio)
 
@@ -231,8 +181,7 @@ def train(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
     try:
         start = begin(output, args.resume, args.replace_checkpoints, cfg.to_dict(), is_main, log)
     except OwnerError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return 2
+        raise BadInput(str(exc)) from None
     step = load_resumed(start, model, opt, sched, device)
 
     ddp = DDP(model, device_ids=[local_rank] if use_cuda else None, broadcast_buffers=False) \
@@ -286,8 +235,7 @@ def train(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
             if bad:
                 # Checked on the CPU copy: on the device the embedding lookup is
                 # a bare IndexError (a device-side assert on CUDA) naming nothing.
-                print(f"error: {bad}", file=sys.stderr, flush=True)
-                return 2
+                raise BadInput(bad)
             tgt, ok = view.targets(dev["final"], dev["loss_mask"], dev["lengths"])
             sync = contextlib.nullcontext() if (world == 1 or micro == args.grad_accum - 1) else ddp.no_sync()
             with sync, autocast:

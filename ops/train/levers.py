@@ -24,6 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DEFAULT_BUCKET = 256     # tokens: at most 16 buckets up to 4,096, padding < 256 / length
+# Each lever's values (the train spec's params declare them as its choices).
+TTT_ATTENTION = ("auto", "mask", "flex")
+LOSS = ("auto", "full", "chunked")
+SWITCH = ("auto", "on", "off")
 
 
 class LeverError(ValueError):
@@ -52,9 +56,9 @@ def _choice(name: str, value, allowed: tuple[str, ...]) -> str:
 
 
 def parse_bucket(value) -> str:
-    """argparse type of --length-bucket: 'auto' or a whole number of tokens (0 = off)."""
-    import argparse
-
+    """--length-bucket: 'auto' or a whole number of tokens (0 = off), as text;
+    LeverError (a ValueError) otherwise, which the param's check and argparse
+    both report (ops/params.py)."""
     text = str(value)
     if text == "auto":
         return text
@@ -63,16 +67,16 @@ def parse_bucket(value) -> str:
     except ValueError:
         n = -1
     if n < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected 'auto' or a whole number of tokens (0 = off)")
+        raise LeverError("expected 'auto' or a whole number of tokens (0 = off)")
     return str(n)
 
 
 def resolve(cuda: bool, ttt_attention="auto", loss="auto", fused_adamw="auto", compile="auto",
             length_bucket="auto") -> Levers:
-    attn = _choice("ttt_attention", ttt_attention, ("auto", "mask", "flex"))
-    loss_v = _choice("loss", loss, ("auto", "full", "chunked"))
-    fused = _choice("fused_adamw", fused_adamw, ("auto", "on", "off"))
-    comp = _choice("compile", compile, ("auto", "on", "off"))
+    attn = _choice("ttt_attention", ttt_attention, TTT_ATTENTION)
+    loss_v = _choice("loss", loss, LOSS)
+    fused = _choice("fused_adamw", fused_adamw, SWITCH)
+    comp = _choice("compile", compile, SWITCH)
     attn = ("flex" if cuda else "mask") if attn == "auto" else attn
     loss_v = ("chunked" if cuda else "full") if loss_v == "auto" else loss_v
     fused_b = cuda if fused == "auto" else fused == "on"

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from ops.drafter.metrics import from_record
 from ops.drafter.sizes import drafter_params
-from ops.spec import REQUIRED, EstimateContext, OpSpec
+from ops.spec import EstimateContext, OpSpec, Param
+from ops.train.levers import LOSS, SWITCH, TTT_ATTENTION, parse_bucket
 
 CHECKPOINT_BYTES_PER_PARAM = 12
 
@@ -51,44 +52,55 @@ def result_line(metrics: dict) -> str | None:
 SPEC = OpSpec(
     name="train",
     summary="fit the EAGLE-3 drafter (fc + one decoder layer, training-time test over K steps)",
-    params={
-        "data": REQUIRED,           # extract's output directory
-        "vocab": REQUIRED,          # vocab's output directory
-        "output": REQUIRED,
-        "epochs": 1,
-        "max_steps": 0,
-        "stop_at": 0,
-        "lr": 1e-4,
-        "min_lr_ratio": 0.0,
-        "warmup_ratio": 0.02,
-        "weight_decay": 0.0,
-        "grad_clip": 0.5,
-        "token_budget": 16384,      # padded tokens per micro-batch per rank; halved on OOM
-        "max_len": 4096,
-        "grad_accum": 1,
-        "ttt_steps": 7,
-        "decay": 0.8,
-        "save_every": 500,
-        "keep": 3,
-        "log_every": 10,
-        "seed": 0,
-        "workers": 2,
-        "holdout": 0,
-        "resume": False,
-        "replace_checkpoints": False,   # delete another run's checkpoints in the output (ops/train/owner.py)
-        "report_to": "none",        # or "tensorboard": scalars under <output>/tb/ (the tensorboard extra)
-        "device": "auto",
-        "num_heads": None,
-        "num_kv_heads": None,
-        "intermediate_size": None,
-        # Speed levers (ops/drafter/model.py); "auto" = the fast path on CUDA, the
-        # old one on the CPU (ops/train/levers.py says why).
-        "ttt_attention": "auto",    # or "mask" / "flex"
-        "loss": "auto",             # or "full" / "chunked"
-        "fused_adamw": "auto",      # or "on" / "off"
-        "compile": "auto",          # or "on" / "off": torch.compile of each TTT step's work
-        "length_bucket": "auto",    # or tokens (0 = off): 256 where flex or compile is on
-    },
+    params=(
+        Param("data", help="extract's output directory (hidden states)"),
+        Param("vocab", help="vocab's output directory (vocab.safetensors)"),
+        Param("output", help="output directory (checkpoints/, metrics.jsonl)"),
+        Param("epochs", 1, "passes over the training samples"),
+        Param("max_steps", 0, "stop after this many steps (0: epochs decide)"),
+        Param("stop_at", 0, "leave after this step with a checkpoint, the schedule still spanning the whole "
+              "run (train in slices; --resume continues)"),
+        Param("lr", 1e-4, "peak learning rate"),
+        Param("min_lr_ratio", 0.0, "the cosine schedule's floor, a share of lr"),
+        Param("warmup_ratio", 0.02, "share of the steps spent warming up"),
+        Param("weight_decay", 0.0, "AdamW's weight decay (matrices only)"),
+        Param("grad_clip", 0.5, "gradient norm clip"),
+        Param("token_budget", 16384, "padded tokens per micro-batch per rank; halved on OOM", low=1),
+        Param("max_len", 4096, "tokens of a sample trained on", low=1),
+        Param("grad_accum", 1, "micro-batches an optimizer step", low=1),
+        Param("ttt_steps", 7, "K: draft steps of the training-time test", low=1),
+        Param("decay", 0.8, "weight of step k's loss: decay**k"),
+        Param("save_every", 500, "steps between checkpoints", low=1),
+        Param("keep", 3, "checkpoints kept (0: all)"),
+        Param("log_every", 10, "steps between `progress:` lines and metrics.jsonl records", low=1),
+        Param("seed", 0, "seed of the init, the shuffle and the holdout"),
+        Param("workers", 2, "DataLoader worker processes", low=0),
+        Param("holdout", 0, "samples kept out of training (for bench)"),
+        Param("resume", False, "continue from the newest checkpoint in --output"),
+        Param("replace_checkpoints", False, "delete another run's checkpoints in --output and start over "
+              "(ops/train/owner.py)"),
+        Param("report_to", "none", "tensorboard: also write the metrics as TensorBoard scalars under "
+              "<output>/tb/ (the tensorboard extra)", choices=("none", "tensorboard")),
+        Param("device", "auto", "auto | cpu | cuda"),
+        Param("num_heads", None, "override the target's num_attention_heads", type=int),
+        Param("num_kv_heads", None, "override the target's num_key_value_heads", type=int),
+        Param("intermediate_size", None, "override the target's intermediate_size", type=int),
+        # Speed levers (ops/drafter/model.py; equal to the old path within bf16 noise,
+        # timed by benchmarks/train_throughput.py). "auto": on CUDA the fast path,
+        # on the CPU the old one (ops/train/levers.py says why).
+        Param("ttt_attention", "auto", "TTT attention: explicit mask through SDPA, or a FlexAttention block "
+              "mask (CUDA)", choices=TTT_ATTENTION),
+        Param("loss", "auto", "soft CE over full fp32 logits, or chunked with the LM head (less memory)",
+              choices=LOSS),
+        # A bare --fused-adamw (the flag this was before it took a value; a pipeline
+        # file's `fused_adamw = true` still writes it) means on.
+        Param("fused_adamw", "auto", "AdamW's fused kernel", choices=SWITCH, const="on"),
+        Param("compile", "auto", "torch.compile each TTT step's layer and loss work (one graph per batch "
+              "shape)", choices=SWITCH),
+        Param("length_bucket", "auto", "pad each batch's length up to a multiple of this many tokens (0: to "
+              "its longest sample; auto: 256 where flex or compile builds a kernel per shape)",
+              convert=parse_bucket),
+    ),
     output_params=("output",),
     uses_target=True,
     uses_gpu=True,

@@ -16,7 +16,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ops.common import BadInput, read_json, run_main, write_json_atomic, spec_defaults
+from ops.common import BadInput, read_json, run_main, write_json_atomic
+from ops.params import build_parser as spec_parser
 from ops.formats import DATA_CONFIG
 from ops.verify.check import Report, verify_headers
 from ops.verify.spec import SPEC
@@ -25,16 +26,7 @@ _LIST_LIMIT = 50
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m ops.verify", description=SPEC.summary)
-    p.add_argument("--input", help="extract's output directory")
-    p.add_argument("--deep", type=int, help="load N random samples (NaN/Inf, mask, ids)")
-    p.add_argument("--recompute", type=int,
-                   help="with --deep and --target: recompute this many of them with the target")
-    p.add_argument("--target", default=None, help="the target model directory (used by --deep only)")
-    p.add_argument("--report", help="write the JSON report here")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--workers", type=int)
-    return spec_defaults(p, SPEC)
+    return spec_parser(SPEC, target_required=False, target_help="the target model directory (used by --deep only)")
 
 
 class _Ticker:
@@ -57,8 +49,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     output = Path(args.input)
     if not output.is_dir():
         raise BadInput(f"input {output}: not a directory (an extract output expected)")
-    if args.deep < 0 or args.recompute < 0:
-        raise BadInput("--deep and --recompute must be >= 0")
     ticker = _Ticker()
     report = verify_headers(output, workers=args.workers, on_progress=ticker)
     ticker(report, report.checked, force=True)

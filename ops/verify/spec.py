@@ -9,7 +9,7 @@ reads for the stage's result line) or the log.
 
 from __future__ import annotations
 
-from ops.spec import REQUIRED, OpSpec
+from ops.spec import OpSpec, Param
 
 def result_line(report: dict) -> str | None:
     """The report in a line: whether every sample file checks out, and what
@@ -36,14 +36,14 @@ def result_line(report: dict) -> str | None:
 SPEC = OpSpec(
     name="verify",
     summary="check every sample file of an extract output from its safetensors header; --deep loads some",
-    params={
-        "input": REQUIRED,      # extract's output directory
-        "deep": 0,              # samples loaded and checked for NaN/Inf (0: headers only)
-        "recompute": 2,         # of those, samples recomputed with the target (needs --target)
-        "report": None,         # JSON report path; printed to the log when unset
-        "seed": 0,              # which random samples --deep picks
-        "workers": 8,           # threads reading headers (helps on network filesystems)
-    },
+    params=(
+        Param("input", help="extract's output directory"),
+        Param("deep", 0, "load N random samples and check them (NaN/Inf, mask, ids; 0: headers only)", low=0),
+        Param("recompute", 2, "with --deep and --target: recompute this many of them with the target", low=0),
+        Param("report", None, "write the JSON report here (default: the log)", type=str),
+        Param("seed", 0, "which random samples --deep picks"),
+        Param("workers", 8, "threads reading headers (helps on network filesystems)"),
+    ),
     output_params=(),
     # The target is only read with --deep (to recompute samples).
     uses_target=True,

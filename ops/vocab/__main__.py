@@ -15,7 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from ops.common import BadInput, read_json, resolve_target_vocab, run_main, write_json_atomic, spec_defaults
+from ops.common import BadInput, read_json, resolve_target_vocab, run_main, write_json_atomic
+from ops.params import build_parser as spec_parser
 from ops.vocab.spec import SPEC
 
 VOCAB = "vocab.safetensors"
@@ -23,23 +24,13 @@ VOCAB_JSON = "vocab.json"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m ops.vocab", description=__doc__.splitlines()[0])
-    p.add_argument("--input", help="prepare's output directory")
-    p.add_argument("--output", help="output directory")
-    p.add_argument("--target", default=None, help="the target model directory (config.json vocab_size)")
-    p.add_argument("--draft-vocab-size", type=int)
-    p.add_argument("--target-vocab-size", type=int,
-                   help="default: the target's config.json vocab_size, else the tokenizer's size")
-    return spec_defaults(p, SPEC)
+    return spec_parser(SPEC, description=__doc__.splitlines()[0], target_required=False,
+                       target_help="the target model directory (config.json vocab_size)")
 
 
 def parse_args(argv):
-    args = build_parser().parse_args(argv)
-    if args.draft_vocab_size < 1:
-        raise BadInput(f"--draft-vocab-size must be >= 1, got {args.draft_vocab_size}")
-    if args.target_vocab_size is not None and args.target_vocab_size < 1:
-        raise BadInput(f"--target-vocab-size must be >= 1, got {args.target_vocab_size}")
-    return args
+    # The bounds (both sizes >= 1) are the spec's Params'.
+    return build_parser().parse_args(argv)
 
 
 def target_vocab_size(args, summary: dict) -> tuple[int, str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ops.spec import REQUIRED, EstimateContext, OpSpec, unvouched_files
+from ops.spec import EstimateContext, OpSpec, Param, unvouched_files
 
 VOCAB = "vocab.safetensors"
 VOCAB_JSON = "vocab.json"
@@ -57,12 +57,14 @@ def result_line(info: dict) -> str | None:
 SPEC = OpSpec(
     name="vocab",
     summary="draft vocabulary: the most frequent token ids under the loss mask (d2t, t2d)",
-    params={
-        "input": REQUIRED,              # prepare's output directory
-        "output": REQUIRED,
-        "draft_vocab_size": 32000,
-        "target_vocab_size": None,      # default: the target's config.json vocab_size
-    },
+    params=(
+        Param("input", help="prepare's output directory"),
+        Param("output", help="output directory"),
+        Param("draft_vocab_size", 32000, "token ids of the draft vocabulary (the most frequent under the mask)",
+              low=1),
+        Param("target_vocab_size", None, "default: the target's config.json vocab_size, else the tokenizer's size",
+              type=int, low=1),
+    ),
     output_params=("output",),
     uses_target=True,
     progress="log",
