@@ -17,10 +17,7 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
-
-if TYPE_CHECKING:
-    import argparse
+from typing import Any, Callable, Iterable, Sequence
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 TMP_SUFFIX = ".tmp"
@@ -54,27 +51,6 @@ def run_main(main: Callable[[Sequence[str] | None], int | None],
         traceback.print_exc()
         return EXIT_FAILURE
     return EXIT_OK if code is None else int(code)
-
-
-def spec_defaults(parser: "argparse.ArgumentParser", spec: Any) -> "argparse.ArgumentParser":
-    """Make the op's SPEC.params the one source of its flags' defaults.
-
-    Each op's parser declares its flags (types, help, choices) without
-    defaults; this sets every default from the spec (argparse: parser-level
-    defaults win over argument-level ones) and marks REQUIRED params required,
-    so `run`, the pipeline file's checks and the program can never disagree.
-    A spec param the parser lacks is a programming error, raised at once."""
-    from ops.spec import REQUIRED
-    dests = {a.dest: a for a in parser._actions}
-    missing = sorted(k for k in spec.params if k not in dests)
-    if missing:
-        raise RuntimeError(f"{parser.prog}: SPEC.params {missing} have no flag")
-    for key, default in spec.params.items():
-        if default is REQUIRED:
-            dests[key].required = True
-        else:
-            dests[key].default = default
-    return parser
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

@@ -205,7 +205,7 @@ def test_bad_inputs_get_clear_errors(tiny, tmp_path, capsys):
     assert run_main(extract_main, extract_argv(target, prepared, tmp_path / "o2", "--layer-ids", "1,9")) == 2
     assert "outside the target's layers 0..7" in capsys.readouterr().err
     assert run_main(extract_main, extract_argv(target, prepared, tmp_path / "o4", "--host-batches", "0")) == 2
-    assert "host_batches must be at least 1, got 0" in capsys.readouterr().err
+    assert "argument --host-batches: expected >= 1, got 0" in capsys.readouterr().err
 
     # An output made with other layers is not resumed into.
     out = tmp_path / "o3"

@@ -1,5 +1,5 @@
 """One source of each op's defaults: every op's argument parser takes its
-defaults from its SPEC.params (ops.common.spec_defaults), and the argv the
+defaults from its SPEC.params (ops.params.build_parser), and the argv the
 console builds from a spec parses back to the same params."""
 
 from __future__ import annotations

@@ -144,11 +144,6 @@ def _open_run(args, engine: Engine, argv: list[str], known: dict) -> _Run:
     except ValueError as exc:
         raise BadInput(f"target {info.path}: {exc}") from exc
     dtype = target_mod.resolve_dtype(args.dtype, info)
-    if args.token_budget <= 0:
-        raise BadInput(f"token_budget must be positive, got {args.token_budget}")
-    for name in ("writers", "queue_size", "host_batches"):
-        if getattr(args, name) < 1:
-            raise BadInput(f"{name} must be at least 1, got {getattr(args, name)}")
     lengths = samples.lengths()
     config = _data_config(args, argv, info, layer_ids, dtype, lengths, world)
     config.update(engine.config_keys())

@@ -49,8 +49,7 @@ _GATE_KEY = "eagle3_console/extract_sglang/gate"
 def check(args) -> None:
     """The params this engine cannot honour; BadInput (one line, exit 2)."""
     world = torchrun_coords()[1]
-    if args.tp < 1 or args.ep < 1:
-        raise BadInput(f"engine sglang: tp and ep must be at least 1, got tp {args.tp}, ep {args.ep}")
+    # tp, ep >= 1 and 0 < mem_fraction_static < 1: their Params (ops/extract/spec.py), checked by argparse.
     if args.tp % args.ep:
         raise BadInput(f"engine sglang: ep {args.ep} must divide tp {args.tp} (SGLang's moe_ep_size "
                        f"x moe_tp_size = tp_size)")
@@ -63,10 +62,6 @@ def check(args) -> None:
     if args.compile:
         raise BadInput("engine sglang: compile is the HF engine's (torch.compile of its decoder layers); "
                        "SGLang compiles its own kernels")
-    if args.mem_fraction_static is not None and not 0.0 < args.mem_fraction_static < 1.0:
-        # SGLang's parser takes any float: the pools would be sized from it after the load.
-        raise BadInput(f"engine sglang: mem_fraction_static {args.mem_fraction_static}: expected a fraction "
-                       f"between 0 and 1")
     try:
         extra = extra_args(args)
     except ValueError as exc:
