@@ -159,7 +159,7 @@ def advance(ws: Workspace, snap: Snapshot, say: Callable[[str], None]) -> list[s
         except runs.Refused as exc:
             say(f"{name}: not started: {exc}")
             continue
-        serves = [d for d in pipe.stages[name].depends_on if pipe.stages[d].op == "serve"]
+        serves = [d for d in pipe.stages[name].depends_on if runs.serves(pipe.stages[d])]
         why = f"dependencies done (server ready: {', '.join(serves)})" if serves else "dependencies succeeded"
         msg = f"{name}: {why}; started run {run.id}"
         say(msg)

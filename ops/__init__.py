@@ -37,3 +37,12 @@ def available_ops() -> list[str]:
             continue
         out.append(name)
     return out
+
+
+def spec_of(name: str | None) -> OpSpec | None:
+    """The spec of a built-in op, None for a custom stage (no op) or an unknown
+    name: what the console's readers of a StageStatus ask its hooks of."""
+    try:
+        return get_spec(name) if name else None
+    except KeyError:
+        return None

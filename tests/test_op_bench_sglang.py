@@ -110,7 +110,7 @@ def test_a_server_that_is_not_there_is_one_line_at_the_readiness_deadline(tmp_pa
 
 
 def test_the_lint_says_what_each_engine_needs(tmp_path):
-    lint = SPEC.extra["lint"]
+    lint = SPEC.lint
     ctx = lambda **p: EstimateContext(root=tmp_path, params=p, target={})  # noqa: E731
     assert [str(x) for x in lint(ctx(engine="sglang"), None)] == [
         "error: engine sglang needs params.server (a speculative serve stage of this pipeline) or params.url "
@@ -265,7 +265,7 @@ def test_ready_timeout_s_must_be_positive(tmp_path):
                  "--output", str(tmp_path / "out"), "--ready-timeout-s", "0")
     assert proc.returncode == 2 and proc.stderr.startswith("error: --ready-timeout-s 0: expected seconds > 0")
     assert len(proc.stderr.splitlines()) == 1
-    lint = SPEC.extra["lint"]
+    lint = SPEC.lint
     ctx = EstimateContext(root=tmp_path, params={"engine": "sglang", "url": "http://x:1", "data": "d",
                                                  "ready_timeout_s": -5}, target={})
     assert [str(x) for x in lint(ctx, None)] == [
