@@ -1,8 +1,11 @@
-"""Runs: launch a stage through the supervisor, stop it, and reconcile liveness.
+"""Runs: launch a stage through the supervisor, and stop it.
 
 Data flow: config.Pipeline + registry -> (this) -> supervise.py (detached)
--> stage process group. snapshot.collect calls reconcile() so that a run whose
-supervisor vanished shows as `lost`.
+-> stage process group. A launch checks the params (binding a server param
+to its serving stage: the spec's server_params and serves hooks), the op's
+lint, the disk (plan.preflight) and the dependencies. Liveness and
+reconcile() are liveness.py's, output roots outputs.py's, the stop
+stopper.py's; runs still answers to their names.
 """
 
 from __future__ import annotations

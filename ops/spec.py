@@ -147,7 +147,8 @@ class OpSpec:
     serves: Callable[[dict[str, Any]], Server] | None = None
     # Params naming a serving stage whose URL another param gets (bench's server -> url): runs.bind_servers.
     server_params: tuple[ServerParam, ...] = ()
-    # The record (result_file's) as the TUI shows it (widgets/progress.py, widgets/stages.py): None when it says nothing.
+    # The record (result_file's) as the TUI shows it (widgets/progress.py,
+    # widgets/stages.py): None when it says nothing.
     result_view: Callable[[dict], ResultView | None] | None = None
     # The record's figures for the Prometheus exporter (exporter.py): [] when it has none.
     gauges: Callable[[dict], list[Gauge]] | None = None

@@ -15,6 +15,7 @@ from rich.text import Text
 from textual.message import Message
 from textual.widgets import DataTable
 
+from eagle3_console.alerts import oom_finding
 from eagle3_console.model import StageStatus
 from widgets import fmt
 from widgets.body import retitle
@@ -26,7 +27,7 @@ STATUS_STYLE = {"running": "bold green", "pending": "cyan", "succeeded": "green"
 
 
 def is_oom(st: StageStatus) -> bool:
-    return (st.log is not None and st.log.oom is not None) or any(a.code == "oom" for a in st.alerts)
+    return oom_finding(st) is not None or any(a.code == "oom" for a in st.alerts)
 
 
 SERVE_STYLE = {"loading": "cyan", "warming_up": "cyan", "ready": "bold green", "unhealthy": "bold red"}

@@ -98,7 +98,8 @@ SPEC = OpSpec(
     result_line=result_line,
     lint=lint,
     # eagle3_console.runs.bind_servers: a serve stage named there gives the url param its URL.
-    server_params=(ServerParam("server", "url", "speculative"), ServerParam("baseline_server", "baseline_url", "target")),
+    server_params=(ServerParam("server", "url", "speculative"),
+                   ServerParam("baseline_server", "baseline_url", "target")),
     result_view=result_view,
     gauges=gauges,
 )
