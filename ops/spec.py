@@ -4,6 +4,9 @@ An OpSpec says which params an op takes (and so how to build its argv),
 which params name its outputs, how big its output will be, how many samples
 it will produce, and which files under an output root are partial leftovers.
 Importing a spec must stay cheap: no torch, no transformers.
+
+Its hooks (the fields after `launch`) are what the console asks in place of
+knowing an op: a new stage, or a new figure of one, lives in its own spec.
 """
 
 from __future__ import annotations
