@@ -8,10 +8,17 @@ notifications and `status`'s exit code read them; nothing here samples.
 
 from __future__ import annotations
 
-from eagle3_console.model import CRITICAL, WARNING, Alert, GpuInfo, LogState, Snapshot
+from eagle3_console.model import CRITICAL, WARNING, Alert, GpuInfo, LogFinding, LogState, Snapshot, StageStatus
 from eagle3_console.units import human_bytes
 
 LOW_FREE_FRACTION = 0.05
+
+
+def oom_finding(st: StageStatus) -> LogFinding | None:
+    """The out-of-memory line of the stage's latest run (its log, as the snapshot
+    read it), or None: the one test of "this run ran out of memory" (the alert,
+    watch's halving, the stages pane)."""
+    return st.log.oom if st.log is not None else None
 
 
 def derive(snap: Snapshot) -> list[Alert]:
@@ -41,8 +48,9 @@ def derive(snap: Snapshot) -> list[Alert]:
             # exit-code table says; the policies treat it as failed.
             a.append(Alert(CRITICAL, "lost", f"{st.name}: run {st.run_id} lost: its supervisor and its processes "
                                              f"are gone; how it ended was not recorded", st.name))
-        if "oom" in findings:
-            a.append(Alert(CRITICAL, "oom", f"{st.name}: out of memory", st.name, findings["oom"].line))
+        oom = oom_finding(st)
+        if oom is not None:
+            a.append(Alert(CRITICAL, "oom", f"{st.name}: out of memory", st.name, oom.line))
         if "killed" in findings and st.status != "killed":
             a.append(Alert(CRITICAL, "worker_killed", f"{st.name}: a worker was killed", st.name,
                            findings["killed"].line))

@@ -175,9 +175,9 @@ class Claim:
         registry = reg.registry_id
         try:
             from eagle3_console import config as cfg
-            from eagle3_console import runs
+            from eagle3_console.outputs import output_paths
             stage = cfg.load(ws.config_path).stage(run.stage)
-            outputs = runs.output_paths(ws, stage, run.params)
+            outputs = output_paths(ws, stage, run.params)
             vouch = records_files(stage)
         except Exception as exc:      # noqa: BLE001 - never stop a run for its bookkeeping
             claim = cls(ws, run, registry, [], False)

@@ -28,6 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import CollectorRegistry
 
 from eagle3_console.model import LEVEL_EXIT, Snapshot, StageStatus
+from ops import spec_of
 
 STATUSES = ("never", "pending", "running", "succeeded", "failed", "killed", "lost")
 HEALTH = ("ok", "warning", "critical", "unknown")
@@ -170,50 +171,14 @@ def _stage(f: _Families, st: StageStatus) -> None:
     f.gauge("eagle3_stage_tokens_expected", "Tokens expected.", lab, sp.tokens_expected if sp else None)
     if log is not None:
         f.gauge("eagle3_stage_log_errors", "The last `errors: N` counter in the log.", lab, log.errors)
-    r = st.result or {}
-    if st.result is not None:
-        f.gauge("eagle3_stage_result_timestamp_seconds", "When the stage's result record was written "
-                "(compare with started: an earlier run's record is older).", lab, st.result_time)
-    if st.op == "train" and "step" in r:
-        _train(f, lab, r)
-    if st.op == "bench" and "acceptance_length" in r:
-        _bench(f, lab, r)
-
-
-def _train(f: _Families, lab: dict[str, str], r: dict) -> None:
-    from ops.drafter.metrics import from_record
-
-    f.gauge("eagle3_train_step", "Optimizer steps done (metrics.jsonl's last record).", lab, r.get("step"))
-    f.gauge("eagle3_train_planned_steps", "Optimizer steps the run plans.", lab, r.get("total"))
-    f.gauge("eagle3_train_loss", "Training loss of the last logged window.", lab, r.get("loss"))
-    f.gauge("eagle3_train_simulated_acceptance_length", "1 + sum_k prod_{j<=k} acc_j of the last window's "
-            "per-step accuracies: tokens per verify it promises (bench's scale).", lab, from_record(r))
-    f.gauge("eagle3_train_learning_rate", "Learning rate.", lab, r.get("lr"))
-    f.gauge("eagle3_train_grad_norm", "Gradient norm before clipping.", lab, r.get("grad_norm"))
-    f.gauge("eagle3_train_tokens_per_second", "Training tokens per second over the last window.", lab,
-            r.get("tok_s"))
-    for name, key, doc in (("eagle3_train_step_accuracy_ratio", "acc", "Accuracy of TTT step k, 0..1."),
-                           ("eagle3_train_step_loss", "step_loss", "Loss of TTT step k.")):
-        values = r.get(key)
-        if isinstance(values, list):
-            for k, v in enumerate(values, 1):
-                f.gauge(name, doc, dict(lab, ttt_step=str(k)), v)
-
-
-def _bench(f: _Families, lab: dict[str, str], r: dict) -> None:
-    f.gauge("eagle3_bench_acceptance_length", "Completion tokens / verify steps, bonus token included.",
-            lab, r.get("acceptance_length"))
-    f.gauge("eagle3_bench_draft_tokens", "Draft tokens a verify (K).", lab, r.get("draft_tokens"))
-    f.gauge("eagle3_bench_speedup_ratio", "Plain decoding time / speculative decoding time.", lab, r.get("speedup"))
-    match = r.get("outputs_match")
-    if isinstance(match, bool):
-        f.gauge("eagle3_bench_outputs_match", "1 when the speculative output equals greedy decoding.", lab,
-                1 if match else 0)
-    rates = r.get("accept_rate_per_position")
-    if isinstance(rates, list):
-        for k, v in enumerate(rates, 1):
-            f.gauge("eagle3_bench_accept_rate_ratio", "Share of draft k accepted when drafts 1..k-1 were.",
-                    dict(lab, position=str(k)), v)
+    if st.result is None:
+        return
+    f.gauge("eagle3_stage_result_timestamp_seconds", "When the stage's result record was written "
+            "(compare with started: an earlier run's record is older).", lab, st.result_time)
+    spec = spec_of(st.op)
+    # The op's own figures of its record (train's step and loss, bench's acceptance length).
+    for g in spec.gauges(st.result) if spec is not None and spec.gauges is not None else ():
+        f.gauge(g.name, g.doc, dict(lab, **dict(g.labels)), g.value)
 
 
 class SnapshotExporter:

@@ -18,6 +18,7 @@ from typing import Any, Callable
 from eagle3_console import actions
 from eagle3_console import config as cfg
 from eagle3_console import runs
+from eagle3_console.alerts import oom_finding
 from eagle3_console.endclock import seconds_since_end
 from eagle3_console.model import Snapshot
 from eagle3_console.registry import Registry
@@ -72,7 +73,7 @@ def decide(pipe: cfg.Pipeline, snap: Snapshot, reg: Registry, now: float) -> lis
         if st.status == "lost" and (st.done or _alive_lost(reg, st.run_id)):
             continue    # a lost run whose stage still runs is not a failure yet; one that completed is none
         stage = pipe.stages[st.name]
-        oom = st.log is not None and "oom" in st.log.findings
+        oom = oom_finding(st) is not None
         chain = list(reg.restart_chain(st.run_id))
         restarts = sum(1 for r in chain if r.restart_of is not None)
         limit = stage.restart.max if stage.restart else 0
@@ -159,7 +160,7 @@ def advance(ws: Workspace, snap: Snapshot, say: Callable[[str], None]) -> list[s
         except runs.Refused as exc:
             say(f"{name}: not started: {exc}")
             continue
-        serves = [d for d in pipe.stages[name].depends_on if pipe.stages[d].op == "serve"]
+        serves = [d for d in pipe.stages[name].depends_on if runs.serves(pipe.stages[d])]
         why = f"dependencies done (server ready: {', '.join(serves)})" if serves else "dependencies succeeded"
         msg = f"{name}: {why}; started run {run.id}"
         say(msg)

@@ -1,8 +1,11 @@
-"""Runs: launch a stage through the supervisor, stop it, and reconcile liveness.
+"""Runs: launch a stage through the supervisor, and stop it.
 
 Data flow: config.Pipeline + registry -> (this) -> supervise.py (detached)
--> stage process group. snapshot.collect calls reconcile() so that a run whose
-supervisor vanished shows as `lost`.
+-> stage process group. A launch checks the params (binding a server param
+to its serving stage: the spec's server_params and serves hooks), the op's
+lint, the disk (plan.preflight) and the dependencies. Liveness and
+reconcile() are liveness.py's, output roots outputs.py's, the stop
+stopper.py's; runs still answers to their names.
 """
 
 from __future__ import annotations
@@ -10,60 +13,20 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eagle3_console import claims, exitrecord, plan
+from eagle3_console import claims
 from eagle3_console.config import Pipeline, Stage
-from eagle3_console.endclock import mark_end
-from eagle3_console.monitor.disk import room_for
-from eagle3_console.monitor.procs import ProcessTable, orphans, process_alive
-from eagle3_console.monitor.tree import TreeIndex
+# The names callers know runs by: each lives in the module of its own job.
+from eagle3_console.liveness import PENDING_GRACE_S, apply_exit_record, reconcile, stage_alive  # noqa: F401
+from eagle3_console.monitor.procs import ProcessTable, orphans
+from eagle3_console.outputs import check_outputs_apart, output_paths
+from eagle3_console.plan import Preflight, context, disk_estimate, preflight  # noqa: F401
+from eagle3_console.refused import NothingToDo, Refused  # noqa: F401
 from eagle3_console.registry import Registry, Run
-from eagle3_console.units import human_bytes
 from eagle3_console.workspace import Workspace
 from ops.spec import EstimateContext, read_json_dict, value_type_error
-
-PENDING_GRACE_S = 30.0
-
-
-class Refused(Exception):
-    """An action that was not taken, with the reason; `code` is the exit code."""
-
-    def __init__(self, message: str, code: int = 2):
-        super().__init__(message)
-        self.code = code
-
-
-class NothingToDo(Refused):
-    """Not taken because there is nothing to act on (stop with no live run):
-    exit 0, since the state the operator asked for already holds."""
-
-    def __init__(self, message: str):
-        super().__init__(message, code=0)
-
-
-@dataclass
-class Preflight:
-    estimate_bytes: int | None
-    free_bytes: int | None
-    path: str | None
-    written_bytes: int = 0          # already under the outputs (a resume needs only the rest)
-    fits: bool = True               # monitor.disk.room_for's verdict (True when nothing is estimated)
-    estimate: plan.Estimate | None = None   # the figure with its kind (upper bound, exact, ...) and basis
-
-    @property
-    def remaining_bytes(self) -> int | None:
-        return None if self.estimate_bytes is None else max(0, self.estimate_bytes - self.written_bytes)
-
-    def shortfall(self) -> str:
-        """The refusal's sentence, sizes in a unit that shows them."""
-        already = f" ({human_bytes(self.written_bytes)} of {human_bytes(self.estimate_bytes)} already written)" \
-            if self.written_bytes else ""
-        kind = f" ({self.estimate.label}: {self.estimate.basis})" if self.estimate else ""
-        return (f"needs about {human_bytes(self.remaining_bytes)} more{already}{kind} but only "
-                f"{human_bytes(self.free_bytes)} is free at {self.path}")
 
 
 def stage_params(stage: Stage, overrides: dict[str, Any] | None = None, base: dict | None = None,
@@ -105,148 +68,49 @@ def stage_params(stage: Stage, overrides: dict[str, Any] | None = None, base: di
 
 
 def bind_servers(pipe: Pipeline, stage: Stage, params: dict[str, Any], overrides: dict[str, Any]) -> None:
-    """An op's `server_params` ({name param: (url param, the mode it needs)},
-    bench's): a serve stage named there gives the URL its host and port make,
-    each launch (a restart follows the serve stage's current port)."""
-    for name_key, (url_key, mode) in (stage.spec.extra.get("server_params") or {}).items():
-        name = params.get(name_key)
+    """The op's server_params (bench's): a serving stage named there gives the
+    URL its host and port make, each launch (a restart follows the serve
+    stage's current port)."""
+    for want in stage.spec.server_params:
+        name = params.get(want.name_param)
         if not name:
             continue
-        where = f"stages.{stage.name}.params.{name_key}"
+        where = f"stages.{stage.name}.params.{want.name_param}"
         serve = pipe.stages.get(name)
-        if serve is None or serve.op != "serve":
-            serves = [s.name for s in pipe.stages.values() if s.op == "serve"]
+        if serve is None or serve.spec is None or serve.spec.serves is None:
+            serves = [s.name for s in pipe.stages.values() if s.spec is not None and s.spec.serves is not None]
             raise Refused(f"{where}: {name!r} is not a serve stage (serve stages: {', '.join(serves) or 'none'})",
                           code=3)
-        sp = {**serve.spec.params, **serve.params}
-        if sp.get("mode") != mode:
-            raise Refused(f"{where}: serve stage {name!r} has mode {sp.get('mode')!r}; {name_key} needs a "
-                          f"{mode!r} server", code=3)
-        if url_key in overrides:
-            raise Refused(f"{where} names a serve stage and {url_key} is set too; set one of them", code=3)
+        server = serve.spec.serves(serve.spec.effective(serve.params))
+        if server.mode != want.mode:
+            raise Refused(f"{where}: serve stage {name!r} has mode {server.mode!r}; {want.name_param} needs a "
+                          f"{want.mode!r} server", code=3)
+        if want.url_param in overrides:
+            raise Refused(f"{where} names a serve stage and {want.url_param} is set too; set one of them", code=3)
         from eagle3_console.monitor.serve import server_url    # serve stages only
-        params[url_key] = server_url(str(sp.get("host") or "127.0.0.1"), sp.get("port"))
+        params[want.url_param] = server_url(server.host, server.port)
 
 
 def estimate_context(ws: Workspace, pipe: Pipeline, params: dict[str, Any]) -> EstimateContext:
-    return EstimateContext(root=ws.root, params=params, target=pipe.target)
+    return context(ws, pipe, params)
 
 
 def estimate_bytes(ws: Workspace, pipe: Pipeline, stage: Stage, params: dict[str, Any]) -> int | None:
-    est = plan.disk_estimate(ws, pipe, stage, params)
+    est = disk_estimate(ws, pipe, stage, params)
     return None if est is None else est.bytes
 
 
-def output_paths(ws: Workspace, stage: Stage, params: dict[str, Any]) -> list[str]:
-    """The stage's output roots for these params, normalised (Workspace.resolve);
-    an output that is the workspace or its state folder is refused (exit 3),
-    whether it came from the pipeline file, a `--set` or a recorded run."""
-    if stage.spec:
-        outs = [str(params[p]) for p in stage.spec.output_params if params.get(p)]
-    else:
-        outs = list(stage.outputs)
-    paths = [ws.resolve(o) for o in outs]
-    for raw, p in zip(outs, paths):
-        problem = ws.output_problem(p)
-        if problem:
-            raise Refused(f"stages.{stage.name}: output {raw!r}: {problem}", code=3)
-    return [str(p) for p in paths]
-
-
-def check_outputs_apart(ws: Workspace, pipe: Pipeline, stage: Stage, params: dict[str, Any]) -> None:
-    """The pipeline file's rule (separate output roots) for the outputs a
-    `--set` or a restart actually gives: clean and the shard monitor trust
-    that a root belongs to one stage."""
-    mine = [Path(p) for p in output_paths(ws, stage, params)]
-    for other in pipe.stages.values():
-        if other.name == stage.name:
-            continue
-        for q in output_paths(ws, other, other.params):
-            q = Path(q)
-            for p in mine:
-                if p == q or q in p.parents or p in q.parents:
-                    raise Refused(f"stages.{stage.name}: output {p} overlaps stage {other.name!r}'s output {q}; "
-                                  f"expected separate output roots", code=3)
-
-
-def preflight(ws: Workspace, pipe: Pipeline, stage: Stage, params: dict[str, Any]) -> Preflight:
-    estimate = plan.disk_estimate(ws, pipe, stage, params)
-    est = None if estimate is None else estimate.bytes
-    outs = output_paths(ws, stage, params)
-    if est is None or not outs:
-        return Preflight(est, None, outs[0] if outs else None, estimate=estimate)
-    # One listing of what is there (the monitors' own index; a resume's outputs
-    # are thousands of files, not millions): the estimate counts the whole output.
-    written = 0
-    for o in outs:
-        if os.path.isdir(o):
-            index = TreeIndex(o)
-            index.refresh()
-            written += index.total_bytes
-    fits, free = room_for(outs[0], est, written)
-    return Preflight(est, free, outs[0], written, fits=fits is not False, estimate=estimate)
-
-
 def lints(ws: Workspace, pipe: Pipeline, stage: Stage, params: dict[str, Any]) -> list:
-    """What the op's own lint says about this launch (the serve op's: flags,
-    tp x dp against the gpus list, the drafter's aux layers); items print as
-    `error: ...` / `warning: ...`."""
-    check = stage.spec.extra.get("lint") if stage.spec else None
-    found = list(check(estimate_context(ws, pipe, params), stage.gpus)) if check else []
-    return found + plan.layer_lints(pipe, stage, params)
+    """What the op's own lint says about this launch (serve's: flags, tp x dp
+    against the gpus list, the drafter's aux layers; extract's layer ids);
+    items print as `error: ...` / `warning: ...`."""
+    check = stage.spec.lint if stage.spec else None
+    return list(check(context(ws, pipe, params, stage), stage.gpus)) if check else []
 
 
-def reconcile(reg: Registry) -> list[Run]:
-    """Mark runs whose supervisor is gone as lost; returns the ones it changed."""
-    changed = []
-    now = time.time()
-    for run in reg.live_runs():
-        if apply_exit_record(reg, run):
-            changed.append(run)
-            continue
-        if run.supervisor_pid is None:
-            if now - run.created > PENDING_GRACE_S:
-                if reg.finish(run.id, "lost", reason="supervisor never started"):
-                    changed.append(run)
-            continue
-        if not process_alive(run.supervisor_pid, run.supervisor_create_time):
-            # The supervisor may have recorded the exit between our read and now.
-            # ended = when the loss was noticed: watch's backoff counts from it.
-            if reg.finish(run.id, "lost", ended=now, reason="supervisor gone without recording an exit"):
-                mark_end(reg, run.id)
-                reg.record("lost", "supervisor gone", stage=run.stage, run_id=run.id, actor="reconcile")
-                changed.append(run)
-    return changed
-
-
-def apply_exit_record(reg: Registry, run: Run) -> bool:
-    """A live run whose supervisor wrote its exit to the exit record (the
-    registry was full, exitrecord.py) gets that exit; True when it did."""
-    rec = exitrecord.read(run.log_path)
-    if rec is None:
-        return False
-    if not rec.get("error") and process_alive(run.supervisor_pid, run.supervisor_create_time):
-        return False    # it is writing the registry itself (or retrying while the disk is full)
-    how = (f"the supervisor could not write {rec['error']}" if rec.get("error")
-           else "the supervisor ended before it wrote state.db")
-    values = {k: rec[k] for k in ("ended", "exit_code", "signal", "reason") if rec.get(k) is not None}
-    values["reason"] = "; ".join(filter(None, [values.get("reason"),
-                                               f"recorded from {exitrecord.path_for(run.log_path).name}: {how}"]))
-    done = reg.finish(run.id, rec["status"], **values)
-    if done:
-        mark_end(reg, run.id, rec.get("boottime") if isinstance(rec.get("boottime"), dict) else None)
-        reg.record("exit-record", rec["status"], stage=run.stage, run_id=run.id, actor="reconcile",
-                   detail=rec.get("error"))
-    try:
-        exitrecord.path_for(run.log_path).unlink()
-    except OSError:
-        pass
-    return done
-
-
-def stage_alive(run: Run) -> bool:
-    """Whether the stage's leader process still runs (pid trusted with its create_time)."""
-    return run.pid is not None and process_alive(run.pid, run.create_time)
+def serves(stage: Stage | None) -> bool:
+    """Whether the stage is a server (its spec's serves hook): depending on it means "its server is ready"."""
+    return stage is not None and stage.spec is not None and stage.spec.serves is not None
 
 
 def outputs_complete(ws: Workspace, stage: Stage, run: Run) -> bool:
@@ -303,7 +167,7 @@ def check_can_start(reg: Registry, pipe: Pipeline, stage: Stage, force: bool, ws
         return
     for dep in stage.depends_on:
         dep_run = reg.latest(dep)
-        if dep in pipe.stages and pipe.stages[dep].op == "serve":
+        if serves(pipe.stages.get(dep)):
             # A server never succeeds: depending on one means "its server is ready".
             from eagle3_console.serve_deps import not_ready
             problem = not_ready(pipe.stages[dep], dep_run, dep_run is not None and stage_alive(dep_run))

@@ -21,9 +21,8 @@ def not_ready(serve: Stage, run: Run | None, alive: bool) -> str | None:
         return f"whose run {run.id} is {run.status}, not serving (start it again: `run {serve.name}`)"
     from eagle3_console.monitor.logs import LogFollower
     from eagle3_console.monitor.serve import ServeMonitor
-    params = serve.spec.effective(run.params)
-    mon = ServeMonitor(str(params.get("host") or "127.0.0.1"), int(params.get("port") or 30000),
-                       speculative=params.get("mode") == "speculative", started=run.started)
+    server = serve.spec.serves(serve.spec.effective(run.params))
+    mon = ServeMonitor(server.host, server.port, speculative=server.mode == "speculative", started=run.started)
     try:
         log = LogFollower(run.log_path).refresh()
     except OSError:

@@ -75,14 +75,13 @@ class Collector:
             self._logs[run.id] = f
         return f
 
-    def _serve_monitor(self, run: Run, params: dict[str, Any]) -> Any:
+    def _serve_monitor(self, run: Run, spec: Any, params: dict[str, Any]) -> Any:
         mon = self._serves.get(run.id)
         if mon is None:
             from eagle3_console.monitor.serve import ServeMonitor     # serve stages only
-            mon = ServeMonitor(str(params.get("host") or "127.0.0.1"), int(params.get("port") or 30000),
-                               speculative=params.get("mode") == "speculative", started=run.started,
-                               **({"ready_timeout_s": float(params["ready_timeout_s"])}
-                                  if params.get("ready_timeout_s") else {}))
+            server = spec.serves(spec.effective(params))     # where the spec says it listens
+            mon = ServeMonitor(server.host, server.port, speculative=server.mode == "speculative", started=run.started,
+                               **({"ready_timeout_s": server.ready_timeout_s} if server.ready_timeout_s else {}))
             self._serves[run.id] = mon
         return mon
 
@@ -276,8 +275,8 @@ class Collector:
             # gone) is no rate now, and nothing is coming.
             st.rate = st.tokens_per_s = st.rate_unit = st.eta_s = None
         st.progress = fraction
-        if run and spec is not None and spec.extra.get("serve"):
-            st.serve = self._serve_monitor(run, params).sample(st.log, still_running, now)
+        if run and spec is not None and spec.serves is not None:
+            st.serve = self._serve_monitor(run, spec, params).sample(st.log, still_running, now)
         record = None
         if spec is not None and spec.result_file and outs:
             record = self._result(spec, Path(outs[0]) / spec.result_file)

@@ -23,7 +23,9 @@ import time
 
 import psutil
 
+from eagle3_console.liveness import reconcile, stage_alive
 from eagle3_console.monitor.procs import LEADER, PGID, TREE, ProcessTable, RunRef, process_alive, run_processes
+from eagle3_console.refused import NothingToDo, Refused
 from eagle3_console.registry import Registry, Run
 from eagle3_console.workspace import Workspace
 
@@ -71,8 +73,6 @@ def _wait_gone(run: Run, seconds: float) -> list[int]:
 
 
 def stop(ws: Workspace, stage_name: str, grace_s: float = 10.0) -> Run:
-    from eagle3_console.runs import NothingToDo, Refused, reconcile, stage_alive
-
     with Registry(ws.db_path) as reg:
         reconcile(reg)
         run = reg.latest(stage_name)

@@ -27,3 +27,11 @@ def get_spec(name: str) -> OpSpec:
         raise KeyError(f"op {name!r} is not built yet ({exc})") from exc
     return module.SPEC
 
+
+def spec_of(name: str | None) -> OpSpec | None:
+    """The spec of a built-in op, None for a custom stage (no op) or an unknown
+    name: what the console's readers of a StageStatus ask its hooks of."""
+    try:
+        return get_spec(name) if name else None
+    except KeyError:
+        return None

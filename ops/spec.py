@@ -4,20 +4,39 @@ An OpSpec says which params an op takes (and so how to build its argv),
 which params name its outputs, how big its output will be, how many samples
 it will produce, and which files under an output root are partial leftovers.
 Importing a spec must stay cheap: no torch, no transformers.
+
+Its hooks (the fields after `launch`) are what the console asks in place of
+knowing an op: a new stage, or a new figure of one, lives in its own spec.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ops.params import REQUIRED, Param, ParamSet  # noqa: F401 - REQUIRED and Param are the specs' words
 
+if TYPE_CHECKING:
+    from ops.estimate import Estimate
+
 DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
                "float32": 4, "fp32": 4, "float": 4, "float8_e4m3fn": 1, "fp8": 1}
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """The pipeline stage whose output a param's path is (EstimateContext.upstream)."""
+
+    name: str
+    op: str | None
+    params: dict[str, Any]          # its effective params (OpSpec.effective)
+
+
+def _no_upstream(_key: str) -> Upstream | None:
+    return None
 
 
 @dataclass(frozen=True)
@@ -27,6 +46,10 @@ class EstimateContext:
     root: Path                      # the workspace root; relative paths resolve here
     params: dict[str, Any]
     target: dict[str, Any]          # path, num_layers, hidden_size, dtype, vocab_size
+    stage: str = ""                 # the stage's name, for messages (stages.<name>.params.x)
+    # The stage of the pipeline writing the path param `key` names (extract's
+    # input: a prepare stage's output), or None; the console answers (plan.context).
+    upstream: Callable[[str], Upstream | None] = _no_upstream
 
     def path(self, key: str) -> Path | None:
         value = self.params.get(key)
@@ -107,7 +130,32 @@ class OpSpec:
     # argv: extract with engine sglang and tp > 1 runs one process per TP rank
     # under torchrun. None: the argv as it is.
     launch: Callable[[dict[str, Any], list[str]], list[str]] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    # ---- hooks: what the console asks the spec instead of knowing the op.
+    # runs.lints (`run`, before a launch): (ctx, the stage's gpus) -> [Lint].
+    lint: Callable[[EstimateContext, list[int] | None], list[Lint]] | None = None
+    # plan.disk_estimate: the figure with its kind and basis (ops/estimate.py),
+    # in place of estimate_bytes' bare number labelled "estimate".
+    estimate: Callable[[EstimateContext], Estimate | None] | None = None
+    # plan.disk_estimate's words for estimate_bytes' rule ("about 1.5 x the input file's size").
+    estimate_rule: str | None = None
+    # plan.launch_lines: more lines `run` prints before it launches (extract's aux layers).
+    plan_lines: Callable[[EstimateContext], list[str]] | None = None
+    # A serving stage (serve): where its server listens, from its effective
+    # params. snapshot probes it (monitor/serve.py), runs binds ServerParams to
+    # it, and a dependency on it means "its server is ready" (serve_deps.py).
+    serves: Callable[[dict[str, Any]], Server] | None = None
+    # Params naming a serving stage whose URL another param gets (bench's server -> url): runs.bind_servers.
+    server_params: tuple[ServerParam, ...] = ()
+    # The record (result_file's) as the TUI shows it (widgets/progress.py,
+    # widgets/stages.py): None when it says nothing.
+    result_view: Callable[[dict], ResultView | None] | None = None
+    # The record's figures for the Prometheus exporter (exporter.py): [] when it has none.
+    gauges: Callable[[dict], list[Gauge]] | None = None
+    # Step records under the first output the console plots (monitor/metrics.py: train's metrics.jsonl).
+    curves: CurveSource | None = None
+    # A report on another stage's output naming its bad files (verify's), which
+    # `clean` may offer even under that stage's succeeded run (actions/clean.py).
+    bad_files: BadFiles | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.params, ParamSet):
@@ -181,7 +229,7 @@ def dtype_bytes(dtype: str | None) -> int:
 
 @dataclass(frozen=True)
 class Lint:
-    """One finding of an op's lint (OpSpec.extra["lint"](ctx, gpus) -> [Lint]),
+    """One finding of an op's lint (OpSpec.lint(ctx, gpus) -> [Lint]),
     run before a launch: `run` prints each; an error refuses the launch (exit 3)."""
 
     level: str      # "error" | "warning"
@@ -189,3 +237,86 @@ class Lint:
 
     def __str__(self) -> str:
         return f"{self.level}: {self.message}"
+
+
+@dataclass(frozen=True)
+class Server:
+    """Where a serving stage's server listens (OpSpec.serves): what the
+    console's ServeMonitor probes and what a ServerParam binds to."""
+
+    host: str
+    port: int
+    mode: str | None                        # what it serves: "target" | "speculative"
+    ready_timeout_s: float | None = None    # not ready by then is CRITICAL (None: the monitor's default)
+
+
+@dataclass(frozen=True)
+class ServerParam:
+    """A param naming a serving stage of the pipeline (bench's `server`): each
+    launch binds `url_param` to that stage's URL, and the stage must serve `mode`."""
+
+    name_param: str
+    url_param: str
+    mode: str
+
+
+@dataclass(frozen=True)
+class Gauge:
+    """One figure of a stage's record for the exporter (OpSpec.gauges); a None value is no sample."""
+
+    name: str
+    doc: str
+    value: Any
+    labels: tuple[tuple[str, str], ...] = ()    # added to the stage's own labels
+
+
+@dataclass(frozen=True)
+class ResultView:
+    """A stage's record as the TUI's panes show it (OpSpec.result_view).
+
+    Styles are roles the widgets colour: "label", "strong", "headline", "ok",
+    "alarm", "warn" ("" is plain)."""
+
+    head: tuple[tuple[str, str], ...]               # (text, role): the progress pane's head
+    bars: tuple[tuple[str, float | None], ...] = ()  # (label, fraction 0..1) under the progress bars
+    details: tuple[str, ...] = ()                   # lines under the bars
+    cell: tuple[str, str] | None = None             # (text, "ok" | "alarm"): the stages table's result column
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    step: int
+    loss: float
+    acc: tuple[float, ...]          # per TTT step (NaN where not a number)
+    sim_al: float | None
+
+
+def step_point(rec: dict) -> CurvePoint | None:
+    """A step record (train's metrics.jsonl line: step, loss, acc) as a point of the curves."""
+    from ops.drafter.metrics import from_record
+
+    step, loss = rec.get("step"), rec.get("loss")
+    if not isinstance(step, int) or not isinstance(loss, (int, float)):
+        return None
+    acc = rec.get("acc") if isinstance(rec.get("acc"), list) else []
+    return CurvePoint(step, float(loss), tuple(float(a) if isinstance(a, (int, float)) else float("nan")
+                                               for a in acc), from_record(rec))
+
+
+@dataclass(frozen=True)
+class CurveSource:
+    """JSON lines under the stage's first output whose records are curve points (OpSpec.curves)."""
+
+    file: str
+    point: Callable[[dict], CurvePoint | None] = step_point
+
+
+@dataclass(frozen=True)
+class BadFiles:
+    """A stage whose report names bad files of another stage's output (OpSpec.bad_files)."""
+
+    output_param: str       # the param naming the output judged (verify's input)
+    report_param: str       # the param naming the report
+    # (report, output, base: the directory the stage ran in) -> the bad files still
+    # there unchanged, each with a .path; [] when the report cannot be read.
+    read: Callable[[Path, Path, Path], list]

@@ -110,7 +110,7 @@ def test_a_server_that_is_not_there_is_one_line_at_the_readiness_deadline(tmp_pa
 
 
 def test_the_lint_says_what_each_engine_needs(tmp_path):
-    lint = SPEC.extra["lint"]
+    lint = SPEC.lint
     ctx = lambda **p: EstimateContext(root=tmp_path, params=p, target={})  # noqa: E731
     assert [str(x) for x in lint(ctx(engine="sglang"), None)] == [
         "error: engine sglang needs params.server (a speculative serve stage of this pipeline) or params.url "

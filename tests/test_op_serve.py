@@ -206,11 +206,11 @@ def test_the_specs_lint_resolves_paths_in_the_workspace_and_takes_the_target(tmp
     _drafter(tmp_path / "runs", [3, 31, 59], [3, 31, 59])       # tmp/runs/export
     ctx = EstimateContext(root=tmp_path, params={"mode": "speculative", "drafter": "runs/export"},
                           target={"path": "models/target", "architecture": "DeepseekV3ForCausalLM"})
-    assert command.errors(SPEC.extra["lint"](ctx, [0])) == []
+    assert command.errors(SPEC.lint(ctx, [0])) == []
     # The llama rule (no config.json at the model path, no architecture): off by one.
     ctx = EstimateContext(root=tmp_path, params=ctx.params, target={"path": "models/target",
                                                                      "architecture": "LlamaForCausalLM"})
-    errs = command.errors(SPEC.extra["lint"](ctx, [0]))
+    errs = command.errors(SPEC.lint(ctx, [0]))
     assert len(errs) == 1 and "capture [4, 32, 60] on LlamaForCausalLM" in errs[0].message
 
 

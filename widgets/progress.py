@@ -1,10 +1,11 @@
 """Progress pane of the selected stage: per-shard bars, samples and tokens
-done, rate, ETA, and weight loading while a model loads; for bench, its
-result (acceptance length, acceptance per draft position, speed-up, whether
-the speculative output equals greedy decoding).
+done, rate, ETA, and weight loading while a model loads; and the stage's
+result as its spec's result_view hook makes it (bench's: acceptance length,
+acceptance per draft position, speed-up, whether the speculative output
+equals greedy decoding).
 
 Renders one StageStatus: its ShardProgress when the stage writes shards, else
-the progress its log printed (LogState), and its result (bench.json)."""
+the progress its log printed (LogState), and its result record's view."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 
 from eagle3_console.model import StageStatus
+from ops import spec_of
+from ops.spec import ResultView
 from widgets import fmt
 from widgets.body import Body, retitle
 from widgets.curves import CurvesBody
@@ -101,74 +104,38 @@ def serve_text(st: StageStatus) -> Text | None:
     return t
 
 
-def _num(v) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+# The colours of a ResultView's roles (ops/spec.py).
+ROLE_STYLE = {"label": "dim", "strong": "bold", "headline": "bold green", "ok": "green",
+              "alarm": "bold white on red", "warn": "yellow"}
+
+
+def result_view(st: StageStatus) -> ResultView | None:
+    """The stage's record as its spec's result_view hook shows it, or None."""
+    spec = spec_of(st.op)
+    if spec is None or spec.result_view is None or not st.result:
+        return None
+    return spec.result_view(st.result)
 
 
 def result_text(st: StageStatus) -> Text | None:
-    """bench.json, what matters first (a 5-line pane shows it with the
-    per-position bars): the acceptance length and speed-up, then whether the
-    speculative output equals greedy decoding."""
-    r = st.result or {}
-    al = _num(r.get("acceptance_length"))
-    if al is None:
+    """The record's head (bench's: what matters first, so that a 5-line pane
+    shows it with the per-position bars), after whose record it is."""
+    view = result_view(st)
+    if view is None:
         return None
     t = Text()
     whose = st.result_whose()
     if whose:
         t.append(whose.rstrip(": ") + "\n", "yellow")
-    if r.get("url"):
-        # Where it was measured, when that was a server; the reference engine's is said under
-        # the bars, so that a 5-row pane (80x24) keeps every draft position's bar.
-        t.append(f"engine {r['engine']} {r['url']}\n", "bold")
-    t.append("acceptance length ", "dim")
-    t.append(f"{al:.2f}", "bold green")
-    k = r.get("draft_tokens")
-    if isinstance(k, int):
-        t.append(f" (K={k}, max {k + 1})", "dim")
-    t.append("\n")
-    # Two lines before the bars: a 46-column side pane shows all of K=3's.
-    speed = _num(r.get("speedup"))
-    if speed is not None:
-        t.append("speed-up ", "dim")
-        t.append(f"{speed:.2f}x", "bold")
-        t.append(" · ", "dim")
-    match = r.get("outputs_match")
-    if match is True:
-        t.append("output == greedy", "green")
-    elif match is False:
-        n = len(r.get("mismatches") or [])
-        t.append(f"OUTPUT DIFFERS FROM GREEDY on {n} prompts", "bold white on red")
-    else:
-        t.append("output vs greedy not reported", "yellow")
+    for text, role in view.head:
+        t.append(text, ROLE_STYLE.get(role))
     return t
 
 
 def result_details(st: StageStatus) -> Text | None:
-    """The rest of bench.json, under the bars: throughputs, forwards, drafter."""
-    r = st.result or {}
-    if _num(r.get("acceptance_length")) is None:
-        return None
-    lines = [f"engine {r['engine']}"] if r.get("engine") and not r.get("url") else []
-    plain, spec = _num(r.get("tok_s_plain")), _num(r.get("tok_s_speculative"))
-    if plain is not None and spec is not None:
-        lines.append(f"{spec:.1f} tok/s speculative vs {plain:.1f} plain")
-    done, steps = r.get("completion_tokens"), r.get("verify_forwards")
-    if isinstance(done, int) and isinstance(steps, int):
-        # What the AL is, in its own numbers (SGLang's: completion tokens / verify steps).
-        lines.append(f"AL = {done} completion tokens / {steps} verify steps")
-    fwd_plain, fwd_spec = r.get("target_forwards_plain"), r.get("target_forwards_speculative")
-    if fwd_plain is not None and fwd_spec is not None:
-        lines.append(f"target forwards {fwd_spec} vs {fwd_plain} plain")
-    prompts = r.get("prompts")
-    n_prompts = len(prompts) if isinstance(prompts, list) else prompts
-    if n_prompts is not None:
-        lines.append(f"{n_prompts} prompts" + (f", {r['tokens']} tokens" if r.get("tokens") is not None else ""))
-    if isinstance(r.get("accept_rate_per_position"), list):
-        lines.append("accept @k: share of draft k accepted when drafts 1..k-1 were")
-    if r.get("drafter"):
-        lines.append(f"drafter {r['drafter']}" + (f" ({r['format']})" if r.get("format") else ""))
-    return Text("\n".join(lines), "dim") if lines else None
+    """The rest of the record, under the bars (bench's: throughputs, forwards, drafter)."""
+    view = result_view(st)
+    return Text("\n".join(view.details), "dim") if view is not None and view.details else None
 
 
 def bar_rows(st: StageStatus) -> list[tuple[str, str, float | None, str]]:
@@ -177,19 +144,15 @@ def bar_rows(st: StageStatus) -> list[tuple[str, str, float | None, str]]:
     log, sp = st.log, st.shards
     if log is not None and log.load_pct is not None and st.status == "running" and not st.progress:
         rows.append(("loading weights", "bold cyan", log.load_pct / 100, f"{log.load_pct:.0f}%"))
-    has_result = _num((st.result or {}).get("acceptance_length")) is not None
+    view = result_view(st)
     # Done and its record says more than "100%": no bar for it.
-    if st.progress is not None and not ((has_result or st.result_line) and st.status == "succeeded"):
+    if st.progress is not None and not ((view is not None or st.result_line) and st.status == "succeeded"):
         rows.append(("overall", "bold", st.progress, fmt.done_pct(st.progress)))
     if sp is not None:
         # One shard's bar is the overall bar again: shown from two shards on.
         rows += shard_rows(sp.shards) if len(sp.shards) > 1 or st.progress is None else []
-    rates = (st.result or {}).get("accept_rate_per_position")
-    if isinstance(rates, list) and has_result:
-        # Conditional rates: draft k accepted given drafts 1..k-1 were.
-        for i, a in enumerate(rates):
-            f = _num(a)
-            rows.append((f"accept @{i + 1}", "", f, "-" if f is None else fmt.pct(f)))
+    for label, f in view.bars if view is not None else ():
+        rows.append((label, "", f, "-" if f is None else fmt.pct(f)))
     return rows
 
 

@@ -1,5 +1,5 @@
 """Stages pane: a table of stage, status, run id, started, elapsed, progress,
-rate, ETA, exit code / signal and result (bench's acceptance length); failed,
+rate, ETA, exit code / signal and result (its spec's result_view: bench's acceptance length); failed,
 killed, lost and OOM'd runs stand out.
 
 Renders Snapshot.stages (StageStatus). The row under the cursor is the
@@ -15,9 +15,11 @@ from rich.text import Text
 from textual.message import Message
 from textual.widgets import DataTable
 
+from eagle3_console.alerts import oom_finding
 from eagle3_console.model import StageStatus
 from widgets import fmt
 from widgets.body import retitle
+from widgets.progress import result_view
 
 COLUMNS = ("stage", "status", "run", "started", "elapsed", "progress", "rate", "ETA", "exit", "result")
 STATUS_STYLE = {"running": "bold green", "pending": "cyan", "succeeded": "green", "failed": "bold red",
@@ -25,7 +27,7 @@ STATUS_STYLE = {"running": "bold green", "pending": "cyan", "succeeded": "green"
 
 
 def is_oom(st: StageStatus) -> bool:
-    return (st.log is not None and st.log.oom is not None) or any(a.code == "oom" for a in st.alerts)
+    return oom_finding(st) is not None or any(a.code == "oom" for a in st.alerts)
 
 
 SERVE_STYLE = {"loading": "cyan", "warming_up": "cyan", "ready": "bold green", "unhealthy": "bold red"}
@@ -45,21 +47,21 @@ def status_text(st: StageStatus) -> Text:
 
 
 def result_text(st: StageStatus) -> Text:
-    """The stage's result in a cell: bench's acceptance length (completion
-    tokens / verify steps, SGLang's), red when speculative output differed from greedy,
-    none when the stage's latest run did not produce it (an earlier run's)."""
-    r = st.result or {}
-    al = r.get("acceptance_length")
-    if not isinstance(al, (int, float)):
+    """The stage's result in a cell, as its spec's result_view makes it (bench's
+    acceptance length: completion tokens / verify steps, SGLang's), red when it
+    alarms (speculative output differed from greedy), none when the stage's
+    latest run did not produce it (an earlier run's)."""
+    view = result_view(st)
+    if view is None or view.cell is None:
         return Text("-")
     if st.status != "never" and not st.result_is_latest_runs():
         # An earlier run's figure next to a killed or failed run reads as its own (the Progress
         # pane says whose it is: "an earlier run's result (latest run N: killed)").
         return Text("-")
-    if r.get("outputs_match") is False:
-        return Text(f"AL {al:.2f} !=greedy", "bold red")
-    engine = " sglang" if r.get("engine") == "sglang" else ""
-    return Text(f"AL {al:.2f}{engine}", "bold green" if st.status == "succeeded" else "dim")
+    text, role = view.cell
+    if role == "alarm":
+        return Text(text, "bold red")
+    return Text(text, "bold green" if st.status == "succeeded" else "dim")
 
 
 def elapsed(st: StageStatus, now: float) -> float | None:

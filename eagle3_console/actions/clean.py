@@ -198,7 +198,7 @@ def plan_clean(ws: Workspace, stage_name: str, purge: bool = False) -> CleanPlan
     if run.status == "succeeded":
         # A complete output is never cleaned, except the samples a verify stage's
         # report names as bad (still unchanged since): resume rewrites those.
-        bad, report, data = _verify_reported(ws, pipe, roots)
+        bad, report, data = _reported_bad(ws, pipe, roots)
         if bad and not _owned(plan, [data]):
             try:
                 with Root(data) as root:
@@ -264,23 +264,21 @@ def _owned(plan: CleanPlan, roots: list[Path]) -> bool:
     return False
 
 
-def _verify_reported(ws: Workspace, pipe: cfg.Pipeline, roots: list[Path]) -> tuple[list, Path | None, Path | None]:
-    """The bad files that a verify stage of this pipeline reported under one of
-    `roots` (ops.verify.reported: only files inside the root, unchanged since),
-    the report and that root. The report's relative paths are the verify run's,
-    which ran in the workspace: they resolve there, wherever clean is called from."""
-    from ops.verify.reported import ReportError, reported_bad_files
+def _reported_bad(ws: Workspace, pipe: cfg.Pipeline, roots: list[Path]) -> tuple[list, Path | None, Path | None]:
+    """The bad files that a judging stage of this pipeline (its spec's bad_files:
+    verify's report) names under one of `roots` (only files inside the root,
+    unchanged since), the report and that root. The report's relative paths are
+    the judging run's, which ran in the workspace: they resolve there, wherever
+    clean is called from."""
     for other in pipe.stages.values():
-        if other.op != "verify" or not other.params.get("input") or not other.params.get("report"):
+        judge = other.spec.bad_files if other.spec else None
+        if judge is None or not other.params.get(judge.output_param) or not other.params.get(judge.report_param):
             continue
-        data = ws.resolve(str(other.params["input"]))
+        data = ws.resolve(str(other.params[judge.output_param]))
         if data not in roots:
             continue
-        report = ws.resolve(str(other.params["report"]))
-        try:
-            bad = reported_bad_files(report, data, base=ws.root)
-        except ReportError:
-            continue
+        report = ws.resolve(str(other.params[judge.report_param]))
+        bad = judge.read(report, data, ws.root)
         if bad:
             return bad, report, data
     return [], None, None

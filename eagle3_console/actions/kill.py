@@ -17,7 +17,7 @@ import psutil
 
 from eagle3_console import runs
 from eagle3_console.model import GpuReport
-from eagle3_console.monitor.procs import ProcessTable, ProcInfo, RunRef
+from eagle3_console.monitor.procs import ProcessTable, ProcInfo, RunRef, process_alive
 from eagle3_console.registry import Registry
 from eagle3_console.units import human_bytes
 from eagle3_console.workspace import Workspace
@@ -217,7 +217,7 @@ def execute_kill(ws: Workspace, plan: KillPlan, progress: Callable[[str], None] 
         runs.reconcile(reg)
         for rid in plan.run_ids:
             r = reg.get(rid)
-            if r.live and not runs.stage_alive(r) and not runs.process_alive(r.supervisor_pid, r.supervisor_create_time):
+            if r.live and not runs.stage_alive(r) and not process_alive(r.supervisor_pid, r.supervisor_create_time):
                 reg.finish(rid, "killed", ended=time.time(), reason="kill-workers")
         reg.record("kill-workers", "ok" if result.ok else "incomplete", stage=plan.stage,
                    run_id=plan.run_ids[-1] if plan.run_ids else None,

@@ -1,5 +1,6 @@
-"""History for the console's curves: train's metrics.jsonl read incrementally,
-and an extraction's tokens/s sampled pass by pass.
+"""History for the console's curves: a stage's step records (its spec's
+curves hook: train's metrics.jsonl) read incrementally, and an extraction's
+tokens/s sampled pass by pass.
 
 MetricsReader keeps a byte offset into metrics.jsonl and parses only what was
 appended since the last refresh (never the file again); a file cut shorter or
@@ -16,8 +17,11 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Callable
 
 from eagle3_console.model import Curves, StageStatus
+from ops import spec_of
+from ops.spec import CurvePoint, step_point
 
 MAX_POINTS = 512
 READ_CHUNK = 4 << 20        # bytes parsed a pass at most: a huge first open is spread over passes
@@ -32,8 +36,10 @@ def _thin(series: list) -> None:
 
 
 class MetricsReader:
-    def __init__(self, path: str | Path, max_points: int = MAX_POINTS):
+    def __init__(self, path: str | Path, max_points: int = MAX_POINTS,
+                 point: Callable[[dict], CurvePoint | None] = step_point):
         self.path = Path(path)
+        self.point = point          # a record as a curve point (the spec's CurveSource.point)
         self.max_points = max_points
         self.offset = 0
         self._ino: int | None = None
@@ -75,25 +81,21 @@ class MetricsReader:
         return self.curves
 
     def _add(self, rec: dict) -> None:
-        from ops.drafter.metrics import from_record
-
-        step, loss = rec.get("step"), rec.get("loss")
-        if not isinstance(step, int) or not isinstance(loss, (int, float)):
+        p = self.point(rec)
+        if p is None:
             return
         c = self.curves
-        if c.steps and step <= c.steps[-1]:
+        if c.steps and p.step <= c.steps[-1]:
             c = self.curves = Curves()      # another run's records from step 1
-        acc = rec.get("acc") if isinstance(rec.get("acc"), list) else []
-        if len(acc) != len(c.acc):
+        if len(p.acc) != len(c.acc):
             if c.steps:                     # a different depth K: another run
                 c = self.curves = Curves()
-            c.acc = [[] for _ in acc]
-        sim = from_record(rec)
-        c.steps.append(step)
-        c.loss.append(float(loss))
-        for series, a in zip(c.acc, acc):
-            series.append(float(a) if isinstance(a, (int, float)) else float("nan"))
-        c.sim_al.append(float("nan") if sim is None else sim)
+            c.acc = [[] for _ in p.acc]
+        c.steps.append(p.step)
+        c.loss.append(p.loss)
+        for series, a in zip(c.acc, p.acc):
+            series.append(a)
+        c.sim_al.append(float("nan") if p.sim_al is None else p.sim_al)
         if len(c.steps) > self.max_points:
             for series in (c.steps, c.loss, c.sim_al, *c.acc):
                 _thin(series)
@@ -126,11 +128,13 @@ class CurveTracker:
         self._rates: dict[tuple[str, int], RateHistory] = {}
 
     def curves(self, st: StageStatus, now: float) -> Curves | None:
-        if st.op == "train" and st.outputs:
-            key = (st.name, str(Path(st.outputs[0]) / "metrics.jsonl"))
+        spec = spec_of(st.op)
+        source = spec.curves if spec is not None else None
+        if source is not None and st.outputs:
+            key = (st.name, str(Path(st.outputs[0]) / source.file))
             reader = self._readers.get(key)
             if reader is None:
-                reader = self._readers[key] = MetricsReader(key[1])
+                reader = self._readers[key] = MetricsReader(key[1], point=source.point)
             return reader.refresh()
         if st.run_id is None:
             return None

@@ -12,7 +12,8 @@ its bench.json says "engine": "sglang" and its line is labelled so.
 
 from __future__ import annotations
 
-from ops.spec import EstimateContext, Lint, OpSpec, Param
+from ops.bench.view import gauges, result_view
+from ops.spec import EstimateContext, Lint, OpSpec, Param, ServerParam
 
 ENGINES = ("reference", "sglang")
 
@@ -97,7 +98,10 @@ SPEC = OpSpec(
     estimate_bytes=lambda ctx: 64 * 1024,
     result_file="bench.json",
     result_line=result_line,
-    # eagle3_console.runs.bind_servers: name param -> (url param, the serve mode it needs).
-    extra={"lint": lint, "server_params": {"server": ("url", "speculative"),
-                                           "baseline_server": ("baseline_url", "target")}},
+    lint=lint,
+    # eagle3_console.runs.bind_servers: a serve stage named there gives the url param its URL.
+    server_params=(ServerParam("server", "url", "speculative"),
+                   ServerParam("baseline_server", "baseline_url", "target")),
+    result_view=result_view,
+    gauges=gauges,
 )

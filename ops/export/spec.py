@@ -66,4 +66,5 @@ SPEC = OpSpec(
     partial_files=partial_files,
     result_file="export_info.json",
     result_line=result_line,
+    estimate_rule='drafter parameters x dtype bytes x formats',
 )

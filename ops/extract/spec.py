@@ -11,44 +11,11 @@ from pathlib import Path
 from ops.extract import sglang_args
 from ops.extract.durable import DEFAULT as DURABLE
 from ops.extract.durable import MODES as DURABLE_MODES
+from ops.extract.estimate import extract_estimate
+from ops.extract.layer_plan import layer_line, layer_lints
+from ops.extract.sizes import aux_layer_count, estimate_bytes, expected_samples, expected_tokens  # noqa: F401
 from ops.formats import SAMPLE_RE, TMP_SUFFIX, BadSampleFile, check_whole
-from ops.spec import EstimateContext, OpSpec, Param, dtype_bytes
-
-
-def aux_layer_count(params: dict) -> int:
-    ids = params.get("layer_ids", "auto")
-    if isinstance(ids, (list, tuple)):
-        return len(ids)
-    if isinstance(ids, str) and ids not in ("", "auto"):
-        return len([p for p in ids.split(",") if p.strip()])
-    return 3
-
-
-def expected_tokens(ctx: EstimateContext) -> int | None:
-    if ctx.params.get("tokens"):
-        return int(ctx.params["tokens"])
-    summary = ctx.read_json("input", "summary.json")
-    if summary and "total_tokens" in summary:
-        return int(summary["total_tokens"])
-    return None
-
-
-def expected_samples(ctx: EstimateContext) -> int | None:
-    if ctx.params.get("num_samples"):
-        return int(ctx.params["num_samples"])
-    summary = ctx.read_json("input", "summary.json")
-    if summary and "samples" in summary:
-        return int(summary["samples"])
-    return None
-
-
-def estimate_bytes(ctx: EstimateContext) -> int | None:
-    tokens = expected_tokens(ctx)
-    hidden = ctx.target.get("hidden_size")
-    if tokens is None or not hidden:
-        return None
-    dtype = ctx.params.get("dtype") if ctx.params.get("dtype") not in (None, "auto") else ctx.target.get("dtype")
-    return tokens * (aux_layer_count(ctx.params) + 1) * int(hidden) * dtype_bytes(dtype)
+from ops.spec import EstimateContext, OpSpec, Param
 
 
 def partial_files(root: Path) -> list[Path]:
@@ -87,7 +54,8 @@ def result_line(config: dict) -> str | None:
             f"(SGLang capture {config.get('sglang_layers_to_capture')}), {config.get('dtype')}")
 
 def lint(ctx: EstimateContext, gpus: list[int] | None) -> list:
-    return sglang_args.lint(ctx.params, gpus)
+    """SGLang's flags against the gpus, then the aux layer ids against the target."""
+    return list(sglang_args.lint(ctx.params, gpus)) + layer_lints(ctx)
 
 
 SPEC = OpSpec(
@@ -139,5 +107,7 @@ SPEC = OpSpec(
     result_file="data_config.json",
     result_line=result_line,
     launch=sglang_args.launch,
-    extra={"lint": lint},
+    lint=lint,
+    estimate=extract_estimate,
+    plan_lines=layer_line,
 )

@@ -91,4 +91,5 @@ SPEC = OpSpec(
     partial_files=partial_files,
     result_file="summary.json",
     result_line=result_line,
+    estimate_rule="about 1.5 x the input file's size",
 )

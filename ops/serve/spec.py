@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ops.serve import command
 from ops.serve.readiness import SERVE_READY_TIMEOUT_S
-from ops.spec import EstimateContext, Lint, OpSpec, Param
+from ops.spec import EstimateContext, Lint, OpSpec, Param, Server
 
 
 def lint(ctx: EstimateContext, gpus: list[int] | None) -> list[Lint]:
@@ -26,6 +26,14 @@ def lint(ctx: EstimateContext, gpus: list[int] | None) -> list[Lint]:
     if params.get("drafter"):
         params["drafter"] = str(resolved.path("drafter"))
     return command.lint(params, str(model) if model else None, gpus, ctx.target)
+
+
+def server(params: dict) -> Server:
+    """Where the server listens and what it serves, from the stage's effective params
+    (the snapshot's ServeMonitor, a bench bound to it, a dependency on it)."""
+    rts = params.get("ready_timeout_s")
+    return Server(host=str(params.get("host") or "127.0.0.1"), port=int(params.get("port") or SPEC.params["port"]),
+                  mode=params.get("mode"), ready_timeout_s=float(rts) if rts else None)
 
 
 SPEC = OpSpec(
@@ -58,5 +66,6 @@ SPEC = OpSpec(
     uses_target=True,
     uses_gpu=True,
     progress="log",
-    extra={"lint": lint, "serve": True},
+    lint=lint,
+    serves=server,
 )

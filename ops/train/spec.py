@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ops.drafter.metrics import from_record
 from ops.drafter.sizes import drafter_params
-from ops.spec import EstimateContext, OpSpec, Param
+from ops.spec import CurveSource, EstimateContext, Gauge, OpSpec, Param
 from ops.train.levers import LOSS, SWITCH, TTT_ATTENTION, parse_bucket
 
 CHECKPOINT_BYTES_PER_PARAM = 12
@@ -48,6 +48,27 @@ def result_line(metrics: dict) -> str | None:
     return (f"loss {metrics.get('loss', float('nan')):.4f} at step {metrics['step']}"
             + (f", accuracy per step {'/'.join(f'{a:.2f}' for a in acc)}" if acc else "")
             + (f", simulated AL {sim:.2f}" if sim is not None else ""))
+
+def gauges(r: dict) -> list[Gauge]:
+    """metrics.jsonl's last record for the exporter."""
+    if "step" not in r:
+        return []
+    out = [Gauge("eagle3_train_step", "Optimizer steps done (metrics.jsonl's last record).", r.get("step")),
+           Gauge("eagle3_train_planned_steps", "Optimizer steps the run plans.", r.get("total")),
+           Gauge("eagle3_train_loss", "Training loss of the last logged window.", r.get("loss")),
+           Gauge("eagle3_train_simulated_acceptance_length", "1 + sum_k prod_{j<=k} acc_j of the last window's "
+                 "per-step accuracies: tokens per verify it promises (bench's scale).", from_record(r)),
+           Gauge("eagle3_train_learning_rate", "Learning rate.", r.get("lr")),
+           Gauge("eagle3_train_grad_norm", "Gradient norm before clipping.", r.get("grad_norm")),
+           Gauge("eagle3_train_tokens_per_second", "Training tokens per second over the last window.",
+                 r.get("tok_s"))]
+    for name, key, doc in (("eagle3_train_step_accuracy_ratio", "acc", "Accuracy of TTT step k, 0..1."),
+                           ("eagle3_train_step_loss", "step_loss", "Loss of TTT step k.")):
+        values = r.get(key)
+        if isinstance(values, list):
+            out += [Gauge(name, doc, v, (("ttt_step", str(k)),)) for k, v in enumerate(values, 1)]
+    return out
+
 
 SPEC = OpSpec(
     name="train",
@@ -110,4 +131,7 @@ SPEC = OpSpec(
     partial_files=partial_files,
     result_file="metrics.jsonl",
     result_line=result_line,
+    estimate_rule="drafter parameters x bytes per parameter x checkpoints kept",
+    gauges=gauges,
+    curves=CurveSource("metrics.jsonl"),
 )

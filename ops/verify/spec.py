@@ -9,7 +9,10 @@ reads for the stage's result line) or the log.
 
 from __future__ import annotations
 
-from ops.spec import OpSpec, Param
+from pathlib import Path
+
+from ops.spec import BadFiles, OpSpec, Param
+from ops.verify.reported import ReportError, reported_bad_files
 
 def result_line(report: dict) -> str | None:
     """The report in a line: whether every sample file checks out, and what
@@ -33,6 +36,14 @@ def result_line(report: dict) -> str | None:
     return line
 
 
+def reported_bad(report: Path, output: Path, base: Path) -> list:
+    """The report's bad files still there unchanged (ops/verify/reported.py); [] when it cannot be read."""
+    try:
+        return reported_bad_files(report, output, base=base)
+    except ReportError:
+        return []
+
+
 SPEC = OpSpec(
     name="verify",
     summary="check every sample file of an extract output from its safetensors header; --deep loads some",
@@ -51,4 +62,6 @@ SPEC = OpSpec(
     progress="log",
     result_path_param="report",
     result_line=result_line,
+    # clean offers the files its report names bad under extract's output, even after extract succeeded.
+    bad_files=BadFiles(output_param="input", report_param="report", read=reported_bad),
 )

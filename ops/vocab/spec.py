@@ -72,4 +72,5 @@ SPEC = OpSpec(
     partial_files=partial_files,
     result_file="vocab.json",
     result_line=result_line,
+    estimate_rule='the draft/target id maps',
 )

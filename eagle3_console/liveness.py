@@ -1,0 +1,71 @@
+"""Liveness of runs: whether a run's stage still runs, and reconcile(), which
+marks a run whose supervisor vanished as `lost` (or gives it the exit its
+supervisor wrote to the exit record, exitrecord.py).
+
+Data flow: registry + process table -> (this) -> registry. snapshot.collect,
+runs (before a launch), the stopper and the actions call reconcile() first.
+"""
+
+from __future__ import annotations
+
+import time
+
+from eagle3_console import exitrecord
+from eagle3_console.endclock import mark_end
+from eagle3_console.monitor.procs import process_alive
+from eagle3_console.registry import Registry, Run
+
+PENDING_GRACE_S = 30.0
+
+
+def reconcile(reg: Registry) -> list[Run]:
+    """Mark runs whose supervisor is gone as lost; returns the ones it changed."""
+    changed = []
+    now = time.time()
+    for run in reg.live_runs():
+        if apply_exit_record(reg, run):
+            changed.append(run)
+            continue
+        if run.supervisor_pid is None:
+            if now - run.created > PENDING_GRACE_S:
+                if reg.finish(run.id, "lost", reason="supervisor never started"):
+                    changed.append(run)
+            continue
+        if not process_alive(run.supervisor_pid, run.supervisor_create_time):
+            # The supervisor may have recorded the exit between our read and now.
+            # ended = when the loss was noticed: watch's backoff counts from it.
+            if reg.finish(run.id, "lost", ended=now, reason="supervisor gone without recording an exit"):
+                mark_end(reg, run.id)
+                reg.record("lost", "supervisor gone", stage=run.stage, run_id=run.id, actor="reconcile")
+                changed.append(run)
+    return changed
+
+
+def apply_exit_record(reg: Registry, run: Run) -> bool:
+    """A live run whose supervisor wrote its exit to the exit record (the
+    registry was full, exitrecord.py) gets that exit; True when it did."""
+    rec = exitrecord.read(run.log_path)
+    if rec is None:
+        return False
+    if not rec.get("error") and process_alive(run.supervisor_pid, run.supervisor_create_time):
+        return False    # it is writing the registry itself (or retrying while the disk is full)
+    how = (f"the supervisor could not write {rec['error']}" if rec.get("error")
+           else "the supervisor ended before it wrote state.db")
+    values = {k: rec[k] for k in ("ended", "exit_code", "signal", "reason") if rec.get(k) is not None}
+    values["reason"] = "; ".join(filter(None, [values.get("reason"),
+                                               f"recorded from {exitrecord.path_for(run.log_path).name}: {how}"]))
+    done = reg.finish(run.id, rec["status"], **values)
+    if done:
+        mark_end(reg, run.id, rec.get("boottime") if isinstance(rec.get("boottime"), dict) else None)
+        reg.record("exit-record", rec["status"], stage=run.stage, run_id=run.id, actor="reconcile",
+                   detail=rec.get("error"))
+    try:
+        exitrecord.path_for(run.log_path).unlink()
+    except OSError:
+        pass
+    return done
+
+
+def stage_alive(run: Run) -> bool:
+    """Whether the stage's leader process still runs (pid trusted with its create_time)."""
+    return run.pid is not None and process_alive(run.pid, run.create_time)

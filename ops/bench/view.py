@@ -1,0 +1,91 @@
+"""bench.json for the console: the TUI's view of it (OpSpec.result_view:
+widgets/progress.py's head, per-position bars and details, widgets/stages.py's
+result cell) and the exporter's gauges (OpSpec.gauges). What matters first is
+the acceptance length and speed-up, then whether the speculative output
+equals greedy decoding. No torch, no rich: roles, not colours (ops/spec.py's ResultView).
+"""
+
+from __future__ import annotations
+
+from ops.spec import Gauge, ResultView
+
+
+def _num(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def result_view(r: dict) -> ResultView | None:
+    al = _num(r.get("acceptance_length"))
+    if al is None:
+        return None
+    head: list[tuple[str, str]] = []
+    if r.get("url"):
+        # Where it was measured, when that was a server; the reference engine's is said under
+        # the bars, so that a 5-row pane (80x24) keeps every draft position's bar.
+        head.append((f"engine {r['engine']} {r['url']}\n", "strong"))
+    head += [("acceptance length ", "label"), (f"{al:.2f}", "headline")]
+    k = r.get("draft_tokens")
+    if isinstance(k, int):
+        head.append((f" (K={k}, max {k + 1})", "label"))
+    head.append(("\n", ""))
+    # Two lines before the bars: a 46-column side pane shows all of K=3's.
+    speed = _num(r.get("speedup"))
+    if speed is not None:
+        head += [("speed-up ", "label"), (f"{speed:.2f}x", "strong"), (" · ", "label")]
+    match = r.get("outputs_match")
+    if match is True:
+        head.append(("output == greedy", "ok"))
+    elif match is False:
+        head.append((f"OUTPUT DIFFERS FROM GREEDY on {len(r.get('mismatches') or [])} prompts", "alarm"))
+    else:
+        head.append(("output vs greedy not reported", "warn"))
+    rates = r.get("accept_rate_per_position")
+    # Conditional rates: draft k accepted given drafts 1..k-1 were.
+    bars = tuple((f"accept @{i + 1}", _num(a)) for i, a in enumerate(rates)) if isinstance(rates, list) else ()
+    if match is False:
+        cell = (f"AL {al:.2f} !=greedy", "alarm")
+    else:
+        cell = (f"AL {al:.2f}{' sglang' if r.get('engine') == 'sglang' else ''}", "ok")
+    return ResultView(head=tuple(head), bars=bars, details=tuple(details(r)), cell=cell)
+
+
+def details(r: dict) -> list[str]:
+    """The rest of bench.json, under the bars: throughputs, forwards, drafter."""
+    lines = [f"engine {r['engine']}"] if r.get("engine") and not r.get("url") else []
+    plain, spec = _num(r.get("tok_s_plain")), _num(r.get("tok_s_speculative"))
+    if plain is not None and spec is not None:
+        lines.append(f"{spec:.1f} tok/s speculative vs {plain:.1f} plain")
+    done, steps = r.get("completion_tokens"), r.get("verify_forwards")
+    if isinstance(done, int) and isinstance(steps, int):
+        # What the AL is, in its own numbers (SGLang's: completion tokens / verify steps).
+        lines.append(f"AL = {done} completion tokens / {steps} verify steps")
+    fwd_plain, fwd_spec = r.get("target_forwards_plain"), r.get("target_forwards_speculative")
+    if fwd_plain is not None and fwd_spec is not None:
+        lines.append(f"target forwards {fwd_spec} vs {fwd_plain} plain")
+    prompts = r.get("prompts")
+    n_prompts = len(prompts) if isinstance(prompts, list) else prompts
+    if n_prompts is not None:
+        lines.append(f"{n_prompts} prompts" + (f", {r['tokens']} tokens" if r.get("tokens") is not None else ""))
+    if isinstance(r.get("accept_rate_per_position"), list):
+        lines.append("accept @k: share of draft k accepted when drafts 1..k-1 were")
+    if r.get("drafter"):
+        lines.append(f"drafter {r['drafter']}" + (f" ({r['format']})" if r.get("format") else ""))
+    return lines
+
+
+def gauges(r: dict) -> list[Gauge]:
+    if "acceptance_length" not in r:
+        return []
+    out = [Gauge("eagle3_bench_acceptance_length", "Completion tokens / verify steps, bonus token included.",
+                 r.get("acceptance_length")),
+           Gauge("eagle3_bench_draft_tokens", "Draft tokens a verify (K).", r.get("draft_tokens")),
+           Gauge("eagle3_bench_speedup_ratio", "Plain decoding time / speculative decoding time.", r.get("speedup"))]
+    match = r.get("outputs_match")
+    if isinstance(match, bool):
+        out.append(Gauge("eagle3_bench_outputs_match", "1 when the speculative output equals greedy decoding.",
+                         1 if match else 0))
+    rates = r.get("accept_rate_per_position")
+    if isinstance(rates, list):
+        out += [Gauge("eagle3_bench_accept_rate_ratio", "Share of draft k accepted when drafts 1..k-1 were.", v,
+                      (("position", str(k)),)) for k, v in enumerate(rates, 1)]
+    return out

@@ -1,0 +1,47 @@
+"""extract's sizes from its params and prepare's summary: aux layers, tokens,
+samples and the bytes they make (the spec's estimate_bytes, expected_*; the
+estimate hook in estimate.py and the op's own disk preflight use them). No torch.
+
+Disk estimate = tokens x (aux layers + 1) x hidden_size x dtype bytes
+(17,285,548 x 4 x 7168 x 2 = 923 GiB; seen 924 GB by du -sh).
+"""
+
+from __future__ import annotations
+
+from ops.spec import EstimateContext, dtype_bytes
+
+
+def aux_layer_count(params: dict) -> int:
+    ids = params.get("layer_ids", "auto")
+    if isinstance(ids, (list, tuple)):
+        return len(ids)
+    if isinstance(ids, str) and ids not in ("", "auto"):
+        return len([p for p in ids.split(",") if p.strip()])
+    return 3
+
+
+def expected_tokens(ctx: EstimateContext) -> int | None:
+    if ctx.params.get("tokens"):
+        return int(ctx.params["tokens"])
+    summary = ctx.read_json("input", "summary.json")
+    if summary and "total_tokens" in summary:
+        return int(summary["total_tokens"])
+    return None
+
+
+def expected_samples(ctx: EstimateContext) -> int | None:
+    if ctx.params.get("num_samples"):
+        return int(ctx.params["num_samples"])
+    summary = ctx.read_json("input", "summary.json")
+    if summary and "samples" in summary:
+        return int(summary["samples"])
+    return None
+
+
+def estimate_bytes(ctx: EstimateContext) -> int | None:
+    tokens = expected_tokens(ctx)
+    hidden = ctx.target.get("hidden_size")
+    if tokens is None or not hidden:
+        return None
+    dtype = ctx.params.get("dtype") if ctx.params.get("dtype") not in (None, "auto") else ctx.target.get("dtype")
+    return tokens * (aux_layer_count(ctx.params) + 1) * int(hidden) * dtype_bytes(dtype)
