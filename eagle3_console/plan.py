@@ -24,7 +24,7 @@ from eagle3_console.outputs import output_paths
 from eagle3_console.refused import Refused
 from eagle3_console.units import human_bytes
 from eagle3_console.workspace import Workspace
-from ops.estimate import KIND_LABEL, Estimate, si_bytes  # noqa: F401 - report and widgets/disk read them here
+from ops.estimate import Estimate
 from ops.spec import EstimateContext, Upstream
 
 

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from eagle3_console.model import Snapshot, StageStatus
-from eagle3_console.plan import KIND_LABEL, si_bytes
+from ops.estimate import KIND_LABEL, si_bytes
 from eagle3_console.registry import RunStatus
 from eagle3_console.units import human_bytes, human_duration
 

@@ -12,7 +12,7 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 
 from eagle3_console.model import DiskUsage
-from eagle3_console.plan import KIND_LABEL, si_bytes
+from ops.estimate import KIND_LABEL, si_bytes
 from widgets import fmt
 from widgets.body import Body, retitle
 
