@@ -11,7 +11,7 @@ import json
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import typer
 
@@ -67,9 +67,13 @@ def _ended(r) -> str:
     return "-" if r.exit_code is None else str(r.exit_code)
 
 
-def _has_registry(c: Ctx) -> bool:
-    """Whether the workspace ever had a state database (reading one would create it)."""
-    return c.ws.db_path.exists() or id_path(c.ws.db_path).exists()
+def _read_registry(c: Ctx, read: Callable[[Registry], list]) -> list:
+    """`read(registry)`, or nothing where the workspace never had a state
+    database (opening one would create it, and a read never creates)."""
+    if not (c.ws.db_path.exists() or id_path(c.ws.db_path).exists()):
+        return []
+    with Registry(c.ws.db_path) as reg:
+        return read(reg)
 
 
 def runs_cmd(ctx: typer.Context, stage: Optional[str] = typer.Argument(None),
@@ -78,12 +82,11 @@ def runs_cmd(ctx: typer.Context, stage: Optional[str] = typer.Argument(None),
     """Run history, newest first."""
     from eagle3_console import runs
     c = ctx_of(ctx)
-    if not _has_registry(c):
-        rows = []
-    else:
-        with Registry(c.ws.db_path) as reg:
-            runs.reconcile(reg)
-            rows = reg.runs(stage, limit)
+
+    def read(reg: Registry) -> list:
+        runs.reconcile(reg)
+        return reg.runs(stage, limit)
+    rows = _read_registry(c, read)
     if stage and not rows:
         # Recorded runs are listed even when the pipeline file changed since;
         # with none, an unknown stage is bad input (exit 3), as everywhere.
@@ -109,11 +112,7 @@ def events(ctx: typer.Context,
            as_json: bool = typer.Option(False, "--json")) -> None:
     """The audit log, newest first: who stopped, killed, cleaned or restarted what, and how it went."""
     c = ctx_of(ctx)
-    if not _has_registry(c):
-        rows = []
-    else:
-        with Registry(c.ws.db_path) as reg:
-            rows = reg.events(stage, limit)
+    rows = _read_registry(c, lambda reg: reg.events(stage, limit))
     if stage and not rows:
         c.stage(stage)      # as `runs`: no event of an unknown stage is bad input (exit 3)
     if as_json:

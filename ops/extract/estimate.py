@@ -14,12 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from ops.estimate import Estimate
-from ops.extract.sizes import aux_layer_count, estimate_bytes
+from ops.extract.sizes import MAX_SEQ_LEN, aux_layer_count, count, estimate_bytes
 from ops.formats import DATA_CONFIG, SAMPLE_LENGTHS
 from ops.spec import EstimateContext, dtype_bytes, read_json_dict
 
 PER_FILE = "plus per-file overhead (headers, input_ids, loss_mask)"
-DEFAULT_MAX_SEQ_LEN = 4096
 
 
 def _dtype(params: dict[str, Any], target: dict[str, Any]) -> str:
@@ -27,20 +26,12 @@ def _dtype(params: dict[str, Any], target: dict[str, Any]) -> str:
     return str(dtype if dtype not in (None, "auto") else target.get("dtype") or "bfloat16")
 
 
-def _int(value: Any) -> int | None:
-    try:
-        n = int(value)
-    except (TypeError, ValueError):
-        return None
-    return n if n >= 0 and not isinstance(value, bool) else None
-
-
 def extract_estimate(ctx: EstimateContext) -> Estimate | None:
     params, target = ctx.params, ctx.target
     dtype = _dtype(params, target)
     db = dtype_bytes(dtype)
     aux = aux_layer_count(params)
-    hidden = _int(target.get("hidden_size"))
+    hidden = count(target.get("hidden_size"))
 
     def factors(states: int, hid: int, states_from: str = "", hidden_from: str = "") -> str:
         s = f"{states} states{states_from or f' ({states - 1} aux + final)'}"
@@ -48,14 +39,14 @@ def extract_estimate(ctx: EstimateContext) -> Estimate | None:
 
     exact = estimate_bytes(ctx) if hidden else None
     if exact is not None:
-        tokens = _int(params.get("tokens"))
+        tokens = count(params.get("tokens"))
         where = "the tokens param" if tokens else f"prepare's summary.json in {ctx.path('input')}"
-        tokens = tokens or _int((ctx.read_json("input", "summary.json") or {}).get("total_tokens")) or 0
+        tokens = tokens or count((ctx.read_json("input", "summary.json") or {}).get("total_tokens")) or 0
         return Estimate(int(exact), "exact", f"{tokens:,} tokens ({where}) x {factors(aux + 1, hidden)}")
     out = ctx.path("output")
     meta = tree_metadata(out) if out is not None else {}
-    m_hidden = _int(meta.get("hidden_size")) or hidden
-    m_states = _int(meta.get("num_layers_captured"))
+    m_hidden = count(meta.get("hidden_size")) or hidden
+    m_states = count(meta.get("num_layers_captured"))
     states_from = " (num_layers_captured)" if m_states else ""
     m_states = m_states or aux + 1
     if meta.get("tokens") is not None and m_hidden:
@@ -68,7 +59,7 @@ def extract_estimate(ctx: EstimateContext) -> Estimate | None:
     samples, samples_from, max_len, len_from = upper_bound_inputs(ctx)
     if samples is None and meta.get("samples") is not None:
         samples, samples_from = meta["samples"], f"{meta['samples_from']} in {out}"
-        if _int(meta.get("max_seq_len")):
+        if count(meta.get("max_seq_len")):
             max_len, len_from = int(meta["max_seq_len"]), "its max_seq_len"
     if samples is None:
         return None
@@ -81,20 +72,20 @@ def upper_bound_inputs(ctx: EstimateContext) -> tuple[int | None, str, int, str]
     """(samples, where from, max_seq_len, where from) for extract's upper bound:
     its own num_samples / max_seq_len, and those of the prepare stage writing its input."""
     params = ctx.params
-    max_len = _int(params.get("max_seq_len")) or DEFAULT_MAX_SEQ_LEN
+    max_len = count(params.get("max_seq_len")) or MAX_SEQ_LEN
     len_from = "extract's max_seq_len"
-    samples = _int(params.get("num_samples")) or None
+    samples = count(params.get("num_samples")) or None
     samples_from = "extract's num_samples"
     prep = ctx.upstream("input") if params.get("input") else None
     if prep is not None and prep.op == "prepare":
-        p_len = _int(prep.params.get("max_seq_len"))
+        p_len = count(prep.params.get("max_seq_len"))
         if p_len and p_len < max_len:
             max_len, len_from = p_len, f"{prep.name}'s max_seq_len"
-        limit = _int(prep.params.get("limit")) or None
+        limit = count(prep.params.get("limit")) or None
         if limit is not None and (samples is None or limit < samples):
             samples, samples_from = limit, f"{prep.name}'s limit"
     summary = ctx.read_json("input", "summary.json")
-    if samples is None and summary and _int(summary.get("samples")) is not None:
+    if samples is None and summary and count(summary.get("samples")) is not None:
         samples, samples_from = int(summary["samples"]), "prepare's summary.json"
     return samples, samples_from, max_len, len_from
 
@@ -108,18 +99,18 @@ def tree_metadata(root: Path) -> dict[str, Any]:
     speculators' data.num_samples), hidden_size, num_layers_captured, max_seq_len."""
     config = read_json_dict(Path(root) / DATA_CONFIG) or {}
     out: dict[str, Any] = {k: config.get(k) for k in ("hidden_size", "num_layers_captured", "max_seq_len")}
-    tokens = _int(config.get("total_tokens"))
+    tokens = count(config.get("total_tokens"))
     if tokens:
         out["tokens"], out["tokens_from"] = tokens, "data_config.json's total_tokens"
     else:
         summed = _lengths_total(Path(root) / SAMPLE_LENGTHS)
         if summed:
             out["tokens"], out["tokens_from"] = summed, SAMPLE_LENGTHS
-    samples = _int(config.get("total_samples"))
+    samples = count(config.get("total_samples"))
     data = config.get("data")
     if samples:
         out["samples"], out["samples_from"] = samples, "data_config.json's total_samples"
-    elif isinstance(data, dict) and _int(data.get("num_samples")):
+    elif isinstance(data, dict) and count(data.get("num_samples")):
         out["samples"], out["samples_from"] = int(data["num_samples"]), "data_config.json's data.num_samples"
     return out
 

@@ -6,23 +6,14 @@ the conversions are ops/layers.py's. No torch.
 
 from __future__ import annotations
 
-from typing import Any
-
 from ops import layers
+from ops.extract.sizes import count
 from ops.spec import EstimateContext, Lint
-
-
-def _int(value: Any) -> int | None:
-    try:
-        n = int(value)
-    except (TypeError, ValueError):
-        return None
-    return n if n >= 0 and not isinstance(value, bool) else None
 
 
 def _layer_ids(ctx: EstimateContext) -> tuple[list[int] | None, int | None]:
     """(canonical ids, num_layers); ValueError for ids the target cannot have."""
-    n = _int(ctx.target.get("num_layers"))
+    n = count(ctx.target.get("num_layers"))
     value = ctx.params.get("layer_ids", "auto")
     if n is None:
         if isinstance(value, str) and value.strip().lower() in ("", "auto"):

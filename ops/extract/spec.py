@@ -13,7 +13,8 @@ from ops.extract.durable import DEFAULT as DURABLE
 from ops.extract.durable import MODES as DURABLE_MODES
 from ops.extract.estimate import extract_estimate
 from ops.extract.layer_plan import layer_line, layer_lints
-from ops.extract.sizes import aux_layer_count, estimate_bytes, expected_samples, expected_tokens  # noqa: F401
+from ops.extract.sizes import (MAX_SEQ_LEN, aux_layer_count, estimate_bytes,  # noqa: F401
+                               expected_samples, expected_tokens)
 from ops.formats import SAMPLE_RE, TMP_SUFFIX, BadSampleFile, check_whole
 from ops.spec import EstimateContext, OpSpec, Param
 
@@ -66,7 +67,7 @@ SPEC = OpSpec(
         Param("output", help="hidden-state output directory"),
         Param("layer_ids", "auto", "canonical aux layers (0-indexed layer whose OUTPUT is captured), e.g. "
               "2,30,58; auto = [1, N//2-1, N-4]"),
-        Param("max_seq_len", 4096, "tokens kept of each sample", low=1),
+        Param("max_seq_len", MAX_SEQ_LEN, "tokens kept of each sample", low=1),
         Param("token_budget", 16384, "padded tokens per forward batch; halved for a batch that runs out of "
               "memory", low=1),
         Param("num_samples", None, "only the first N samples", type=int, low=1),
