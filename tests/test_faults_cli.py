@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -218,3 +219,31 @@ def test_stopping_a_lost_run_records_it_killed_not_lost(ws):
     r = ws.latest("sleeper")
     assert r.status == "killed" and "supervisor was lost" in r.reason
     assert ws.cli("status", "--json", "--no-gpus").returncode == 0
+
+
+def test_halve_batch_halves_an_op_stages_default_batch(ws):
+    """An extract stage whose pipeline leaves token_budget at its default
+    (16384, its Param's): the OOM'd run's restart with --halve-batch halved
+    nothing before and started the same failing budget again."""
+    from eagle3_console.actions import plan_restart
+    from eagle3_console.workspace import Workspace
+    from ops.extract.spec import SPEC
+    ws.write("""
+[target]
+path = "models/target"
+num_layers = 8
+hidden_size = 16
+
+[stages.extract]
+op = "extract"
+params = { input = "data/prepared", output = "data/hs" }
+""")
+    run = ws.record_finished_run("extract", {"input": "data/prepared", "output": "data/hs"})
+    Path(run.log_path).write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
+    default = SPEC.params["token_budget"]
+    plan = plan_restart(Workspace.at(ws.root), "extract", halve_batch=True, ignore_disk=True)
+    assert plan.oom_line and plan.refusal is None, plan
+    assert plan.halved == ("token_budget", default, default // 2), plan
+    assert plan.params["token_budget"] == default // 2
+    i = plan.argv.index("--token-budget")
+    assert plan.argv[i + 1] == str(default // 2)

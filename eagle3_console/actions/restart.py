@@ -93,6 +93,10 @@ def plan_restart(ws: Workspace, stage_name: str, overrides: dict[str, Any] | Non
                        ignore_disk=ignore_disk)
     if last and last.status in ("failed", "killed", "lost"):
         plan.oom_line = oom_line(last)
+    if plan.oom_line and stage.batch_param and stage.batch_param not in params and stage.spec \
+            and stage.spec.params.get(stage.batch_param) is not None:
+        # Left at the op's default (its Param): that default is what ran out of memory.
+        params[stage.batch_param] = stage.spec.params[stage.batch_param]
     if plan.oom_line and stage.batch_param and stage.batch_param in params \
             and stage.batch_param not in (overrides or {}):
         try:
