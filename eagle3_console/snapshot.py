@@ -206,6 +206,10 @@ class Collector:
     def _stage_status(self, pipe: cfg.Pipeline, stage: cfg.Stage, run: Run | None,
                       now: float) -> tuple[StageStatus, list[DiskUsage]]:
         params = dict(run.params) if run else dict(stage.params)
+        if stage.spec is not None:
+            # What the run gets (its op's defaults under its own): JSON, the TUI and
+            # watch's halve-after-OOM see the token_budget a stage left at its default.
+            params = stage.spec.effective(params)
         st = StageStatus(name=stage.name, op=stage.op, status=run.status if run else "never",
                          depends_on=list(stage.depends_on), params=params, batch_param=stage.batch_param)
         try:

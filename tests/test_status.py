@@ -179,3 +179,27 @@ def test_rate_carries_its_unit_and_only_a_running_stage_shows_one(ws):
     assert "it/s" not in text          # a stopped stage's last window is not a rate now
     st = json.loads(ws.cli("status", "--json", "--no-gpus").stdout)["stages"][0]
     assert st["status"] == "killed" and st["rate"] is None and st["eta_s"] is None
+
+
+def test_a_stages_params_are_what_its_run_gets_defaults_merged(ws):
+    """Issue 21: the op spec's defaults merge in one place (OpSpec.effective),
+    and the snapshot reads it. Before: status --json showed only the params the
+    pipeline file set, so `watch` judged an OOM'd extract at its default
+    token_budget as having nothing to halve."""
+    from ops.extract.spec import SPEC
+    ws.write("""
+[target]
+path = "models/target"
+num_layers = 8
+hidden_size = 16
+
+[stages.extract]
+op = "extract"
+params = { input = "data/prepared", output = "data/hs", writers = 2 }
+""")
+    ws.record_finished_run("extract", {"input": "data/prepared", "output": "data/hs", "writers": 2})
+    _code, data, proc = status(ws, "--no-gpus")
+    (st,) = data["stages"]
+    assert st["params"]["writers"] == 2, proc.stdout                       # the run's own
+    assert st["params"]["token_budget"] == SPEC.params["token_budget"]      # the op's default
+    assert st["params"]["engine"] == "hf"
