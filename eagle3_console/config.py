@@ -76,6 +76,14 @@ class Stage:
     def spec(self) -> OpSpec | None:
         return get_spec(self.op) if self.op else None
 
+    @property
+    def batch_share(self) -> bool:
+        """The batch param is a share of the GPU, not a count: its op's Param is
+        bounded above by 1 (extract's mem_fraction_static). An OOM halves it too,
+        since what SGLang does not reserve is what a forward's activations get."""
+        declared = self.spec.params.declared.get(self.batch_param) if self.spec and self.batch_param else None
+        return declared is not None and declared.high is not None and declared.high <= 1
+
     def command(self, params: dict[str, Any], target: dict[str, Any]) -> list[str]:
         """The argv of a run with these params (never a shell string)."""
         if self.op:

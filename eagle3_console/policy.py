@@ -18,6 +18,7 @@ from typing import Any, Callable
 from eagle3_console import actions
 from eagle3_console import config as cfg
 from eagle3_console import runs
+from eagle3_console.actions.restart import can_halve
 from eagle3_console.alerts import oom_finding
 from eagle3_console.endclock import seconds_since_end
 from eagle3_console.model import Snapshot
@@ -77,7 +78,7 @@ def decide(pipe: cfg.Pipeline, snap: Snapshot, reg: Registry, now: float) -> lis
         chain = list(reg.restart_chain(st.run_id))
         restarts = sum(1 for r in chain if r.restart_of is not None)
         limit = stage.restart.max if stage.restart else 0
-        halvable = oom and stage.batch_param and _can_halve(st.params.get(stage.batch_param))
+        halvable = oom and stage.batch_param and can_halve(st.params.get(stage.batch_param), stage.batch_share)
         if halvable and not stage.restart:
             limit = 1_000_000    # bounded by the param reaching 1
         if restarts >= limit or (not stage.restart and not halvable):
@@ -97,10 +98,6 @@ def decide(pipe: cfg.Pipeline, snap: Snapshot, reg: Registry, now: float) -> lis
 def _alive_lost(reg: Registry, run_id: int) -> bool:
     from eagle3_console import runs
     return runs.stage_alive(reg.get(run_id))
-
-
-def _can_halve(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 1
 
 
 def apply(ws: Workspace, snap: Snapshot, say: Callable[[str], None], nvml: Any = None) -> list[str]:

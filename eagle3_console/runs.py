@@ -59,7 +59,7 @@ def stage_params(stage: Stage, overrides: dict[str, Any] | None = None, base: di
         if pipe is not None:
             bind_servers(pipe, stage, params, overrides or {})
     batch = (overrides or {}).get(stage.batch_param) if stage.batch_param else None
-    if isinstance(batch, (int, float)) and not isinstance(batch, bool) and not batch >= 1:
+    if isinstance(batch, (int, float)) and not isinstance(batch, bool) and not batch >= 1 and not stage.batch_share:
         # A batch of 0 starts a run that does nothing (or divides by it); halving never goes below 1.
         # Only what --set gives: a pipeline file may use a sentinel (-1: "the program decides").
         raise Refused(f"stages.{stage.name}: param {stage.batch_param}: {batch!r}: expected a batch of at least 1 "

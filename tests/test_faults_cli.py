@@ -221,6 +221,49 @@ def test_stopping_a_lost_run_records_it_killed_not_lost(ws):
     assert ws.cli("status", "--json", "--no-gpus").returncode == 0
 
 
+SHARE_PIPELINE = """
+[target]
+path = "models/target"
+num_layers = 8
+hidden_size = 16
+
+[stages.extract]
+op = "extract"
+batch_param = "mem_fraction_static"
+params = { input = "data/prepared", output = "data/hs", engine = "sglang", mem_fraction_static = 0.9 }
+"""
+
+
+def test_halve_batch_halves_a_memory_share(ws):
+    """Issue 22's fault: SGLang's mem_fraction_static too large leaves a forward's
+    activations no memory. Declared as the batch_param, it was refused before
+    ("0.9, and a batch cannot be halved below 1"): the share is halved."""
+    from eagle3_console.actions import plan_restart
+    from eagle3_console.workspace import Workspace
+    ws.write(SHARE_PIPELINE)
+    run = ws.record_finished_run("extract", {"input": "data/prepared", "output": "data/hs", "engine": "sglang",
+                                             "mem_fraction_static": 0.9})
+    Path(run.log_path).write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB\n")
+    plan = plan_restart(Workspace.at(ws.root), "extract", halve_batch=True, ignore_disk=True)
+    assert plan.refusal is None, plan.refusal
+    assert plan.halved == ("mem_fraction_static", 0.9, 0.45), plan
+    assert plan.argv[plan.argv.index("--mem-fraction-static") + 1] == "0.45"
+    assert "mem_fraction_static: 0.9 -> 0.45 (halved after the OOM)" in plan.lines()
+
+
+def test_watch_policy_halves_a_memory_share_after_an_oom(ws):
+    """The same share through watch's restart policy: before, "not halvable"
+    (the policy's own check wanted > 1) and no restart at all."""
+    ws.write(SHARE_PIPELINE)
+    params = {"input": "data/prepared", "output": "data/hs", "engine": "sglang", "mem_fraction_static": 0.9}
+    run = ws.record_finished_run("extract", params)
+    Path(run.log_path).write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB\n")
+    proc = ws.cli("watch", "--once", "--no-gpus", check=0)
+    assert "with mem_fraction_static 0.9 -> 0.45" in proc.stdout, (proc.stdout, proc.stderr)
+    new = ws.latest("extract")
+    assert new.id != run.id and new.restart_of == run.id and new.params["mem_fraction_static"] == 0.45
+
+
 def test_halve_batch_halves_an_op_stages_default_batch(ws):
     """An extract stage whose pipeline leaves token_budget at its default
     (16384, its Param's): the OOM'd run's restart with --halve-batch halved

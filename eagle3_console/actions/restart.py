@@ -61,13 +61,27 @@ class RestartPlan:
         return out
 
 
-def halve(value: Any) -> Any:
+def halve(value: Any, share: bool = False) -> Any:
+    """The batch param after an OOM: a count halved (at least 1), or with `share`
+    (config.Stage.batch_share) a share of the GPU in (0, 1) halved."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"cannot halve {value!r}: not a number")
+    if share:
+        if not 0 < value < 1:
+            raise ValueError(f"it is {value!r}, and a share is halved only within (0, 1)")
+        return value / 2
     if not value > 1:
         # "1 -> 1 (halved)" restarted the very run that failed: say so instead.
         raise ValueError(f"it is {value!r}, and a batch cannot be halved below 1")
     return max(1, int(value) // 2) if isinstance(value, int) else max(1.0, value / 2)
+
+
+def can_halve(value: Any, share: bool = False) -> bool:
+    try:
+        halve(value, share)
+    except ValueError:
+        return False
+    return True
 
 
 def oom_line(run: Run | None) -> str | None:
@@ -100,7 +114,7 @@ def plan_restart(ws: Workspace, stage_name: str, overrides: dict[str, Any] | Non
     if plan.oom_line and stage.batch_param and stage.batch_param in params \
             and stage.batch_param not in (overrides or {}):
         try:
-            new = halve(params[stage.batch_param])
+            new = halve(params[stage.batch_param], stage.batch_share)
             if halve_batch:
                 plan.halved = (stage.batch_param, params[stage.batch_param], new)
                 params[stage.batch_param] = new
