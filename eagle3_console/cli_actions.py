@@ -119,7 +119,7 @@ def watch(ctx: typer.Context,
                     tell(f"nothing to do: health {snap.health}; "
                          + ", ".join(f"{s.name} {s.status}" for s in snap.stages))
                 raise typer.Exit(snap.exit_code)
-            if until_done and policy.settled(snap):
+            if until_done and policy.settled(snap) and not policy.restart_pending(c.ws, snap):
                 tell("pipeline settled: " + ", ".join(f"{s.name} {s.status}" for s in snap.stages))
                 raise typer.Exit(snap.exit_code)
             time.sleep(interval)

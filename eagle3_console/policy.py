@@ -165,6 +165,14 @@ def advance(ws: Workspace, snap: Snapshot, say: Callable[[str], None]) -> list[s
     return done
 
 
+def restart_pending(ws: Workspace, snap: Snapshot) -> bool:
+    """A failed stage the restart policy will start again (its backoff not over yet):
+    for `--until-done` the pipeline has not settled, whatever `settled` reads."""
+    pipe = cfg.load(ws.config_path)
+    with Registry(ws.db_path) as reg:
+        return bool(decide(pipe, snap, reg, time.time()))
+
+
 def settled(snap: Snapshot) -> bool:
     """Nothing runs and nothing more will start: all succeeded, or a failure blocks the rest."""
     # A lost run whose processes live is still running, whatever its supervisor did.

@@ -99,3 +99,19 @@ def test_a_refused_restart_is_reported_and_the_other_stages_still_restart(ws):
     assert "flaky: run" in proc.stdout and "restarted as run" in proc.stdout
     with ws.registry() as reg:
         assert any(e.outcome.startswith("refused: op 'export'") for e in reg.events("export"))
+
+
+def test_until_done_waits_out_a_restart_backoff(ws):
+    """A failed stage with restarts left, in its backoff: --until-done said
+    "pipeline settled" and exited, so the restart never came (seen with a pipeline
+    file whose extract stage had restart = { max = 2, backoff_s = 5 })."""
+    ws.write("""
+[stages.flaky]
+argv = ["python", "-c", "import pathlib, sys; p = pathlib.Path('tries'); n = len(p.read_text()) if p.exists() else 0; p.write_text('x' * (n + 1)); sys.exit(0 if n >= 1 else 3)"]
+restart = { max = 2, backoff_s = 1.5 }
+""")
+    proc = ws.cli("watch", "--advance", "--until-done", "--interval", "0.2", "--no-gpus", timeout=60)
+    assert "backoff" in proc.stdout, proc.stdout
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    r = ws.latest("flaky")
+    assert r.status == "succeeded" and r.restart_of is not None, proc.stdout
