@@ -84,6 +84,12 @@ def start(a) -> None:
             if "mem_fraction_static" in lines[i]:
                 lines[i] = re.sub(r"mem_fraction_static = [0-9.]+", f"mem_fraction_static = {a.fault}", lines[i])
         text = "\n".join(lines) + "\n"
+    if a.train_pythonpath:
+        # Training on the image's own torch: SGLang's runtime (torch 2.14.1) beside the image's older
+        # cuDNN fails in train's backward (cuDNN Frontend error ... CUDNN_STATUS_BAD_PARAM, seen on the H200).
+        for name in ("train", "export"):
+            text = text.replace(f"[stages.{name}]\n",
+                                f"[stages.{name}]\nenv = {{ PYTHONPATH = \"{a.train_pythonpath}\" }}\n", 1)
     (ws / "eagle3.toml").write_text(text)
     (out / "eagle3.toml").write_text(text)
     t0 = time.time()
@@ -98,6 +104,18 @@ def start(a) -> None:
     (out / "watch.pid").write_text(str(info["watch_pid"]))
     print(f"started: watch pid {info['watch_pid']}, exporter {info['exporter_pid']}, "
           f"observer {info['observer_pid']}; fault {a.fault}", flush=True)
+
+
+def resume(a) -> None:
+    """watch (and the observer) again on the same workspace, after a change by hand."""
+    ws, out = Path(a.ws), Path(a.out)
+    pid = spawn([sys.executable, "-m", "eagle3_console.cli", "-w", str(ws), "watch", "--advance", "--until-done",
+                 "--interval", "3"], out / "watch.log")
+    (out / "watch.pid").write_text(str(pid))
+    (out / "observer_done").unlink(missing_ok=True)
+    spawn([sys.executable, str(Path(__file__).resolve()), "observe", "--ws", str(ws), "--out", str(out),
+           "--watch-pid", str(pid)], out / "observer.log")
+    print(f"resumed: watch pid {pid}", flush=True)
 
 
 # ---------------------------------------------------------------- observe
@@ -278,7 +296,7 @@ def wait(a) -> None:
     while time.time() - t0 < a.seconds:
         if (out / "observer_done").exists():
             break
-        if not alive(int((out / "watch.pid").read_text())) and not (out / "rescued").exists():
+        if a.rescue_set and not alive(int((out / "watch.pid").read_text())) and not (out / "rescued").exists():
             rescue(ws, out, info, a.rescue_set)
         try:
             snap = json.loads(cli(ws, "status", "--json").stdout)
@@ -385,6 +403,7 @@ def main() -> None:
     s.add_argument("--assets", required=True)
     s.add_argument("--fault", default=None)
     s.add_argument("--interval", type=float, default=3.0)
+    s.add_argument("--train-pythonpath", default=None, help="PYTHONPATH of the train and export stages")
     o = sub.add_parser("observe")
     o.add_argument("--ws", required=True)
     o.add_argument("--out", required=True)
@@ -394,13 +413,16 @@ def main() -> None:
     w.add_argument("--out", required=True)
     w.add_argument("--seconds", type=float, required=True)
     w.add_argument("--rescue-set", default="mem_fraction_static=0.3")
+    r = sub.add_parser("resume")
+    r.add_argument("--ws", required=True)
+    r.add_argument("--out", required=True)
     f = sub.add_parser("finish")
     f.add_argument("--ws", required=True)
     f.add_argument("--out", required=True)
     f.add_argument("--reference", default=None, help="re-run the succeeded extract's argv into this folder")
     f.add_argument("--keep-serving", action="store_true")
     a = ap.parse_args()
-    {"start": start, "observe": observe, "wait": wait, "finish": finish}[a.cmd](a)
+    {"start": start, "resume": resume, "observe": observe, "wait": wait, "finish": finish}[a.cmd](a)
 
 
 if __name__ == "__main__":
