@@ -56,8 +56,9 @@ def gauges(r: dict) -> list[Gauge]:
     out = [Gauge("eagle3_train_step", "Optimizer steps done (metrics.jsonl's last record).", r.get("step")),
            Gauge("eagle3_train_planned_steps", "Optimizer steps the run plans.", r.get("total")),
            Gauge("eagle3_train_loss", "Training loss of the last logged window.", r.get("loss")),
-           Gauge("eagle3_train_simulated_acceptance_length", "1 + sum_k prod_{j<=k} acc_j of the last window's "
-                 "per-step accuracies: tokens per verify it promises (bench's scale).", from_record(r)),
+           Gauge("eagle3_train_simulated_acceptance_length", "Bench's count (completion tokens / verify steps) "
+                 "of a decode over the held-out answers at the last window; without held-out samples "
+                 "1 + sum_k prod_{j<=k} acc_j of its per-step accuracies.", from_record(r)),
            Gauge("eagle3_train_learning_rate", "Learning rate.", r.get("lr")),
            Gauge("eagle3_train_grad_norm", "Gradient norm before clipping.", r.get("grad_norm")),
            Gauge("eagle3_train_tokens_per_second", "Training tokens per second over the last window.",
@@ -96,7 +97,7 @@ SPEC = OpSpec(
         Param("log_every", 10, "steps between `progress:` lines and metrics.jsonl records", low=1),
         Param("seed", 0, "seed of the init, the shuffle and the holdout"),
         Param("workers", 2, "DataLoader worker processes", low=0),
-        Param("holdout", 0, "samples kept out of training (for bench)"),
+        Param("holdout", 0, "samples kept out of training (for bench and the simulated acceptance length)"),
         Param("resume", False, "continue from the newest checkpoint in --output"),
         Param("replace_checkpoints", False, "delete another run's checkpoints in --output and start over "
               "(ops/train/owner.py)"),

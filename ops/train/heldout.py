@@ -1,0 +1,97 @@
+"""The held-out acceptance: the drafter decoded as bench decodes, on the samples train held out.
+
+Data flow: the held-out samples' extracted states (ops/drafter/data.py) + the
+frozen target's head (TargetView) + the drafter being trained -> per answer
+turn, the drafts a depth-K chain makes at every position and how many of them
+the target's greedy picks accept -> ops/drafter/metrics.py's walk (bench's
+count: completion tokens / verify steps, the first token of a turn from the
+prefill) -> the `simulated_acceptance_length` of ops/train's metrics.jsonl
+records. Called from ops/train/__main__.py at every logged window.
+
+The chain is the training-time-test unroll in eval mode: step k at index n-1
+reads the tokens up to n+k and predicts token n+k+1, which a chain drafting
+after token n does as draft k+1 once drafts 1..k were accepted (they equal the
+target's picks there). The target's pick at position j is the argmax over its
+whole vocabulary of its LM head on the final state, so a pick outside the draft
+vocabulary is a miss, as it is for bench.
+"""
+
+from __future__ import annotations
+
+from ops.drafter.metrics import chain_verifies
+
+
+def turns(mask: list[bool]) -> list[tuple[int, int]]:
+    """(first, last) index of each run of loss-masked tokens: one answer turn each."""
+    out, start = [], None
+    for i, m in enumerate(mask):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            out.append((start, i - 1))
+            start = None
+    if start is not None:
+        out.append((start, len(mask) - 1))
+    return out
+
+
+class HeldOut:
+    """The held-out samples' batches, and the drafter's acceptance on them."""
+
+    def __init__(self, info, held: list[int], token_budget: int, max_len: int):
+        from ops.drafter.data import BatchDataset, make_batches
+
+        self.dataset = BatchDataset(info, make_batches({i: info.lengths[i] for i in held}, token_budget, max_len),
+                                    max_len) if held else None
+
+    def measure(self, model, view, steps: int, device, dtype) -> dict | None:
+        """{acceptance_length, tokens, verifies, acc} of the model on the held-out
+        samples (acc: its per-step accuracies there, counted as training counts);
+        None without held-out samples or answer tokens."""
+        import torch
+
+        if self.dataset is None:
+            return None
+        was_training, compiled = model.training, model.compile_step
+        # Eager: compiled graphs are per shape and grad mode, and these batches are neither training's.
+        model.eval()
+        model.compile_step = False
+        tokens = verifies = 0
+        correct, counted = torch.zeros(steps), torch.zeros(steps)
+        try:
+            with torch.no_grad():
+                for i in range(len(self.dataset)):
+                    batch = self.dataset[i]
+                    ids = batch["input_ids"].to(device)
+                    aux = batch["aux"].to(device=device, dtype=dtype)
+                    final = batch["final"].to(device=device, dtype=dtype)
+                    mask, lengths = batch["loss_mask"].to(device), batch["lengths"]
+                    _logits, ok = view.targets(final, mask, lengths)     # what training counts
+                    picks = view.greedy(final)                          # [B, T]: the target's token after j
+                    b, t = ids.shape
+                    pad = torch.nn.functional.pad(picks, (0, steps + 1), value=-1)
+                    ok_pad = torch.nn.functional.pad(ok, (0, steps + 1))
+                    hits = []
+                    for k, logits in model.unroll(ids, aux, view.embed, steps):
+                        draft = model.draft_to_target(logits.argmax(-1))    # index t: draft for token t+k+2
+                        hits.append(draft == pad[:, k + 1:k + 1 + t])
+                        # Training's accuracy (its positions: the pick in the draft vocabulary), for the record.
+                        counts = ok_pad[:, k + 1:k + 1 + t]
+                        correct[k] += float((hits[-1] & counts).sum())
+                        counted[k] += float(counts.sum())
+                    # accepted[b, t]: drafts the chain after token t+1 gets accepted (leading hits)
+                    accepted = torch.stack(hits, 1).long().cumprod(1).sum(1).cpu().tolist()
+                    for row in range(b):
+                        n = int(lengths[row])
+                        for first, last in turns(batch["loss_mask"][row, :n].tolist()):
+                            if first == 0:
+                                continue            # no prompt before it: nothing to draft from
+                            tokens += last - first + 1
+                            verifies += chain_verifies(accepted[row][first - 1:last - 1])
+        finally:
+            model.train(was_training)
+            model.compile_step = compiled
+        if tokens == 0:
+            return None
+        return {"acceptance_length": tokens / max(1, verifies), "tokens": tokens, "verifies": verifies,
+                "acc": (correct / counted.clamp(min=1)).tolist()}
