@@ -212,7 +212,7 @@ def train(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
             epoch, skip = epoch + 1, 0
 
     from ops.train.heldout import HeldOut
-    heldout = HeldOut(info, held if is_main else [], args.token_budget, args.max_len)
+    heldout = HeldOut(info, held if is_main else [], args.token_budget, args.max_len, levers.length_bucket)
 
     from ops.train.prefetch import DevicePrefetcher
     it = DevicePrefetcher((dict(batch, epoch=e) for e, batch in stream(step * args.grad_accum)), device, dtype)

@@ -38,11 +38,12 @@ def turns(mask: list[bool]) -> list[tuple[int, int]]:
 class HeldOut:
     """The held-out samples' batches, and the drafter's acceptance on them."""
 
-    def __init__(self, info, held: list[int], token_budget: int, max_len: int):
+    def __init__(self, info, held: list[int], token_budget: int, max_len: int, bucket: int = 0):
         from ops.drafter.data import BatchDataset, make_batches
 
-        self.dataset = BatchDataset(info, make_batches({i: info.lengths[i] for i in held}, token_budget, max_len),
-                                    max_len) if held else None
+        # Training's batch shapes (its length buckets): the attention kernels built for them serve these.
+        batches = make_batches({i: info.lengths[i] for i in held}, token_budget, max_len, bucket)
+        self.dataset = BatchDataset(info, batches, max_len, bucket, token_budget) if held else None
 
     def measure(self, model, view, steps: int, device, dtype) -> dict | None:
         """{acceptance_length, tokens, verifies, acc} of the model on the held-out
@@ -72,9 +73,8 @@ class HeldOut:
                     pad = torch.nn.functional.pad(picks, (0, steps + 1), value=-1)
                     ok_pad = torch.nn.functional.pad(ok, (0, steps + 1))
                     hits = []
-                    for k, logits in model.unroll(ids, aux, view.embed, steps):
-                        draft = model.draft_to_target(logits.argmax(-1))    # index t: draft for token t+k+2
-                        hits.append(draft == pad[:, k + 1:k + 1 + t])
+                    for k, draft in model.unroll_drafts(ids, aux, view.embed, steps):
+                        hits.append(draft == pad[:, k + 1:k + 1 + t])      # draft at t: for token t+k+2
                         # Training's accuracy (its positions: the pick in the draft vocabulary), for the record.
                         counts = ok_pad[:, k + 1:k + 1 + t]
                         correct[k] += float((hits[-1] & counts).sum())
