@@ -20,8 +20,10 @@ a batch the drafter is fitted on (2.95; the same formula on held-out samples
 2.875); acc_k is over every position, not draft k given drafts 1..k-1 accepted
 (held-out, conditional: 2.78); and a decode's answers end: the last verify of
 each is cut at its end, its first token comes from the prefill (the walk: 2.57
-without that token, 2.76 with). The walk's 2.76 against bench's 2.875 (2.85 on
-all 24 held-out prompts) is the corpus' answers against the target's own.
+without that token, 2.76 with). What is left between the walk's 2.76 and
+bench's 2.875 is which prompts bench decodes (on its 8 samples the walk says
+2.87; bench on all 24 held-out prompts 2.85) and the corpus' answers against
+the target's own; bench's own spread at 40 verify steps is about 0.18 (1 sd).
 Compare at one depth: the figure is at K = ttt_steps, bench at its draft_tokens.
 """
 

@@ -10,28 +10,30 @@ records. Called from ops/train/__main__.py at every logged window.
 
 The chain is the training-time-test unroll in eval mode: step k at index n-1
 reads the tokens up to n+k and predicts token n+k+1, which a chain drafting
-after token n does as draft k+1 once drafts 1..k were accepted (they equal the
-target's picks there). The target's pick at position j is the argmax over its
-whole vocabulary of its LM head on the final state, so a pick outside the draft
-vocabulary is a miss, as it is for bench.
+after token n does as draft k+1 once drafts 1..k were accepted. Where the chain
+reads its accepted drafts (the target's picks) the unroll reads the answer's
+tokens: the same when the answer is the target's own greedy text, and then the
+count is bench's (tests/test_sim_acceptance.py); on a corpus' answers it is off
+by how far the target's own text is from them. The target's pick at position j
+is the argmax over its whole vocabulary of its LM head on the final state, so a
+pick outside the draft vocabulary is a miss, as it is for bench.
 """
 
 from __future__ import annotations
+
+from itertools import groupby
 
 from ops.drafter.metrics import chain_verifies
 
 
 def turns(mask: list[bool]) -> list[tuple[int, int]]:
     """(first, last) index of each run of loss-masked tokens: one answer turn each."""
-    out, start = [], None
-    for i, m in enumerate(mask):
-        if m and start is None:
-            start = i
-        elif not m and start is not None:
-            out.append((start, i - 1))
-            start = None
-    if start is not None:
-        out.append((start, len(mask) - 1))
+    out, start = [], 0
+    for masked, run in groupby(mask, bool):
+        n = len(list(run))
+        if masked:
+            out.append((start, start + n - 1))
+        start += n
     return out
 
 
