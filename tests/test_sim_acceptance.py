@@ -173,3 +173,12 @@ def test_heldout_walk_is_bench_on_the_targets_own_answers(assets, tmp_path, caps
     assert result["outputs_match"] is True
     assert (held["tokens"], held["verifies"]) == (result["completion_tokens"], result["verify_forwards"])
     assert 1.2 < result["acceptance_length"] < 3.8      # a drafter that is neither useless nor perfect
+    # A bench at a smaller depth (draft_tokens 2 of the drafter trained at ttt_steps 3): by_depth[1].
+    from ops.bench.__main__ import main as bench
+
+    assert bench(["--drafter", str(tmp_path / "export"), "--target", str(own["target"]), "--output",
+                  str(tmp_path / "b2"), "--draft-tokens", "2", "--max-new-tokens", str(new_tokens),
+                  "--num-prompts", "8"]) == 0
+    shallow = json.loads((tmp_path / "b2" / "bench.json").read_text())
+    assert held["by_depth"][-1] == pytest.approx(records[-1]["simulated_acceptance_length"], abs=1e-4)
+    assert held["by_depth"][1] == pytest.approx(shallow["acceptance_length"], abs=1e-4), (held, shallow)

@@ -9,7 +9,7 @@ included; between 1 and K + 1 at depth K = ttt_steps). With held-out samples
 (ops/train/heldout.py): the drafter chains K drafts after each token, the
 target's greedy picks accept a leading run of them, and chain_verifies walks
 each turn as bench's decoder does. The record's `heldout` holds its tokens,
-verify steps and the per-step accuracies there. On answers the target wrote
+verify steps, the count at each depth 1..K and the per-step accuracies there. On answers the target wrote
 itself that count is bench's exactly (tests/test_sim_acceptance.py); on a
 corpus' answers it is off by how much the target's own continuation differs.
 
@@ -24,7 +24,8 @@ without that token, 2.76 with). What is left between the walk's 2.76 and
 bench's 2.875 is which prompts bench decodes (on its 8 samples the walk says
 2.87; bench on all 24 held-out prompts 2.85) and the corpus' answers against
 the target's own; bench's own spread at 40 verify steps is about 0.18 (1 sd).
-Compare at one depth: the figure is at K = ttt_steps, bench at its draft_tokens.
+Compare at one depth: the figure is at K = ttt_steps, bench at its draft_tokens
+(the record's heldout.by_depth[d - 1]: the held-out count at depth d <= K).
 """
 
 from __future__ import annotations

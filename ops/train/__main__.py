@@ -281,6 +281,7 @@ def train(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
                    "grad_norm": float(grad_norm)}
             if ho:
                 rec["heldout"] = {"tokens": ho["tokens"], "verifies": ho["verifies"],
+                                  "by_depth": [round(a, 4) for a in ho["by_depth"]],
                                   "acc": [round(a, 4) for a in ho["acc"]]}
             if is_main:
                 print(f"progress: step {step}/{total} loss {rec['loss']:.4f} "

@@ -48,9 +48,11 @@ class HeldOut:
         self.dataset = BatchDataset(info, batches, max_len, bucket, token_budget) if held else None
 
     def measure(self, model, view, steps: int, device, dtype) -> dict | None:
-        """{acceptance_length, tokens, verifies, acc} of the model on the held-out
-        samples (acc: its per-step accuracies there, counted as training counts);
-        None without held-out samples or answer tokens."""
+        """{acceptance_length, tokens, verifies, by_depth, acc} of the model on the
+        held-out samples at depth K = steps (by_depth: the acceptance length of a
+        chain of depth 1..K, for a bench whose draft_tokens is below ttt_steps;
+        acc: the per-step accuracies there, counted as training counts); None
+        without held-out samples or answer tokens."""
         import torch
 
         if self.dataset is None:
@@ -59,7 +61,8 @@ class HeldOut:
         # Eager: compiled graphs are per shape and grad mode, and these batches are neither training's.
         model.eval()
         model.compile_step = False
-        tokens = verifies = 0
+        tokens = 0
+        verifies = [0] * steps                  # [d - 1]: verify steps of a chain of depth d <= K
         correct, counted = torch.zeros(steps), torch.zeros(steps)
         try:
             with torch.no_grad():
@@ -89,11 +92,13 @@ class HeldOut:
                             if first == 0:
                                 continue            # no prompt before it: nothing to draft from
                             tokens += last - first + 1
-                            verifies += chain_verifies(accepted[row][first - 1:last - 1])
+                            run = accepted[row][first - 1:last - 1]
+                            for d in range(1, steps + 1):
+                                verifies[d - 1] += chain_verifies([min(a, d) for a in run])
         finally:
             model.train(was_training)
             model.compile_step = compiled
         if tokens == 0:
             return None
-        return {"acceptance_length": tokens / max(1, verifies), "tokens": tokens, "verifies": verifies,
-                "acc": (correct / counted.clamp(min=1)).tolist()}
+        return {"acceptance_length": tokens / max(1, verifies[-1]), "tokens": tokens, "verifies": verifies[-1],
+                "by_depth": [tokens / max(1, v) for v in verifies], "acc": (correct / counted.clamp(min=1)).tolist()}
