@@ -61,6 +61,10 @@ def test_result_line_says_it():
 
     line = result_line({"step": 10, "total": 20, "loss": 1.0, "acc": [0.8, 0.5]})
     assert line.endswith("accuracy per step 0.80/0.50, simulated AL 2.20"), line
+    held = {"tokens": 30, "verifies": 12, "by_depth": [2.0, 2.5], "acc": [0.7, 0.4]}
+    line = result_line({"step": 10, "total": 20, "loss": 1.0, "acc": [0.8, 0.5], "heldout": held,
+                        "simulated_acceptance_length": 2.5})
+    assert line.endswith("accuracy per step 0.80/0.50, simulated AL 2.50 on held-out samples"), line
 
 
 # ---------------------------------------------------------------- against bench

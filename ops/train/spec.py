@@ -38,7 +38,7 @@ def partial_files(root: Path) -> list[Path]:
 def result_line(metrics: dict) -> str | None:
     """The last line of metrics.jsonl: where the loss and the per-step
     accuracy stand (step 1 is what the first draft token's acceptance follows),
-    and the acceptance length those accuracies simulate (bench's scale)."""
+    and the simulated acceptance length (bench's scale; ops/drafter/metrics.py)."""
     if "step" not in metrics:
         return None
     acc = metrics.get("acc") or []
@@ -47,7 +47,9 @@ def result_line(metrics: dict) -> str | None:
     # the log's `progress: step S/T` alone (one source for that figure).
     return (f"loss {metrics.get('loss', float('nan')):.4f} at step {metrics['step']}"
             + (f", accuracy per step {'/'.join(f'{a:.2f}' for a in acc)}" if acc else "")
-            + (f", simulated AL {sim:.2f}" if sim is not None else ""))
+            + (f", simulated AL {sim:.2f}" if sim is not None else "")
+            # Said, since the accuracies before it are the training window's.
+            + (" on held-out samples" if sim is not None and metrics.get("heldout") else ""))
 
 def gauges(r: dict) -> list[Gauge]:
     """metrics.jsonl's last record for the exporter."""
