@@ -15,6 +15,8 @@ Two ways through the same weights:
   their own chain's keys of steps 1..k (a diagonal per step). The mask is built
   explicitly over the concatenated keys: simple and exact, at (k+1)x the
   attention cost of a causal pass.
+- `unroll_drafts(...)`: the same unroll without a loss, each step's drafts
+  (train's held-out acceptance, ops/train/heldout.py).
 - `extend(...)`: incremental decoding against a DraftCache (ops.bench, export --check).
 
 The target's embedding is not a parameter here: it is frozen and passed in, so
@@ -148,6 +150,15 @@ class Eagle3Drafter(nn.Module):
         token t+k+1 at position t+k and predicts token t+k+2."""
         for k, _hidden, normed in self._unroll(input_ids, aux, embed_weight, steps):
             yield k, self.lm_head(normed)
+
+    def unroll_drafts(self, input_ids: torch.Tensor, aux: torch.Tensor, embed_weight: torch.Tensor, steps: int):
+        """Yield (k, the step's argmax as target ids [B,T]) for k = 0..steps-1, the
+        LM head a chunk of loss_chunk_rows rows at a time (no [B,T,Vd] of a step held)."""
+        for k, _hidden, normed in self._unroll(input_ids, aux, embed_weight, steps):
+            flat = normed.reshape(-1, normed.shape[-1])
+            best = torch.cat([self.lm_head(flat[i:i + self.loss_chunk_rows]).argmax(-1)
+                              for i in range(0, flat.shape[0], self.loss_chunk_rows)])
+            yield k, self.draft_to_target(best).view(normed.shape[:-1])
 
     def _unroll(self, input_ids: torch.Tensor, aux: torch.Tensor, embed_weight: torch.Tensor, steps: int):
         """Yield (k, output state pre-norm, its final norm) for k = 0..steps-1."""

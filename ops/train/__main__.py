@@ -211,6 +211,9 @@ def train(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
                 yield epoch, batch
             epoch, skip = epoch + 1, 0
 
+    from ops.train.heldout import HeldOut
+    heldout = HeldOut(info, held if is_main else [], args.token_budget, args.max_len, levers.length_bucket)
+
     from ops.train.prefetch import DevicePrefetcher
     it = DevicePrefetcher((dict(batch, epoch=e) for e, batch in stream(step * args.grad_accum)), device, dtype)
     cleanup.callback(it.close)
@@ -267,12 +270,19 @@ def train(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
         if step % args.log_every == 0 or step == total:
             elapsed = max(1e-9, time.monotonic() - window_t0)
             acc = (sums[k:2 * k] / sums[2 * k:3 * k].clamp(min=1)).tolist()
+            with autocast:
+                ho = heldout.measure(model, view, k, device, dtype)
             rec = {"step": step, "total": total, "epoch": epoch, "loss": float(sums[3 * k]),
                    "step_loss": [round(float(x), 5) for x in sums[:k]],
                    "acc": [round(a, 4) for a in acc], "counted": [int(c) for c in sums[2 * k:3 * k]],
-                   "simulated_acceptance_length": round(simulated_acceptance_length(acc), 4),
+                   "simulated_acceptance_length": round(ho["acceptance_length"] if ho
+                                                        else simulated_acceptance_length(acc), 4),
                    "tok_s": window_tokens / elapsed, "lr": sched.get_last_lr()[0],
                    "grad_norm": float(grad_norm)}
+            if ho:
+                rec["heldout"] = {"tokens": ho["tokens"], "verifies": ho["verifies"],
+                                  "by_depth": [round(a, 4) for a in ho["by_depth"]],
+                                  "acc": [round(a, 4) for a in ho["acc"]]}
             if is_main:
                 print(f"progress: step {step}/{total} loss {rec['loss']:.4f} "
                       f"acc [{','.join(f'{a:.3f}' for a in acc)}] tok/s {rec['tok_s']:.0f} "

@@ -38,7 +38,7 @@ def partial_files(root: Path) -> list[Path]:
 def result_line(metrics: dict) -> str | None:
     """The last line of metrics.jsonl: where the loss and the per-step
     accuracy stand (step 1 is what the first draft token's acceptance follows),
-    and the acceptance length those accuracies simulate (bench's scale)."""
+    and the simulated acceptance length (bench's scale; ops/drafter/metrics.py)."""
     if "step" not in metrics:
         return None
     acc = metrics.get("acc") or []
@@ -47,7 +47,9 @@ def result_line(metrics: dict) -> str | None:
     # the log's `progress: step S/T` alone (one source for that figure).
     return (f"loss {metrics.get('loss', float('nan')):.4f} at step {metrics['step']}"
             + (f", accuracy per step {'/'.join(f'{a:.2f}' for a in acc)}" if acc else "")
-            + (f", simulated AL {sim:.2f}" if sim is not None else ""))
+            + (f", simulated AL {sim:.2f}" if sim is not None else "")
+            # Said, since the accuracies before it are the training window's.
+            + (" on held-out samples" if sim is not None and metrics.get("heldout") else ""))
 
 def gauges(r: dict) -> list[Gauge]:
     """metrics.jsonl's last record for the exporter."""
@@ -56,8 +58,9 @@ def gauges(r: dict) -> list[Gauge]:
     out = [Gauge("eagle3_train_step", "Optimizer steps done (metrics.jsonl's last record).", r.get("step")),
            Gauge("eagle3_train_planned_steps", "Optimizer steps the run plans.", r.get("total")),
            Gauge("eagle3_train_loss", "Training loss of the last logged window.", r.get("loss")),
-           Gauge("eagle3_train_simulated_acceptance_length", "1 + sum_k prod_{j<=k} acc_j of the last window's "
-                 "per-step accuracies: tokens per verify it promises (bench's scale).", from_record(r)),
+           Gauge("eagle3_train_simulated_acceptance_length", "Bench's count (completion tokens / verify steps) "
+                 "of a decode over the held-out answers at the last window; without held-out samples "
+                 "1 + sum_k prod_{j<=k} acc_j of its per-step accuracies.", from_record(r)),
            Gauge("eagle3_train_learning_rate", "Learning rate.", r.get("lr")),
            Gauge("eagle3_train_grad_norm", "Gradient norm before clipping.", r.get("grad_norm")),
            Gauge("eagle3_train_tokens_per_second", "Training tokens per second over the last window.",
@@ -96,7 +99,7 @@ SPEC = OpSpec(
         Param("log_every", 10, "steps between `progress:` lines and metrics.jsonl records", low=1),
         Param("seed", 0, "seed of the init, the shuffle and the holdout"),
         Param("workers", 2, "DataLoader worker processes", low=0),
-        Param("holdout", 0, "samples kept out of training (for bench)"),
+        Param("holdout", 0, "samples kept out of training (for bench and the simulated acceptance length)"),
         Param("resume", False, "continue from the newest checkpoint in --output"),
         Param("replace_checkpoints", False, "delete another run's checkpoints in --output and start over "
               "(ops/train/owner.py)"),

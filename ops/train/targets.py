@@ -44,6 +44,20 @@ class TargetView:
             next_masked = torch.nn.functional.pad(loss_mask[:, 1:], (0, 1))
             return restricted, in_vocab & next_exists & next_masked
 
+    def greedy(self, final):
+        """The target's greedy pick [B,T] over its whole vocabulary at every position."""
+        import torch
+
+        with torch.no_grad():
+            x = final.float()
+            if not self.post_norm:
+                x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm
+            b, t, h = x.shape
+            flat = x.reshape(-1, h).to(self.lm_head.dtype)
+            rows = max(1, (1 << 27) // self.lm_head.shape[0])
+            return torch.cat([(flat[i:i + rows] @ self.lm_head.T).argmax(-1)
+                              for i in range(0, flat.shape[0], rows)]).view(b, t)
+
 
 def out_of_vocab(batch: dict, info, vocab_size: int, target: str) -> str | None:
     """What is wrong when a batch holds a token id the target's embedding has
