@@ -244,7 +244,11 @@ def observe(a) -> None:
                                                  f"# nvidia-smi\n{smi()}")
                 last_sig = sig
             ex = stages.get("extract", {})
-            if "tui_extract" not in done and ex.get("status") == "running" and (ex.get("progress") or 0) > 0:
+            # Not only on progress: SGLang's first batch pays its JIT builds (~40 s), and then the
+            # demo's 398 samples land within a second (session 19's capture came too late).
+            running_s = time.time() - (ex.get("started") or time.time())
+            if "tui_extract" not in done and ex.get("status") == "running" and \
+                    ((ex.get("progress") or 0) > 0 or running_s > 25):
                 time.sleep(3.0)
                 tui.capture("extract")
                 done.add("tui_extract")
