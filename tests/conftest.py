@@ -76,6 +76,20 @@ def ws(tmp_path: Path) -> WS:
     return WS(tmp_path)
 
 
+def extract_pipeline(params: str, extra: str = "") -> str:
+    """A pipeline of one extract stage on a small (absent) target: its runs are recorded by hand."""
+    return f"""
+[target]
+path = "models/target"
+num_layers = 8
+hidden_size = 16
+
+[stages.extract]
+op = "extract"
+{extra}params = {{ input = "data/prepared", output = "data/hs"{params} }}
+"""
+
+
 # An op stage that needs no input to be planned: its runs are recorded by hand.
 EXPORT_PIPELINE = """
 [target]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import stage_cmd, wait_for
+from tests.conftest import extract_pipeline, stage_cmd, wait_for
 
 SLEEPER = f"""
 [stages.sleeper]
@@ -221,17 +221,7 @@ def test_stopping_a_lost_run_records_it_killed_not_lost(ws):
     assert ws.cli("status", "--json", "--no-gpus").returncode == 0
 
 
-SHARE_PIPELINE = """
-[target]
-path = "models/target"
-num_layers = 8
-hidden_size = 16
-
-[stages.extract]
-op = "extract"
-batch_param = "mem_fraction_static"
-params = { input = "data/prepared", output = "data/hs", engine = "sglang", mem_fraction_static = 0.9 }
-"""
+SHARE_PIPELINE = extract_pipeline(', engine = "sglang", mem_fraction_static = 0.9', 'batch_param = "mem_fraction_static"\n')
 
 
 def test_halve_batch_halves_a_memory_share(ws):
@@ -271,16 +261,7 @@ def test_halve_batch_halves_an_op_stages_default_batch(ws):
     from eagle3_console.actions import plan_restart
     from eagle3_console.workspace import Workspace
     from ops.extract.spec import SPEC
-    ws.write("""
-[target]
-path = "models/target"
-num_layers = 8
-hidden_size = 16
-
-[stages.extract]
-op = "extract"
-params = { input = "data/prepared", output = "data/hs" }
-""")
+    ws.write(extract_pipeline(""))
     run = ws.record_finished_run("extract", {"input": "data/prepared", "output": "data/hs"})
     Path(run.log_path).write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
     default = SPEC.params["token_budget"]

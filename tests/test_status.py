@@ -6,7 +6,7 @@ import json
 import subprocess
 import textwrap
 
-from tests.conftest import PY, stage_cmd, wait_for
+from tests.conftest import PY, extract_pipeline, stage_cmd, wait_for
 
 
 def pipe(extra: str = "") -> str:
@@ -187,16 +187,7 @@ def test_a_stages_params_are_what_its_run_gets_defaults_merged(ws):
     pipeline file set, so `watch` judged an OOM'd extract at its default
     token_budget as having nothing to halve."""
     from ops.extract.spec import SPEC
-    ws.write("""
-[target]
-path = "models/target"
-num_layers = 8
-hidden_size = 16
-
-[stages.extract]
-op = "extract"
-params = { input = "data/prepared", output = "data/hs", writers = 2 }
-""")
+    ws.write(extract_pipeline(", writers = 2"))
     ws.record_finished_run("extract", {"input": "data/prepared", "output": "data/hs", "writers": 2})
     _code, data, proc = status(ws, "--no-gpus")
     (st,) = data["stages"]
