@@ -11,9 +11,10 @@ from __future__ import annotations
 class Refused(Exception):
     """An action that was not taken, with the reason; `code` is the exit code."""
 
-    def __init__(self, message: str, code: int = 2):
+    def __init__(self, message: str, code: int = 2, kind: str | None = None):
         super().__init__(message)
         self.code = code
+        self.kind = kind        # what the audit log says of it: "refused: <kind>"
 
 
 class NothingToDo(Refused):

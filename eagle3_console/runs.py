@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -155,14 +156,14 @@ def check_can_start(reg: Registry, pipe: Pipeline, stage: Stage, force: bool, ws
     latest = reg.latest(stage.name)
     if latest and (latest.live or (latest.status == "lost" and stage_alive(latest))):
         raise Refused(f"stage {stage.name!r} already has a live run {latest.id} ({latest.status}, pid {latest.pid}); "
-                      f"stop it first or use `restart --kill`")
+                      f"stop it first or use `restart --kill`", kind="live run")
     if ws is not None and strays:
         table = ProcessTable.snapshot()
         strays = orphans(table, str(ws.root), reg.registry_id, reg.run_ids()).get(stage.name)
         if strays:
             raise Refused(f"stage {stage.name!r} still has processes {strays} from a run of an earlier registry "
                           f"(its state database was replaced); they may write its outputs: kill them first "
-                          f"(kill {' '.join(map(str, strays))})")
+                          f"(kill {' '.join(map(str, strays))})", kind="strays")
     if force:
         return
     for dep in stage.depends_on:
@@ -174,14 +175,24 @@ def check_can_start(reg: Registry, pipe: Pipeline, stage: Stage, force: bool, ws
             if problem:
                 raise Refused(f"stage {stage.name!r} depends on serve stage {dep!r}, {problem}; a dependency on a "
                               f"serve stage means its server is ready: wait for it (`status` shows its state), "
-                              f"or pass --force")
+                              f"or pass --force", kind="dependencies")
             continue
         if ws is not None and dep in pipe.stages and dependency_done(ws, pipe.stages[dep], dep_run):
             continue
         if dep_run is None or dep_run.status != "succeeded":
             state = "never ran" if dep_run is None else f"run {dep_run.id} is {dep_run.status}"
             raise Refused(f"stage {stage.name!r} depends on {dep!r}, which has not succeeded ({state}); "
-                          f"run it first or pass --force")
+                          f"run it first or pass --force", kind="dependencies")
+
+
+@contextmanager
+def _recorded(reg: Registry, stage: Stage):
+    """A launch refused here is in the audit log (`events`), as the disk and lint refusals are."""
+    try:
+        yield
+    except Refused as exc:
+        reg.record("run", f"refused: {exc.kind}" if exc.kind else "refused", stage=stage.name, detail=str(exc))
+        raise
 
 
 def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, Any] | None = None,
@@ -194,11 +205,12 @@ def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, 
     with Registry(ws.db_path) as reg:
         # First without the lock, for the refusal a user expects first (a live
         # run before a short disk); the check that counts is repeated below.
-        check_can_start(reg, pipe, stage, force, ws=ws, strays=False)
-        check_outputs_apart(ws, pipe, stage, params)
-        owned = claims.owned_elsewhere(output_paths(ws, stage, params), reg.registry_id, stage.name)
-        if owned:
-            raise Refused(f"stage {stage.name!r}: {owned}")
+        with _recorded(reg, stage):
+            check_can_start(reg, pipe, stage, force, ws=ws, strays=False)
+            check_outputs_apart(ws, pipe, stage, params)
+            owned = claims.owned_elsewhere(output_paths(ws, stage, params), reg.registry_id, stage.name)
+            if owned:
+                raise Refused(f"stage {stage.name!r}: {owned}", kind="owned elsewhere")
         bad = [x for x in lints(ws, pipe, stage, params) if x.level == "error"]
         if bad and not force:
             reg.record("run", "refused: lint", stage=stage.name, detail="; ".join(x.message for x in bad))
@@ -220,7 +232,8 @@ def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, 
         # launcher (CLI, TUI, watch, restart) takes the database's write lock
         # here, so of N racing launches exactly one creates a run; the others
         # see its pending run and are refused.
-        with reg.immediate():
+        # Recorded outside the transaction, which the refusal rolls back.
+        with _recorded(reg, stage), reg.immediate():
             check_can_start(reg, pipe, stage, force, ws=ws)
             run = reg.create_run(stage.name, argv, params, stage.environment(), str(ws.root),
                                  lambda rid: ws.log_path(rid, stage.name), restart_of=restart_of, reason=reason)

@@ -30,3 +30,20 @@ def test_events_of_an_unknown_stage_is_bad_input_and_none_yet_is_empty(ws):
     proc = ws.cli("events", "--stage", "nope", check=3)
     assert "nope" in proc.stderr and "Traceback" not in proc.stderr
     assert ws.cli("events", "--limit", "0", check=3).returncode == 3
+
+
+def test_a_run_refused_for_its_dependency_or_a_live_run_is_in_the_audit_log(ws):
+    """README: events lists runs "started or refused". Before, only the disk and
+    lint refusals were recorded: `run b` refused on its dependency left no event."""
+    ws.write('[stages.a]\nargv = ["sleep", "30"]\n[stages.b]\nargv = ["true"]\ndepends_on = ["a"]\n')
+    proc = ws.cli("run", "b", check=2)
+    assert "depends on 'a'" in proc.stderr
+    ws.cli("run", "a", check=0)
+    ws.cli("run", "a", check=2)
+    ws.cli("stop", "a", "--grace", "1", check=0)
+    data = json.loads(ws.cli("events", "--json", check=0).stdout)
+    refused = [(e["stage"], e["outcome"]) for e in data if e["action"] == "run" and e["outcome"].startswith("refused")]
+    assert ("b", "refused: dependencies") in refused, data
+    assert ("a", "refused: live run") in refused, data
+    b = next(e for e in data if e["stage"] == "b")
+    assert "depends on 'a'" in b["detail"]
