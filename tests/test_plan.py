@@ -241,3 +241,22 @@ def test_the_readme_names_layer_ids_and_its_three_spellings_for_61_layers():
     assert rows[next(k for k in rows if k.startswith("canonical"))] == str(ks)
     assert rows[next(k for k in rows if "eagle_aux_hidden_state_layer_ids" in k)] == str(layers.sglang_capture_ids(ks))
     assert rows[next(k for k in rows if "hidden_states" in k and "HF" in k)] == str(layers.hf_hidden_states_indices(ks))
+
+
+def test_a_summary_whose_token_count_is_no_number_gives_no_exact_figure_and_no_traceback(ws):
+    """prepare's summary.json with total_tokens "lots" (a hand-edited or foreign file):
+    before, int("lots") raised out of the estimate; now that count is absent (the
+    upper bound stands) and a good one still gives the exact figure."""
+    import json as _json
+    from tests.conftest import extract_pipeline
+    ws.write(extract_pipeline(", max_seq_len = 128"))
+    prepared = ws.root / "data" / "prepared"
+    prepared.mkdir(parents=True)
+    (prepared / "summary.json").write_text('{"samples": 10, "total_tokens": "lots"}')
+    proc = ws.cli("status", "--json", "--no-gpus")
+    assert "Traceback" not in proc.stderr, proc.stderr
+    row = next(d for d in _json.loads(proc.stdout)["disk"] if d["stage"] == "extract")
+    assert row["estimate_kind"] == "upper_bound", row
+    (prepared / "summary.json").write_text('{"samples": 10, "total_tokens": 1000}')
+    row = next(d for d in _json.loads(ws.cli("status", "--json", "--no-gpus").stdout)["disk"] if d["stage"] == "extract")
+    assert row["estimate_kind"] == "exact" and row["estimate_bytes"] == 1000 * 4 * 16 * 2, row

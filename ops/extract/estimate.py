@@ -14,21 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from ops.estimate import Estimate
-from ops.extract.sizes import MAX_SEQ_LEN, aux_layer_count, count, estimate_bytes
+from ops.extract.sizes import MAX_SEQ_LEN, aux_layer_count, count, estimate_bytes, state_dtype
 from ops.formats import DATA_CONFIG, SAMPLE_LENGTHS
 from ops.spec import EstimateContext, dtype_bytes, read_json_dict
 
 PER_FILE = "plus per-file overhead (headers, input_ids, loss_mask)"
 
 
-def _dtype(params: dict[str, Any], target: dict[str, Any]) -> str:
-    dtype = params.get("dtype")
-    return str(dtype if dtype not in (None, "auto") else target.get("dtype") or "bfloat16")
-
-
 def extract_estimate(ctx: EstimateContext) -> Estimate | None:
     params, target = ctx.params, ctx.target
-    dtype = _dtype(params, target)
+    dtype = state_dtype(params, target)
     db = dtype_bytes(dtype)
     aux = aux_layer_count(params)
     hidden = count(target.get("hidden_size"))

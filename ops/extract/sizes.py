@@ -37,22 +37,28 @@ def aux_layer_count(params: dict) -> int:
     return 3
 
 
-def expected_tokens(ctx: EstimateContext) -> int | None:
-    if ctx.params.get("tokens"):
-        return int(ctx.params["tokens"])
+def _param_or_summary(ctx: EstimateContext, param: str, key: str) -> int | None:
+    """The stage's own count (a param), else prepare's summary.json's; None when
+    neither is a non-negative number (a summary cut short by a crash, a string)."""
+    n = count(ctx.params.get(param))
+    if n:
+        return n
     summary = ctx.read_json("input", "summary.json")
-    if summary and "total_tokens" in summary:
-        return int(summary["total_tokens"])
-    return None
+    return count(summary.get(key)) if isinstance(summary, dict) else None
+
+
+def expected_tokens(ctx: EstimateContext) -> int | None:
+    return _param_or_summary(ctx, "tokens", "total_tokens")
 
 
 def expected_samples(ctx: EstimateContext) -> int | None:
-    if ctx.params.get("num_samples"):
-        return int(ctx.params["num_samples"])
-    summary = ctx.read_json("input", "summary.json")
-    if summary and "samples" in summary:
-        return int(summary["samples"])
-    return None
+    return _param_or_summary(ctx, "num_samples", "samples")
+
+
+def state_dtype(params: dict, target: dict) -> str:
+    """The dtype the states are written in: the stage's, else the target's ("auto")."""
+    dtype = params.get("dtype")
+    return str(dtype if dtype not in (None, "auto") else target.get("dtype") or "bfloat16")
 
 
 def estimate_bytes(ctx: EstimateContext) -> int | None:
@@ -60,5 +66,4 @@ def estimate_bytes(ctx: EstimateContext) -> int | None:
     hidden = ctx.target.get("hidden_size")
     if tokens is None or not hidden:
         return None
-    dtype = ctx.params.get("dtype") if ctx.params.get("dtype") not in (None, "auto") else ctx.target.get("dtype")
-    return tokens * (aux_layer_count(ctx.params) + 1) * int(hidden) * dtype_bytes(dtype)
+    return tokens * (aux_layer_count(ctx.params) + 1) * int(hidden) * dtype_bytes(state_dtype(ctx.params, ctx.target))
