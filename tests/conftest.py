@@ -90,15 +90,18 @@ op = "extract"
 """
 
 
-# An op stage that needs no input to be planned: its runs are recorded by hand.
-EXPORT_PIPELINE = """
+# A target that is never loaded: what an op's plan and lints read of it.
+TINY_TARGET = """
 [target]
 path = "models/target"
 num_layers = 2
 hidden_size = 8
 dtype = "bfloat16"
 vocab_size = 10
+"""
 
+# An op stage that needs no input to be planned: its runs are recorded by hand.
+EXPORT_PIPELINE = TINY_TARGET + """
 [stages.export]
 op = "export"
 params = { checkpoint = "out/ckpt", output = "out/export" }

@@ -12,6 +12,7 @@ import pytest
 
 from ops import KNOWN_OPS, get_spec
 from ops.params import REQUIRED, Param, ParamSet
+from tests.conftest import TINY_TARGET
 
 # Every op's parser is built from its SPEC (ops.params.build_parser).
 FROM_PARAMS = KNOWN_OPS
@@ -163,14 +164,7 @@ def test_the_argv_of_values_other_than_the_defaults_parses_back_to_them(op):
 
 
 # ------------------------------------------------------------------ the console refuses before a launch
-TRAIN_PIPELINE = """
-[target]
-path = "models/target"
-num_layers = 2
-hidden_size = 8
-dtype = "bfloat16"
-vocab_size = 10
-
+TRAIN_PIPELINE = TINY_TARGET + """
 [stages.train]
 op = "train"
 params = { data = "out/data", vocab = "out/vocab", output = "out/train" }

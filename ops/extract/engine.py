@@ -44,6 +44,16 @@ class Target(Protocol):
         """The loop is done with the target (the forward hooks go, the followers are let go)."""
 
 
+def per_sample(aux: Any, final: Any, lengths: Sequence[int]) -> list[tuple[Any, Any]]:
+    """Each sample's own rows of a packed batch (its samples' tokens back to back,
+    in batch order, no padding): Target.forward's third value."""
+    states, start = [], 0
+    for n in lengths:
+        states.append((aux[start:start + n], final[start:start + n]))
+        start += n
+    return states
+
+
 class Engine(Protocol):
     """What run.py's loop needs of an engine."""
 

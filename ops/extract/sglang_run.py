@@ -38,7 +38,7 @@ import torch
 from ops.common import BadInput
 from ops.extract import sglang_args, sglang_capture
 from ops.extract import target as target_mod
-from ops.extract.engine import Coords, torchrun_coords
+from ops.extract.engine import Coords, per_sample, torchrun_coords
 from ops.extract.loop import log
 from ops.layers import engine_ids, parse_layer_ids
 
@@ -208,11 +208,7 @@ class LeaderTarget:
 
             dist.broadcast_object_list([token_lists], src=0, group=self.group)
         aux, final = self.target.forward(token_lists)
-        states, start = [], 0
-        for tok in token_lists:
-            states.append((aux[start:start + len(tok)], final[start:start + len(tok)]))
-            start += len(tok)
-        return aux, final, states
+        return aux, final, per_sample(aux, final, [len(tok) for tok in token_lists])
 
     def close(self) -> None:
         if self.group is not None:
