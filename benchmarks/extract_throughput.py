@@ -223,6 +223,7 @@ class BusySampler:
 TOKS_RE = re.compile(r"(\d+) samples, (\d+) tokens extracted in .*?([\d.]+) tok/s\.")
 PROGRESS_RE = re.compile(r"progress: samples \d+/\d+ tokens (\d+) ")
 DURABLE_RE = re.compile(r"extract: durable: (.*) in ([\d.]+) s")
+TIME_RE = re.compile(r"extract: time: .*")      # ops/extract/loop.py time_line: what bounds the run
 
 
 def run_extract(target: Path, prepared: Path, out: Path, mode: str, token_budget: int,
@@ -237,7 +238,7 @@ def run_extract(target: Path, prepared: Path, out: Path, mode: str, token_budget
                             stderr=subprocess.STDOUT, text=True)
     loaded = complete = None
     lines: list[str] = []
-    own = durable = None
+    own = durable = where = None
     ticks: list[tuple[float, int]] = []     # (time, tokens) of each `progress:` line
     for line in proc.stdout:
         now = time.monotonic()
@@ -252,6 +253,8 @@ def run_extract(target: Path, prepared: Path, out: Path, mode: str, token_budget
             own = (int(m.group(1)), int(m.group(2)), float(m.group(3)))
         if (m := DURABLE_RE.search(line)):
             durable = (m.group(1), float(m.group(2)))
+        if (m := TIME_RE.search(line)):
+            where = m.group(0)
     code = proc.wait()
     if code != 0 or loaded is None or complete is None or own is None:
         tail = "\n".join(lines[-30:])
@@ -267,7 +270,8 @@ def run_extract(target: Path, prepared: Path, out: Path, mode: str, token_budget
     return {"mode": mode, "samples": own[0], "tokens": own[1], "tok_s": own[1] / window,
             "program_tok_s": own[2], "window_s": window, "steady_tok_s": steady, "load_s": loaded - t_start,
             "bytes": written, "mb_s": written / window / 1e6, "durable_step": durable,
-            "gpu_busy": busy.mean(loaded, complete)}
+            "gpu_busy": busy.mean(loaded, complete),
+            "steady_gpu_busy": busy.mean(first[0], complete) if first is not None else None, "time": where}
 
 
 def main() -> int:

@@ -247,11 +247,13 @@ def observe(a) -> None:
             # Not only on progress: SGLang's first batch pays its JIT builds (~40 s), and then the
             # demo's 398 samples land within a second (session 19's capture came too late).
             running_s = time.time() - (ex.get("started") or time.time())
-            if "tui_extract" not in done and ex.get("status") == "running" and \
+            # Once per extract run: the fault's (SGLang loading at share 0.9999) and the restart's.
+            key = f"tui_extract_run{ex.get('run_id')}"
+            if key not in done and ex.get("status") == "running" and \
                     ((ex.get("progress") or 0) > 0 or running_s > 25):
                 time.sleep(3.0)
-                tui.capture("extract")
-                done.add("tui_extract")
+                tui.capture(f"extract_run{ex.get('run_id')}")
+                done.add(key)
             tr = stages.get("train", {})
             if "metrics_train" not in done and tr.get("status") == "running" and (tr.get("progress") or 0) > 0.1:
                 scrape(out, "train")

@@ -166,7 +166,9 @@ def main() -> int:
             log(f"  {engine}: {r['tok_s']:,.0f} tok/s ({r['tokens']:,} tokens in {r['window_s']:.1f} s after a "
                 f"{r['load_s']:.0f} s load; steady {r['steady_tok_s'] or 0:,.0f}) = {r['tok_s'] / compute_floor:.3f} "
                 f"of the active floor" + ("" if tmpfs else f", {r['tok_s'] / write_floor:.2f} of the write floor")
-                + gpu)
+                + gpu + (f" (steady {r['steady_gpu_busy']:.0%})" if r.get("steady_gpu_busy") is not None else ""))
+            if r.get("time"):
+                log(f"    {r['time']}")
         if "hf" in runs and "sglang" in runs:
             ratio = runs["sglang"]["tok_s"] / runs["hf"]["tok_s"]
             steady = ((runs["sglang"]["steady_tok_s"] or 0) / runs["hf"]["steady_tok_s"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -439,3 +440,50 @@ def test_an_incomplete_data_config_says_why_in_its_result_line():
         "incomplete: 3 of 24 samples missing; disk full: /x: No space left on device (ENOSPC)"
     assert result_line({"status": "incomplete"}) == "incomplete"
     assert result_line({"status": "running"}) is None
+
+
+TIME_RE = re.compile(r"extract: time: ([\d.]+) s; loop: forward ([\d.]+) s, waiting for the writers ([\d.]+) s; "
+                     r"writers \((\d+)\): waiting for the device copy ([\d.]+) s, writing ([\d.]+) s")
+
+
+@pytest.mark.parametrize("slow", ["disk", "forward"])
+def test_the_closing_time_line_says_whether_the_disk_or_the_forward_bounds_the_run(tiny, tmp_path, capsys,
+                                                                                     monkeypatch, slow):
+    """What an operator reads to know whether more writers (or a faster disk)
+    or a faster target would help: a disk made slow shows as the writers
+    writing while the loop waits for them; a forward made slow as the loop's
+    forward time, the loop not waiting."""
+    from ops.extract import hf_engine, writer
+
+    target, prepared = tiny
+    pause = 0.05
+    if slow == "disk":
+        real_write = writer.write_image
+
+        def slow_write(*a, **kw):
+            time.sleep(pause)
+            return real_write(*a, **kw)
+
+        monkeypatch.setattr(writer, "write_image", slow_write)
+    else:
+        real_forward = hf_engine.HFTarget.forward
+
+        def slow_forward(self, tokens):
+            time.sleep(pause)
+            return real_forward(self, tokens)
+
+        monkeypatch.setattr(hf_engine.HFTarget, "forward", slow_forward)
+    out = tmp_path / "out"
+    # One sample a batch (24 forwards), one writer, one slab: every pause is the run's.
+    argv = extract_argv(target, prepared, out, "--token-budget", "60", "--writers", "1", "--queue-size", "1",
+                        "--host-batches", "1")
+    assert run_main(extract_main, argv) == 0
+    m = TIME_RE.search(capsys.readouterr().out)
+    assert m, "no closing time line"
+    elapsed, forward, waiting, threads, copy_wait, writing = (float(g) for g in m.groups())
+    assert threads == 1 and copy_wait < 0.1 * elapsed       # CPU: no device copy to wait for
+    if slow == "disk":
+        assert writing >= 0.9 * 24 * pause and waiting >= 0.5 * 24 * pause and forward < waiting
+    else:
+        assert forward >= 0.9 * 24 * pause and waiting < forward and writing < forward
+    assert forward + waiting <= elapsed + 0.1

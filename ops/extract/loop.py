@@ -11,6 +11,7 @@ sample_file.py (pinned file images) and writer.py (the writer threads).
 from __future__ import annotations
 
 import sys
+import time
 
 import numpy as np
 import torch
@@ -38,6 +39,12 @@ class Loop:
         self.args, self.rank, self.world = args, rank, world
         self._copy_streams: dict = {}
         self._pool: SlabPool | None = None
+        # The loop's own time: in the target's forward, and blocked on the
+        # writers (no free host slab, or their queue full). With the writers'
+        # own split (writer.py) this says what bounds a run: the closing
+        # `extract: time:` line.
+        self.forward_s = 0.0
+        self.writers_wait_s = 0.0
 
     def run(self, mine: list[int]) -> dict:
         done_mine = [i for i in mine if i in self.done]
@@ -71,6 +78,7 @@ class Loop:
             print(str(exc), file=sys.stderr, flush=True)
             raise SystemExit(EXIT_FAILURE) from None
         writer.close()
+        log(time_line(progress.elapsed(), self.forward_s, self.writers_wait_s, writer))
         # Before progress.close(), so the closing tok/s pays for durability;
         # before the caller's all_reduce, so every rank's files are down
         # before rank 0 writes "complete".
@@ -90,7 +98,9 @@ class Loop:
 
     def _forward(self, batch: list[int]) -> None:
         rows = [(idx, *self.samples.get(idx)) for idx in batch]
+        t0 = time.perf_counter()
         aux, final, states = self.target.forward([tok for _idx, tok, _loss in rows])
+        self.forward_s += time.perf_counter() - t0
         # Samples already on disk ran only to keep the batch's planned shapes.
         self._submit(aux, final, [(idx, tok, loss, *state) for (idx, tok, loss), state in zip(rows, states)
                                   if idx not in self.done])
@@ -99,13 +109,17 @@ class Loop:
         """Each sample's (idx, ids, loss mask, aux states, final states) into
         its file image, then to the writers. On CUDA the states are copied
         from the device on a side stream (_to_host)."""
+        t0 = time.perf_counter()
         images = self._slabs(aux, final).take([self._specs(aux, final, len(tok)) for _i, tok, *_ in pieces])
+        self.writers_wait_s += time.perf_counter() - t0
         for image, (_idx, tok, loss, *_states) in zip(images, pieces):
             image.views["input_ids"].copy_(torch.from_numpy(tok.astype(np.int64)))
             image.views["loss_mask"].copy_(torch.from_numpy(loss.astype(np.uint8)))
         ready = self._to_host(aux, final, pieces, images) if aux.is_cuda else _copy_states(images, pieces)
+        t0 = time.perf_counter()
         for image, (idx, tok, *_rest) in zip(images, pieces):
             self.writer.submit(WriteJob(idx, sample_path(self.out_dir, idx), image, ready, len(tok)))
+        self.writers_wait_s += time.perf_counter() - t0
 
     def _slabs(self, aux, final) -> SlabPool:
         """The pool, sized at the first batch (when the states' dtype and width
@@ -145,6 +159,17 @@ class Loop:
         ready = torch.cuda.Event()
         ready.record(stream)
         return ready
+
+
+def time_line(elapsed: float, forward_s: float, writers_wait_s: float, writer: SampleWriter) -> str:
+    """Where the run's time went. On CUDA a forward returns once its kernels
+    are queued, so a GPU-bound run shows as writers waiting for the device
+    copy; a disk-bound one as writers writing while the loop waits for them;
+    a host-bound one (per-batch Python) as the loop's forward time with
+    neither waiting."""
+    return (f"extract: time: {elapsed:.1f} s; loop: forward {forward_s:.1f} s, waiting for the writers "
+            f"{writers_wait_s:.1f} s; writers ({writer.threads}): waiting for the device copy "
+            f"{writer.copy_wait_s:.1f} s, writing {writer.write_s:.1f} s")
 
 
 def _copy_states(images, pieces, non_blocking: bool = False) -> None:

@@ -15,6 +15,7 @@ import errno
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,6 +74,12 @@ class SampleWriter:
         self._on_written = on_written
         self._fsync, self._direct = fsync, direct
         self.errors = WriterErrors()
+        # Summed over the threads: waiting for a sample's device copy (the GPU
+        # side) against writing its bytes (the disk side); loop.py's closing
+        # line, which says which of the two bounds the run.
+        self.copy_wait_s = 0.0
+        self.write_s = 0.0
+        self.threads = threads
         self._lock = threading.Lock()
         self._threads = [threading.Thread(target=self._work, name=f"extract-writer-{i}", daemon=True)
                          for i in range(threads)]
@@ -87,9 +94,12 @@ class SampleWriter:
             job = self._queue.get()
             if job is None:
                 return
+            t0 = time.perf_counter()
+            t1 = t0
             try:
                 if job.ready is not None:
                     job.ready.synchronize()
+                t1 = time.perf_counter()
                 write_sample(job.path, job.image, self._fsync, self._direct)
             except Exception as exc:  # noqa: BLE001 - one bad write must not stop the others
                 with self._lock:
@@ -101,6 +111,10 @@ class SampleWriter:
             else:
                 self._on_written(job.idx, job.tokens)
             finally:
+                t2 = time.perf_counter()
+                with self._lock:
+                    self.copy_wait_s += t1 - t0
+                    self.write_s += t2 - t1
                 if job.image is not None:
                     job.image.release()     # its slab's share may be reused (staging.py)
                 job.image = None
