@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -86,33 +87,51 @@ def matmul_rate(device, dtype) -> tuple[float, str]:
     return 2 * n ** 3 / dt, f"{str(dtype).replace('torch.', '')} {n}x{n}x{n}"
 
 
-def direct_write_rate(directory: Path, total_bytes: int, block: int = 16 << 20) -> tuple[float, str]:
+def direct_write_rate(directory: Path, total_bytes: int, block: int = 16 << 20, streams: int = 1) -> tuple[float, str]:
     """(bytes/s, how) for writing `total_bytes` into `directory` with O_DIRECT
-    (the page cache bypassed, as a full disk sees it), fsync included. Where
-    the filesystem refuses O_DIRECT (tmpfs), buffered writes + fsync, said so."""
+    (the page cache bypassed, as a full disk sees it), fsync included, as
+    `streams` concurrent writers of a file each (extract's writer threads:
+    on the H200's disk one stream did 1.31 GB/s, 4 writers 2.1, session 20).
+    Where the filesystem refuses O_DIRECT (tmpfs), buffered writes + fsync, said so."""
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / "direct-write-probe.bin"
     buf = mmap.mmap(-1, block)          # page-aligned, as O_DIRECT wants
     buf.write(os.urandom(1 << 20) * (block >> 20))
-    how = f"O_DIRECT, {block >> 20} MiB blocks"
-    try:
+    paths = [directory / f"direct-write-probe-{i}.bin" for i in range(streams)]
+    how = [f"O_DIRECT, {block >> 20} MiB blocks"]
+    share = max(block, total_bytes // streams)
+    written = [0] * streams
+
+    def open_one(path: Path) -> int:
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_DIRECT", 0), 0o644)
             os.write(fd, buf)           # some filesystems refuse only at the first write
         except OSError as exc:
-            how = f"buffered + fsync (O_DIRECT refused: {exc.strerror})"
+            how[0] = f"buffered + fsync (O_DIRECT refused: {exc.strerror})"
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.lseek(fd, 0, os.SEEK_SET)
-        t0 = time.perf_counter()
-        written = 0
-        while written < total_bytes:
-            written += os.write(fd, buf)
+        return fd
+
+    def write_one(i: int, fd: int) -> None:
+        while written[i] < share:
+            written[i] += os.write(fd, buf)     # releases the GIL: the streams overlap
         os.fsync(fd)
+
+    try:
+        fds = [open_one(p) for p in paths]
+        threads = [threading.Thread(target=write_one, args=(i, fd)) for i, fd in enumerate(fds)]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
         dt = time.perf_counter() - t0
-        os.close(fd)
+        for fd in fds:
+            os.close(fd)
     finally:
-        path.unlink(missing_ok=True)
-    return written / dt, f"{how}, {written / 2**30:.2f} GiB"
+        for p in paths:
+            p.unlink(missing_ok=True)
+    total = sum(written)
+    return total / dt, f"{how[0]}, {streams} stream{'s' if streams > 1 else ''}, {total / 2**30:.2f} GiB"
 
 
 def write_prepared(path: Path, samples: int, seq: int, vocab: int, seed: int = 0) -> int:

@@ -7,7 +7,7 @@ prepared samples in prepare's format, then times:
             = rate / (2 x params a token), params = the decoder layers'
             (the embedding is a lookup; extract never runs the LM head;
             MoE: attention + shared experts + top-k of the routed ones)
-  write     O_DIRECT writes on the output's filesystem -> write floor
+  write     O_DIRECT writes on the output's filesystem, one stream per extract writer -> write floor
             = bandwidth / bytes a token ((aux + 1) x hidden x dtype + ids + mask)
   bare      the base model's forward at budget/seq and budget/(2 seq) samples
             of seq tokens: no capture, no copies, no writes
@@ -35,6 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import bench_common as bc  # noqa: E402
+from ops.extract.spec import SPEC as EXTRACT  # noqa: E402  (the writers default the probe mirrors)
 
 SHAPES = {
     #        config class, config, dtype, samples, seq
@@ -335,7 +336,7 @@ def main() -> int:
     log(f"matmul {what}: {rate / 1e12:.1f} TFLOP/s -> compute floor {compute_floor:,.0f} tok/s "
         f"(2 x {active / 1e6:,.1f} M FLOPs a token)")
     write_gib = a.write_gib or (4.0 if device.type == "cuda" else 0.0625)
-    bw, how = bc.direct_write_rate(work / "probe", int(write_gib * 2**30))
+    bw, how = bc.direct_write_rate(work / "probe", int(write_gib * 2**30), streams=EXTRACT.params["writers"])
     write_floor = bw / bytes_token
     log(f"direct write ({how}) in {work}: {bw / 1e6:,.0f} MB/s -> write floor {write_floor:,.0f} tok/s")
     floor = min(compute_floor, write_floor)

@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import bench_common as bc  # noqa: E402
 from benchmarks import extract_throughput as et  # noqa: E402
+from ops.extract.spec import SPEC as EXTRACT  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -146,7 +147,7 @@ def main() -> int:
         root.mkdir(parents=True, exist_ok=True)
         tmpfs = is_tmpfs(root)
         mode = a.durable or ("fsync" if tmpfs else "direct")
-        bw, how = bc.direct_write_rate(root / "probe", 4 << 30) if not tmpfs else (float("nan"), "tmpfs")
+        bw, how = bc.direct_write_rate(root / "probe", 4 << 30, streams=EXTRACT.params["writers"]) if not tmpfs else (float("nan"), "tmpfs")
         write_floor = bw / bytes_token
         log(f"root {root} ({'tmpfs' if tmpfs else how}; --durable {mode}): write floor "
             + ("none (memory)" if tmpfs else f"{write_floor:,.0f} tok/s ({bw / 1e9:.2f} GB/s)"))
