@@ -91,7 +91,7 @@ def direct_write_rate(directory: Path, total_bytes: int, block: int = 16 << 20, 
     """(bytes/s, how) for writing `total_bytes` into `directory` with O_DIRECT
     (the page cache bypassed, as a full disk sees it), fsync included, as
     `streams` concurrent writers of a file each (extract's writer threads:
-    on the H200's disk one stream did 1.31 GB/s, 4 writers 2.1, session 20).
+    on the H200's disk one stream did 1.31 GB/s, extract's 4 writers 2.0, session 20).
     Where the filesystem refuses O_DIRECT (tmpfs), buffered writes + fsync, said so."""
     directory.mkdir(parents=True, exist_ok=True)
     buf = mmap.mmap(-1, block)          # page-aligned, as O_DIRECT wants

@@ -12,7 +12,7 @@
 #                                            # HF and SGLang in one invocation each
 # Everything lands in /root/p22/out (copied to $OUT at the end of each call).
 set -u
-PHASE=${1:?all, start, wait or finish}
+PHASE=${1:?all, start, wait, finish or checks}
 OUT=${OUT:-/tmp/p22-out}
 P=/root/p22
 T0=$SECONDS

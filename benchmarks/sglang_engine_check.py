@@ -147,7 +147,8 @@ def main() -> int:
         root.mkdir(parents=True, exist_ok=True)
         tmpfs = is_tmpfs(root)
         mode = a.durable or ("fsync" if tmpfs else "direct")
-        bw, how = bc.direct_write_rate(root / "probe", 4 << 30, streams=EXTRACT.params["writers"]) if not tmpfs else (float("nan"), "tmpfs")
+        bw, how = ((float("nan"), "tmpfs") if tmpfs
+                   else bc.direct_write_rate(root / "probe", 4 << 30, streams=EXTRACT.params["writers"]))
         write_floor = bw / bytes_token
         log(f"root {root} ({'tmpfs' if tmpfs else how}; --durable {mode}): write floor "
             + ("none (memory)" if tmpfs else f"{write_floor:,.0f} tok/s ({bw / 1e9:.2f} GB/s)"))
