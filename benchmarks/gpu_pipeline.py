@@ -195,6 +195,21 @@ def scrape(out: Path, name: str) -> None:
         (out / f"metrics_{name}.txt").write_text(f"scrape failed: {exc}\n")
 
 
+def scrape_while_running(out: Path, stage: str, stop: threading.Event) -> None:
+    """Scrape every 0.5 s; keep the last scrape in which `stage` is running as
+    metrics_bench.txt. The demo's bench lasts about 3 s, shorter than the
+    observer's poll (session 20's capture missed it)."""
+    running = f'eagle3_stage_status{{stage="{stage}",status="running"}} 1.0'
+    while not stop.wait(0.5):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{EXPORTER_PORT}/metrics", timeout=5) as r:
+                body = r.read()
+        except OSError:
+            continue
+        if running.encode() in body:
+            (out / "metrics_bench.txt").write_bytes(body)
+
+
 def smi() -> str:
     try:
         return subprocess.run(["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory", "--format=csv"],
@@ -264,13 +279,14 @@ def observe(a) -> None:
                                                 args=(int(serve["params"].get("port") or 30000), out, stop),
                                                 daemon=True)
                 ready_thread.start()
+            bench = next((s for s in stages.values() if s.get("op") == "bench"), None)
+            if bench and serve and "bench_scraper" not in done:
+                threading.Thread(target=scrape_while_running, args=(out, bench["name"], stop), daemon=True).start()
+                done.add("bench_scraper")
             if serve and (serve.get("serve") or {}).get("state") == "ready" and "tui_ready" not in done:
                 time.sleep(3.0)
                 tui.capture("serve_ready")
                 done.add("tui_ready")
-            bench = next((s for s in stages.values() if s.get("op") == "bench"), None)
-            if bench and bench["status"] == "running":
-                scrape(out, "bench")       # the last one while bench runs is kept
             if bench and bench["status"] == "succeeded" and "metrics_after" not in done:
                 scrape(out, "after_bench")
                 done.add("metrics_after")
