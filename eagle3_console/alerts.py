@@ -9,6 +9,7 @@ notifications and `status`'s exit code read them; nothing here samples.
 from __future__ import annotations
 
 from eagle3_console.model import CRITICAL, WARNING, Alert, GpuInfo, LogFinding, LogState, Snapshot, StageStatus
+from eagle3_console.registry import MAY_BE_ALIVE, RunStatus
 from eagle3_console.units import human_bytes
 
 LOW_FREE_FRACTION = 0.05
@@ -27,7 +28,7 @@ def derive(snap: Snapshot) -> list[Alert]:
         a: list[Alert] = []
         log = st.log
         findings = log.findings if log else {}
-        if st.status == "failed":
+        if st.status == RunStatus.FAILED:
             why = f"exit code {st.exit_code}" if st.signal is None else f"signal {st.signal}"
             # The program's own last word: its exception, else its one-line
             # error (under torchrun, the rank's, not the launcher's report).
@@ -35,15 +36,15 @@ def derive(snap: Snapshot) -> list[Alert]:
             last = max(said, key=lambda f: f.at_offset) if said else None
             a.append(Alert(CRITICAL, "stage_failed", f"{st.name} failed ({why})", st.name,
                            last.line if last else last_program_line(log)))
-        if st.status == "lost" and st.alive:
+        if st.status == RunStatus.LOST and st.alive:
             a.append(Alert(CRITICAL, "lost", f"{st.name}: supervisor of run {st.run_id} is gone; "
                                              f"the stage's processes are still watched", st.name))
-        elif st.status == "lost" and st.done:
+        elif st.status == RunStatus.LOST and st.done:
             # Its outputs vouch for it (the op's record, complete): dependents may go on.
             a.append(Alert(WARNING, "lost", f"{st.name}: run {st.run_id} lost: its supervisor and its processes "
                                             f"are gone; how it ended was not recorded, its outputs are complete",
                            st.name))
-        elif st.status == "lost":
+        elif st.status == RunStatus.LOST:
             # Died unrecorded (a stop of it records "killed"): CRITICAL, as README's
             # exit-code table says; the policies treat it as failed.
             a.append(Alert(CRITICAL, "lost", f"{st.name}: run {st.run_id} lost: its supervisor and its processes "
@@ -51,7 +52,7 @@ def derive(snap: Snapshot) -> list[Alert]:
         oom = oom_finding(st)
         if oom is not None:
             a.append(Alert(CRITICAL, "oom", f"{st.name}: out of memory", st.name, oom.line))
-        if "killed" in findings and st.status != "killed":
+        if "killed" in findings and st.status != RunStatus.KILLED:
             a.append(Alert(CRITICAL, "worker_killed", f"{st.name}: a worker was killed", st.name,
                            findings["killed"].line))
         if "nccl" in findings:
@@ -62,7 +63,7 @@ def derive(snap: Snapshot) -> list[Alert]:
         elif st.serve is not None and st.serve.state == "unhealthy":
             a.append(Alert(CRITICAL, "server_unhealthy", f"{st.name}: SGLang server unhealthy at {st.serve.url}",
                            st.name, st.serve.reason))
-        if "traceback" in findings and st.status in ("running", "lost"):
+        if "traceback" in findings and st.status in (RunStatus.RUNNING, RunStatus.LOST):
             a.append(Alert(WARNING, "traceback", f"{st.name}: a Python traceback in the log", st.name,
                            findings["traceback"].line))
         if log and log.errors:
@@ -91,7 +92,7 @@ def derive(snap: Snapshot) -> list[Alert]:
         hidden = unaccounted_gpu_memory(g.gpus)
         if hidden:
             alerts.append(hidden)
-        finished = {s.run_id for s in snap.stages if s.status not in ("running", "pending", "lost")}
+        finished = {s.run_id for s in snap.stages if s.status not in MAY_BE_ALIVE}
         for gpu in g.gpus:
             if gpu.error or gpu.lost:
                 lost = gpu.lost

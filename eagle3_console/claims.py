@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eagle3_console.fstree import Root
+from eagle3_console.registry import RunStatus
 from eagle3_console.workspace import Workspace
 
 if TYPE_CHECKING:  # status --json reads claims and must not pay for subprocess (threading)
@@ -293,7 +294,7 @@ class Claim:
             self._manifest("end")
             # Only the latest succeeded run's record is read: the older ones go.
             for rid, status in self.history:
-                if status == "succeeded" and rid != self.run.id:
+                if status == RunStatus.SUCCEEDED and rid != self.run.id:
                     manifest_path(self.ws, self.registry, rid, "end").unlink(missing_ok=True)
         for out, fd in self.held.items():
             try:

@@ -25,6 +25,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from eagle3_console.registry import EXITED
+
 SIZE = 1024
 SUFFIX = ".exit"
 
@@ -93,4 +95,4 @@ def read(log_path: str | os.PathLike) -> dict[str, Any] | None:
         value = json.loads(data)
     except ValueError:
         return None
-    return value if isinstance(value, dict) and value.get("status") in ("succeeded", "failed", "killed") else None
+    return value if isinstance(value, dict) and value.get("status") in EXITED else None

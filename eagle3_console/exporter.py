@@ -28,9 +28,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import CollectorRegistry
 
 from eagle3_console.model import LEVEL_EXIT, Snapshot, StageStatus
+from eagle3_console.registry import RunStatus
 from ops import spec_of
 
-STATUSES = ("never", "pending", "running", "succeeded", "failed", "killed", "lost")
+STATUSES = ("never", *RunStatus)       # a stage's: never ran, else its latest run's
 HEALTH = ("ok", "warning", "critical", "unknown")
 GPU_LABELS = ["hostname", "index", "devicename", "uuid"]      # nvitop-exporter's
 

@@ -13,7 +13,7 @@ import time
 from eagle3_console import exitrecord
 from eagle3_console.endclock import mark_end
 from eagle3_console.monitor.procs import process_alive
-from eagle3_console.registry import Registry, Run
+from eagle3_console.registry import Registry, Run, RunStatus
 
 PENDING_GRACE_S = 30.0
 
@@ -28,13 +28,13 @@ def reconcile(reg: Registry) -> list[Run]:
             continue
         if run.supervisor_pid is None:
             if now - run.created > PENDING_GRACE_S:
-                if reg.finish(run.id, "lost", reason="supervisor never started"):
+                if reg.finish(run.id, RunStatus.LOST, reason="supervisor never started"):
                     changed.append(run)
             continue
         if not process_alive(run.supervisor_pid, run.supervisor_create_time):
             # The supervisor may have recorded the exit between our read and now.
             # ended = when the loss was noticed: watch's backoff counts from it.
-            if reg.finish(run.id, "lost", ended=now, reason="supervisor gone without recording an exit"):
+            if reg.finish(run.id, RunStatus.LOST, ended=now, reason="supervisor gone without recording an exit"):
                 mark_end(reg, run.id)
                 reg.record("lost", "supervisor gone", stage=run.stage, run_id=run.id, actor="reconcile")
                 changed.append(run)

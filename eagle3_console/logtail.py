@@ -280,14 +280,14 @@ def gone_message(run, path: Path) -> str:
 def run_ended(db_path: Path, run_id: int) -> Callable[[], str | None]:
     """For follow(): None while run `run_id` (or, when its supervisor is lost,
     its stage process) lives, then its status line."""
-    from eagle3_console.registry import Registry
+    from eagle3_console.registry import Registry, RunStatus
     from eagle3_console.runs import reconcile, stage_alive
 
     def ended() -> str | None:
         with Registry(db_path) as reg:
             reconcile(reg)
             run = reg.get(run_id)
-        if run.live or (run.status == "lost" and stage_alive(run)):
+        if run.live or (run.status == RunStatus.LOST and stage_alive(run)):
             return None
         return status_line(run)
     return ended

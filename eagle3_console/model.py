@@ -10,6 +10,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from eagle3_console.registry import MAY_BE_ALIVE, RunStatus
+
 SCHEMA_VERSION = 1
 
 # Alert levels map onto the monitoring exit codes (README: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN).
@@ -212,7 +214,7 @@ class StageStatus:
         a serve stage (which never succeeds) once its server is ready."""
         if self.serve is not None and self.serve.state == "ready":
             return True
-        return self.status == "succeeded" or (self.status == "lost" and bool(self.outputs_complete))
+        return self.status == RunStatus.SUCCEEDED or (self.status == RunStatus.LOST and bool(self.outputs_complete))
 
     def result_is_latest_runs(self) -> bool:
         """Whether the latest run wrote the record (it is read from the output
@@ -226,11 +228,11 @@ class StageStatus:
             return "no run recorded here; found on disk: "
         if not self.result_is_latest_runs():
             return f"an earlier run's result (latest run {self.run_id}: {self.status}): "
-        if self.status in ("running", "pending", "lost"):
+        if self.status in MAY_BE_ALIVE:
             return "so far: "
         if self.status == "stale":
             return f"stale ({self.stale}): "
-        return "" if self.status == "succeeded" else f"run {self.run_id} {self.status}: "
+        return "" if self.status == RunStatus.SUCCEEDED else f"run {self.run_id} {self.status}: "
 
     def result_said(self) -> str | None:
         """result_line as the console says it, with whose it is."""

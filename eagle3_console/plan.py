@@ -144,15 +144,15 @@ def downstream(pipe: Pipeline, name: str) -> list[str]:
 def rerun_warnings(ws: Workspace, pipe: Pipeline, stage: Stage) -> list[str]:
     """`run` on a stage whose last run succeeded: what the TUI's start dialog asks, said
     (its outputs are complete; the downstream stages with complete outputs become stale)."""
-    from eagle3_console.registry import Registry, id_path
+    from eagle3_console.registry import Registry, RunStatus, id_path
     if not (ws.db_path.exists() or id_path(ws.db_path).exists()):
         return []
     with Registry(ws.db_path) as reg:
         last = reg.latest(stage.name)
-        if last is None or last.status != "succeeded":
+        if last is None or last.status != RunStatus.SUCCEEDED:
             return []
         complete = [n for n in downstream(pipe, stage.name)
-                    if (r := reg.latest(n)) is not None and r.status == "succeeded"]
+                    if (r := reg.latest(n)) is not None and r.status == RunStatus.SUCCEEDED]
     stale = ("makes stale (their outputs were made from the current ones): " + ", ".join(complete) if complete
              else "no downstream stage has complete outputs: none becomes stale")
     return [f"warning: {stage.name}'s last run {last.id} succeeded: its outputs are complete and this run goes "

@@ -22,7 +22,7 @@ from eagle3_console.actions.restart import can_halve
 from eagle3_console.alerts import oom_finding
 from eagle3_console.endclock import seconds_since_end
 from eagle3_console.model import Snapshot
-from eagle3_console.registry import Registry
+from eagle3_console.registry import ACTIVE, Registry, RunStatus
 from eagle3_console.workspace import Workspace
 
 
@@ -69,9 +69,9 @@ class Decision:
 def decide(pipe: cfg.Pipeline, snap: Snapshot, reg: Registry, now: float) -> list[Decision]:
     out = []
     for st in snap.stages:
-        if st.status not in ("failed", "lost") or st.run_id is None:
+        if st.status not in (RunStatus.FAILED, RunStatus.LOST) or st.run_id is None:
             continue
-        if st.status == "lost" and (st.done or _alive_lost(reg, st.run_id)):
+        if st.status == RunStatus.LOST and (st.done or _alive_lost(reg, st.run_id)):
             continue    # a lost run whose stage still runs is not a failure yet; one that completed is none
         stage = pipe.stages[st.name]
         oom = oom_finding(st) is not None
@@ -177,14 +177,14 @@ def settled(snap: Snapshot) -> bool:
     """Nothing runs and nothing more will start: all succeeded, or a failure blocks the rest."""
     # A lost run whose processes live is still running, whatever its supervisor did.
     # A ready server serves until stopped: it is done for its dependents, not a run to wait for.
-    if any((s.status in ("pending", "running") or (s.status == "lost" and s.alive)) and not s.done
+    if any((s.status in ACTIVE or (s.status == RunStatus.LOST and s.alive)) and not s.done
            for s in snap.stages):
         return False
     if all(s.done for s in snap.stages):
         return True
     done = {s.name for s in snap.stages if s.done}
     startable = [s for s in snap.stages if s.status in ("never", "stale") and all(d in done for d in s.depends_on)]
-    return not startable and any(s.status in ("failed", "killed", "lost") and not s.done for s in snap.stages)
+    return not startable and any(s.status in (RunStatus.FAILED, RunStatus.KILLED, RunStatus.LOST) and not s.done for s in snap.stages)
 
 
 def start_driver(ws: Workspace, interval_s: float = 1.0) -> int:

@@ -17,8 +17,9 @@ from eagle3_console.registry import RunStatus
 from eagle3_console.units import human_bytes, human_duration
 
 LEVEL_STYLE = {"ok": "green", "warning": "yellow", "critical": "bold red", "unknown": "magenta"}
-STATUS_STYLE = {"running": "cyan", "succeeded": "green", "failed": "bold red", "killed": "yellow",
-                "lost": "magenta", "pending": "cyan", "never": "dim", "stale": "yellow"}
+STATUS_STYLE = {RunStatus.RUNNING: "cyan", RunStatus.SUCCEEDED: "green", RunStatus.FAILED: "bold red",
+                RunStatus.KILLED: "yellow", RunStatus.LOST: "magenta", RunStatus.PENDING: "cyan",
+                "never": "dim", "stale": "yellow"}
 
 
 def _exit(st: StageStatus) -> str:

@@ -25,7 +25,7 @@ from eagle3_console.monitor.procs import ProcessTable, orphans
 from eagle3_console.outputs import check_outputs_apart, output_paths
 from eagle3_console.plan import Preflight, context, disk_estimate, preflight  # noqa: F401
 from eagle3_console.refused import NothingToDo, Refused  # noqa: F401
-from eagle3_console.registry import Registry, Run
+from eagle3_console.registry import Registry, Run, RunStatus
 from eagle3_console.workspace import Workspace
 from ops.spec import EstimateContext, read_json_dict, value_type_error
 
@@ -145,16 +145,16 @@ def dependency_done(ws: Workspace, stage: Stage, run: Run | None) -> bool:
     and its processes ended with its outputs complete (outputs_complete)."""
     if run is None:
         return False
-    if run.status == "succeeded":
+    if run.status == RunStatus.SUCCEEDED:
         return True
-    return run.status == "lost" and not stage_alive(run) and outputs_complete(ws, stage, run)
+    return run.status == RunStatus.LOST and not stage_alive(run) and outputs_complete(ws, stage, run)
 
 
 def check_can_start(reg: Registry, pipe: Pipeline, stage: Stage, force: bool, ws: Workspace | None = None,
                     strays: bool = True) -> None:
     reconcile(reg)
     latest = reg.latest(stage.name)
-    if latest and (latest.live or (latest.status == "lost" and stage_alive(latest))):
+    if latest and (latest.live or (latest.status == RunStatus.LOST and stage_alive(latest))):
         raise Refused(f"stage {stage.name!r} already has a live run {latest.id} ({latest.status}, pid {latest.pid}); "
                       f"stop it first or use `restart --kill`", kind="live run")
     if ws is not None and strays:
@@ -179,7 +179,7 @@ def check_can_start(reg: Registry, pipe: Pipeline, stage: Stage, force: bool, ws
             continue
         if ws is not None and dep in pipe.stages and dependency_done(ws, pipe.stages[dep], dep_run):
             continue
-        if dep_run is None or dep_run.status != "succeeded":
+        if dep_run is None or dep_run.status != RunStatus.SUCCEEDED:
             state = "never ran" if dep_run is None else f"run {dep_run.id} is {dep_run.status}"
             raise Refused(f"stage {stage.name!r} depends on {dep!r}, which has not succeeded ({state}); "
                           f"run it first or pass --force", kind="dependencies")
@@ -244,12 +244,12 @@ def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, 
                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                            start_new_session=True, check=True, cwd=str(ws.root))
         except (OSError, subprocess.CalledProcessError) as exc:
-            reg.finish(run.id, "failed", ended=time.time(), reason=f"supervisor did not start: {exc}")
+            reg.finish(run.id, RunStatus.FAILED, ended=time.time(), reason=f"supervisor did not start: {exc}")
             raise Refused(f"stage {stage.name!r}: the supervisor of run {run.id} did not start: {exc}") from None
         deadline = time.time() + 10
         while time.time() < deadline:
             run = reg.get(run.id)
-            if run.status != "pending":
+            if run.status != RunStatus.PENDING:
                 break
             time.sleep(0.02)
         reg.record("run", run.status, stage=stage.name, run_id=run.id, targets=argv,

@@ -25,7 +25,7 @@ from eagle3_console.monitor.disk import DiskMonitor
 from eagle3_console.monitor.logs import LogFollower
 from eagle3_console.monitor.procs import ProcessTable, RunRef, attach_owners, orphans, process_alive
 from eagle3_console.monitor.shards import ShardMonitor
-from eagle3_console.registry import Registry, Run, id_path
+from eagle3_console.registry import ACTIVE, Registry, Run, RunStatus, id_path
 from eagle3_console.savedmonitors import SavedMonitors
 from eagle3_console.workspace import Workspace
 from ops.spec import read_json_dict
@@ -166,7 +166,7 @@ class Collector:
         LEFTOVER_CHECK_S, and only while such a run is the latest."""
         # Workers still tearing down right after the end are not leftovers yet.
         settled = time.time() - LEFTOVER_GRACE_S
-        ended = {n: r for n, r in latest.items() if r is not None and r.status in ("failed", "killed")
+        ended = {n: r for n, r in latest.items() if r is not None and r.status in (RunStatus.FAILED, RunStatus.KILLED)
                  and r.pid is not None and (r.ended or 0) <= settled}
         if not ended:
             return {}
@@ -221,9 +221,9 @@ class Collector:
         if run:
             st.run_id, st.pid, st.started, st.ended = run.id, run.pid, run.started, run.ended
             st.exit_code, st.signal = run.exit_code, run.signal
-            still_running = run.status in ("running", "pending") or (
-                run.status == "lost" and runs_mod.stage_alive(run))
-            if run.status == "lost":
+            still_running = run.status in ACTIVE or (
+                run.status == RunStatus.LOST and runs_mod.stage_alive(run))
+            if run.status == RunStatus.LOST:
                 st.alive = still_running
                 st.outputs_complete = None if still_running else runs_mod.outputs_complete(self.ws, stage, run)
             st.log = self._log_follower(run).refresh()
@@ -271,7 +271,7 @@ class Collector:
             fraction = min(1.0, (log.progress_done or 0) / log.progress_total)
             st.rate, st.eta_s = log.rate, log.eta_s
             st.rate_unit = log.rate_unit if log.rate is not None else None
-        if st.status == "succeeded" and not (st.shards and st.shards.samples_expected):
+        if st.status == RunStatus.SUCCEEDED and not (st.shards and st.shards.samples_expected):
             # Done is all; but a count shown says how much, and the percentage is that count's.
             fraction = 1.0
         if not still_running:
@@ -323,9 +323,9 @@ LEFTOVER_GRACE_S = 10.0
 
 def latest_success(reg: Registry, latest: Run | None) -> Run | None:
     """The stage's latest succeeded run (its latest run, most often)."""
-    if latest is None or latest.status == "succeeded":
+    if latest is None or latest.status == RunStatus.SUCCEEDED:
         return latest
-    return next((r for r in reg.runs(latest.stage, limit=200) if r.status == "succeeded"), None)
+    return next((r for r in reg.runs(latest.stage, limit=200) if r.status == RunStatus.SUCCEEDED), None)
 
 
 def mark_stale(stages: list[StageStatus], succeeded: dict[str, Run]) -> None:
@@ -335,7 +335,7 @@ def mark_stale(stages: list[StageStatus], succeeded: dict[str, Run]) -> None:
     in one pass."""
     by_name = {st.name: st for st in stages}
     for st in stages:
-        if st.status != "succeeded" or st.started is None:
+        if st.status != RunStatus.SUCCEEDED or st.started is None:
             continue
         for dep in st.depends_on:
             dep_ok = succeeded.get(dep)

@@ -26,7 +26,7 @@ import psutil
 from eagle3_console.liveness import reconcile, stage_alive
 from eagle3_console.monitor.procs import LEADER, PGID, TREE, ProcessTable, RunRef, process_alive, run_processes
 from eagle3_console.refused import NothingToDo, Refused
-from eagle3_console.registry import Registry, Run
+from eagle3_console.registry import Registry, Run, RunStatus
 from eagle3_console.workspace import Workspace
 
 POLL_S = 0.1
@@ -78,12 +78,12 @@ def stop(ws: Workspace, stage_name: str, grace_s: float = 10.0) -> Run:
         run = reg.latest(stage_name)
         if run is None or not (run.live or stage_alive(run) or group_members(run)):
             raise NothingToDo(f"stage {stage_name!r} has no live run to stop")
-        was_lost = run.status == "lost"
+        was_lost = run.status == RunStatus.LOST
         reg.update(run.id, stop_requested=1)
         # A pending run has no pid yet: its supervisor either sees stop_requested and
         # never starts the stage, or records the pid we then signal.
         deadline = time.monotonic() + 10
-        while run.status == "pending" and time.monotonic() < deadline:
+        while run.status == RunStatus.PENDING and time.monotonic() < deadline:
             time.sleep(0.05)
             run = reg.get(run.id)
         resumed = continue_supervisor(run)
@@ -101,11 +101,11 @@ def stop(ws: Workspace, stage_name: str, grace_s: float = 10.0) -> Run:
             time.sleep(0.05)
         now = time.time()
         if reg.get(run.id).live and not stage_alive(run) and not left:
-            reg.finish(run.id, "killed", ended=now, reason="stopped (supervisor did not record)")
+            reg.finish(run.id, RunStatus.KILLED, ended=now, reason="stopped (supervisor did not record)")
         if was_lost and not left:
             # Its supervisor is gone, so nobody else records it: the operator ended
             # it, which is "killed", not a loss still to be looked into.
-            reg.update(run.id, status="killed", ended=now, reason="stopped after its supervisor was lost")
+            reg.update(run.id, status=RunStatus.KILLED, ended=now, reason="stopped after its supervisor was lost")
         outcome = "SIGKILL after grace" if killed else ("SIGTERM" if sent else "nothing to signal")
         if resumed:
             outcome += ", supervisor was stopped: SIGCONT"

@@ -23,7 +23,7 @@ import psutil
 from eagle3_console.claims import Claim
 from eagle3_console.endclock import mark_end, stamp
 from eagle3_console.exitrecord import ExitRecord
-from eagle3_console.registry import Registry
+from eagle3_console.registry import Registry, RunStatus
 from eagle3_console.workspace import ENV_REGISTRY, ENV_RUN_ID, ENV_STAGE, ENV_WORKSPACE, Workspace
 
 
@@ -55,7 +55,7 @@ def supervise(ws: Workspace, run_id: int) -> int:
     if run.stop_requested:
         # Stopped while pending (runs.stop found no pid to signal): never start it.
         log.write(b"[eagle3-console] stopped before it started\n")
-        reg.finish(run_id, "killed", ended=time.time(), reason="stopped before it started")
+        reg.finish(run_id, RunStatus.KILLED, ended=time.time(), reason="stopped before it started")
         return 0
     # Reserved while there is room: the end is recorded there if state.db cannot take it.
     record = ExitRecord(run.log_path)
@@ -71,7 +71,7 @@ def supervise(ws: Workspace, run_id: int) -> int:
     if conflicts:
         claim.release(succeeded=False)
         log.write(f"[eagle3-console] not started: {'; '.join(conflicts)}\n".encode())
-        record_end(reg, record, run_id, "failed", dict(ended=time.time(), reason=f"not started: {conflicts[0]}"),
+        record_end(reg, record, run_id, RunStatus.FAILED, dict(ended=time.time(), reason=f"not started: {conflicts[0]}"),
                    log, "")
         return 1
     env = dict(os.environ)
@@ -86,7 +86,7 @@ def supervise(ws: Workspace, run_id: int) -> int:
                                 stdout=log, stderr=subprocess.STDOUT, process_group=0)
     except OSError as exc:
         claim.release(succeeded=False)
-        record_end(reg, record, run_id, "failed", dict(ended=time.time(), exit_code=127, reason=f"cannot start: {exc}"),
+        record_end(reg, record, run_id, RunStatus.FAILED, dict(ended=time.time(), exit_code=127, reason=f"cannot start: {exc}"),
                    log, f"[eagle3-console] cannot start {run.argv[0]!r}: {exc}\n")
         return 127
 
@@ -109,7 +109,7 @@ def supervise(ws: Workspace, run_id: int) -> int:
     except psutil.NoSuchProcess:
         create_time = None
     started = time.time()
-    reg.update(run_id, status="running", pid=proc.pid, pgid=proc.pid, sid=os.getsid(0),
+    reg.update(run_id, status=RunStatus.RUNNING, pid=proc.pid, pgid=proc.pid, sid=os.getsid(0),
                create_time=create_time, started=started)
     claim.set_pids((me.pid, me.create_time()), (proc.pid, create_time))
     code = claim.wait(proc, log)
@@ -121,14 +121,14 @@ def supervise(ws: Workspace, run_id: int) -> int:
     claim.release(succeeded=code == 0 and not stop_requested)
     if code < 0:
         sig = -code
-        status = "killed" if stop_requested else "failed"
+        status = RunStatus.KILLED if stop_requested else RunStatus.FAILED
         values = dict(ended=ended, signal=sig,
                       reason="stopped" if stop_requested else f"killed by signal {signal.Signals(sig).name}")
         what = f"signal {signal.Signals(sig).name}"
     else:
         # A stage that catches the stop's SIGTERM and exits 0 did not finish its
         # work: succeeded would let the next stage start on a partial output.
-        status = "killed" if stop_requested else ("succeeded" if code == 0 else "failed")
+        status = RunStatus.KILLED if stop_requested else (RunStatus.SUCCEEDED if code == 0 else RunStatus.FAILED)
         values = dict(ended=ended, exit_code=code)
         if stop_requested:
             values["reason"] = f"stopped (it exited {code} after the stop signal)"

@@ -31,7 +31,7 @@ from eagle3_console import config as cfg
 from eagle3_console import runs
 from eagle3_console.fstree import Changed, Dest, Entry, Root, ident
 from eagle3_console.monitor.procs import ProcessTable, RunRef
-from eagle3_console.registry import Registry, Run
+from eagle3_console.registry import Registry, Run, RunStatus
 from eagle3_console.units import human_bytes
 from eagle3_console.workspace import Workspace
 from ops.extract.spec import partial_files as sample_partials
@@ -134,7 +134,7 @@ def _vouched(ws: Workspace, stage_name: str) -> tuple[dict | None, str]:
     clock decides, as it did."""
     with Registry(ws.db_path) as reg:
         history, registry = reg.stage_history(stage_name), reg.registry_id
-    ok = [rid for rid, status in history if status == "succeeded"]
+    ok = [rid for rid, status in history if status == RunStatus.SUCCEEDED]
     if ok:
         found = claims.read_manifest(claims.manifest_path(ws, registry, ok[-1], "end"))
         return found, f"temp files and files that succeeded run {ok[-1]} did not leave as they are"
@@ -195,7 +195,7 @@ def plan_clean(ws: Workspace, stage_name: str, purge: bool = False) -> CleanPlan
         plan.refusal = f"stage {stage_name!r} never ran: nothing it wrote is partial"
         plan.nothing_to_do = True
         return plan
-    if run.status == "succeeded":
+    if run.status == RunStatus.SUCCEEDED:
         # A complete output is never cleaned, except the samples a verify stage's
         # report names as bad (still unchanged since): resume rewrites those.
         bad, report, data = _reported_bad(ws, pipe, roots)

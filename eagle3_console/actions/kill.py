@@ -18,7 +18,7 @@ import psutil
 from eagle3_console import runs
 from eagle3_console.model import GpuReport
 from eagle3_console.monitor.procs import ProcessTable, ProcInfo, RunRef, process_alive
-from eagle3_console.registry import Registry
+from eagle3_console.registry import EXITED, MAY_BE_ALIVE, Registry, RunStatus
 from eagle3_console.units import human_bytes
 from eagle3_console.workspace import Workspace
 
@@ -104,7 +104,7 @@ def _stage_refs(reg: Registry, stage: str) -> list[RunRef]:
     """The stage's live or lost runs (a lost run's workers may still run)."""
     runs.reconcile(reg)
     return [RunRef.from_run(r) for r in reg.runs(stage, limit=20)
-            if r.status in ("pending", "running", "lost") or runs.stage_alive(r)]
+            if r.status in MAY_BE_ALIVE or runs.stage_alive(r)]
 
 
 def plan_kill(ws: Workspace, stage: str, grace_s: float = 10.0, nvml: Any = None) -> KillPlan:
@@ -112,7 +112,7 @@ def plan_kill(ws: Workspace, stage: str, grace_s: float = 10.0, nvml: Any = None
         refs = _stage_refs(reg, stage)
         # Finished runs whose orphaned workers outlived them: tie by pgid/session/env too.
         for r in reg.runs(stage, limit=5):
-            if r.status in ("failed", "killed", "succeeded") and r.pgid:
+            if r.status in EXITED and r.pgid:
                 refs.append(RunRef.from_run(r))
     table = ProcessTable.snapshot()
     procs = table.owners(tuple(refs)).values() if refs else []
@@ -218,7 +218,7 @@ def execute_kill(ws: Workspace, plan: KillPlan, progress: Callable[[str], None] 
         for rid in plan.run_ids:
             r = reg.get(rid)
             if r.live and not runs.stage_alive(r) and not process_alive(r.supervisor_pid, r.supervisor_create_time):
-                reg.finish(rid, "killed", ended=time.time(), reason="kill-workers")
+                reg.finish(rid, RunStatus.KILLED, ended=time.time(), reason="kill-workers")
         reg.record("kill-workers", "ok" if result.ok else "incomplete", stage=plan.stage,
                    run_id=plan.run_ids[-1] if plan.run_ids else None,
                    targets=[{"pid": p.pid, "how": p.how} for p in plan.procs],

@@ -16,7 +16,7 @@ from eagle3_console import runs
 from eagle3_console.actions.kill import KillPlan, execute_kill, plan_kill
 from eagle3_console.monitor.procs import ProcessTable, RunRef
 from eagle3_console.plan import disk_line
-from eagle3_console.registry import Registry, Run
+from eagle3_console.registry import Registry, Run, RunStatus
 from eagle3_console.workspace import Workspace
 
 
@@ -44,7 +44,7 @@ class RestartPlan:
             out += self.kill.lines()
         if self.last:
             out.append(f"restart {self.stage} (last run {self.last.id}: {self.last.status})")
-            if self.last.status == "succeeded":
+            if self.last.status == RunStatus.SUCCEEDED:
                 out.append("its outputs are complete: the stage runs again into them (an op that resumes, like "
                            "extract, skips what is there; others rewrite their files)")
         else:
@@ -105,7 +105,7 @@ def plan_restart(ws: Workspace, stage_name: str, overrides: dict[str, Any] | Non
     params = runs.stage_params(stage, overrides, base=last.params if last else None, pipe=pipe)
     plan = RestartPlan(stage=stage_name, last=last, params=params, argv=[], kill=None, force=force,
                        ignore_disk=ignore_disk)
-    if last and last.status in ("failed", "killed", "lost"):
+    if last and last.status in (RunStatus.FAILED, RunStatus.KILLED, RunStatus.LOST):
         plan.oom_line = oom_line(last)
     if plan.oom_line and stage.batch_param and stage.batch_param not in params and stage.spec \
             and stage.spec.params.get(stage.batch_param) is not None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from eagle3_console.model import Curves, StageStatus
+from eagle3_console.registry import RunStatus
 from ops import spec_of
 from ops.spec import CurvePoint, step_point
 
@@ -139,7 +140,7 @@ class CurveTracker:
         if st.run_id is None:
             return None
         hist = self._rates.get((st.name, st.run_id))
-        if st.tokens_per_s is not None and st.status == "running":
+        if st.tokens_per_s is not None and st.status == RunStatus.RUNNING:
             if hist is None:
                 # Only the latest run of a stage is plotted.
                 for k in [k for k in self._rates if k[0] == st.name]:
