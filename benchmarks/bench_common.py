@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import mmap
 import os
-import threading
 import time
 from pathlib import Path
 
@@ -88,50 +87,58 @@ def matmul_rate(device, dtype) -> tuple[float, str]:
 
 
 def direct_write_rate(directory: Path, total_bytes: int, block: int = 16 << 20, streams: int = 1) -> tuple[float, str]:
-    """(bytes/s, how) for writing `total_bytes` into `directory` with O_DIRECT
-    (the page cache bypassed, as a full disk sees it), fsync included, as
-    `streams` concurrent writers of a file each (extract's writer threads:
-    on the H200's disk one stream did 1.31 GB/s, extract's 4 writers 2.0, session 20).
-    Where the filesystem refuses O_DIRECT (tmpfs), buffered writes + fsync, said so."""
+    """(bytes/s, how) for writing `total_bytes` (at least one block a stream)
+    into `directory` with O_DIRECT (the page cache bypassed, as a full disk
+    sees it), fsync included, as `streams` concurrent writers of a file each:
+    extract's writer threads, which on the H200's disk got more than one
+    stream's probe (RESULTS.md, session 20). Where the filesystem refuses
+    O_DIRECT (tmpfs), buffered writes + fsync, said so. A write error is raised."""
+    from concurrent.futures import ThreadPoolExecutor
+
     directory.mkdir(parents=True, exist_ok=True)
     buf = mmap.mmap(-1, block)          # page-aligned, as O_DIRECT wants
     buf.write(os.urandom(1 << 20) * (block >> 20))
     paths = [directory / f"direct-write-probe-{i}.bin" for i in range(streams)]
-    how = [f"O_DIRECT, {block >> 20} MiB blocks"]
     share = max(block, total_bytes // streams)
-    written = [0] * streams
+    refused: list[str] = []
+    fds: list[int] = []
 
     def open_one(path: Path) -> int:
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_DIRECT", 0), 0o644)
-            os.write(fd, buf)           # some filesystems refuse only at the first write
+            try:
+                os.write(fd, buf)       # some filesystems refuse only at the first write
+            except OSError:
+                os.close(fd)
+                raise
         except OSError as exc:
-            how[0] = f"buffered + fsync (O_DIRECT refused: {exc.strerror})"
+            refused.append(exc.strerror)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.lseek(fd, 0, os.SEEK_SET)
         return fd
 
-    def write_one(i: int, fd: int) -> None:
-        while written[i] < share:
-            written[i] += os.write(fd, buf)     # releases the GIL: the streams overlap
+    def write_one(fd: int) -> int:
+        written = 0
+        while written < share:
+            written += os.write(fd, buf)    # releases the GIL: the streams overlap
         os.fsync(fd)
+        return written
 
     try:
-        fds = [open_one(p) for p in paths]
-        threads = [threading.Thread(target=write_one, args=(i, fd)) for i, fd in enumerate(fds)]
-        t0 = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        dt = time.perf_counter() - t0
+        for p in paths:
+            fds.append(open_one(p))
+        with ThreadPoolExecutor(streams) as pool:
+            t0 = time.perf_counter()
+            total = sum(f.result() for f in [pool.submit(write_one, fd) for fd in fds])
+            dt = time.perf_counter() - t0
+    finally:
         for fd in fds:
             os.close(fd)
-    finally:
         for p in paths:
             p.unlink(missing_ok=True)
-    total = sum(written)
-    return total / dt, f"{how[0]}, {streams} stream{'s' if streams > 1 else ''}, {total / 2**30:.2f} GiB"
+    how = (f"buffered + fsync (O_DIRECT refused: {refused[0]})" if refused
+           else f"O_DIRECT, {block >> 20} MiB blocks")
+    return total / dt, f"{how}, {streams} stream{'s' if streams > 1 else ''}, {total / 2**30:.2f} GiB"
 
 
 def write_prepared(path: Path, samples: int, seq: int, vocab: int, seed: int = 0) -> int:

@@ -197,8 +197,9 @@ def scrape(out: Path, name: str) -> None:
 
 def scrape_while_running(out: Path, stage: str, stop: threading.Event) -> None:
     """Scrape every 0.5 s; keep the last scrape in which `stage` is running as
-    metrics_bench.txt. The demo's bench lasts about 3 s, shorter than the
-    observer's poll (session 20's capture missed it)."""
+    metrics_bench.txt. The demo's bench lasts about 3 s, and the observer's
+    loop sleeps 3 s for the TUI capture just as the server is ready, which is
+    when bench starts (session 20's capture missed it so)."""
     running = f'eagle3_stage_status{{stage="{stage}",status="running"}} 1.0'
     while not stop.wait(0.5):
         try:
@@ -262,7 +263,8 @@ def observe(a) -> None:
             # Not only on progress: SGLang's first batch pays its JIT builds (~40 s), and then the
             # demo's 398 samples land within a second (session 19's capture came too late).
             running_s = time.time() - (ex.get("started") or time.time())
-            # Once per extract run: the fault's (SGLang loading at share 0.9999) and the restart's.
+            # Once per extract run that lives long enough (session 20's faulting run died at 20 s,
+            # before any capture; its restart was captured).
             key = f"tui_extract_run{ex.get('run_id')}"
             if key not in done and ex.get("status") == "running" and \
                     ((ex.get("progress") or 0) > 0 or running_s > 25):

@@ -40,11 +40,11 @@ class Loop:
         self._copy_streams: dict = {}
         self._pool: SlabPool | None = None
         # The loop's own time: in the target's forward, and blocked on the
-        # writers (no free host slab, or their queue full). With the writers'
-        # own split (writer.py) this says what bounds a run: the closing
-        # `extract: time:` line.
+        # writers (their queue full; a full host pool is staging.py's
+        # waited_s). With the writers' own split (writer.py) this says what
+        # bounds a run: the closing `extract: time:` line.
         self.forward_s = 0.0
-        self.writers_wait_s = 0.0
+        self.queue_wait_s = 0.0
 
     def run(self, mine: list[int]) -> dict:
         done_mine = [i for i in mine if i in self.done]
@@ -78,7 +78,9 @@ class Loop:
             print(str(exc), file=sys.stderr, flush=True)
             raise SystemExit(EXIT_FAILURE) from None
         writer.close()
-        log(time_line(progress.elapsed(), self.forward_s, self.writers_wait_s, writer))
+        log(time_line(progress.elapsed(), self.forward_s,
+                      self.queue_wait_s + (self._pool.waited_s if self._pool else 0.0), writer,
+                      f" rank {self.rank}/{self.world}" if self.world > 1 else ""))
         # Before progress.close(), so the closing tok/s pays for durability;
         # before the caller's all_reduce, so every rank's files are down
         # before rank 0 writes "complete".
@@ -109,9 +111,7 @@ class Loop:
         """Each sample's (idx, ids, loss mask, aux states, final states) into
         its file image, then to the writers. On CUDA the states are copied
         from the device on a side stream (_to_host)."""
-        t0 = time.perf_counter()
         images = self._slabs(aux, final).take([self._specs(aux, final, len(tok)) for _i, tok, *_ in pieces])
-        self.writers_wait_s += time.perf_counter() - t0
         for image, (_idx, tok, loss, *_states) in zip(images, pieces):
             image.views["input_ids"].copy_(torch.from_numpy(tok.astype(np.int64)))
             image.views["loss_mask"].copy_(torch.from_numpy(loss.astype(np.uint8)))
@@ -119,7 +119,7 @@ class Loop:
         t0 = time.perf_counter()
         for image, (idx, tok, *_rest) in zip(images, pieces):
             self.writer.submit(WriteJob(idx, sample_path(self.out_dir, idx), image, ready, len(tok)))
-        self.writers_wait_s += time.perf_counter() - t0
+        self.queue_wait_s += time.perf_counter() - t0
 
     def _slabs(self, aux, final) -> SlabPool:
         """The pool, sized at the first batch (when the states' dtype and width
@@ -161,15 +161,19 @@ class Loop:
         return ready
 
 
-def time_line(elapsed: float, forward_s: float, writers_wait_s: float, writer: SampleWriter) -> str:
-    """Where the run's time went. On CUDA a forward returns once its kernels
-    are queued, so a GPU-bound run shows as writers waiting for the device
-    copy; a disk-bound one as writers writing while the loop waits for them;
-    a host-bound one (per-batch Python) as the loop's forward time with
-    neither waiting."""
+def time_line(elapsed: float, forward_s: float, writers_wait_s: float, writer: SampleWriter,
+              rank: str = "") -> str:
+    """Where the run's time went. The loop waiting for the writers while they
+    write: the disk bounds the run. The loop in the forward with no one
+    waiting for it: the target does (GPU or host; NVML's busy share tells
+    which: a forward that syncs, as the MoE ones on the H200 do, holds the
+    loop while the GPU works). The writers' figures are summed over their
+    threads, idle included, so they add up to threads x elapsed."""
+    busy = writer.copy_wait_s + writer.write_s
+    idle = max(0.0, writer.threads * elapsed - busy)
     return (f"extract: time: {elapsed:.1f} s; loop: forward {forward_s:.1f} s, waiting for the writers "
-            f"{writers_wait_s:.1f} s; writers ({writer.threads}): waiting for the device copy "
-            f"{writer.copy_wait_s:.1f} s, writing {writer.write_s:.1f} s")
+            f"{writers_wait_s:.1f} s; writers ({writer.threads}, summed): waiting for the device copy "
+            f"{writer.copy_wait_s:.1f} s, writing {writer.write_s:.1f} s, idle {idle:.1f} s{rank}")
 
 
 def _copy_states(images, pieces, non_blocking: bool = False) -> None:

@@ -15,6 +15,7 @@ every slab is in flight the forward waits for the writers.
 from __future__ import annotations
 
 import threading
+import time
 
 from ops.extract.sample_file import SampleImage, aligned_buffer
 
@@ -62,6 +63,9 @@ class SlabPool:
         self._free: list[Slab] = []
         self._made = 0
         self._cond = threading.Condition()
+        # Seconds take() blocked with every slab in flight: the forward waiting
+        # for the writers (loop.py's closing time line); making a slab is not waiting.
+        self.waited_s = 0.0
 
     def take(self, layouts: list[dict]) -> list[SampleImage]:
         sizes = [SampleImage.padded_size(s) for s in layouts]
@@ -69,8 +73,11 @@ class SlabPool:
         if need > self.nbytes:
             return Slab(None, need, self.pin).carve(layouts, sizes)
         with self._cond:
-            while not self._free and self._made >= self.count:
-                self._cond.wait()
+            if not self._free and self._made >= self.count:
+                t0 = time.perf_counter()
+                while not self._free:
+                    self._cond.wait()
+                self.waited_s += time.perf_counter() - t0
             if self._free:
                 slab = self._free.pop()
             else:

@@ -95,12 +95,13 @@ class SampleWriter:
             if job is None:
                 return
             t0 = time.perf_counter()
-            t1 = t0
+            t1 = t2 = None
             try:
                 if job.ready is not None:
                     job.ready.synchronize()
                 t1 = time.perf_counter()
                 write_sample(job.path, job.image, self._fsync, self._direct)
+                t2 = time.perf_counter()
             except Exception as exc:  # noqa: BLE001 - one bad write must not stop the others
                 with self._lock:
                     self.errors.count += 1
@@ -111,10 +112,10 @@ class SampleWriter:
             else:
                 self._on_written(job.idx, job.tokens)
             finally:
-                t2 = time.perf_counter()
-                with self._lock:
-                    self.copy_wait_s += t1 - t0
-                    self.write_s += t2 - t1
+                end = time.perf_counter()
+                with self._lock:    # a failed wait or write: its time goes where it failed
+                    self.copy_wait_s += (t1 or end) - t0
+                    self.write_s += (t2 or end) - (t1 or end)
                 if job.image is not None:
                     job.image.release()     # its slab's share may be reused (staging.py)
                 job.image = None
