@@ -11,10 +11,11 @@ from __future__ import annotations
 class Refused(Exception):
     """An action that was not taken, with the reason; `code` is the exit code."""
 
-    def __init__(self, message: str, code: int = 2, kind: str | None = None):
+    def __init__(self, message: str, code: int = 2, kind: str | None = None, detail: str | None = None):
         super().__init__(message)
         self.code = code
         self.kind = kind        # what the audit log says of it: "refused: <kind>"
+        self.detail = detail    # the audit log's detail, where it is not the message
 
 
 class NothingToDo(Refused):

@@ -191,7 +191,8 @@ def _recorded(reg: Registry, stage: Stage):
     try:
         yield
     except Refused as exc:
-        reg.record("run", f"refused: {exc.kind}" if exc.kind else "refused", stage=stage.name, detail=str(exc))
+        reg.record("run", f"refused: {exc.kind}" if exc.kind else "refused", stage=stage.name,
+                   detail=exc.detail if exc.detail is not None else str(exc))
         raise
 
 
@@ -211,15 +212,14 @@ def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, 
             owned = claims.owned_elsewhere(output_paths(ws, stage, params), reg.registry_id, stage.name)
             if owned:
                 raise Refused(f"stage {stage.name!r}: {owned}", kind="owned elsewhere")
-        bad = [x for x in lints(ws, pipe, stage, params) if x.level == "error"]
-        if bad and not force:
-            reg.record("run", "refused: lint", stage=stage.name, detail="; ".join(x.message for x in bad))
-            raise Refused(f"stage {stage.name!r}: " + "; ".join(x.message for x in bad), code=3)
-        pf = preflight(ws, pipe, stage, params)
-        if not pf.fits and not ignore_disk:
-            reg.record("run", "refused: disk", stage=stage.name,
-                       detail=f"remaining {pf.remaining_bytes} > free {pf.free_bytes} at {pf.path}")
-            raise Refused(f"stage {stage.name!r} {pf.shortfall()}; free space or pass --ignore-disk")
+            bad = [x for x in lints(ws, pipe, stage, params) if x.level == "error"]
+            if bad and not force:
+                said = "; ".join(x.message for x in bad)
+                raise Refused(f"stage {stage.name!r}: " + said, code=3, kind="lint", detail=said)
+            pf = preflight(ws, pipe, stage, params)
+            if not pf.fits and not ignore_disk:
+                raise Refused(f"stage {stage.name!r} {pf.shortfall()}; free space or pass --ignore-disk", kind="disk",
+                              detail=f"remaining {pf.remaining_bytes} > free {pf.free_bytes} at {pf.path}")
         try:
             # The op repeats its own checks (serve's lints, extract's disk preflight):
             # a launch past them says so in the argv, or the op would refuse at once. Not in
