@@ -187,10 +187,14 @@ def readiness_timeline(port: int, out: Path, stop: threading.Event) -> None:
             time.sleep(1.0)
 
 
+def metrics(timeout: float) -> bytes:
+    with urllib.request.urlopen(f"http://127.0.0.1:{EXPORTER_PORT}/metrics", timeout=timeout) as r:
+        return r.read()
+
+
 def scrape(out: Path, name: str) -> None:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{EXPORTER_PORT}/metrics", timeout=10) as r:
-            (out / f"metrics_{name}.txt").write_bytes(r.read())
+        (out / f"metrics_{name}.txt").write_bytes(metrics(10))
     except OSError as exc:
         (out / f"metrics_{name}.txt").write_text(f"scrape failed: {exc}\n")
 
@@ -203,8 +207,7 @@ def scrape_while_running(out: Path, stage: str, stop: threading.Event) -> None:
     running = f'eagle3_stage_status{{stage="{stage}",status="running"}} 1.0'
     while not stop.wait(0.5):
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{EXPORTER_PORT}/metrics", timeout=5) as r:
-                body = r.read()
+            body = metrics(5)
         except OSError:
             continue
         if running.encode() in body:
