@@ -79,12 +79,15 @@ class SampleWriter:
         # line, which says which of the two bounds the run.
         self.copy_wait_s = 0.0
         self.write_s = 0.0
-        self.threads = threads
         self._lock = threading.Lock()
         self._threads = [threading.Thread(target=self._work, name=f"extract-writer-{i}", daemon=True)
                          for i in range(threads)]
         for t in self._threads:
             t.start()
+
+    @property
+    def threads(self) -> int:
+        return len(self._threads)
 
     def submit(self, job: WriteJob) -> None:
         self._queue.put(job)   # blocks only when the queue is full
