@@ -89,7 +89,7 @@ def restart(ctx: typer.Context, stage: str,
 def watch(ctx: typer.Context,
           once: bool = typer.Option(False, "--once", help="One pass, then exit with the status code."),
           interval: float = typer.Option(30.0, "--interval", help="Seconds between passes.",
-                                         callback=cliopts.seconds(above=True)),
+                                         callback=cliopts.seconds(cliopts.MIN_INTERVAL_S)),
           no_gpus: bool = typer.Option(False, "--no-gpus"),
           advance: bool = typer.Option(False, "--advance", help="Also start each stage that never ran (or is stale) once its dependencies are done."),
           until_done: bool = typer.Option(False, "--until-done", help="Exit once every stage succeeded (or nothing more can start).")) -> None:
@@ -134,7 +134,7 @@ def exporter(ctx: typer.Context,
                                       callback=cliopts.integer(0, 65535, "a TCP port")),
              host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
              interval: float = typer.Option(5.0, "--interval", help="Seconds between snapshots (scrapes read the last one).",
-                                           callback=cliopts.seconds(above=True)),
+                                           callback=cliopts.seconds(cliopts.MIN_INTERVAL_S)),
              no_gpus: bool = typer.Option(False, "--no-gpus", help="Skip NVML.")) -> None:
     """Serve the snapshot as Prometheus metrics on http://HOST:PORT/metrics."""
     from eagle3_console import exporter as exp
