@@ -26,6 +26,12 @@ from eagle3_console.registry import ACTIVE, Registry, RunStatus
 from eagle3_console.workspace import Workspace
 
 
+# Restarts after an out-of-memory on a stage without a restart policy: halving
+# 2^10 covers a batch of 1,024 down to 1; a stage still out of memory then is
+# not a batch problem.
+OOM_RESTARTS = 10
+
+
 class LockHeld(Exception):
     pass
 
@@ -80,7 +86,7 @@ def decide(pipe: cfg.Pipeline, snap: Snapshot, reg: Registry, now: float) -> lis
         limit = stage.restart.max if stage.restart else 0
         halvable = oom and stage.batch_param and can_halve(st.params.get(stage.batch_param), stage.batch_share)
         if halvable and not stage.restart:
-            limit = 1_000_000    # bounded by the param reaching 1
+            limit = OOM_RESTARTS
         if restarts >= limit or (not stage.restart and not halvable):
             continue
         backoff = (stage.restart.backoff_s if stage.restart else 0.0) * (2 ** restarts)

@@ -61,14 +61,22 @@ class RestartPlan:
         return out
 
 
+# The smallest share of a GPU a halving gives: below it no target's weights fit
+# (SGLang's mem_fraction_static holds them), and a halving without a floor
+# never ends (0.9 -> 0.0002 in 12 restarts).
+SHARE_FLOOR = 0.05
+
+
 def halve(value: Any, share: bool = False) -> Any:
     """The batch param after an OOM: a count halved (at least 1), or with `share`
-    (config.Stage.batch_share) a share of the GPU in (0, 1) halved."""
+    (config.Stage.batch_share) a share of the GPU in (0, 1) halved, never below SHARE_FLOOR."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"cannot halve {value!r}: not a number")
     if share:
         if not 0 < value < 1:
             raise ValueError(f"it is {value!r}, and a share is halved only within (0, 1)")
+        if value / 2 < SHARE_FLOOR:
+            raise ValueError(f"it is {value!r}, and a share is not halved below {SHARE_FLOOR}")
         return value / 2
     if not value > 1:
         # "1 -> 1 (halved)" restarted the very run that failed: say so instead.
