@@ -101,8 +101,8 @@ def oom_line(run: Run | None) -> str | None:
 
 def plan_restart(ws: Workspace, stage_name: str, overrides: dict[str, Any] | None = None,
                  kill: bool = False, halve_batch: bool = False, force: bool = False, nvml: Any = None,
-                 ignore_disk: bool = False) -> RestartPlan:
-    pipe = cfg.load(ws.config_path)
+                 ignore_disk: bool = False, pipe: cfg.Pipeline | None = None) -> RestartPlan:
+    pipe = pipe or cfg.load(ws.config_path)
     stage = pipe.stage(stage_name)
     with Registry(ws.db_path) as reg:
         runs.reconcile(reg)
@@ -169,14 +169,14 @@ def plan_restart(ws: Workspace, stage_name: str, overrides: dict[str, Any] | Non
 
 
 def execute_restart(ws: Workspace, plan: RestartPlan, progress: Callable[[str], None] | None = None,
-                    nvml: Any = None) -> Run:
+                    nvml: Any = None, pipe: cfg.Pipeline | None = None) -> Run:
     if plan.refusal:
         raise runs.Refused(plan.refusal)
     if plan.kill and not plan.kill.refusal:
         result = execute_kill(ws, plan.kill, progress=progress, nvml=nvml)
         if result.still_alive:
             raise runs.Refused(f"processes still alive after kill: {result.still_alive}")
-    pipe = cfg.load(ws.config_path)
+    pipe = pipe or cfg.load(ws.config_path)
     reason = "restart" + (f", {plan.halved[0]} {plan.halved[1]} -> {plan.halved[2]} after OOM" if plan.halved else "")
     return runs.launch(ws, pipe, plan.stage, base_params=plan.params, force=plan.force,
                        restart_of=plan.last.id if plan.last else None, reason=reason,
