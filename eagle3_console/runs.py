@@ -225,7 +225,7 @@ def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, 
             # a launch past them says so in the argv, or the op would refuse at once. Not in
             # the recorded params: a later restart is forced only when asked again.
             forced = stage.spec is not None and "force" in stage.spec.params and (ignore_disk or (force and bool(bad)))
-            argv = stage.command(dict(params, force=True) if forced else params, pipe.target)
+            argv = launch_argv(stage, dict(params, force=True) if forced else params, pipe.target)
         except (KeyError, ValueError) as exc:
             raise Refused(str(exc.args[0]), code=3) from None
         # "No live run of this stage" and "its run exists" as one step: every
@@ -236,7 +236,8 @@ def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, 
         with _recorded(reg, stage), reg.immediate():
             check_can_start(reg, pipe, stage, force, ws=ws)
             run = reg.create_run(stage.name, argv, params, stage.environment(), str(ws.root),
-                                 lambda rid: ws.log_path(rid, stage.name), restart_of=restart_of, reason=reason)
+                                 lambda rid: ws.log_path(rid, stage.name), restart_of=restart_of, reason=reason,
+                                 launcher=stage.launcher)
         # The launcher returns as soon as the supervisor has daemonized.
         import subprocess       # here only: status imports this module and never launches
         try:
@@ -249,13 +250,21 @@ def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, 
         deadline = time.time() + 10
         while time.time() < deadline:
             run = reg.get(run.id)
-            if run.status != RunStatus.PENDING:
+            if run.status != RunStatus.PENDING or run.job_id:     # a job may wait in Slurm's queue
                 break
             time.sleep(0.02)
         reg.record("run", run.status, stage=stage.name, run_id=run.id, targets=argv,
                    detail=reason or ", ".join(w for w, on in (("forced", force), ("disk ignored", ignore_disk)) if on)
                    or None)
         return run
+
+
+def launch_argv(stage: Stage, params: dict[str, Any], target: dict[str, Any]) -> list[str]:
+    """What the run executes: the stage's argv, or for a slurm stage the job's (under srun)."""
+    if stage.slurm is None:
+        return stage.command(params, target)
+    from eagle3_console.slurm.command import job_argv
+    return job_argv(stage, params, lambda p: stage.command(p, target))
 
 
 def signal_run(run: Run, sig: int) -> bool:
