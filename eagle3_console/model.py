@@ -141,6 +141,17 @@ class LogState:
 
 
 @dataclass
+class JobInfo:
+    """A slurm run's job (eagle3_console/slurm/) as its run last recorded it."""
+    id: str | None                      # None while the supervisor is still submitting
+    state: str | None = None            # Slurm's JobState: PENDING, RUNNING, COMPLETED, TIMEOUT, NODE_FAIL, ...
+    reason: str | None = None           # Slurm's Reason (why it waits, why it ended)
+    nodes: str | None = None            # NodeList once allocated
+    said: str | None = None             # the run's reason: how the console read the job's end
+    stop_requested: bool = False        # the console asked for its end (stop, kill-workers)
+
+
+@dataclass
 class ServeState:
     """A serve stage's SGLang server as eagle3_console/monitor/serve.py last saw it."""
     state: str                          # loading | warming_up | ready | unhealthy | stopped
@@ -203,6 +214,7 @@ class StageStatus:
     alive: bool = False
     outputs_complete: bool | None = None
     serve: ServeState | None = None        # a serve stage's server state and live figures
+    job: JobInfo | None = None             # a slurm run's job
     curves: Curves | None = None           # plots' history (monitor/metrics.py), TUI only
     # Why a succeeded run is `stale`: a dependency succeeded again after it
     # started, so its outputs no longer follow from its inputs.

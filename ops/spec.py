@@ -130,6 +130,11 @@ class OpSpec:
     # argv: extract with engine sglang and tp > 1 runs one process per TP rank
     # under torchrun. None: the argv as it is.
     launch: Callable[[dict[str, Any], list[str]], list[str]] | None = None
+    # How the op spreads over several nodes (a slurm stage's nodes, gpus_per_node),
+    # given its params: "torchrun" (torch.distributed's RANK / WORLD_SIZE), "sglang"
+    # (SGLang's own --nnodes / --node-rank / --dist-init-addr, through its extra_args
+    # param); None: one process on one node.
+    spreads: Callable[[dict[str, Any]], str | None] | None = None
     # ---- hooks: what the console asks the spec instead of knowing the op.
     # runs.lints (`run`, before a launch): (ctx, the stage's gpus) -> [Lint].
     lint: Callable[[EstimateContext, list[int] | None], list[Lint]] | None = None

@@ -108,6 +108,7 @@ SPEC = OpSpec(
     result_file="data_config.json",
     result_line=result_line,
     launch=sglang_args.launch,
+    spreads=lambda params: "sglang" if params.get("engine") == "sglang" else "torchrun",
     lint=lint,
     estimate=extract_estimate,
     plan_lines=layer_line,

@@ -68,4 +68,5 @@ SPEC = OpSpec(
     progress="log",
     lint=lint,
     serves=server,
+    spreads=lambda params: "sglang",
 )

@@ -130,6 +130,7 @@ SPEC = OpSpec(
     uses_gpu=True,
     batch_param="token_budget",
     progress="log",
+    spreads=lambda params: "torchrun",
     estimate_bytes=estimate_bytes,
     partial_files=partial_files,
     result_file="metrics.jsonl",
