@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from ops.hidden_formats import (BF16, FP8, FP8_MAX, INT4, INT4_GROUP, INT4_SCALE_CODES, SCALE_SUFFIX,
+from ops.hidden_formats import (BF16, FP8, FP8_MAX, INT4, INT4_GROUP, INT4_HEAD_STEP, INT4_SCALE_CODES, INT4_TOP,
+                                SCALE_SUFFIX,
                                 layout, suffixes)
 
 
@@ -57,12 +58,12 @@ def _int4_encode(x: torch.Tensor) -> torch.Tensor:
     t, w = x.shape
     g = x.float().reshape(t, w // INT4_GROUP, INT4_GROUP)
     amax = g.abs().amax(-1)
-    # The smallest scale on the grid with amax / scale <= 7.5 (log2(0) = -inf: the smallest).
-    k = torch.ceil(8 * torch.log2(amax / 7.5)) + 128
+    # The smallest scale on the grid with amax / scale <= 7 (log2(0) = -inf: the smallest).
+    k = torch.ceil(8 * torch.log2(amax / INT4_TOP)) + 128
     k = torch.nan_to_num(k, nan=255.0).clamp(0, 255)
     scale = torch.exp2((k - 128) / 8).unsqueeze(-1)
-    codes = torch.floor(g / scale + 8).clamp(0, 15)
-    head = torch.floor(g[..., :INT4_SCALE_CODES] / (2 * scale) + 4).clamp(0, 7)
+    codes = (torch.round(g / scale) + 8).clamp(1, 15)
+    head = (torch.round(g[..., :INT4_SCALE_CODES] / (scale * INT4_HEAD_STEP)) + 4).clamp(1, 7)
     bits = (k.to(torch.int32).unsqueeze(-1) >> _bit_weights(x.device)) & 1
     codes[..., :INT4_SCALE_CODES] = head * 2 + bits
     codes = codes.to(torch.uint8).reshape(t, w)
@@ -76,8 +77,8 @@ def _int4_decode(packed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     head = codes[..., :INT4_SCALE_CODES]
     k = ((head & 1) << _bit_weights(packed.device)).sum(-1, keepdim=True)
     scale = torch.exp2((k.float() - 128) / 8)
-    values = (codes.float() - 7.5) * scale
-    values[..., :INT4_SCALE_CODES] = ((head >> 1).float() - 3.5) * 2 * scale
+    values = (codes.float() - 8) * scale
+    values[..., :INT4_SCALE_CODES] = ((head >> 1).float() - 4) * (scale * INT4_HEAD_STEP)
     return values.reshape(*lead, half * 2).to(dtype)
 
 

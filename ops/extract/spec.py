@@ -55,7 +55,8 @@ def result_line(config: dict) -> str | None:
         return None
     return (f"{config.get('total_samples', 0):,} samples, {config.get('total_tokens', 0):,} tokens; "
             f"aux layers {config.get('layer_ids')} + final {config.get('final_layer_id')} "
-            f"(SGLang capture {config.get('sglang_layers_to_capture')}), {config.get('dtype')}")
+            f"(SGLang capture {config.get('sglang_layers_to_capture')}), {config.get('dtype')}; "
+            f"format {config.get('format', 'bf16')}")
 
 def lint(ctx: EstimateContext, gpus: list[int] | None) -> list:
     """SGLang's flags against the gpus, the aux layer ids against the target,
