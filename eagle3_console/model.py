@@ -89,6 +89,8 @@ class ShardProgress:
     complete: bool = False          # data_config.json says complete
     bad_files: int = 0              # sample files whose safetensors header is unreadable
     error: str | None = None        # data_config.json / sample_lengths.json unreadable, and why
+    format: str | None = None       # how the states are stored (data_config's format; ours without one: bf16)
+    bytes_per_token: float | None = None    # the output's bytes / tokens done
 
 
 @dataclass
