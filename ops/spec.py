@@ -108,7 +108,6 @@ class OpSpec:
     output_params: tuple[str, ...] = ()
     # Whether the op takes `--target PATH` (the [target] table's path is passed).
     uses_target: bool = False
-    uses_gpu: bool = False
     # The param that sets batch size / token budget, halved after an OOM.
     batch_param: str | None = None
     # "shards": progress counted from sample files under the first output;
