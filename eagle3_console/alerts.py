@@ -10,20 +10,12 @@ from __future__ import annotations
 
 import re
 
-from eagle3_console.model import CRITICAL, WARNING, Alert, GpuInfo, LogFinding, LogState, Snapshot, StageStatus
+from eagle3_console.model import (CRITICAL, WARNING, Alert, GpuInfo, LogState, Snapshot, StageStatus,
+                                  oom_finding)
 from eagle3_console.registry import MAY_BE_ALIVE, RunStatus
 from eagle3_console.units import human_bytes
 
 LOW_FREE_FRACTION = 0.05
-
-
-def oom_finding(st: StageStatus) -> LogFinding | None:
-    """The out-of-memory line of the stage's latest run (its log, as the snapshot
-    read it), or None: the one test of "this run ran out of memory" (the alert,
-    watch's halving, the stages pane)."""
-    if st.job is not None and st.job.state == "OUT_OF_MEMORY":
-        return LogFinding("oom", f"slurm: job {st.job.id} OUT_OF_MEMORY ({st.job.said or 'killed by Slurm'})")
-    return st.log.oom if st.log is not None else None
 
 
 def derive(snap: Snapshot) -> list[Alert]:

@@ -270,17 +270,6 @@ def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, 
         return run
 
 
-def signal_run(run: Run, sig: int) -> bool:
-    """Signal the run's process group, trusting the leader pid only with its create_time."""
-    if run.pgid is None or not stage_alive(run):
-        return False
-    try:
-        os.killpg(run.pgid, sig)
-        return True
-    except ProcessLookupError:
-        return False
-
-
 def stop(ws: Workspace, stage_name: str, grace_s: float = 10.0) -> Run:
     """SIGTERM the run's process group, SIGKILL after the grace; the whole group
     verified gone (stopper.py; Refused, exit 2, names what outlived SIGKILL)."""

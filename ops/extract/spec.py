@@ -111,7 +111,6 @@ SPEC = OpSpec(
     ),
     output_params=("output",),
     uses_target=True,
-    uses_gpu=True,
     batch_param="token_budget",
     progress="shards",
     estimate_bytes=estimate_bytes,
