@@ -93,7 +93,7 @@ SPEC = OpSpec(
         Param("progress_interval", 5.0, "seconds between `progress:` lines"),
         Param("memory_fraction", None, "cap on the share of each GPU's memory this process takes (leaves room "
               "for others)", type=float, low=0, low_open=True, high=1),
-        Param("tokens", None, "token count for the disk estimate (default: the input's)", type=int),
+        Param("tokens", None, "token count for the disk estimate (default: the input's)", type=int, low=1),
         Param("durable", DURABLE, "how sample files reach the disk before data_config.json says complete: "
               "fsync each file before its rename (direct: written with O_DIRECT), or one syncfs of the "
               "filesystem at the end (ops/extract/durable.py)", choices=DURABLE_MODES),
