@@ -342,7 +342,10 @@ def _parse_stage(path: Path, name: str, body: Any) -> Stage:
                               f"{glob!r}: expected a pattern relative to the stage's first output, e.g. \"sample_*.bin\"")
         st.sample_glob = glob
     from eagle3_console.slurm import params as slurm_params
-    st.launcher, st.slurm = slurm_params.parse(path, where, body, st)
+    try:
+        st.launcher, st.slurm = slurm_params.parse(path, where, body, st)
+    except slurm_params.BadSlurmKey as exc:
+        raise ConfigError(path, exc.key, exc.message) from None
     return st
 
 
