@@ -29,7 +29,7 @@ def argv_params(part: str) -> list[str]:
 TARGET_KEYS = {"path": str, "num_layers": int, "hidden_size": int, "dtype": str, "vocab_size": int,
                "architecture": str}
 STAGE_KEYS = {"op", "argv", "params", "outputs", "gpus", "depends_on", "batch_param", "restart",
-              "env", "description", "expected_samples", "estimate_bytes", "sample_glob"}
+              "env", "description", "expected_samples", "estimate_bytes", "sample_glob", "launcher", "slurm"}
 TOP_KEYS = {"target", "stages", "workspace"}
 # A pipeline has a handful of stages; a file of thousands is a generated
 # mistake, and loading it would cost minutes on every `status` (seen: 200,000
@@ -72,6 +72,8 @@ class Stage:
     expected_samples: int | None = None
     estimate_bytes: int | None = None
     sample_glob: str | None = None      # a custom stage's sample files under its first output (fnmatch)
+    launcher: str = "local"             # local (the supervisor's process group) | slurm (a job: eagle3_console/slurm/)
+    slurm: Any = None                   # slurm.params.SlurmParams of a slurm stage
 
     @property
     def spec(self) -> OpSpec | None:
@@ -339,6 +341,11 @@ def _parse_stage(path: Path, name: str, body: Any) -> Stage:
             raise ConfigError(path, f"{where}.sample_glob",
                               f"{glob!r}: expected a pattern relative to the stage's first output, e.g. \"sample_*.bin\"")
         st.sample_glob = glob
+    from eagle3_console.slurm import params as slurm_params
+    try:
+        st.launcher, st.slurm = slurm_params.parse(path, where, body, st)
+    except slurm_params.BadSlurmKey as exc:
+        raise ConfigError(path, exc.key, exc.message) from None
     return st
 
 

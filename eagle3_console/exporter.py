@@ -33,7 +33,6 @@ from ops import spec_of
 
 STATUSES = ("never", *RunStatus)       # a stage's: never ran, else its latest run's
 HEALTH = ("ok", "warning", "critical", "unknown")
-GPU_LABELS = ["hostname", "index", "devicename", "uuid"]      # nvitop-exporter's
 
 
 def _num(v: Any) -> float | None:

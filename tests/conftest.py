@@ -12,6 +12,8 @@ from typing import Callable
 
 import pytest
 
+from tests.slurm_cluster import slurm  # noqa: F401  (the session fixture of a real one-node Slurm)
+
 ROOT = Path(__file__).resolve().parent.parent
 STAGES = Path(__file__).resolve().parent / "stages"
 PY = sys.executable

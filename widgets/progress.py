@@ -42,6 +42,11 @@ def summary(st: StageStatus, now: float) -> Text:
             if sp.tokens_expected:
                 t.append(f"/{fmt.count(sp.tokens_expected)}")
         # No-break spaces: a narrow pane wraps before "1 unreadable", never inside it.
+        if sp.format:
+            t.append("  format ", "dim")
+            t.append(sp.format)
+        if sp.bytes_per_token:
+            t.append(f"  {fmt.nbytes(sp.bytes_per_token)}/token")
         if sp.tmp_files:
             t.append(f"  {sp.tmp_files}\u00a0.tmp", "yellow")
         if sp.bad_files:
