@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import fcntl
 import os
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -28,7 +28,8 @@ import psutil
 
 from eagle3_console import claims
 from eagle3_console import config as cfg
-from eagle3_console import runs
+from eagle3_console import runs, vouch
+from eagle3_console.actions import hold
 from eagle3_console.fstree import Changed, Dest, Entry, Root, ident
 from eagle3_console.monitor.procs import ProcessTable, RunRef
 from eagle3_console.registry import Registry, Run, RunStatus
@@ -136,10 +137,10 @@ def _vouched(ws: Workspace, stage_name: str) -> tuple[dict | None, str]:
         history, registry = reg.stage_history(stage_name), reg.registry_id
     ok = [rid for rid, status in history if status == RunStatus.SUCCEEDED]
     if ok:
-        found = claims.read_manifest(claims.manifest_path(ws, registry, ok[-1], "end"))
+        found = vouch.read_manifest(vouch.manifest_path(ws, registry, ok[-1], "end"))
         return found, f"temp files and files that succeeded run {ok[-1]} did not leave as they are"
     for rid, _status in history:
-        found = claims.read_manifest(claims.manifest_path(ws, registry, rid, "start"))
+        found = vouch.read_manifest(vouch.manifest_path(ws, registry, rid, "start"))
         if found is not None:
             return found, f"temp files and files that were not there before run {rid}, the stage's first, started"
     return None, ""
@@ -183,7 +184,7 @@ def plan_clean(ws: Workspace, stage_name: str, purge: bool = False) -> CleanPlan
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     with Registry(ws.db_path) as reg:
         runs.reconcile(reg)
-        run = reg.latest(stage_name)
+        run, registry = reg.latest(stage_name), reg.registry_id
     trash = ws.trash_dir / (f"{stamp}-{stage_name}" + (f"-run{run.id}" if run else ""))
     params = run.params if run else stage.params
     try:
@@ -199,7 +200,7 @@ def plan_clean(ws: Workspace, stage_name: str, purge: bool = False) -> CleanPlan
         # A complete output is never cleaned, except the samples a verify stage's
         # report names as bad (still unchanged since): resume rewrites those.
         bad, report, data = _reported_bad(ws, pipe, roots)
-        if bad and not _owned(plan, [data]):
+        if bad and not _owned(plan, [data], registry):
             try:
                 with Root(data) as root:
                     _admit_paths(plan, root, [b.path for b in bad], real_root=True)
@@ -239,7 +240,7 @@ def plan_clean(ws: Workspace, stage_name: str, purge: bool = False) -> CleanPlan
         plan.refusal = (f"process(es) of stage {stage_name!r} still alive: "
                         f"{sorted(alive)}; run `kill-workers {stage_name}` first")
         return plan
-    if _owned(plan, roots):
+    if _owned(plan, roots, registry):
         return plan
     writers = _open_files_under(roots)
     if writers:
@@ -252,14 +253,22 @@ def plan_clean(ws: Workspace, stage_name: str, purge: bool = False) -> CleanPlan
     return plan
 
 
-def _owned(plan: CleanPlan, roots: list[Path]) -> bool:
+def _owned(plan: CleanPlan, roots: list[Path], registry: str) -> bool:
     """Refuse an output another live run owns (its lock file: claims.py), e.g.
     a run of another workspace writing the same /shared/out."""
     for root in roots:
-        owner = claims.live_owner(root)
+        try:
+            # Another clean of this workspace: its turn comes first, and the re-plan after it says what is left.
+            owner = claims.live_owner_around(root, skip=lambda o: hold.mine(o) or (
+                o.action == hold.ACTION and o.registry == registry))
+        except claims.NotALock as exc:
+            plan.refusal = str(exc)
+            return True
         if owner:
-            plan.refusal = (f"output {root} is owned by {owner.describe()}, which is live: clean never touches "
-                            f"an output another run is writing")
+            where = "" if owner.lock.parent == Path(os.path.normpath(os.path.abspath(root))) else \
+                f" (it overlaps {owner.lock.parent})"
+            plan.refusal = (f"output {root}{where} is owned by {owner.describe()}, which is live: clean never "
+                            f"touches an output another run is writing")
             return True
     return False
 
@@ -323,7 +332,14 @@ def _turn(ws: Workspace) -> Iterator[None]:
 def execute_clean(ws: Workspace, plan: CleanPlan) -> CleanResult:
     if plan.refusal:
         raise runs.Refused(plan.refusal)
-    with _turn(ws):
+    with _turn(ws), ExitStack() as held:
+        # The stage is held before the check below and for as long as files move:
+        # taken in a write transaction, so a launch (which checks the hold in its
+        # own) either created its run before (the check sees it live) or is refused.
+        with Registry(ws.db_path) as reg, reg.immediate():
+            latest = reg.latest(plan.stage)
+            held.enter_context(hold.holding(ws, reg.registry_id, plan.stage, latest.id if latest else 0,
+                                            plan.roots))
         # Conditions may have changed since the plan was shown: check again.
         fresh = plan_clean(ws, plan.stage, plan.purge)
         if fresh.refusal:
