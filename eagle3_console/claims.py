@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
-from eagle3_console.registry import RunStatus
 from eagle3_console.vouch import manifest_path, records_files, write_manifest
 from eagle3_console.workspace import Workspace
 from ops.common import CLAIM_FILE
@@ -234,10 +233,8 @@ class Claim:
             claim.notes.append(f"outputs not claimed: {exc}")
             return claim
         claim = cls(ws, run, registry, outputs, vouch, reg.stage_history(run.stage) if vouch else [])
-        # Only the stage's first record of "what was there before" is ever read (clean's _vouched).
-        if vouch and not any(manifest_path(ws, registry, rid, "start").exists()
-                             for rid, _s in claim.history if rid != run.id):
-            claim._manifest("start")
+        if vouch:
+            claim._manifest("start")        # the state this run begins from (vouch.Vouch)
         return claim
 
     def _manifest(self, kind: str) -> None:
@@ -356,10 +353,11 @@ class Claim:
         its locks removed (still held, so no one else's lock is unlinked)."""
         if succeeded and self.vouch:
             self._manifest("end")
-            # Only the latest succeeded run's record is read: the older ones go.
-            for rid, status in self.history:
-                if status == RunStatus.SUCCEEDED and rid != self.run.id:
-                    manifest_path(self.ws, self.registry, rid, "end").unlink(missing_ok=True)
+            # Only the latest succeeded run's end and the starts after it are read: the older ones go.
+            for rid, _status in self.history:
+                if rid < self.run.id:
+                    for kind in ("end", "start"):
+                        manifest_path(self.ws, self.registry, rid, kind).unlink(missing_ok=True)
         for out, fd in self.held.items():
             try:
                 os.unlink(Path(out) / LOCK_NAME)

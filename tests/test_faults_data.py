@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -149,3 +150,48 @@ def test_a_run_started_while_clean_moves_files_is_refused(ws):
     assert len(list(trash.rglob("*.bin"))) == n + 1
     ws.cli("run", "w", check=0)                     # and the stage starts again once clean is done
     assert ws.wait_status("w", ("failed",)).id != failed.id
+
+
+# ------------------------------------------------------------------ items 3 and 32: what a run vouches for
+def test_files_of_a_succeeded_run_touched_since_are_not_partial(ws):
+    """Before: run 1 succeeded, `touch -d '+2 hours' out/w/*`, run 2 failed:
+    clean listed run 1's good files as partial (the vouch was size + mtime),
+    though README says they are kept whatever their dates."""
+    ws.write(writer_stage("out/w", n=5))
+    ws.cli("run", "w", check=0)
+    ws.wait_status("w", ("succeeded",))
+    out = ws.root / "out" / "w"
+    later = time.time() + 7200
+    for p in out.glob("*.bin"):
+        os.utime(p, (later, later))
+    ws.cli("run", "w", "--set", "prefix=g", "--set", "n=2", "--set", "code=1", check=0)
+    ws.wait_status("w", ("failed",))
+    plan = ws.cli("clean", "w")
+    assert plan.returncode == 0 and "2 partial file(s)" in plan.stdout, plan.stdout
+    assert "g0.bin" in plan.stdout and "f0.bin" not in plan.stdout
+    ws.cli("clean", "w", "--yes", check=0)
+    assert sorted(p.name for p in out.glob("*.bin")) == [f"f{i}.bin" for i in range(5)]
+
+
+def test_an_output_re_pointed_while_its_run_lives_leaves_the_new_folder_alone(ws):
+    """Before: `out/w` changed to `data/important` (5 files there before any run)
+    in eagle3.toml while run 1 lived; the run failed; `clean w --yes` planned
+    "5 partial file(s) ... files that were not there before run 1" and moved them."""
+    important = ws.root / "data" / "important"
+    important.mkdir(parents=True)
+    for i in range(5):
+        (important / f"keep{i}.bin").write_bytes(b"precious %d" % i)
+    toml = writer_stage("out/w", n=8, every=0.3, code=1)
+    ws.write(toml)
+    ws.cli("run", "w", check=0)
+    ws.wait_status("w", ("running",))
+    wait_for(lambda: (ws.root / "out" / "w" / "f1.bin").exists())
+    ws.write(toml.replace('outputs = ["out/w"]', 'outputs = ["data/important"]'))
+    ws.wait_status("w", ("failed",), timeout=60)
+    plan = ws.cli("clean", "w")
+    assert plan.returncode == 0 and "8 partial file(s)" in plan.stdout, plan.stdout
+    assert "keep0.bin" not in plan.stdout and str(ws.root / "out" / "w") in plan.stdout, plan.stdout
+    done = ws.cli("clean", "w", "--yes")
+    assert done.returncode == 0 and "cleaned 8 file(s)" in done.stdout, done.stdout
+    assert sorted(p.name for p in important.iterdir()) == [f"keep{i}.bin" for i in range(5)]
+    assert not list((ws.root / "out" / "w").glob("*.bin"))

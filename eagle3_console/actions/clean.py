@@ -128,27 +128,9 @@ def _open_files_under(roots: list[Path]) -> list[str]:
     return hits
 
 
-def _vouched(ws: Workspace, stage_name: str) -> tuple[dict | None, str]:
-    """What a record of this stage's runs vouches for (claims.py): the files a
-    succeeded run left, else those there before the stage's first recorded run.
-    None where no run left a record (runs from before the records): then the
-    clock decides, as it did."""
-    with Registry(ws.db_path) as reg:
-        history, registry = reg.stage_history(stage_name), reg.registry_id
-    ok = [rid for rid, status in history if status == RunStatus.SUCCEEDED]
-    if ok:
-        found = vouch.read_manifest(vouch.manifest_path(ws, registry, ok[-1], "end"))
-        return found, f"temp files and files that succeeded run {ok[-1]} did not leave as they are"
-    for rid, _status in history:
-        found = vouch.read_manifest(vouch.manifest_path(ws, registry, rid, "start"))
-        if found is not None:
-            return found, f"temp files and files that were not there before run {rid}, the stage's first, started"
-    return None, ""
-
-
-def _collect(ws: Workspace, plan: CleanPlan, stage: cfg.Stage, run: Run, roots: list[Path]) -> str:
+def _collect(plan: CleanPlan, stage: cfg.Stage, run: Run, roots: list[Path], vouched: vouch.Vouch | None) -> str:
     """Fill the plan with the partial files under `roots`; returns what "partial" meant."""
-    vouched, why = (None, "") if stage.spec or stage.expected_samples is not None else _vouched(ws, stage.name)
+    why = vouched.why if vouched else ""
     since = (run.started or run.created) - 1.0
     for root_path in roots:
         try:
@@ -162,14 +144,13 @@ def _collect(ws: Workspace, plan: CleanPlan, stage: cfg.Stage, run: Run, roots: 
                 _admit_paths(plan, root, lister(root_path))
                 why = "temp files and truncated or unreadable samples"
                 continue
-            mine = (vouched or {}).get(str(root_path), {})
             for e in root.walk():
                 if e.rel == (claims.LOCK_NAME,):
                     continue
                 if e.rel[-1].endswith(TMP_SUFFIXES):
                     _admit(plan, root, e)
                 elif vouched is not None:
-                    if mine.get("/".join(e.rel)) != [e.size, e.mtime_ns]:
+                    if not vouched.keeps(str(root_path), "/".join(e.rel), [e.size, e.mtime_ns]):
                         _admit(plan, root, e)
                 elif e.mtime_ns / 1e9 >= since:
                     _admit(plan, root, e)
@@ -185,10 +166,14 @@ def plan_clean(ws: Workspace, stage_name: str, purge: bool = False) -> CleanPlan
     with Registry(ws.db_path) as reg:
         runs.reconcile(reg)
         run, registry = reg.latest(stage_name), reg.registry_id
+        vouched = vouch.load_vouch(ws, reg.stage_history(stage_name), registry) \
+            if vouch.records_files(stage) else None
     trash = ws.trash_dir / (f"{stamp}-{stage_name}" + (f"-run{run.id}" if run else ""))
     params = run.params if run else stage.params
     try:
         roots = [Path(p) for p in runs.output_paths(ws, stage, params)]
+        if vouched is not None and vouched.roots is not None:
+            roots = [Path(p) for p in vouched.roots]      # what the run wrote, whatever eagle3.toml names now
     except runs.Refused as exc:
         return CleanPlan(stage=stage_name, roots=[], files=[], purge=purge, trash=trash, refusal=str(exc))
     plan = CleanPlan(stage=stage_name, roots=roots, files=[], purge=purge, trash=trash)
@@ -246,7 +231,7 @@ def plan_clean(ws: Workspace, stage_name: str, purge: bool = False) -> CleanPlan
     if writers:
         plan.refusal = "a writer is still alive: " + "; ".join(writers[:3])
         return plan
-    plan.why = _collect(ws, plan, stage, run, roots)
+    plan.why = _collect(plan, stage, run, roots, vouched)
     if not plan.files:
         plan.refusal = f"no partial files under {', '.join(map(str, roots))}"
         plan.nothing_to_do = True
