@@ -35,7 +35,7 @@ def run_main(main: Callable[[Sequence[str] | None], int | None],
              argv: Sequence[str] | None = None, prog: str | None = "op") -> int:
     """Run a stage's main() under the exit-code contract and return the code.
 
-    BadInput -> 2 with its message on stderr (`<prog>: error: ...`, or the
+    BadInput -> 2 (or its own exit_code: a BadFormat's 3) with its message on stderr (`<prog>: error: ...`, or the
     bare `error: ...` line train, export and bench have always written when
     `prog` is None); KeyboardInterrupt -> 130; anything else -> 1 with the
     traceback (the log monitor recognises it).
@@ -45,7 +45,7 @@ def run_main(main: Callable[[Sequence[str] | None], int | None],
         code = main(argv)
     except BadInput as exc:
         print(f"{head}error: {exc}", file=sys.stderr, flush=True)
-        return EXIT_BAD_INPUT
+        return getattr(exc, "exit_code", EXIT_BAD_INPUT)
     except KeyboardInterrupt:
         print(f"{head}interrupted", file=sys.stderr, flush=True)
         return 130

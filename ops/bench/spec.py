@@ -93,7 +93,6 @@ SPEC = OpSpec(
     ),
     output_params=("output",),
     uses_target=True,
-    uses_gpu=True,
     progress="log",
     estimate_bytes=lambda ctx: 64 * 1024,
     result_file="bench.json",

@@ -61,7 +61,6 @@ SPEC = OpSpec(
     ),
     output_params=("output",),
     uses_target=True,
-    uses_gpu=False,
     progress="log",
     estimate_bytes=estimate_bytes,
     partial_files=partial_files,

@@ -64,8 +64,8 @@ SPEC = OpSpec(
         Param("launcher", command.SGLANG_LAUNCHER, "module run as `python -m` (tests use a fake)"),
     ),
     uses_target=True,
-    uses_gpu=True,
     progress="log",
     lint=lint,
     serves=server,
+    spreads=lambda params: "sglang",
 )

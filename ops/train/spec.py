@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ops.drafter.metrics import from_record
 from ops.drafter.sizes import drafter_params
-from ops.spec import CurveSource, EstimateContext, Gauge, OpSpec, Param
+from ops.spec import CurvePoint, CurveSource, EstimateContext, Gauge, OpSpec, Param
 from ops.train.levers import LOSS, SWITCH, TTT_ATTENTION, parse_bucket
 
 CHECKPOINT_BYTES_PER_PARAM = 12
@@ -33,6 +33,16 @@ def partial_files(root: Path) -> list[Path]:
     if not ckpts.is_dir():
         return []
     return sorted(p for p in ckpts.iterdir() if ".tmp-" in p.name)
+
+
+def step_point(rec: dict) -> CurvePoint | None:
+    """A step record (metrics.jsonl's line: step, loss, acc) as a point of the curves."""
+    step, loss = rec.get("step"), rec.get("loss")
+    if not isinstance(step, int) or not isinstance(loss, (int, float)):
+        return None
+    acc = rec.get("acc") if isinstance(rec.get("acc"), list) else []
+    return CurvePoint(step, float(loss), tuple(float(a) if isinstance(a, (int, float)) else float("nan")
+                                               for a in acc), from_record(rec))
 
 
 def result_line(metrics: dict) -> str | None:
@@ -127,14 +137,14 @@ SPEC = OpSpec(
     ),
     output_params=("output",),
     uses_target=True,
-    uses_gpu=True,
     batch_param="token_budget",
     progress="log",
+    spreads=lambda params: "torchrun",
     estimate_bytes=estimate_bytes,
     partial_files=partial_files,
     result_file="metrics.jsonl",
     result_line=result_line,
     estimate_rule="drafter parameters x bytes per parameter x checkpoints kept",
     gauges=gauges,
-    curves=CurveSource("metrics.jsonl"),
+    curves=CurveSource("metrics.jsonl", step_point),
 )

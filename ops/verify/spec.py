@@ -58,7 +58,6 @@ SPEC = OpSpec(
     output_params=(),
     # The target is only read with --deep (to recompute samples).
     uses_target=True,
-    uses_gpu=False,
     progress="log",
     result_path_param="report",
     result_line=result_line,
