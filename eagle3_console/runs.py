@@ -246,6 +246,10 @@ def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, 
         # Recorded outside the transaction, which the refusal rolls back.
         with _recorded(reg, stage), reg.immediate():
             check_can_start(reg, pipe, stage, force, ws=ws)
+            # clean takes its hold in a transaction too: it is either seen here or sees this run.
+            held = claims.held_by_action(output_paths(ws, stage, params))
+            if held:
+                raise Refused(f"stage {stage.name!r}: {held}", kind="clean running")
             run = reg.create_run(stage.name, argv, params, stage.environment(), str(ws.root),
                                  lambda rid: ws.log_path(rid, stage.name), restart_of=restart_of, reason=reason,
                                  launcher=stage.launcher)
