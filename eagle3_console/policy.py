@@ -99,12 +99,14 @@ def apply(ws: Workspace, snap: Snapshot, say: Callable[[str], None], nvml: Any =
         try:
             plan = actions.plan_restart(ws, d.stage, halve_batch=d.halve, force=True, nvml=nvml, pipe=pipe)
             if plan.refusal:
-                raise runs.Refused(plan.refusal)
+                raise runs.Refused(plan.refusal, kind=plan.refusal_kind)
             run = actions.execute_restart(ws, plan, nvml=nvml, pipe=pipe)
         except runs.Refused as exc:
             say(f"{d.stage}: not restarted: {exc}")
+            # A short fixed outcome (what `events` sorts and folds by); the words are the detail.
             with Registry(ws.db_path) as reg:
-                reg.record("watch-restart", f"refused: {exc}", stage=d.stage, run_id=d.run_id, actor="watch")
+                reg.record("watch-restart", f"refused: {exc.kind}" if exc.kind else "refused", stage=d.stage,
+                           run_id=d.run_id, detail=str(exc), actor="watch")
             continue
         halved = f" with {plan.halved[0]} {plan.halved[1]} -> {plan.halved[2]}" if plan.halved else ""
         msg = f"{d.stage}: run {d.run_id} {d.reason}: restarted as run {run.id}{halved}"

@@ -69,8 +69,24 @@ def summary(st: StageStatus, now: float) -> Text:
         t.append("  ETA ", "dim")
         t.append(fmt.duration(st.eta_s))
     else:
-        t.append("not run yet" if st.status == "never" else st.status, "dim")
+        cause = failure_cause(st)
+        if cause is None:
+            t.append("not run yet" if st.status == "never" else st.status, "dim")
+        else:
+            message, line = cause
+            t.append(message, "bold red")
+            if line:
+                t.append(f"\n{line}", "red")
     return t
+
+
+def failure_cause(st: StageStatus) -> tuple[str, str | None] | None:
+    """A failed or lost run's alert and the line `status` prints under it (the rank's
+    or the op's own error), so the cause is on screen where the stage is."""
+    for a in st.alerts:
+        if a.code in ("stage_failed", "lost") and a.level == "critical":
+            return a.message, (a.line.strip()[:160] if a.line else None)
+    return None
 
 
 def serve_text(st: StageStatus) -> Text | None:

@@ -31,6 +31,8 @@ class RestartPlan:
     halved: tuple[str, Any, Any] | None = None     # (param, old, new) applied
     suggestion: tuple[str, Any, Any] | None = None  # offered after an OOM, not applied
     refusal: str | None = None
+    refusal_kind: str | None = None                # what the audit log says of it: "refused: <kind>"
+    not_halved: str | None = None                  # --halve-batch asked, and why nothing was halved
     force: bool = False
     ignore_disk: bool = False
     disk: str | None = None                        # the disk estimate's line (plan.disk_line)
@@ -55,6 +57,8 @@ class RestartPlan:
             out.append(f"{self.halved[0]}: {self.halved[1]} -> {self.halved[2]} (halved after the OOM)")
         elif self.suggestion:
             out.append(f"suggested: --set {self.suggestion[0]}={self.suggestion[2]} (halved after the OOM)")
+        if self.not_halved:
+            out.append(self.not_halved)
         out += [f"lint {x}" for x in self.lints]
         out += [self.disk] if self.disk else []
         out.append("argv: " + " ".join(self.argv))
@@ -132,29 +136,38 @@ def plan_restart(ws: Workspace, stage_name: str, overrides: dict[str, Any] | Non
             plan.suggestion = None
             if halve_batch:
                 plan.refusal = f"--halve-batch: cannot halve {stage.batch_param}: {exc}"
+                plan.refusal_kind = "halve batch"
                 return plan
             plan.oom_line += f" (cannot halve: {exc})"
+    if halve_batch and not plan.halved and plan.refusal is None:
+        why = ("its last run did not run out of memory (no OOM in its log)" if not plan.oom_line else
+               f"{stage.batch_param} is set by --set" if stage.batch_param in (overrides or {}) else
+               f"{stage.batch_param} has no value to halve")
+        plan.not_halved = f"--halve-batch: nothing halved: {why}; {stage.batch_param} stays as it was"
     try:
         plan.argv = stage.command(params, pipe.target)
     except (KeyError, ValueError) as exc:
-        plan.refusal = str(exc.args[0])
+        plan.refusal, plan.refusal_kind = str(exc.args[0]), "params"
         return plan
     # What launch would refuse is refused here, before any kill.
     try:
         runs.check_outputs_apart(ws, pipe, stage, params)
     except runs.Refused as exc:
-        plan.refusal = str(exc)
+        plan.refusal, plan.refusal_kind = str(exc), exc.kind or "outputs"
         return plan
     plan.lints = runs.lints(ws, pipe, stage, params)
     bad = [x.message for x in plan.lints if x.level == "error"]
     if bad and not force:
-        plan.refusal = f"stage {stage_name!r}: " + "; ".join(bad)
+        plan.refusal, plan.refusal_kind = f"stage {stage_name!r}: " + "; ".join(bad), "lint"
         return plan
     pf = runs.preflight(ws, pipe, stage, params)
     plan.disk = disk_line(pf)
     if not pf.fits and not ignore_disk:
         plan.refusal = f"stage {stage_name!r} {pf.shortfall()}; free space or pass --ignore-disk"
+        plan.refusal_kind = "disk"
         return plan
+    # The argv the launch will run, as it will run it (forced past the op's own checks).
+    plan.argv = runs.launch_argv(stage, params, pipe, force=force and bool(bad), ignore_disk=ignore_disk)
     alive = bool(last) and (last.live or runs.stage_alive(last))
     # Workers that outlived a failed run still hold their GPU memory: a restart next to them OOMs again.
     leftovers = sorted(ProcessTable.snapshot().owners((RunRef.from_run(last),))) if last and not alive else []
@@ -162,7 +175,7 @@ def plan_restart(ws: Workspace, stage_name: str, overrides: dict[str, Any] | Non
         if not kill:
             what = (f"run {last.id} of {stage_name!r} is still alive" if alive else
                     f"worker(s) {leftovers} of run {last.id} of {stage_name!r} are still alive")
-            plan.refusal = f"{what}; stop it or restart with --kill"
+            plan.refusal, plan.refusal_kind = f"{what}; stop it or restart with --kill", "live run"
             return plan
         plan.kill = plan_kill(ws, stage_name, nvml=nvml)
     return plan
@@ -171,7 +184,7 @@ def plan_restart(ws: Workspace, stage_name: str, overrides: dict[str, Any] | Non
 def execute_restart(ws: Workspace, plan: RestartPlan, progress: Callable[[str], None] | None = None,
                     nvml: Any = None, pipe: cfg.Pipeline | None = None) -> Run:
     if plan.refusal:
-        raise runs.Refused(plan.refusal)
+        raise runs.Refused(plan.refusal, kind=plan.refusal_kind)
     if plan.kill and not plan.kill.refusal:
         result = execute_kill(ws, plan.kill, progress=progress, nvml=nvml)
         if result.still_alive:

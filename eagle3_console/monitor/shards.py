@@ -14,7 +14,7 @@ its per-folder state (folders() / folder_state() / from_folders()), in which
 only the folders that changed are loaded.
 
 Tokens: sample_lengths.json ({"idx": n_tokens}) when present, else the
-`input_ids` shape in the safetensors header of each sample. `.pt` samples
+`input_ids` (speculators: `token_ids`) shape in the safetensors header of each sample. `.pt` samples
 without sample_lengths.json have no known token count.
 
 Rate: samples/s and tokens/s over a sliding window (monitor/rate.py).
