@@ -10,7 +10,9 @@ exporter -> the terminal. A refusal is raised (cliexit says it).
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from datetime import datetime
+from typing import Iterator
 
 import typer
 
@@ -18,12 +20,24 @@ from eagle3_console import cliopts
 from eagle3_console import config as cfg
 from eagle3_console.cliexit import EXIT_CRITICAL, EXIT_OK, CommandError
 from eagle3_console.clictx import collect, ctx_of
-from eagle3_console.cliout import out, say
+from eagle3_console.cliout import out, say, warn
 
 
 def _show(lines: list[str]) -> None:
     for line in lines:
         say(line)
+
+
+@contextmanager
+def _interruptible(c, action: str, stage: str, run_id, what: str, done) -> Iterator[None]:
+    """The action recorded before it starts; SIGTERM/SIGINT/SIGHUP mid-way: recorded, said, exit 128 + N."""
+    from eagle3_console.actions.interrupted import Interrupted, recorded
+    try:
+        with recorded(c.ws, action, stage, run_id, what, done):
+            yield
+    except Interrupted as exc:
+        warn(exc.said)
+        raise typer.Exit(exc.code) from None
 
 
 def _go_ahead(plan, yes: bool) -> bool:
@@ -48,7 +62,11 @@ def kill_workers(ctx: typer.Context, stage: str,
     plan = actions.plan_kill(c.ws, stage, grace_s=grace)
     if not _go_ahead(plan, yes):
         return
-    result = actions.execute_kill(c.ws, plan, progress=say, release_timeout_s=wait)
+    from eagle3_console.actions.interrupted import procs_gone
+    with _interruptible(c, "kill-workers", stage, plan.run_ids[-1] if plan.run_ids else None,
+                        f"{len(plan.procs)} process(es): {', '.join(str(p.pid) for p in plan.procs[:50])}",
+                        procs_gone(plan.procs)):
+        result = actions.execute_kill(c.ws, plan, progress=say, release_timeout_s=wait)
     raise typer.Exit(EXIT_OK if result.ok else EXIT_CRITICAL)
 
 
@@ -62,7 +80,11 @@ def clean(ctx: typer.Context, stage: str,
     plan = actions.plan_clean(c.ws, stage, purge=purge)
     if not _go_ahead(plan, yes):
         return
-    result = actions.execute_clean(c.ws, plan)
+    from eagle3_console.actions.interrupted import files_gone
+    verb = "deleted" if purge else "moved to the trash"
+    with _interruptible(c, "clean", stage, None, f"{len(plan.files):,} partial file(s) to be {verb}",
+                        files_gone([str(p) for p, _s in plan.files], verb)):
+        result = actions.execute_clean(c.ws, plan)
     _show(result.lines())
     raise typer.Exit(EXIT_OK if not result.failed else EXIT_CRITICAL)
 
