@@ -69,7 +69,10 @@ def _ended(r) -> str:
 
 def _read_registry(c: Ctx, read: Callable[[Registry], list]) -> list:
     """`read(registry)`, or nothing where the workspace never had a state
-    database (opening one would create it, and a read never creates)."""
+    database (opening one would create it, and a read never creates).
+    A folder without a pipeline file is no workspace (a typo in -w): said, exit 3."""
+    if not c.ws.config_path.exists():
+        c.pipeline()
     if not (c.ws.db_path.exists() or id_path(c.ws.db_path).exists()):
         return []
     with Registry(c.ws.db_path) as reg:

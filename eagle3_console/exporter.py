@@ -233,9 +233,14 @@ class SnapshotExporter:
 
 
 def sampler(exporter: SnapshotExporter, interval_s: float, stop: threading.Event) -> threading.Thread:
+    """Refresh every interval, resting at least as long as a refresh took:
+    a short interval on a slow workspace never keeps a core busy."""
     def loop() -> None:
-        while not stop.wait(interval_s):
+        rest = interval_s
+        while not stop.wait(rest):
+            began = time.monotonic()
             exporter.refresh()
+            rest = max(interval_s, time.monotonic() - began)
     t = threading.Thread(target=loop, name="eagle3-exporter-sampler", daemon=True)
     t.start()
     return t
