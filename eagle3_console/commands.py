@@ -12,6 +12,7 @@ import time.
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -21,7 +22,7 @@ import typer
 from eagle3_console import cli_actions, cli_runs, cliargs, cliopts
 from eagle3_console.cliexit import EXIT_CRITICAL, CommandError
 from eagle3_console.clictx import Ctx, collect, ctx_of, status_json
-from eagle3_console.cliout import out, say
+from eagle3_console.cliout import closed_pipe, out, reader_gone, say
 from eagle3_console.workspace import ENV_WORKSPACE, Workspace
 
 app = typer.Typer(cls=cliopts.ExitCodeGroup, add_completion=False, no_args_is_help=False, rich_markup_mode=None,
@@ -101,7 +102,13 @@ def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", hel
         raise typer.Exit(status_json(ctx_of(ctx), no_gpus))
     snap = collect(ctx_of(ctx), no_gpus)
     from eagle3_console.report import print_status
-    print_status(out, snap)
+    try:
+        print_status(out, snap)
+        sys.stdout.flush()
+    except OSError as exc:
+        if not closed_pipe(exc):
+            raise
+        reader_gone()
     raise typer.Exit(snap.exit_code)
 
 
