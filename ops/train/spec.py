@@ -126,6 +126,7 @@ SPEC = OpSpec(
               convert=parse_bucket),
     ),
     output_params=("output",),
+    input_params=("data", "vocab"),
     uses_target=True,
     uses_gpu=True,
     batch_param="token_budget",
