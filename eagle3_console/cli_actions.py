@@ -51,7 +51,8 @@ def _go_ahead(plan, yes: bool) -> bool:
 
 def kill_workers(ctx: typer.Context, stage: str,
                  yes: bool = typer.Option(False, "--yes", help="Act; without it only the plan is printed."),
-                 grace: float = typer.Option(10.0, "--grace", callback=cliopts.seconds()),
+                 grace: float = typer.Option(10.0, "--grace", help="Seconds between SIGTERM and SIGKILL.",
+                                             callback=cliopts.seconds()),
                  wait: float = typer.Option(60.0, "--wait", help="Seconds to wait for GPU memory to come back.",
                                             callback=cliopts.seconds())) -> None:
     """Kill every process of STAGE's run and every GPU process tied to it; prove the memory came back."""
@@ -111,10 +112,12 @@ def watch(ctx: typer.Context,
           once: bool = typer.Option(False, "--once", help="One pass, then exit with the status code."),
           interval: float = typer.Option(30.0, "--interval", help="Seconds between passes.",
                                          callback=cliopts.seconds(cliopts.MIN_INTERVAL_S)),
-          no_gpus: bool = typer.Option(False, "--no-gpus"),
+          no_gpus: bool = typer.Option(False, "--no-gpus", help="Skip NVML: no GPU view, GPU memory not checked."),
           advance: bool = typer.Option(False, "--advance", help="Also start each stage that never ran (or is stale) once its dependencies are done."),
           until_done: bool = typer.Option(False, "--until-done", help="Exit once every stage succeeded (or nothing more can start).")) -> None:
-    """Apply the policies (restart with backoff, halve the batch after an OOM) under an exclusive lock."""
+    """Apply the policies (restart with backoff, halve the batch after an OOM) under an exclusive lock.
+
+    Exit (with --once): the status code, 0-3; 75 when another watch holds .eagle3/watch.lock."""
     from eagle3_console import watchloop
     c = ctx_of(ctx)
     c.pipeline()        # a pipeline file bad from the start is said at once (exit 3); later, passes retry

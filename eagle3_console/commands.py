@@ -26,7 +26,9 @@ from eagle3_console.cliout import closed_pipe, out, reader_gone, say
 from eagle3_console.workspace import ENV_WORKSPACE, Workspace
 
 app = typer.Typer(cls=cliopts.ExitCodeGroup, add_completion=False, no_args_is_help=False, rich_markup_mode=None,
-                  help="Operations console for training EAGLE-3 drafters. No command: open the console (TUI).")
+                  help="Operations console for training EAGLE-3 drafters. No command: open the console (TUI).\n\n"
+                       "Exit codes: 0 OK (or nothing to do), 1 WARNING, 2 CRITICAL or refused, 3 UNKNOWN or bad "
+                       "input, 75 another `watch` holds .eagle3/watch.lock, 128+N ended by signal N.")
 
 WORKSPACE_FLAGS = cliargs.WORKSPACE_FLAGS
 
@@ -58,7 +60,8 @@ def tui(ctx: typer.Context, readonly: bool = typer.Option(False, "--readonly", h
 
 
 def init(ctx: typer.Context, directory: Optional[Path] = typer.Argument(None, help="Folder to create the workspace in.")) -> None:
-    """Write a commented eagle3.toml template (never overwrites one)."""
+    """Write a commented eagle3.toml template into DIRECTORY (default: the workspace, -w or the
+    current directory), creating the folder; never overwrites one."""
     ws = Workspace.at(directory) if directory else ctx_of(ctx).ws
     ws.root.mkdir(parents=True, exist_ok=True)
     if ws.config_path.exists():
