@@ -29,7 +29,7 @@ TARGET_KEYS = {"path": str, "num_layers": int, "hidden_size": int, "dtype": str,
                "architecture": str}
 STAGE_KEYS = {"op", "argv", "params", "outputs", "gpus", "depends_on", "batch_param", "restart",
               "env", "description", "expected_samples", "estimate_bytes", "sample_glob", "launcher", "slurm"}
-TOP_KEYS = {"target", "stages", "workspace"}
+TOP_KEYS = {"target", "stages", "workspace", "hosts"}
 # A pipeline has a handful of stages; a file of thousands is a generated
 # mistake, and loading it would cost minutes on every `status` (seen: 200,000
 # stages, 4 min, 1.3 GB). Refused before parsing the rest.
@@ -119,6 +119,7 @@ class Pipeline:
     path: Path
     target: dict[str, Any]
     stages: dict[str, Stage]
+    hosts: list[str] = field(default_factory=list)     # other nodes' exporters (hosts.py)
 
     def order(self) -> list[str]:
         """Stage names in dependency order (file order among independent ones)."""
@@ -238,7 +239,8 @@ def parse(raw: dict[str, Any], path: Path) -> Pipeline:
                               "unsafe stage name; expected 1-64 of letters, digits, _ . - (first a letter, digit "
                               "or _), e.g. extract_2 or bench-1.5")
     stages = {name: _parse_stage(path, name, body) for name, body in stages_raw.items()}
-    pipe = Pipeline(path=path, target=target, stages=stages)
+    from eagle3_console import hosts
+    pipe = Pipeline(path=path, target=target, stages=stages, hosts=hosts.parse(path, raw.get("hosts", [])))
     _check_graph(pipe)
     _check_outputs(pipe)
     return pipe
