@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eagle3_console import hosts
+from eagle3_console.entry import EntryError
+from eagle3_console.slurm import params as slurm_params
 from eagle3_console.workspace import Workspace
 from ops import KNOWN_OPS, get_spec
 from ops.spec import DTYPE_BYTES, OpSpec
@@ -140,6 +143,14 @@ class Pipeline:
         return self.stages[name]
 
 
+def _entry(path: Path, parse: Any, *args: Any) -> Any:
+    """A part of the file parsed by its own module (hosts, a stage's launcher), its errors named with the file."""
+    try:
+        return parse(*args)
+    except EntryError as exc:
+        raise ConfigError(path, exc.key, exc.message) from None
+
+
 def _type_name(t: Any) -> str:
     return {str: "a string", int: "an integer", float: "a number", list: "a list",
             dict: "a table", bool: "true or false"}.get(t, str(t))
@@ -239,8 +250,7 @@ def parse(raw: dict[str, Any], path: Path) -> Pipeline:
                               "unsafe stage name; expected 1-64 of letters, digits, _ . - (first a letter, digit "
                               "or _), e.g. extract_2 or bench-1.5")
     stages = {name: _parse_stage(path, name, body) for name, body in stages_raw.items()}
-    from eagle3_console import hosts
-    pipe = Pipeline(path=path, target=target, stages=stages, hosts=hosts.parse(path, raw.get("hosts", [])))
+    pipe = Pipeline(path=path, target=target, stages=stages, hosts=_entry(path, hosts.parse, raw.get("hosts", [])))
     _check_graph(pipe)
     _check_outputs(pipe)
     return pipe
@@ -329,8 +339,7 @@ def _parse_stage(path: Path, name: str, body: Any) -> Stage:
             raise ConfigError(path, f"{where}.sample_glob",
                               f"{glob!r}: expected a pattern relative to the stage's first output, e.g. \"sample_*.bin\"")
         st.sample_glob = glob
-    from eagle3_console.slurm import params as slurm_params
-    st.launcher, st.slurm = slurm_params.parse(path, where, body, st)
+    st.launcher, st.slurm = _entry(path, slurm_params.parse, where, body, st)
     return st
 
 

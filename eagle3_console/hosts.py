@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import time
-from pathlib import Path
 from typing import Any
 
+from eagle3_console.entry import EntryError, str_list
 from eagle3_console.model import GpuInfo, GpuProcess, HostGpus
 
 READ_TIMEOUT_S = 2.0
@@ -33,15 +32,14 @@ PATH = "/snapshot.json"
 URL_RE = re.compile(r"https?://[A-Za-z0-9_.:\[\]-]+(:\d{1,5})?/?")
 
 
-def parse(file: Path, raw: Any) -> list[str]:
-    """The pipeline file's `hosts`: a list of exporter URLs (http://host:port)."""
-    from eagle3_console.config import ConfigError, _str_list
-    urls = _str_list(file, "hosts", raw)
+def parse(raw: Any) -> list[str]:
+    """The pipeline file's `hosts`: a list of exporter URLs (http://host:port); EntryError when not."""
+    urls = str_list("hosts", raw)
     if len(urls) > MAX_HOSTS:
-        raise ConfigError(file, "hosts", f"{len(urls)} hosts; expected at most {MAX_HOSTS}")
+        raise EntryError("hosts", f"{len(urls)} hosts; expected at most {MAX_HOSTS}")
     for i, url in enumerate(urls):
         if not URL_RE.fullmatch(url):
-            raise ConfigError(file, f"hosts[{i}]", f"{url!r}: expected an exporter's URL, e.g. "
+            raise EntryError(f"hosts[{i}]", f"{url!r}: expected an exporter's URL, e.g. "
                               "\"http://gpu-node-01:9457\"")
     return [u.rstrip("/") for u in urls]
 
@@ -91,6 +89,7 @@ def fetch(url: str, timeout: float) -> HostGpus:
 
 def read(urls: list[str], timeout: float = READ_TIMEOUT_S) -> list[HostGpus]:
     """Every host's report, in the listed order, within `timeout` in all."""
+    import threading        # only where hosts are listed: status --json without them never pays for it
     found: dict[str, HostGpus] = {}
 
     def one(url: str) -> None:
