@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3_console import hosts
+from eagle3_console import configchecks, hosts
 from eagle3_console.entry import EntryError
 from eagle3_console.slurm import params as slurm_params
 from eagle3_console.workspace import Workspace
@@ -143,14 +143,6 @@ class Pipeline:
         return self.stages[name]
 
 
-def _entry(path: Path, parse: Any, *args: Any) -> Any:
-    """A part of the file parsed by its own module (hosts, a stage's launcher), its errors named with the file."""
-    try:
-        return parse(*args)
-    except EntryError as exc:
-        raise ConfigError(path, exc.key, exc.message) from None
-
-
 def _type_name(t: Any) -> str:
     return {str: "a string", int: "an integer", float: "a number", list: "a list",
             dict: "a table", bool: "true or false"}.get(t, str(t))
@@ -182,6 +174,8 @@ def parse_value(text: str) -> Any:
         value = None
     if value is None or too_deep(value):
         raise ConfigError("--set", text[:40], f"nested more than {MAX_DEPTH} levels deep; expected at most {MAX_DEPTH}")
+    if configchecks.nul_key(value):
+        raise ConfigError("--set", text[:40].replace("\x00", "\\0"), "holds a NUL character; expected none")
     return value
 
 
@@ -218,7 +212,14 @@ def load(path: Path) -> Pipeline:
     deep = too_deep(raw)
     if deep:
         raise ConfigError(path, deep, f"nested more than {MAX_DEPTH} levels deep; expected at most {MAX_DEPTH}")
-    return parse(raw, path)
+    nul = configchecks.nul_key(raw)
+    if nul:
+        raise ConfigError(path, nul.replace("\x00", "\\0"), "holds a NUL character (\\u0000); expected none: "
+                          "no program can be given one in its argv or environment")
+    try:
+        return parse(raw, path)
+    except EntryError as exc:       # a part that its own module parses (hosts, a stage's launcher)
+        raise ConfigError(path, exc.key, exc.message) from None
 
 
 def too_deep(value: Any, key: str = "", depth: int = 0) -> str | None:
@@ -250,7 +251,7 @@ def parse(raw: dict[str, Any], path: Path) -> Pipeline:
                               "unsafe stage name; expected 1-64 of letters, digits, _ . - (first a letter, digit "
                               "or _), e.g. extract_2 or bench-1.5")
     stages = {name: _parse_stage(path, name, body) for name, body in stages_raw.items()}
-    pipe = Pipeline(path=path, target=target, stages=stages, hosts=_entry(path, hosts.parse, raw.get("hosts", [])))
+    pipe = Pipeline(path=path, target=target, stages=stages, hosts=hosts.parse(raw.get("hosts", [])))
     _check_graph(pipe)
     _check_outputs(pipe)
     return pipe
@@ -310,6 +311,9 @@ def _parse_stage(path: Path, name: str, body: Any) -> Stage:
     if "gpus" in body:
         gpus = _expect(path, f"{where}.gpus", body["gpus"], list)
         st.gpus = [_expect(path, f"{where}.gpus[{i}]", g, int) for i, g in enumerate(gpus)]
+        bad = next(configchecks.gpu_problems(st.gpus), None)
+        if bad:
+            raise ConfigError(path, f"{where}.gpus[{bad[0]}]", bad[1])
     st.depends_on = _str_list(path, f"{where}.depends_on", body.get("depends_on", []))
     if "batch_param" in body:
         st.batch_param = _expect(path, f"{where}.batch_param", body["batch_param"], str)
@@ -322,6 +326,10 @@ def _parse_stage(path: Path, name: str, body: Any) -> Stage:
                 raise ConfigError(path, f"{where}.restart.{key}", "unknown key; expected max or backoff_s")
         st.restart = RestartPolicy(max=_expect(path, f"{where}.restart.max", r.get("max", 0), int),
                                    backoff_s=_expect(path, f"{where}.restart.backoff_s", r.get("backoff_s", 30.0), float))
+        for key, problem in (("max", configchecks.restart_max_problem(st.restart.max)),
+                             ("backoff_s", configchecks.backoff_problem(st.restart.backoff_s))):
+            if problem:
+                raise ConfigError(path, f"{where}.restart.{key}", problem)
     env = _expect(path, f"{where}.env", body.get("env", {}), dict)
     st.env = {k: _expect(path, f"{where}.env.{k}", v, str) for k, v in env.items()}
     st.description = _expect(path, f"{where}.description", body.get("description", ""), str)
@@ -339,7 +347,7 @@ def _parse_stage(path: Path, name: str, body: Any) -> Stage:
             raise ConfigError(path, f"{where}.sample_glob",
                               f"{glob!r}: expected a pattern relative to the stage's first output, e.g. \"sample_*.bin\"")
         st.sample_glob = glob
-    st.launcher, st.slurm = _entry(path, slurm_params.parse, where, body, st)
+    st.launcher, st.slurm = slurm_params.parse(where, body, st)
     return st
 
 

@@ -13,9 +13,10 @@ import sqlite3
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, Iterator
+
+from eagle3_console.model import ACTIVE, EXITED, MAY_BE_ALIVE, RunStatus  # noqa: F401 - the registry's words
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -66,27 +67,6 @@ CREATE TABLE IF NOT EXISTS events (
 """
 
 
-class RunStatus(StrEnum):
-    """A run's status as the registry stores it (the SQLite value, the JSON
-    string: a StrEnum member is that string). A stage adds `never` and `stale`
-    (model.StageStatus), which are no run's."""
-
-    PENDING = "pending"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    KILLED = "killed"
-    LOST = "lost"
-
-
-# No end recorded yet: its supervisor still watches it (the registry's
-# "first writer wins" on the end, one live run per stage).
-ACTIVE = (RunStatus.PENDING, RunStatus.RUNNING)
-# No end recorded, and lost: the supervisor is gone but the run's processes
-# may live on (stop, the TUI's quit warning and a launch's refusal mean these).
-MAY_BE_ALIVE = (*ACTIVE, RunStatus.LOST)
-# An end the supervisor saw and recorded (the exit record's statuses).
-EXITED = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.KILLED)
 _ACTIVE_SQL = ", ".join(f"'{s}'" for s in ACTIVE)
 # Columns added after the first release, with their declarations: a registry
 # made before them gets them at open (ALTER TABLE), its rows the defaults.

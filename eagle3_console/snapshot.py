@@ -96,11 +96,12 @@ class Collector:
             self._nvml.shutdown()
 
     # -------------------------------------------------------------- collect
-    def collect(self) -> Snapshot:
+    def collect(self, pipe: cfg.Pipeline | None = None) -> Snapshot:
+        """The snapshot; `pipe`: the pipeline file as the caller's pass already read it."""
         self._table = None
         now = time.time()
         snap = Snapshot(workspace=str(self.ws.root), host=os.uname().nodename, time=now)
-        pipe = cfg.load(self.ws.config_path)
+        pipe = pipe or cfg.load(self.ws.config_path)
         latest: dict[str, Run | None] = {}
         succeeded: dict[str, Run] = {}
         refs: list[RunRef] = []

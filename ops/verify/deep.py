@@ -27,15 +27,29 @@ def pick(indices: list[int], n: int, seed: int) -> list[int]:
     return sorted(random.Random(seed).sample(sorted(indices), n))
 
 
-def load_checks(paths: dict[int, str], vocab_size: int | None) -> list[dict]:
-    """Bad files found by loading: [{"path", "reason"}]."""
+def load_sample(path: str, config: dict) -> dict:
+    """A sample file's tensors, its states decoded from the output's format (float32)."""
     import torch
     from safetensors.torch import load_file
+
+    from ops.hidden_codec import decode_states
+    from ops.hidden_formats import STATE_KEYS, config_format
+
+    data = load_file(path)
+    fmt = config_format(config, "data_config.json")
+    hidden = int(config.get("hidden_size") or data["final_hidden_states"].shape[-1])
+    states = decode_states(fmt, data, STATE_KEYS, hidden, torch.float32)
+    return {"input_ids": data["input_ids"], "loss_mask": data["loss_mask"], **states}
+
+
+def load_checks(paths: dict[int, str], vocab_size: int | None, config: dict | None = None) -> list[dict]:
+    """Bad files found by loading: [{"path", "reason"}]."""
+    import torch
 
     bad = []
     for idx, path in paths.items():
         try:
-            data = load_file(path)
+            data = load_sample(path, config or {})
         except Exception as exc:  # noqa: BLE001 - any load failure is a bad file
             bad.append({"path": path, "reason": f"cannot load: {exc}"})
             continue
@@ -59,13 +73,15 @@ def recompute(paths: dict[int, str], target: Path, config: dict) -> tuple[list[d
     """(per-sample comparison records, bad files) for samples recomputed with the target."""
     import torch
     import transformers
-    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
+
+    from ops.hidden_formats import config_format, relative_error
 
     dtype = str(config.get("dtype") or "float32")
     layer_ids = list(config.get("layer_ids") or [])
     hidden = int(config["hidden_size"])
-    tol = _TOLERANCE.get(dtype, 2e-2)
+    # The engine's numerics plus what the storage format's round trip may add.
+    tol = _TOLERANCE.get(dtype, 2e-2) + relative_error(config_format(config, "data_config.json"))
     kwargs: dict = {}
     major, minor = (int(p) for p in transformers.__version__.split(".")[:2])
     kwargs["dtype" if (major, minor) >= (4, 56) else "torch_dtype"] = getattr(torch, dtype)
@@ -76,7 +92,7 @@ def recompute(paths: dict[int, str], target: Path, config: dict) -> tuple[list[d
 
     records, bad = [], []
     for idx, path in paths.items():
-        data = load_file(path)
+        data = load_sample(path, config)
         with torch.inference_mode():
             out = model.model(input_ids=data["input_ids"][None].to(device), output_hidden_states=True,
                               use_cache=False)
