@@ -144,6 +144,9 @@ class Collector:
         # owners reuse that walk instead of reading a partial table as well.
         leftovers = self._leftover_workers(latest)
         snap.gpus = self._sample_gpus(refs)
+        if pipe.hosts and self._want_gpus:
+            from eagle3_console import hosts
+            snap.hosts = hosts.read(pipe.hosts)
         snap.alerts = alerts.derive(snap)
         for name, pids in strays.items():
             alert = alerts.orphan_workers(name, pids)
