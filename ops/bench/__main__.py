@@ -136,6 +136,7 @@ def _main(argv=None) -> int:
 
     from ops import layers
     from ops.bench.speculative import SpecStats, TargetRunner, greedy, speculative
+    from ops.bench.table import Decoded
     from ops.drafter.config import read_target_config
     from ops.export.formats import INFO_FILE, read_export
 
@@ -184,12 +185,16 @@ def _main(argv=None) -> int:
     t_plain = t_spec = 0.0
     fw_plain = fw_spec = tokens = completion = 0
     mismatches = []
+    decoded = []
     for i, (idx, prompt) in enumerate(prompts):
         t0 = time.perf_counter()
         ref, f1 = greedy(runner, prompt, args.max_new_tokens, eos)
         t1 = time.perf_counter()
-        got, f2 = speculative(runner, drafter, embed, prompt, args.max_new_tokens, k, eos, stats)
+        one = SpecStats()
+        got, f2 = speculative(runner, drafter, embed, prompt, args.max_new_tokens, k, eos, one)
         t2 = time.perf_counter()
+        stats.add(one)
+        decoded.append(Decoded(got, one.verify_forwards, one.accepted_at, one.reached))
         t_plain += t1 - t0
         t_spec += t2 - t1
         fw_plain += f1
@@ -219,6 +224,16 @@ def _main(argv=None) -> int:
         "outputs_match": not mismatches, "mismatches": mismatches,
     }
     result["engine"] = "reference"
+
+    def decode_at(steps: int):
+        def decode(prompt: list[int]) -> Decoded:
+            st = SpecStats()
+            toks, _ = speculative(runner, drafter, embed, prompt, args.max_new_tokens, steps, eos, st)
+            return Decoded(toks, st.verify_forwards, st.accepted_at, st.reached)
+        return decode
+
+    from ops.bench.report import reference_table
+    reference_table(result, args, prompts, decoded, t_spec, decode_at, log=lambda m: print(m, flush=True))
     write_result(out_dir, result)
     print(f"bench: acceptance length {acc_len:.2f} (completion tokens / verify steps: {completion}/"
           f"{stats.verify_forwards}, K={k}) | accept/pos "
