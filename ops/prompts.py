@@ -47,7 +47,7 @@ class PromptRow:
 
 
 def parse_prompt_row(row, where: str, line: int, index: int) -> PromptRow:
-    from ops.prepare.reader import parse_row
+    from ops.conversations import parse_row
 
     if not isinstance(row, dict):
         raise BadInput(f"{where}: expected a JSON object with {SHAPES}, got {type(row).__name__}")

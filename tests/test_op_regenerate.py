@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.prepare.reader import read_conversations
+from ops.conversations import read_conversations
 from tests.conftest import ROOT, WS, wait_for
 from tests.sglang_chat_double import ChatDouble, answer_words
 
