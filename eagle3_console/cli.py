@@ -115,7 +115,7 @@ def _exit_now(code: Any) -> None:
         sys.stderr.flush()
     except OSError as exc:
         if exc.errno == errno.EPIPE:
-            code = 1        # as click: a reader that went away is exit 1, said nowhere
+            pass            # a reader that went away: the command's own code stands (cliout.reader_gone)
         else:
             code = cliexit.report(exc)
             if code is None:

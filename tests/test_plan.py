@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -85,6 +86,9 @@ def test_the_exact_figure_once_prepare_wrote_its_summary(kimi):
     assert d["estimate_bytes"] == EXACT and d["estimate_kind"] == "exact"
     assert round(EXACT / GiB) == 923
     assert d["estimate_basis"].startswith("17,285,548 tokens (prepare's summary.json in ")
+    # The states only: each file's header, input_ids and loss_mask come on top (measured: 21.8 MiB
+    # where the states of the same samples were 21.5 MiB), so the basis says so, as the upper bound's does.
+    assert d["estimate_basis"].endswith("plus per-file overhead (headers, input_ids, loss_mask)"), d
     proc = kimi.cli("run", "extract", check=2)
     assert "disk: exact 923.1 GiB (991 GB) = 17,285,548 tokens" in proc.stdout
 
@@ -105,7 +109,11 @@ def test_force_overrides_the_dependencies_not_the_disk(kimi):
     kimi.cli("run", "extract", "--force", "--ignore-disk", *sets, check=0)
     run = kimi.latest("extract")
     assert run is not None and "--force" in run.argv      # the op's own disk check is overridden too
-    kimi.wait_status("extract", ("failed", "succeeded"))
+    run = kimi.wait_status("extract", ("failed", "succeeded"))
+    log = Path(run.log_path).read_text()
+    # The op ran past its own disk check and failed on what is missing here: the target.
+    assert run.status == "failed" and "more (exact:" not in log, log[-2000:]
+    assert "extract: error: target models/Kimi-K2.5: no config.json" in log, log[-2000:]
     with kimi.registry() as reg:
         assert any(e.detail == "forced, disk ignored" for e in reg.events() if e.action == "run")
 
