@@ -53,8 +53,8 @@ class PoolServer(WSGIServer):
     one deadline per request (REQUEST_TIMEOUT_S from its acceptance): a
     connection goes to a handler only once its head is whole. One that sends
     nothing, or trickles a header line every 2 s, is closed at its deadline
-    and never holds a handler; a per-read timeout let such clients keep all
-    WORKERS busy and every scrape timed out."""
+    and never holds a handler (a timeout per read would let such clients keep
+    all WORKERS busy, each line starting its timeout again)."""
 
     request_queue_size = BACKLOG
     allow_reuse_address = True
