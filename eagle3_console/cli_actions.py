@@ -18,7 +18,7 @@ import typer
 from eagle3_console import cliopts
 from eagle3_console import config as cfg
 from eagle3_console.cliexit import EXIT_CRITICAL, EXIT_OK, CommandError
-from eagle3_console.clictx import collect, ctx_of
+from eagle3_console.clictx import ctx_of
 from eagle3_console.cliout import Unwritable, out, say, warn
 
 

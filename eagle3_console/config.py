@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_console import configchecks, hosts
+from eagle3_console.configchecks import MAX_DEPTH, too_deep
 from eagle3_console.entry import EntryError
 from eagle3_console.slurm import params as slurm_params
 from eagle3_console.workspace import Workspace
@@ -41,9 +42,6 @@ MAX_FILE_BYTES = 4 << 20
 # A stage name becomes part of paths (its log, its trash folder) and argv words:
 # one safe set, so no name climbs out (`../x`), nests (`a/b`), hides (`.x`) or reads as a flag (`-rf`).
 STAGE_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
-# Levels from the top of the file (stages.x.params.y is 4): params are scalars and short lists;
-# deeper is a mistake, and at some hundreds every recursive walk of them dies of RecursionError.
-MAX_DEPTH = 32
 
 
 class ConfigError(ValueError):
@@ -222,21 +220,6 @@ def load(path: Path) -> Pipeline:
         raise ConfigError(path, exc.key, exc.message) from None
 
 
-def too_deep(value: Any, key: str = "", depth: int = 0) -> str | None:
-    """The key of the first value nested deeper than MAX_DEPTH, or None. A
-    600-deep array parsed here would fail later in every recursive walk of
-    params (json.dumps, the type checks) with a RecursionError."""
-    if depth > MAX_DEPTH:
-        return key or "(value)"
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for k, v in items:
-        found = too_deep(v, f"{key}.{k}" if isinstance(k, str) and key else (k if isinstance(k, str) else key),
-                         depth + 1)
-        if found:
-            return found
-    return None
-
-
 def parse(raw: dict[str, Any], path: Path) -> Pipeline:
     for key in raw:
         if key not in TOP_KEYS:
@@ -381,19 +364,25 @@ def _check_outputs(pipe: Pipeline) -> None:
     holds either is refused, and so is one inside another stage's."""
     ws = Workspace(pipe.path.parent.resolve())
     owned: list[tuple[Path, str]] = []
+    guarded = ws.guarded()
     for st in pipe.stages.values():
         normal = []
         for out in st.outputs:
             p = ws.resolve(out)
-            problem = ws.output_problem(p)
+            problem = ws.output_problem(p, guarded)
             if problem:
                 key = "params" if st.spec else "outputs"
                 raise ConfigError(pipe.path, f"stages.{st.name}.{key}", f"output {out!r}: {problem}")
             normal.append(str(p))
             owned.append((p, st.name))
         st.outputs = normal
+    # Each root against the roots above it, by lookup: a pairwise walk is quadratic in the stages.
+    by_root: dict[Path, str] = {}
     for p, name in owned:
-        for q, other in owned:
-            if name != other and (p == q or q in p.parents):
+        by_root.setdefault(p, name)
+    for p, name in owned:
+        for q in (p, *p.parents):
+            other = by_root.get(q)
+            if other is not None and other != name:
                 raise ConfigError(pipe.path, f"stages.{name}.outputs",
                                   f"{p} lies inside stage {other!r}'s output {q}; expected separate output roots")

@@ -20,6 +20,25 @@ MAX_RESTARTS = 100
 # CUDA and NVML index devices from 0; no host has a thousand of them.
 MAX_GPU_INDEX = 1023
 
+# Levels from the top of the file (stages.x.params.y is 4): params are scalars and short lists;
+# deeper is a mistake, and at some hundreds every recursive walk of them dies of RecursionError.
+MAX_DEPTH = 32
+
+
+def too_deep(value: Any, key: str = "", depth: int = 0) -> str | None:
+    """The key of the first value nested deeper than MAX_DEPTH, or None. A
+    600-deep array parsed here would fail later in every recursive walk of
+    params (json.dumps, the type checks) with a RecursionError."""
+    if depth > MAX_DEPTH:
+        return key or "(value)"
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        found = too_deep(v, f"{key}.{k}" if isinstance(k, str) and key else (k if isinstance(k, str) else key),
+                         depth + 1)
+        if found:
+            return found
+    return None
+
 
 def nul_key(value: Any, key: str = "") -> str | None:
     """The key of the first string (value or key) holding a NUL, or None.

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from eagle3_console.model import ACTIVE, EXITED, MAY_BE_ALIVE, RunStatus  # noqa: F401 - the registry's words
-from eagle3_console.registrybusy import STEP_S, PatientConnection
+from eagle3_console.registrybusy import STEP_S, WAIT_S, PatientConnection
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -169,7 +169,7 @@ def actor_name() -> str:
 
 
 class Registry:
-    def __init__(self, db_path: Path):
+    def __init__(self, db_path: Path, busy_wait_s: float = WAIT_S):
         self.path = db_path
         marker = id_path(db_path)
         try:
@@ -185,7 +185,8 @@ class Registry:
         try:
             db_path.parent.mkdir(parents=True, exist_ok=True)
             # Bounded and said while another process holds it busy (registrybusy.py).
-            self.conn = PatientConnection(sqlite3.connect(db_path, timeout=STEP_S, isolation_level=None), db_path)
+            self.conn = PatientConnection(sqlite3.connect(db_path, timeout=STEP_S, isolation_level=None), db_path,
+                                          busy_wait_s)
             self.conn.row_factory = sqlite3.Row
             if expected:
                 self._check_holds_a_registry(expected, marker)

@@ -1,8 +1,7 @@
 """Waiting for a state database that another process holds busy, bounded and said.
 
-SQLite's own busy timeout waits in silence: with another process holding a
-write transaction for 30 s, `stop` and `run` sat 25-28 s without a word. Here
-every statement of the registry's connection waits at most WAIT_S in all, in
+SQLite's own busy timeout waits in silence, as long as it is set: an operator
+cannot tell a busy registry from a hung command. Here every statement of the registry's connection waits at most WAIT_S in all, in
 steps of STEP_S; after the first step the wait is announced once (through
 `notice`, which the command line sets to its stderr) with the processes that
 have the database open, as far as this user may see them, and at the end it

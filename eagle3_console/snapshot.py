@@ -52,6 +52,7 @@ class Collector:
         self._table: ProcessTable | None = None       # this pass's process table, when one was needed
         self._results: dict[Path, tuple[tuple[int, int], tuple[dict | None, str | None, float]]] = {}
         self._saved = SavedMonitors(ws.cache_dir) if persist else None
+        self._guarded: list | None = None      # Workspace.guarded(), taken once a pass
 
     # -------------------------------------------------------------- monitors
     def _shard_monitor(self, stage: str, root: str, expected: int | None, tokens: int | None,
@@ -126,6 +127,7 @@ class Collector:
             # No registry, but stages ran here: any of their processes alive is an orphan.
             strays = orphans(self._process_table(), str(self.ws.root), "")
         live_logs: set[int] = set()
+        self._guarded = self.ws.guarded()       # once a pass, not once an output (two realpaths each)
         for name in pipe.order():
             stage = pipe.stages[name]
             st, disks = self._stage_status(pipe, stage, latest.get(name), now)
@@ -218,7 +220,7 @@ class Collector:
         st = StageStatus(name=stage.name, op=stage.op, status=run.status if run else "never",
                          depends_on=list(stage.depends_on), params=params, batch_param=stage.batch_param)
         try:
-            outs = runs_mod.output_paths(self.ws, stage, params)
+            outs = runs_mod.output_paths(self.ws, stage, params, self._guarded)
         except runs_mod.Refused:
             outs = []       # a recorded run's output that is no output (refused at launch since)
         st.outputs = outs

@@ -74,8 +74,8 @@ def end_run_record(reg: Registry, run_id: int, reason: str, still_alive: bool = 
     says the run ended. Where no supervisor is left to write it, or it did not
     within RECORD_WAIT_S, the run is recorded killed here, with `reason`,
     unless its stage still lives (`still_alive`: a member outlived SIGKILL).
-    Returning earlier let a `restart --kill` find "a live run" right after
-    its own kill."""
+    Whatever starts the stage next (`restart --kill`) then finds no live run
+    where it killed one."""
     run = reg.get(run_id)
     if not run.live:
         return run

@@ -47,7 +47,8 @@ def _daemonize() -> None:
 
 def supervise(ws: Workspace, run_id: int) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    reg = Registry(ws.db_path)
+    # Nobody waits on a supervisor's writes: it bears a busy state.db as long as it records an end.
+    reg = Registry(ws.db_path, busy_wait_s=RECORD_RETRY_S)
     me = psutil.Process()
     reg.update(run_id, supervisor_pid=me.pid, supervisor_create_time=me.create_time())
     run = reg.get(run_id)

@@ -2,9 +2,9 @@
 itself, released by the kernel when the holder dies.
 
 An flock on a file path holds only while the path names the locked inode:
-`rm .eagle3/watch.lock` under a running watch let a second one create a new
-file, lock it and run its passes beside the first. The state folder cannot be
-unlinked while it holds the registry, so the lock is taken there.
+once `.eagle3/watch.lock` is deleted, a second watch creates a new file and
+locks it beside the first. The state folder cannot be unlinked while it holds
+the registry, so the lock is taken there.
 `watch.lock` is still locked second (and holds the holder's pid for the
 refusal's message): a holder of the file alone, such as an older console, is
 still seen. Writing the pid is best effort: on a full filesystem the folder's

@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 
 from eagle3_console.monitor.procs import process_alive
 from tests.conftest import PY, stage_cmd, wait_for

@@ -213,3 +213,38 @@ def test_a_watch_pass_with_no_stdout_still_restarts_and_records(ws, stdout):
     assert restarts and restarts[0].run_id == again.id, restarts
     db = ws.root / ".eagle3" / "state.db"
     assert db.read_bytes()[:16] == b"SQLite format 3\x00"      # nothing printed into a file that took fd 1
+
+
+# ------------------------------------------------------------------ 27. 200 stages: the pipeline file read once a pass
+def _chain(n: int) -> str:
+    return "\n".join(f'[stages.s{i:03d}]\nargv = ["true"]\noutputs = ["out/s{i:03d}"]\n'
+                     + (f'depends_on = ["s{i - 1:03d}"]\n' if i else "") for i in range(n))
+
+
+@pytest.mark.parametrize("n", [10, 200])
+def test_a_watch_pass_reads_the_pipeline_file_once(ws, monkeypatch, capsys, n):
+    """Before: config.load 7 times a pass (11.5 of 13.0 s of a 200-stage pass
+    in its quadratic output check). Now: once when the command starts (a bad
+    file is said at once) and once a pass, whatever the size.
+    benchmarks/watch_stages.py measures the time."""
+    from eagle3_console import cli
+    from eagle3_console import config as cfg
+    ws.write(_chain(n))
+    loads = []
+    real = cfg.load
+    monkeypatch.setattr(cfg, "load", lambda path: loads.append(path) or real(path))
+    with pytest.raises(SystemExit) as ended:
+        cli.run(["-w", str(ws.root), "watch", "--once", "--advance", "--no-gpus"])
+    assert ended.value.code in (0, 1, 2), capsys.readouterr()
+    assert "s000: dependencies succeeded; started run 1" in capsys.readouterr().out
+    assert len(loads) == 2, len(loads)
+    ws.wait_status("s000", ("succeeded",))
+
+
+def test_nested_outputs_among_many_stages_are_still_refused(ws):
+    ws.write(_chain(300) + '[stages.inner]\nargv = ["true"]\noutputs = ["out/s150/deeper/x"]\n')
+    proc = ws.cli("status", "--no-gpus")
+    assert proc.returncode == 3 and "stages.inner.outputs" in proc.stderr and "s150" in proc.stderr, proc.stderr
+    ws.write(_chain(300) + '[stages.outer]\nargv = ["true"]\noutputs = ["out"]\n')
+    proc = ws.cli("status", "--no-gpus")
+    assert proc.returncode == 3 and "lies inside stage 'outer'" in proc.stderr, proc.stderr

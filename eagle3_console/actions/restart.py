@@ -67,7 +67,7 @@ class RestartPlan:
 
 # The smallest share of a GPU a halving gives: below it no target's weights fit
 # (SGLang's mem_fraction_static holds them), and a halving without a floor
-# never ends (0.9 -> 0.0002 in 12 restarts).
+# never ends.
 SHARE_FLOOR = 0.05
 
 
