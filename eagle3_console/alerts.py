@@ -10,18 +10,12 @@ from __future__ import annotations
 
 import re
 
-from eagle3_console.model import CRITICAL, WARNING, Alert, GpuInfo, LogFinding, LogState, Snapshot, StageStatus
+from eagle3_console.model import (CRITICAL, WARNING, Alert, GpuInfo, LogState, Snapshot, StageStatus,
+                                  oom_finding)
 from eagle3_console.registry import MAY_BE_ALIVE, RunStatus
 from eagle3_console.units import human_bytes
 
 LOW_FREE_FRACTION = 0.05
-
-
-def oom_finding(st: StageStatus) -> LogFinding | None:
-    """The out-of-memory line of the stage's latest run (its log, as the snapshot
-    read it), or None: the one test of "this run ran out of memory" (the alert,
-    watch's halving, the stages pane)."""
-    return st.log.oom if st.log is not None else None
 
 
 def derive(snap: Snapshot) -> list[Alert]:
@@ -38,6 +32,8 @@ def derive(snap: Snapshot) -> list[Alert]:
             last = max(said, key=lambda f: f.at_offset) if said else None
             a.append(Alert(CRITICAL, "stage_failed", f"{st.name} failed ({why})", st.name,
                            last.line if last else last_program_line(log)))
+        if st.job is not None:
+            a.extend(job_alerts(st))
         if st.status == RunStatus.LOST and st.alive:
             a.append(Alert(CRITICAL, "lost", f"{st.name}: supervisor of run {st.run_id} is gone; "
                                              f"the stage's processes are still watched", st.name))
@@ -89,6 +85,9 @@ def derive(snap: Snapshot) -> list[Alert]:
         st = snap.stage(stage_alert.stage) if stage_alert.stage else None
         if st is not None and stage_alert not in st.alerts:
             st.alerts.append(stage_alert)
+    for h in snap.hosts:
+        if h.state != "ok":
+            alerts.append(Alert(WARNING, "host_unreachable", f"host {h.url}: {h.state.replace('_', ' ')} ({h.reason})"))
     g = snap.gpus
     if g.available:
         hidden = unaccounted_gpu_memory(g.gpus)
@@ -106,6 +105,20 @@ def derive(snap: Snapshot) -> list[Alert]:
                                         f"GPU {gpu.index}: pid {p.pid} of finished run {p.run_id} ({p.stage}) "
                                         f"still holds {human_bytes(p.used_bytes, '?')}", p.stage))
     return alerts
+
+
+# A job's end that the stage's exit code does not tell (jobs.py's states).
+JOB_END_CODES = {"TIMEOUT": "job_timeout", "NODE_FAIL": "node_fail", "OUT_OF_MEMORY": "job_oom",
+                 "PREEMPTED": "job_preempted", "BOOT_FAIL": "node_fail", "DEADLINE": "job_timeout"}
+
+
+def job_alerts(st: StageStatus) -> list[Alert]:
+    job = st.job
+    if st.status == RunStatus.FAILED and job.state in JOB_END_CODES:
+        return [Alert(CRITICAL, JOB_END_CODES[job.state], f"{st.name}: {job.said or job.state}", st.name)]
+    if st.status == RunStatus.KILLED and job.state == "CANCELLED" and not job.stop_requested:
+        return [Alert(WARNING, "job_cancelled", f"{st.name}: {job.said}", st.name)]
+    return []
 
 
 def leftover_workers(stage: str, run, pids: list[int]) -> Alert:

@@ -8,11 +8,33 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
-from eagle3_console.registry import MAY_BE_ALIVE, RunStatus
-
 SCHEMA_VERSION = 1
+
+
+class RunStatus(StrEnum):
+    """A run's status as the registry stores it (the SQLite value, the JSON
+    string: a StrEnum member is that string). A stage adds `never` and `stale`
+    (StageStatus), which are no run's."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    KILLED = "killed"
+    LOST = "lost"
+
+
+# No end recorded yet: its supervisor still watches it (the registry's
+# "first writer wins" on the end, one live run per stage).
+ACTIVE = (RunStatus.PENDING, RunStatus.RUNNING)
+# No end recorded, and lost: the supervisor is gone but the run's processes
+# may live on (stop, the TUI's quit warning and a launch's refusal mean these).
+MAY_BE_ALIVE = (*ACTIVE, RunStatus.LOST)
+# An end the supervisor saw and recorded (the exit record's statuses).
+EXITED = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.KILLED)
 
 # Alert levels map onto the monitoring exit codes (README: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN).
 OK, WARNING, CRITICAL, UNKNOWN = "ok", "warning", "critical", "unknown"
@@ -67,6 +89,35 @@ class GpuReport:
 
 
 @dataclass
+class HostGpus:
+    """Another node's GPUs, as its exporter's /snapshot.json said them (hosts.py)."""
+    url: str
+    state: str                          # ok | unreachable | no_answer | bad_answer
+    host: str | None = None             # the node's own name (its snapshot's host)
+    reason: str | None = None           # why not ok; or why its NVML is unavailable
+    gpus: list[GpuInfo] = field(default_factory=list)
+    time: float | None = None           # when its exporter took the snapshot
+
+    def lines(self) -> list[str]:
+        """The host in lines: a head line, then one a GPU with the runs on it."""
+        from eagle3_console.units import human_bytes
+        name = f"{self.host} ({self.url})" if self.host else self.url
+        if self.state != "ok":
+            return [f"{name}: {self.state.replace('_', ' ')}: {self.reason}"]
+        if not self.gpus:
+            return [f"{name}: no GPUs ({self.reason or 'none reported'})"]
+        used = sum(g.mem_used or 0 for g in self.gpus)
+        total = sum(g.mem_total or 0 for g in self.gpus)
+        out = [f"{name}: {len(self.gpus)} GPU(s), {human_bytes(used)} / {human_bytes(total)}"]
+        for g in self.gpus:
+            runs = ", ".join(f"{p.stage} run {p.run_id}" for p in g.processes if p.stage) or "-"
+            util = "-" if g.util_pct is None else f"{g.util_pct}%"
+            out.append(f"  GPU {g.index} {g.name}: {human_bytes(g.mem_used)} / {human_bytes(g.mem_total)}, "
+                       f"util {util}, runs: {runs}" + (f" [{g.error}]" if g.error else ""))
+        return out
+
+
+@dataclass
 class ShardCount:
     name: str                       # e.g. rows_0-2000, or "." for a flat layout
     done: int
@@ -89,6 +140,8 @@ class ShardProgress:
     complete: bool = False          # data_config.json says complete
     bad_files: int = 0              # sample files whose safetensors header is unreadable
     error: str | None = None        # data_config.json / sample_lengths.json unreadable, and why
+    format: str | None = None       # how the states are stored (data_config's format; ours without one: bf16)
+    bytes_per_token: float | None = None    # the output's bytes / tokens done
 
 
 @dataclass
@@ -138,6 +191,26 @@ class LogState:
     @property
     def oom(self) -> LogFinding | None:
         return self.findings.get("oom")
+
+
+@dataclass
+class JobInfo:
+    """A slurm run's job (eagle3_console/slurm/) as its run last recorded it."""
+    id: str | None                      # None while the supervisor is still submitting
+    state: str | None = None            # Slurm's JobState: PENDING, RUNNING, COMPLETED, TIMEOUT, NODE_FAIL, ...
+    reason: str | None = None           # Slurm's Reason (why it waits, why it ended)
+    nodes: str | None = None            # NodeList once allocated
+    said: str | None = None             # the run's reason: how the console read the job's end
+    stop_requested: bool = False        # the console asked for its end (stop, kill-workers)
+
+    def line(self) -> str:
+        """The job in a few words: `job 7 PENDING (Resources)`, `job 7 RUNNING on gpu-[01-02]`."""
+        if self.id is None:
+            return "job: being submitted"
+        out = f"slurm job {self.id} {self.state or 'unknown'}"
+        if self.nodes:
+            out += f" on {self.nodes}"
+        return out + (f" ({self.reason})" if self.reason else "")
 
 
 @dataclass
@@ -212,6 +285,7 @@ class StageStatus:
     alive: bool = False
     outputs_complete: bool | None = None
     serve: ServeState | None = None        # a serve stage's server state and live figures
+    job: JobInfo | None = None             # a slurm run's job
     curves: Curves | None = None           # plots' history (monitor/metrics.py), TUI only
     # Why a succeeded run is `stale`: a dependency succeeded again after it
     # started, so its outputs no longer follow from its inputs.
@@ -248,6 +322,15 @@ class StageStatus:
         return self.result_whose() + self.result_line if self.result_line else None
 
 
+def oom_finding(st: StageStatus) -> LogFinding | None:
+    """The out-of-memory line of the stage's latest run (its log, as the snapshot
+    read it), or None: the one test of "this run ran out of memory" (the alert,
+    watch's halving, the stages pane); a slurm job ended OUT_OF_MEMORY counts too."""
+    if st.job is not None and st.job.state == "OUT_OF_MEMORY":
+        return LogFinding("oom", f"slurm: job {st.job.id} OUT_OF_MEMORY ({st.job.said or 'killed by Slurm'})")
+    return st.log.oom if st.log is not None else None
+
+
 @dataclass
 class Snapshot:
     workspace: str
@@ -257,6 +340,7 @@ class Snapshot:
     gpus: GpuReport = field(default_factory=lambda: GpuReport(available=False, reason="not sampled"))
     disk: list[DiskUsage] = field(default_factory=list)
     alerts: list[Alert] = field(default_factory=list)
+    hosts: list[HostGpus] = field(default_factory=list)    # the pipeline file's `hosts` (other nodes' exporters)
     schema: int = SCHEMA_VERSION
 
     @property

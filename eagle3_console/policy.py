@@ -17,9 +17,8 @@ from eagle3_console import actions
 from eagle3_console import config as cfg
 from eagle3_console import runs
 from eagle3_console.actions.restart import can_halve
-from eagle3_console.alerts import oom_finding
 from eagle3_console.endclock import seconds_since_end
-from eagle3_console.model import Snapshot
+from eagle3_console.model import Snapshot, oom_finding
 from eagle3_console.registry import ACTIVE, Registry, RunStatus
 from eagle3_console.watchlock import LockHeld, WatchLock
 from eagle3_console.workspace import Workspace

@@ -215,7 +215,12 @@ def launch_argv(stage: Stage, params: dict[str, Any], pipe: Pipeline, force: boo
     in the argv, or the op would refuse at once. Not in the recorded params: a later
     restart is forced only when asked again. KeyError/ValueError: params it cannot fill."""
     forced = stage.spec is not None and "force" in stage.spec.params and (ignore_disk or force)
-    return stage.command(dict(params, force=True) if forced else params, pipe.target)
+    params = dict(params, force=True) if forced else params
+    if stage.slurm is None:
+        return stage.command(params, pipe.target)
+    # A slurm stage runs the same command inside the job (under srun).
+    from eagle3_console.slurm.command import job_argv
+    return job_argv(stage, params, lambda p: stage.command(p, pipe.target))
 
 
 def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, Any] | None = None,
@@ -257,8 +262,13 @@ def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, 
         # Recorded outside the transaction, which the refusal rolls back.
         with _recorded(reg, stage), reg.immediate():
             check_can_start(reg, pipe, stage, force, ws=ws)
+            # clean takes its hold in a transaction too: it is either seen here or sees this run.
+            held = claims.held_by_action(output_paths(ws, stage, params))
+            if held:
+                raise Refused(f"stage {stage.name!r}: {held}", kind="clean running")
             run = reg.create_run(stage.name, argv, params, stage.environment(), str(ws.root),
-                                 lambda rid: ws.log_path(rid, stage.name), restart_of=restart_of, reason=reason)
+                                 lambda rid: ws.log_path(rid, stage.name), restart_of=restart_of, reason=reason,
+                                 launcher=stage.launcher)
         # The launcher returns as soon as the supervisor has daemonized.
         import subprocess       # here only: status imports this module and never launches
         try:
@@ -271,24 +281,13 @@ def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, 
         deadline = time.time() + 10
         while time.time() < deadline:
             run = reg.get(run.id)
-            if run.status != RunStatus.PENDING:
+            if run.status != RunStatus.PENDING or run.job_id:     # a job may wait in Slurm's queue
                 break
             time.sleep(0.02)
         reg.record("run", run.status, stage=stage.name, run_id=run.id, targets=argv,
                    detail=reason or ", ".join(w for w, on in (("forced", force), ("disk ignored", ignore_disk)) if on)
                    or None)
         return run
-
-
-def signal_run(run: Run, sig: int) -> bool:
-    """Signal the run's process group, trusting the leader pid only with its create_time."""
-    if run.pgid is None or not stage_alive(run):
-        return False
-    try:
-        os.killpg(run.pgid, sig)
-        return True
-    except ProcessLookupError:
-        return False
 
 
 def stop(ws: Workspace, stage_name: str, grace_s: float = 10.0) -> Run:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -108,7 +109,11 @@ def test_force_overrides_the_dependencies_not_the_disk(kimi):
     kimi.cli("run", "extract", "--force", "--ignore-disk", *sets, check=0)
     run = kimi.latest("extract")
     assert run is not None and "--force" in run.argv      # the op's own disk check is overridden too
-    kimi.wait_status("extract", ("failed", "succeeded"))
+    run = kimi.wait_status("extract", ("failed", "succeeded"))
+    log = Path(run.log_path).read_text()
+    # The op ran past its own disk check and failed on what is missing here: the target.
+    assert run.status == "failed" and "more (exact:" not in log, log[-2000:]
+    assert "extract: error: target models/Kimi-K2.5: no config.json" in log, log[-2000:]
     with kimi.registry() as reg:
         assert any(e.detail == "forced, disk ignored" for e in reg.events() if e.action == "run")
 

@@ -42,6 +42,11 @@ def summary(st: StageStatus, now: float) -> Text:
             if sp.tokens_expected:
                 t.append(f"/{fmt.count(sp.tokens_expected)}")
         # No-break spaces: a narrow pane wraps before "1 unreadable", never inside it.
+        if sp.format:
+            t.append("  format ", "dim")
+            t.append(sp.format)
+        if sp.bytes_per_token:
+            t.append(f"  {fmt.nbytes(sp.bytes_per_token)}/token")
         if sp.tmp_files:
             t.append(f"  {sp.tmp_files}\u00a0.tmp", "yellow")
         if sp.bad_files:
@@ -288,6 +293,8 @@ class ProgressPane(VerticalScroll, can_focus=False):
             text = result         # its "done N/N, succeeded" says nothing more
         else:
             text = Text.assemble(summary(st, now), "\n", result)
+        if st.job is not None:      # a slurm run: where its job is (queued, on which nodes, how it ended)
+            text = Text.assemble(Text(st.job.line(), "cyan"), "\n", text)
         self._body.paint(text, text)
         rows = bar_rows(st)
         label = None

@@ -125,7 +125,15 @@ class ShardMonitor:
             root=str(self.root), layout=layout, samples_done=done, samples_expected=expected,
             tokens_done=tokens, tokens_expected=tokens_expected, shards=_shard_counts(per_dir, expected),
             tmp_files=tmp, samples_per_s=sps, tokens_per_s=tps, eta_s=eta,
-            complete=complete, bad_files=bad, error=self.root_json.error_text())
+            complete=complete, bad_files=bad, error=self.root_json.error_text(),
+            format=self._format(layout), bytes_per_token=self.index.total_bytes / tokens if tokens else None)
+
+    def _format(self, layout: str) -> str | None:
+        """data_config.json's format; an output of this layout without one holds bf16 (written before formats)."""
+        fmt = self.root_json.config.get("format")
+        if fmt is None and layout == "eagle3" and self.root_json.config:
+            return "bf16"
+        return str(fmt) if fmt is not None else None
 
     def _rate(self, now: float, done: int, tokens: int | None) -> rate.Rate:
         observed = self.window.observe(now, done, tokens)

@@ -34,9 +34,17 @@ from ops.drafter.model import DraftCache
 @dataclass
 class SpecStats:
     verify_forwards: int = 0
-    tokens_from_verify: int = 0           # accepted drafts + bonus, summed over verify forwards
     accepted_at: list[int] = field(default_factory=list)    # [K]: steps whose draft i was accepted
     reached: list[int] = field(default_factory=list)        # [K]: steps where draft i was examined
+
+    def add(self, other: "SpecStats") -> None:
+        self.verify_forwards += other.verify_forwards
+        self.tokens_from_verify += other.tokens_from_verify
+        n = max(len(self.accepted_at), len(other.accepted_at))
+        self.accepted_at = [a + b for a, b in zip(self.accepted_at + [0] * (n - len(self.accepted_at)),
+                                                  other.accepted_at + [0] * (n - len(other.accepted_at)))]
+        self.reached = [a + b for a, b in zip(self.reached + [0] * (n - len(self.reached)),
+                                              other.reached + [0] * (n - len(other.reached)))]
 
 
 class TargetRunner:
@@ -118,7 +126,6 @@ def speculative(target: TargetRunner, drafter, embed: torch.Tensor, prompt: list
         for i in range(m):
             stats.accepted_at[i] += 1
         stats.verify_forwards += 1
-        stats.tokens_from_verify += m + 1
         new = drafts[:m] + [choice[m]]
         crop(cache, n + 1 + m)                         # keep nxt and the accepted drafts
         d_out, d_logits = drafter.extend(emb(new), aux[:, : m + 1].to(dtype), n, dcache, fuse=True)
