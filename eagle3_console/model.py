@@ -232,6 +232,15 @@ class ServeState:
     readiness: str | None = None        # the endpoint that said ready or not: /ready, /health_generate, /model_info
     sampled_at: float | None = None     # when the figures were read
 
+    def accept_said(self) -> str | None:
+        """The server's accept length, said as what it is: SGLang's own figure over
+        its last log interval (/metrics' sglang:spec_accept_length gauge) or since the
+        server started (/server_info), not a bench's measurement over its prompts."""
+        if self.accept_length is None:
+            return None
+        over = "last log interval" if self.metrics else "since the server started"
+        return f"SGLang accept length {self.accept_length:.2f} ({over}; bench's AL is per bench run)"
+
 
 @dataclass
 class Curves:

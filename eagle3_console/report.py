@@ -112,7 +112,7 @@ def serve_line(st: StageStatus) -> str:
     if sv.gen_tok_s is not None:
         figures.append(f"{sv.gen_tok_s:.1f} tok/s")
     if sv.accept_length is not None:
-        figures.append(f"accept length {sv.accept_length:.2f}")
+        figures.append(sv.accept_said())
     return out + ("; " + ", ".join(figures) if figures else "")
 
 

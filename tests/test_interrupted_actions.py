@@ -87,3 +87,22 @@ def test_an_interrupted_kill_workers_is_recorded_and_said(ws, tmp_path):
         assert "process(es) gone, still alive: [" in events[0]["detail"]
     finally:
         ws.cli("kill-workers", "s", "--yes", "--grace", "0")
+
+
+def test_every_started_clean_has_its_end_when_parallel_cleans_race(ws, tmp_path):
+    """The losers of parallel cleans re-plan, find nothing and exit 0: their `started`
+    record still gets an end (`nothing to do`), so none reads as an action cut short."""
+    ws.write('[stages.w]\nargv = ["false"]\noutputs = ["out/w"]\n')
+    ws.cli("run", "w", check=0)
+    ws.wait_status("w", ("failed",))
+    out = ws.root / "out" / "w"
+    out.mkdir(parents=True, exist_ok=True)
+    for i in range(200):
+        (out / f"f{i}.bin").write_bytes(b"x")
+    procs = [_cli(ws, "clean", "w", "--yes", out=subprocess.DEVNULL) for _ in range(4)]
+    assert [p.wait(timeout=120) for p in procs] == [0] * 4
+    outcomes = [e["outcome"] for e in _events(ws, "w") if e["action"] == "clean"]
+    started = outcomes.count("started")
+    ends = [o for o in outcomes if o != "started"]
+    assert started == len(ends) and started >= 1, outcomes
+    assert set(ends) <= {"ok", "nothing to do"} and ends.count("ok") == 1, outcomes

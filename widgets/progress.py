@@ -117,7 +117,7 @@ def serve_text(st: StageStatus) -> Text | None:
         if sv.gen_tok_s is not None:
             parts.append(fmt.rate(sv.gen_tok_s, " tok/s"))
         if sv.accept_length is not None:
-            parts.append(f"accept length {sv.accept_length:.2f}")
+            parts.append(sv.accept_said())
         if parts:
             t.append("\n" + "  ".join(parts))
         if sv.metrics is False:

@@ -15,6 +15,7 @@ import signal
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
+from eagle3_console.refused import Refused
 from eagle3_console.registry import Registry
 from eagle3_console.workspace import Workspace
 
@@ -55,6 +56,14 @@ def recorded(ws: Workspace, action: str, stage: str, run_id: int | None, what: s
         signum = exc.signum
     except KeyboardInterrupt:
         signum = signal.SIGINT
+    except Refused as exc:
+        # Re-planned at execution and refused (a parallel clean took the files): the
+        # `started` record gets its end here, the action recorded nothing of its own.
+        with Registry(ws.db_path) as reg:
+            reg.record(action, "nothing to do" if exc.code == 0 else (f"refused: {exc.kind}" if exc.kind
+                                                                       else "refused"),
+                       stage=stage, run_id=run_id, detail=str(exc))
+        raise
     finally:
         for s, handler in before.items():
             signal.signal(s, handler)
