@@ -205,7 +205,7 @@ def missing_inputs(ws: Workspace, stage: Stage, params: dict[str, Any]) -> list[
         if value not in (None, ""):
             path = ws.resolve(str(value))
             if not os.path.lexists(path):
-                out.append(f"{name} {path}")
+                out.append(f"params.{name} {path}")
     return out
 
 
@@ -246,7 +246,7 @@ def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, 
             missing = missing_inputs(ws, stage, params)
             if missing:
                 # Even with --force: the op would only start (N torchrun ranks, a model load) to fail on it.
-                raise Refused(f"stage {stage.name!r}: input {'; '.join(missing)} does not exist", kind="input")
+                raise Refused(f"stage {stage.name!r}: {'; '.join(missing)} does not exist", kind="input")
             pf = preflight(ws, pipe, stage, params)
             if not pf.fits and not ignore_disk:
                 raise Refused(f"stage {stage.name!r} {pf.shortfall()}; free space or pass --ignore-disk", kind="disk",
