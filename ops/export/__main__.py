@@ -3,7 +3,8 @@
 Data flow: train's checkpoint (newest under --checkpoint, or the one named) ->
 <output>/sglang/{config.json, model.safetensors} and
 <output>/speculators/{config.json, model.safetensors (with the target's
-embed_tokens.weight)}, plus <output>/export_info.json (layer ids in every
+embed_tokens.weight), verifier/ (what speculators reads of the target:
+ops/export/verifier.py)}, plus <output>/export_info.json (layer ids in every
 convention, source step, the --check result). bench reads either directory
 back. Formats and the loader code they were checked against:
 ops/export/formats.py. The whole output is built beside the old one and
@@ -51,22 +52,22 @@ def write_format(stage: Path, fmt: str, config: dict, state: dict) -> Path:
     return final
 
 
-def target_embedding(candidates: list[str], dtype, cfg):
-    """The target's token embedding for the speculators format: speculators'
+def target_head(candidates: list[str], cfg):
+    """(the local target's folder, its head) for the speculators format: speculators'
     Eagle3DraftModel (0.9.0) takes embed_tokens.weight from the export and
     fills it from the verifier only where its freshly allocated tensor holds
-    NaN, so without it the logits depend on the allocator (issue 19, item 6)."""
+    NaN, so without it the logits depend on the allocator."""
     from ops.drafter.target_head import load_target_head
 
     local = [c for c in candidates if c and Path(c).is_dir()]
     if not local:
         raise ValueError(f"the speculators format holds the target's embedding, and no local target checkpoint "
                          f"was found among {[c for c in candidates if c]}; pass --target DIR")
-    embed = load_target_head(Path(local[0])).embed
-    if tuple(embed.shape) != (cfg.target_vocab_size, cfg.hidden_size):
-        raise ValueError(f"{local[0]}: embedding of shape {tuple(embed.shape)}, the drafter was trained for "
+    head = load_target_head(Path(local[0]))
+    if tuple(head.embed.shape) != (cfg.target_vocab_size, cfg.hidden_size):
+        raise ValueError(f"{local[0]}: embedding of shape {tuple(head.embed.shape)}, the drafter was trained for "
                          f"[{cfg.target_vocab_size}, {cfg.hidden_size}]")
-    return embed.to(dtype).contiguous()
+    return Path(local[0]), head
 
 
 def check(ref_model, written: dict[str, Path], meta: dict, args, target: Path) -> dict:
@@ -168,6 +169,7 @@ def _export(args, ckpt: Path, model, meta: dict, out: Path, stage: Path) -> int:
     from ops.drafter import diskio
     from ops.export import formats as fm
     from ops.export import switch
+    from ops.export.verifier import write_verifier
 
     cfg = model.cfg
     target = Path(target_ref(args.target or meta.get("target", "")))
@@ -183,10 +185,13 @@ def _export(args, ckpt: Path, model, meta: dict, out: Path, stage: Path) -> int:
         written = {}
         for fmt in fmts:
             tensors = fm.to_format(state, fmt)
+            head = None
             if fmt == "speculators":
-                tensors["embed_tokens.weight"] = target_embedding(
-                    [str(target), meta.get("target", "")], dtype, cfg)
+                local, head = target_head([str(target), meta.get("target", "")], cfg)
+                tensors["embed_tokens.weight"] = head.embed.to(dtype).contiguous()
             written[fmt] = write_format(stage, fmt, configs[fmt](), tensors)
+            if head is not None:
+                write_verifier(written[fmt], local, head)
             print(f"export: {fmt} -> {out / fmt}", flush=True)
     except ValueError as exc:          # e.g. no SGLang config ids reach the canonical layers
         raise BadInput(str(exc)) from None

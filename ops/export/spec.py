@@ -1,10 +1,13 @@
 """Spec of the export stage: the trained drafter in SGLang's and speculators/vLLM's formats.
 
 Output: <output>/sglang/, <output>/speculators/ (config.json + model.safetensors
-each; speculators' also holds the target's embedding) and
+each; speculators' also holds the target's embedding, and verifier/ the
+target's config, embedding, final norm and LM head: ops/export/verifier.py) and
 <output>/export_info.json, built in <output>.tmp-<pid> beside it and switched
 in whole (ops/export/switch.py). Disk estimate: drafter params x dtype bytes x
-formats written, plus the embedding (target vocab x hidden) for speculators.
+formats written, plus for speculators the embedding in that dtype and the
+verifier's embedding, LM head and norm in the target's (an upper bound: a
+tied target's LM head is not stored).
 """
 
 from __future__ import annotations
@@ -23,9 +26,13 @@ def estimate_bytes(ctx: EstimateContext) -> int | None:
         return None
     fmt = ctx.params.get("format", "both")
     n_formats = 2 if fmt == "both" else 1
-    embed = int(ctx.target.get("vocab_size") or 0) * int(ctx.target.get("hidden_size") or 0) \
-        if fmt in ("both", "speculators") else 0
-    return (params * n_formats + embed) * dtype_bytes(ctx.params.get("dtype", "bfloat16"))
+    out_bytes = dtype_bytes(ctx.params.get("dtype", "bfloat16"))
+    if fmt not in ("both", "speculators"):
+        return params * n_formats * out_bytes
+    hidden = int(ctx.target.get("hidden_size") or 0)
+    embed = int(ctx.target.get("vocab_size") or 0) * hidden
+    verifier = (2 * embed + hidden) * dtype_bytes(ctx.target.get("dtype") or ctx.params.get("dtype"))
+    return (params * n_formats + embed) * out_bytes + verifier
 
 
 def partial_files(root: Path) -> list[Path]:
