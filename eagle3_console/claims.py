@@ -32,11 +32,12 @@ from typing import TYPE_CHECKING, Any
 from eagle3_console.fstree import Root
 from eagle3_console.registry import RunStatus
 from eagle3_console.workspace import Workspace
+from ops.common import CLAIM_FILE
 
 if TYPE_CHECKING:  # status --json reads claims and must not pay for subprocess (threading)
     import subprocess
 
-LOCK_NAME = ".eagle3-lock"
+LOCK_NAME = CLAIM_FILE
 VOUCHED_DIR = "vouched"
 POLL_S = 0.5        # how often a supervisor looks for an output its stage has just created (or swapped)
 

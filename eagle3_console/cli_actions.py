@@ -9,7 +9,6 @@ exporter -> the terminal. A refusal is raised (cliexit says it).
 
 from __future__ import annotations
 
-import time
 from datetime import datetime
 
 import typer
@@ -18,7 +17,7 @@ from eagle3_console import cliopts
 from eagle3_console import config as cfg
 from eagle3_console.cliexit import EXIT_CRITICAL, EXIT_OK, CommandError
 from eagle3_console.clictx import collect, ctx_of
-from eagle3_console.cliout import out, say
+from eagle3_console.cliout import Unwritable, out, say
 
 
 def _show(lines: list[str]) -> None:
@@ -89,40 +88,30 @@ def restart(ctx: typer.Context, stage: str,
 def watch(ctx: typer.Context,
           once: bool = typer.Option(False, "--once", help="One pass, then exit with the status code."),
           interval: float = typer.Option(30.0, "--interval", help="Seconds between passes.",
-                                         callback=cliopts.seconds(above=True)),
+                                         callback=cliopts.seconds(cliopts.MIN_INTERVAL_S)),
           no_gpus: bool = typer.Option(False, "--no-gpus"),
           advance: bool = typer.Option(False, "--advance", help="Also start each stage that never ran (or is stale) once its dependencies are done."),
           until_done: bool = typer.Option(False, "--until-done", help="Exit once every stage succeeded (or nothing more can start).")) -> None:
     """Apply the policies (restart with backoff, halve the batch after an OOM) under an exclusive lock."""
-    from eagle3_console import policy
+    from eagle3_console import watchloop
     c = ctx_of(ctx)
-    c.pipeline()
-    said = [0]
+    c.pipeline()        # a pipeline file bad from the start is said at once (exit 3); later, passes retry
+    lost: list[Unwritable] = []
 
     def tell(m: str) -> None:
-        said[0] += 1
-        out.print(f"{datetime.now():%H:%M:%S} {m}", highlight=False, markup=False)
+        # A line that cannot be written (the cron log's disk full) never stops a pass
+        # half-way: what it did is recorded in the registry's events all the same.
+        try:
+            out.print(f"{datetime.now():%H:%M:%S} {m}", highlight=False, markup=False)
+        except Unwritable as exc:
+            lost.append(exc)
 
     # Another watch holding the lock raises policy.LockHeld: exit 75 (cliexit).
-    with policy.WatchLock(c.ws):
-        while True:
-            snap = collect(c, no_gpus)
-            acted = policy.apply(c.ws, snap, tell)
-            if advance:
-                acted += policy.advance(c.ws, snap, tell)
-            if acted:
-                snap = collect(c, no_gpus)
-            for a in snap.alerts:
-                tell(f"{a.level.upper()}: {a.message}")
-            if once:
-                if not said[0]:     # a cron log that stays empty cannot tell "ran, all well" from "never ran"
-                    tell(f"nothing to do: health {snap.health}; "
-                         + ", ".join(f"{s.name} {s.status}" for s in snap.stages))
-                raise typer.Exit(snap.exit_code)
-            if until_done and policy.settled(snap) and not policy.restart_pending(c.ws, snap):
-                tell("pipeline settled: " + ", ".join(f"{s.name} {s.status}" for s in snap.stages))
-                raise typer.Exit(snap.exit_code)
-            time.sleep(interval)
+    code = watchloop.run(c, watchloop.Options(once=once, interval_s=interval, no_gpus=no_gpus, advance=advance,
+                                              until_done=until_done), tell)
+    if lost:
+        raise CommandError(f"{lost[0]} ({len(lost)} line(s) lost; the pass's actions are in `events`)")
+    raise typer.Exit(code)
 
 
 # ------------------------------------------------------------------ exporter
@@ -134,7 +123,7 @@ def exporter(ctx: typer.Context,
                                       callback=cliopts.integer(0, 65535, "a TCP port")),
              host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
              interval: float = typer.Option(5.0, "--interval", help="Seconds between snapshots (scrapes read the last one).",
-                                           callback=cliopts.seconds(above=True)),
+                                           callback=cliopts.seconds(cliopts.MIN_INTERVAL_S)),
              no_gpus: bool = typer.Option(False, "--no-gpus", help="Skip NVML.")) -> None:
     """Serve the snapshot as Prometheus metrics on http://HOST:PORT/metrics."""
     from eagle3_console import exporter as exp

@@ -70,13 +70,20 @@ def init(ctx: typer.Context, directory: Optional[Path] = typer.Argument(None, he
 
 def demo(ctx: typer.Context, directory: Path = typer.Argument(Path("demo-workspace"), help="Where to build it."),
          no_open: bool = typer.Option(False, "--no-open", help="Build only; do not open the console."),
-         run_all: bool = typer.Option(False, "--run", help="Start the whole pipeline, each stage when its dependencies succeed.")) -> None:
+         run_all: bool = typer.Option(False, "--run", help="Start the whole pipeline, each stage when its dependencies succeed."),
+         model: str = typer.Option("tiny", "--model", help="The target: tiny (trained here in seconds) or smollm2 "
+                                   "(SmolLM2-135M-Instruct, the smollm2 extra; converted once, cached).")) -> None:
     """Build the demo workspace (synthetic corpus, tiny target; cached) and open the console on it."""
-    from eagle3_console.demo import write_demo_workspace
+    from eagle3_console.demo import MODELS, write_demo_workspace
+    from ops.demo.realmodel import MissingExtra
+    if model not in MODELS:
+        raise CommandError(f"--model {model!r}: expected one of {', '.join(MODELS)}")
     ws = Workspace.at(directory)
     t0 = time.time()
     try:
-        config, assets = write_demo_workspace(ws.root, log=say)
+        config, assets = write_demo_workspace(ws.root, log=say, model=model)
+    except MissingExtra as exc:
+        raise CommandError(str(exc)) from None
     except Exception as exc:   # a broken build must say what broke, not open an empty console
         raise CommandError(f"building the demo workspace failed: {exc}") from None
     how = "cached" if assets.get("cached") else f"built in {time.time() - t0:.0f} s"

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eagle3_console import configchecks
 from eagle3_console.workspace import Workspace
 from ops import KNOWN_OPS, get_spec
 from ops.spec import DTYPE_BYTES, OpSpec
@@ -28,7 +29,7 @@ def argv_params(part: str) -> list[str]:
 TARGET_KEYS = {"path": str, "num_layers": int, "hidden_size": int, "dtype": str, "vocab_size": int,
                "architecture": str}
 STAGE_KEYS = {"op", "argv", "params", "outputs", "gpus", "depends_on", "batch_param", "restart",
-              "env", "description", "expected_samples", "estimate_bytes", "sample_glob"}
+              "env", "description", "expected_samples", "estimate_bytes", "sample_glob", "launcher", "slurm"}
 TOP_KEYS = {"target", "stages", "workspace"}
 # A pipeline has a handful of stages; a file of thousands is a generated
 # mistake, and loading it would cost minutes on every `status` (seen: 200,000
@@ -71,6 +72,8 @@ class Stage:
     expected_samples: int | None = None
     estimate_bytes: int | None = None
     sample_glob: str | None = None      # a custom stage's sample files under its first output (fnmatch)
+    launcher: str = "local"             # local (the supervisor's process group) | slurm (a job: eagle3_console/slurm/)
+    slurm: Any = None                   # slurm.params.SlurmParams of a slurm stage
 
     @property
     def spec(self) -> OpSpec | None:
@@ -168,6 +171,8 @@ def parse_value(text: str) -> Any:
         value = None
     if value is None or too_deep(value):
         raise ConfigError("--set", text[:40], f"nested more than {MAX_DEPTH} levels deep; expected at most {MAX_DEPTH}")
+    if configchecks.nul_key(value):
+        raise ConfigError("--set", text[:40].replace("\x00", "\\0"), "holds a NUL character; expected none")
     return value
 
 
@@ -204,6 +209,10 @@ def load(path: Path) -> Pipeline:
     deep = too_deep(raw)
     if deep:
         raise ConfigError(path, deep, f"nested more than {MAX_DEPTH} levels deep; expected at most {MAX_DEPTH}")
+    nul = configchecks.nul_key(raw)
+    if nul:
+        raise ConfigError(path, nul.replace("\x00", "\\0"), "holds a NUL character (\\u0000); expected none: "
+                          "no program can be given one in its argv or environment")
     return parse(raw, path)
 
 
@@ -296,6 +305,9 @@ def _parse_stage(path: Path, name: str, body: Any) -> Stage:
     if "gpus" in body:
         gpus = _expect(path, f"{where}.gpus", body["gpus"], list)
         st.gpus = [_expect(path, f"{where}.gpus[{i}]", g, int) for i, g in enumerate(gpus)]
+        bad = next(configchecks.gpu_problems(st.gpus), None)
+        if bad:
+            raise ConfigError(path, f"{where}.gpus[{bad[0]}]", bad[1])
     st.depends_on = _str_list(path, f"{where}.depends_on", body.get("depends_on", []))
     if "batch_param" in body:
         st.batch_param = _expect(path, f"{where}.batch_param", body["batch_param"], str)
@@ -308,6 +320,10 @@ def _parse_stage(path: Path, name: str, body: Any) -> Stage:
                 raise ConfigError(path, f"{where}.restart.{key}", "unknown key; expected max or backoff_s")
         st.restart = RestartPolicy(max=_expect(path, f"{where}.restart.max", r.get("max", 0), int),
                                    backoff_s=_expect(path, f"{where}.restart.backoff_s", r.get("backoff_s", 30.0), float))
+        for key, problem in (("max", configchecks.restart_max_problem(st.restart.max)),
+                             ("backoff_s", configchecks.backoff_problem(st.restart.backoff_s))):
+            if problem:
+                raise ConfigError(path, f"{where}.restart.{key}", problem)
     env = _expect(path, f"{where}.env", body.get("env", {}), dict)
     st.env = {k: _expect(path, f"{where}.env.{k}", v, str) for k, v in env.items()}
     st.description = _expect(path, f"{where}.description", body.get("description", ""), str)
@@ -325,6 +341,11 @@ def _parse_stage(path: Path, name: str, body: Any) -> Stage:
             raise ConfigError(path, f"{where}.sample_glob",
                               f"{glob!r}: expected a pattern relative to the stage's first output, e.g. \"sample_*.bin\"")
         st.sample_glob = glob
+    from eagle3_console.slurm import params as slurm_params
+    try:
+        st.launcher, st.slurm = slurm_params.parse(path, where, body, st)
+    except slurm_params.BadSlurmKey as exc:
+        raise ConfigError(path, exc.key, exc.message) from None
     return st
 
 

@@ -33,7 +33,6 @@ from ops import spec_of
 
 STATUSES = ("never", *RunStatus)       # a stage's: never ran, else its latest run's
 HEALTH = ("ok", "warning", "critical", "unknown")
-GPU_LABELS = ["hostname", "index", "devicename", "uuid"]      # nvitop-exporter's
 
 
 def _num(v: Any) -> float | None:
@@ -233,9 +232,14 @@ class SnapshotExporter:
 
 
 def sampler(exporter: SnapshotExporter, interval_s: float, stop: threading.Event) -> threading.Thread:
+    """Refresh every interval, resting at least as long as a refresh took:
+    a short interval on a slow workspace never keeps a core busy."""
     def loop() -> None:
-        while not stop.wait(interval_s):
+        rest = interval_s
+        while not stop.wait(rest):
+            began = time.monotonic()
             exporter.refresh()
+            rest = max(interval_s, time.monotonic() - began)
     t = threading.Thread(target=loop, name="eagle3-exporter-sampler", daemon=True)
     t.start()
     return t

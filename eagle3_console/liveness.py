@@ -14,6 +14,7 @@ from eagle3_console import exitrecord
 from eagle3_console.endclock import mark_end
 from eagle3_console.monitor.procs import process_alive
 from eagle3_console.registry import Registry, Run, RunStatus
+from eagle3_console.slurm import SLURM
 
 PENDING_GRACE_S = 30.0
 
@@ -32,6 +33,12 @@ def reconcile(reg: Registry) -> list[Run]:
                     changed.append(run)
             continue
         if not process_alive(run.supervisor_pid, run.supervisor_create_time):
+            if run.launcher == SLURM and run.job_id:
+                # The job lives on without its supervisor: Slurm says how it is or how it ended.
+                from eagle3_console.slurm.control import reconcile_job
+                if reconcile_job(reg, run):
+                    changed.append(run)
+                continue
             # The supervisor may have recorded the exit between our read and now.
             # ended = when the loss was noticed: watch's backoff counts from it.
             if reg.finish(run.id, RunStatus.LOST, ended=now, reason="supervisor gone without recording an exit"):

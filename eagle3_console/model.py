@@ -8,11 +8,33 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
-from eagle3_console.registry import MAY_BE_ALIVE, RunStatus
-
 SCHEMA_VERSION = 1
+
+
+class RunStatus(StrEnum):
+    """A run's status as the registry stores it (the SQLite value, the JSON
+    string: a StrEnum member is that string). A stage adds `never` and `stale`
+    (StageStatus), which are no run's."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    KILLED = "killed"
+    LOST = "lost"
+
+
+# No end recorded yet: its supervisor still watches it (the registry's
+# "first writer wins" on the end, one live run per stage).
+ACTIVE = (RunStatus.PENDING, RunStatus.RUNNING)
+# No end recorded, and lost: the supervisor is gone but the run's processes
+# may live on (stop, the TUI's quit warning and a launch's refusal mean these).
+MAY_BE_ALIVE = (*ACTIVE, RunStatus.LOST)
+# An end the supervisor saw and recorded (the exit record's statuses).
+EXITED = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.KILLED)
 
 # Alert levels map onto the monitoring exit codes (README: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN).
 OK, WARNING, CRITICAL, UNKNOWN = "ok", "warning", "critical", "unknown"
@@ -89,6 +111,8 @@ class ShardProgress:
     complete: bool = False          # data_config.json says complete
     bad_files: int = 0              # sample files whose safetensors header is unreadable
     error: str | None = None        # data_config.json / sample_lengths.json unreadable, and why
+    format: str | None = None       # how the states are stored (data_config's format; ours without one: bf16)
+    bytes_per_token: float | None = None    # the output's bytes / tokens done
 
 
 @dataclass
@@ -138,6 +162,17 @@ class LogState:
     @property
     def oom(self) -> LogFinding | None:
         return self.findings.get("oom")
+
+
+@dataclass
+class JobInfo:
+    """A slurm run's job (eagle3_console/slurm/) as its run last recorded it."""
+    id: str | None                      # None while the supervisor is still submitting
+    state: str | None = None            # Slurm's JobState: PENDING, RUNNING, COMPLETED, TIMEOUT, NODE_FAIL, ...
+    reason: str | None = None           # Slurm's Reason (why it waits, why it ended)
+    nodes: str | None = None            # NodeList once allocated
+    said: str | None = None             # the run's reason: how the console read the job's end
+    stop_requested: bool = False        # the console asked for its end (stop, kill-workers)
 
 
 @dataclass
@@ -203,6 +238,7 @@ class StageStatus:
     alive: bool = False
     outputs_complete: bool | None = None
     serve: ServeState | None = None        # a serve stage's server state and live figures
+    job: JobInfo | None = None             # a slurm run's job
     curves: Curves | None = None           # plots' history (monitor/metrics.py), TUI only
     # Why a succeeded run is `stale`: a dependency succeeded again after it
     # started, so its outputs no longer follow from its inputs.
@@ -237,6 +273,15 @@ class StageStatus:
     def result_said(self) -> str | None:
         """result_line as the console says it, with whose it is."""
         return self.result_whose() + self.result_line if self.result_line else None
+
+
+def oom_finding(st: StageStatus) -> LogFinding | None:
+    """The out-of-memory line of the stage's latest run (its log, as the snapshot
+    read it), or None: the one test of "this run ran out of memory" (the alert,
+    watch's halving, the stages pane); a slurm job ended OUT_OF_MEMORY counts too."""
+    if st.job is not None and st.job.state == "OUT_OF_MEMORY":
+        return LogFinding("oom", f"slurm: job {st.job.id} OUT_OF_MEMORY ({st.job.said or 'killed by Slurm'})")
+    return st.log.oom if st.log is not None else None
 
 
 @dataclass

@@ -13,9 +13,10 @@ import sqlite3
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, Iterator
+
+from eagle3_console.model import ACTIVE, EXITED, MAY_BE_ALIVE, RunStatus  # noqa: F401 - the registry's words
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -40,7 +41,12 @@ CREATE TABLE IF NOT EXISTS runs (
     log_path TEXT NOT NULL,
     restart_of INTEGER REFERENCES runs(id),
     reason TEXT,
-    stop_requested INTEGER NOT NULL DEFAULT 0
+    stop_requested INTEGER NOT NULL DEFAULT 0,
+    launcher TEXT NOT NULL DEFAULT 'local',
+    job_id TEXT,
+    job_state TEXT,
+    job_reason TEXT,
+    job_nodes TEXT
 );
 CREATE INDEX IF NOT EXISTS runs_stage ON runs(stage, id);
 CREATE TABLE IF NOT EXISTS meta (
@@ -61,28 +67,13 @@ CREATE TABLE IF NOT EXISTS events (
 """
 
 
-class RunStatus(StrEnum):
-    """A run's status as the registry stores it (the SQLite value, the JSON
-    string: a StrEnum member is that string). A stage adds `never` and `stale`
-    (model.StageStatus), which are no run's."""
-
-    PENDING = "pending"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    KILLED = "killed"
-    LOST = "lost"
-
-
-# No end recorded yet: its supervisor still watches it (the registry's
-# "first writer wins" on the end, one live run per stage).
-ACTIVE = (RunStatus.PENDING, RunStatus.RUNNING)
-# No end recorded, and lost: the supervisor is gone but the run's processes
-# may live on (stop, the TUI's quit warning and a launch's refusal mean these).
-MAY_BE_ALIVE = (*ACTIVE, RunStatus.LOST)
-# An end the supervisor saw and recorded (the exit record's statuses).
-EXITED = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.KILLED)
 _ACTIVE_SQL = ", ".join(f"'{s}'" for s in ACTIVE)
+# Columns added after the first release, with their declarations: a registry
+# made before them gets them at open (ALTER TABLE), its rows the defaults.
+ADDED_COLUMNS = {
+    "launcher": "TEXT NOT NULL DEFAULT 'local'",     # local | slurm (eagle3_console/slurm/)
+    "job_id": "TEXT", "job_state": "TEXT", "job_reason": "TEXT", "job_nodes": "TEXT",
+}
 
 
 @dataclass
@@ -109,6 +100,11 @@ class Run:
     restart_of: int | None
     reason: str | None
     stop_requested: int
+    launcher: str = "local"
+    job_id: str | None = None       # the scheduler's job (launcher slurm), with its last seen state
+    job_state: str | None = None
+    job_reason: str | None = None
+    job_nodes: str | None = None
     # The registry (meta.registry_id) the run belongs to: run ids restart in a
     # new registry, so an id is only a run's together with this.
     registry: str | None = None
@@ -194,6 +190,7 @@ class Registry:
             self.conn.execute("PRAGMA journal_mode=WAL")
             self.conn.execute("PRAGMA synchronous=NORMAL")
             self.conn.executescript(SCHEMA)
+            self._add_columns()
             row = self.conn.execute("SELECT value FROM meta WHERE key = 'registry_id'").fetchone()
             if row is None:
                 import uuid     # 10 ms of import (platform) that every later open skips
@@ -219,6 +216,17 @@ class Registry:
             raise StateError(
                 f"state database {db_path} was replaced: it holds registry {self.registry_id}, {marker.name} says "
                 f"{expected}. Restore the original, or move {marker} aside to adopt this one")
+
+    def _add_columns(self) -> None:
+        have = {r[1] for r in self.conn.execute("PRAGMA table_info(runs)")}
+        for name, decl in ADDED_COLUMNS.items():
+            if name in have:
+                continue
+            try:
+                self.conn.execute(f"ALTER TABLE runs ADD COLUMN {name} {decl}")
+            except sqlite3.OperationalError as exc:
+                if "duplicate column" not in str(exc):      # a racing opener added it first
+                    raise
 
     def _check_holds_a_registry(self, expected: str, marker: Path) -> None:
         """With a marker, the database must already be a registry: read before
@@ -280,12 +288,13 @@ class Registry:
 
     # runs
     def create_run(self, stage: str, argv: list[str], params: dict, env: dict, cwd: str,
-                   log_path_for: Any, restart_of: int | None = None, reason: str | None = None) -> Run:
+                   log_path_for: Any, restart_of: int | None = None, reason: str | None = None,
+                   launcher: str = "local") -> Run:
         cur = self.conn.execute(
-            "INSERT INTO runs (stage, argv, params, env, cwd, status, created, log_path, restart_of, reason)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, '', ?, ?)",
+            "INSERT INTO runs (stage, argv, params, env, cwd, status, created, log_path, restart_of, reason, launcher)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, '', ?, ?, ?)",
             (stage, json.dumps(argv), json.dumps(params), json.dumps(env), cwd, str(RunStatus.PENDING), time.time(),
-             restart_of, reason))
+             restart_of, reason, launcher))
         run_id = cur.lastrowid
         self.conn.execute("UPDATE runs SET log_path = ? WHERE id = ?", (str(_fresh_log(log_path_for(run_id))), run_id))
         return self.get(run_id)

@@ -20,7 +20,7 @@ from eagle3_console import alerts
 from eagle3_console import config as cfg
 from eagle3_console import plan
 from eagle3_console import runs as runs_mod
-from eagle3_console.model import DiskUsage, GpuReport, Snapshot, StageStatus
+from eagle3_console.model import DiskUsage, GpuReport, JobInfo, Snapshot, StageStatus
 from eagle3_console.monitor.disk import DiskMonitor
 from eagle3_console.monitor.logs import LogFollower
 from eagle3_console.monitor.procs import ProcessTable, RunRef, attach_owners, orphans, process_alive
@@ -96,11 +96,12 @@ class Collector:
             self._nvml.shutdown()
 
     # -------------------------------------------------------------- collect
-    def collect(self) -> Snapshot:
+    def collect(self, pipe: cfg.Pipeline | None = None) -> Snapshot:
+        """The snapshot; `pipe`: the pipeline file as the caller's pass already read it."""
         self._table = None
         now = time.time()
         snap = Snapshot(workspace=str(self.ws.root), host=os.uname().nodename, time=now)
-        pipe = cfg.load(self.ws.config_path)
+        pipe = pipe or cfg.load(self.ws.config_path)
         latest: dict[str, Run | None] = {}
         succeeded: dict[str, Run] = {}
         refs: list[RunRef] = []
@@ -221,6 +222,9 @@ class Collector:
         if run:
             st.run_id, st.pid, st.started, st.ended = run.id, run.pid, run.started, run.ended
             st.exit_code, st.signal = run.exit_code, run.signal
+            if run.launcher == "slurm":
+                st.job = JobInfo(run.job_id, run.job_state, run.job_reason, run.job_nodes, run.reason,
+                                 bool(run.stop_requested))
             still_running = run.status in ACTIVE or (
                 run.status == RunStatus.LOST and runs_mod.stage_alive(run))
             if run.status == RunStatus.LOST:

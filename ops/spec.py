@@ -108,7 +108,6 @@ class OpSpec:
     output_params: tuple[str, ...] = ()
     # Whether the op takes `--target PATH` (the [target] table's path is passed).
     uses_target: bool = False
-    uses_gpu: bool = False
     # The param that sets batch size / token budget, halved after an OOM.
     batch_param: str | None = None
     # "shards": progress counted from sample files under the first output;
@@ -130,6 +129,11 @@ class OpSpec:
     # argv: extract with engine sglang and tp > 1 runs one process per TP rank
     # under torchrun. None: the argv as it is.
     launch: Callable[[dict[str, Any], list[str]], list[str]] | None = None
+    # How the op spreads over several nodes (a slurm stage's nodes, gpus_per_node),
+    # given its params: "torchrun" (torch.distributed's RANK / WORLD_SIZE), "sglang"
+    # (SGLang's own --nnodes / --node-rank / --dist-init-addr, through its extra_args
+    # param); None: one process on one node.
+    spreads: Callable[[dict[str, Any]], str | None] | None = None
     # ---- hooks: what the console asks the spec instead of knowing the op.
     # runs.lints (`run`, before a launch): (ctx, the stage's gpus) -> [Lint].
     lint: Callable[[EstimateContext, list[int] | None], list[Lint]] | None = None
@@ -291,24 +295,12 @@ class CurvePoint:
     sim_al: float | None
 
 
-def step_point(rec: dict) -> CurvePoint | None:
-    """A step record (train's metrics.jsonl line: step, loss, acc) as a point of the curves."""
-    from ops.drafter.metrics import from_record
-
-    step, loss = rec.get("step"), rec.get("loss")
-    if not isinstance(step, int) or not isinstance(loss, (int, float)):
-        return None
-    acc = rec.get("acc") if isinstance(rec.get("acc"), list) else []
-    return CurvePoint(step, float(loss), tuple(float(a) if isinstance(a, (int, float)) else float("nan")
-                                               for a in acc), from_record(rec))
-
-
 @dataclass(frozen=True)
 class CurveSource:
     """JSON lines under the stage's first output whose records are curve points (OpSpec.curves)."""
 
     file: str
-    point: Callable[[dict], CurvePoint | None] = step_point
+    point: Callable[[dict], CurvePoint | None]      # a record as a curve point, None to skip it
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,8 @@ from typing import Callable
 
 import pytest
 
+from tests.slurm_cluster import slurm  # noqa: F401  (the session fixture of a real one-node Slurm)
+
 ROOT = Path(__file__).resolve().parent.parent
 STAGES = Path(__file__).resolve().parent / "stages"
 PY = sys.executable
@@ -112,3 +114,14 @@ def stage_cmd(script: str, *args: str) -> str:
     """A TOML argv list running one of tests/stages/*.py."""
     parts = ["python", str(STAGES / script), *args]
     return "[" + ", ".join(f'"{p}"' for p in parts) + "]"
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct as a Hugging Face folder (ops/demo/realmodel.py), converted
+    once into the user's cache; skipped where the `smollm2` extra is not installed."""
+    from ops.demo.realmodel import MissingExtra, ensure_smollm2
+    try:
+        return ensure_smollm2()
+    except MissingExtra as exc:
+        pytest.skip(str(exc))

@@ -8,6 +8,9 @@ import json
 import os
 
 from eagle3_console.monitor.metrics import MAX_POINTS, MetricsReader, RateHistory
+from ops import get_spec
+
+TRAIN_POINT = get_spec("train").curves.point
 
 
 def rec(step: int, loss: float, acc=(0.5, 0.25)) -> str:
@@ -17,7 +20,7 @@ def rec(step: int, loss: float, acc=(0.5, 0.25)) -> str:
 def test_reads_only_what_was_appended(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text(rec(1, 3.0) + rec(2, 2.5))
-    reader = MetricsReader(path)
+    reader = MetricsReader(path, TRAIN_POINT)
     c = reader.refresh()
     assert c.steps == [1, 2] and c.loss == [3.0, 2.5] and c.acc == [[0.5, 0.5], [0.25, 0.25]]
     assert c.sim_al == [1.625, 1.625]          # computed from acc: records without the field
@@ -36,7 +39,7 @@ def test_reads_only_what_was_appended(tmp_path):
 def test_truncated_replaced_or_a_new_run_starts_over(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text(rec(1, 3.0) + rec(2, 2.5) + rec(3, 2.0))
-    reader = MetricsReader(path)
+    reader = MetricsReader(path, TRAIN_POINT)
     assert reader.refresh().steps == [1, 2, 3]
     path.write_text(rec(1, 9.0))                         # cut shorter
     assert reader.refresh().steps == [1] and reader.curves.loss == [9.0]
@@ -54,7 +57,7 @@ def test_series_stay_bounded_and_keep_the_newest(tmp_path):
     path = tmp_path / "metrics.jsonl"
     n = MAX_POINTS * 4 + 3
     path.write_text("".join(rec(s, 1000.0 / s) for s in range(1, n + 1)))
-    c = MetricsReader(path).refresh()
+    c = MetricsReader(path, TRAIN_POINT).refresh()
     assert len(c.steps) <= MAX_POINTS and c.steps[0] == 1 and c.steps[-1] == n
     assert len(c.loss) == len(c.steps) == len(c.acc[0]) == len(c.sim_al)
     assert c.steps == sorted(c.steps)

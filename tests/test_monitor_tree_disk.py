@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -198,30 +197,6 @@ def test_root_may_be_a_symlink(tmp_path):
     assert TreeIndex(tmp_path / "hs").refresh().total_bytes == 42
 
 
-def test_state_round_trip_continues_incrementally(tmp_path):
-    root = tmp_path / "out"
-    for i in range(5):
-        write(root / "rows_0-2000" / f"data_{i}.safetensors", 10 + i)
-    backdate(root)
-    idx = TreeIndex(root)
-    idx.refresh()
-    state = json.loads(json.dumps(idx.to_state()))
-    again = TreeIndex.from_state(state, root)
-    assert again.total_bytes == idx.total_bytes and again.file_count == 5
-    st = again.refresh()
-    assert st.dirs_listed == 0 and st.new_files == []
-    write(root / "rows_0-2000" / "data_5.safetensors", 1)
-    st = again.refresh()
-    assert st.new_files == ["rows_0-2000/data_5.safetensors"] and st.files == 6
-    # A state for another root, or damaged, is a fresh index, not an error.
-    assert TreeIndex.from_state(state, tmp_path / "elsewhere").file_count == 0
-    assert TreeIndex.from_state({"version": 1, "root": str(root), "dirs": {"": [1]}}, root).file_count == 0
-    for column in (4, 5, 6):        # a size, an mtime, an inode that is no integer
-        bad = json.loads(json.dumps(state))
-        bad["dirs"]["rows_0-2000"][column][0] = "10"
-        assert TreeIndex.from_state(bad, root).file_count == 0
-
-
 # ---- disk ------------------------------------------------------------------
 
 def test_nearest_existing_and_free_space_of_a_future_output(tmp_path):
@@ -268,15 +243,3 @@ def test_room_for_before_a_run(tmp_path):
     assert room_for(tmp_path, None)[0] is None
 
 
-def test_disk_monitor_state_round_trip(tmp_path):
-    out = tmp_path / "ckpt"
-    write(out / "epoch_0" / "model.safetensors", 1234)
-    backdate(out)
-    mon = DiskMonitor("train", out, estimate_bytes=5000)
-    assert mon.refresh().written_bytes == 1234
-    again = DiskMonitor.from_state(json.loads(json.dumps(mon.to_state())))
-    du = again.refresh()
-    assert du.written_bytes == 1234 and du.estimate_bytes == 5000 and du.stage == "train"
-    assert again.index.last.dirs_listed == 0
-    with pytest.raises(ValueError, match="path"):
-        DiskMonitor.from_state({"stage": "train"})

@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -25,16 +26,25 @@ from tests.conftest import ROOT
 from ops.serve import command
 from ops.serve.__main__ import main as serve_main
 
-import sglang  # noqa: E402 - no importorskip: bin/test installs it, so CI runs these tests
-from sglang.srt.arg_groups.argparse_actions import (  # noqa: E402
-    DeprecatedStoreConstAction, DeprecatedStoreTrueAction)
-from sglang.srt.server_args import ServerArgs  # noqa: E402
+
+@pytest.fixture(scope="module")
+def sglang():
+    """The pinned SGLang, imported when a test asks for it (its import costs seconds,
+    which collection would pay in every worker). No importorskip: bin/test installs
+    it, so CI runs these tests."""
+    import sglang
+    from sglang.srt.arg_groups import argparse_actions
+    from sglang.srt.server_args import ServerArgs
+
+    return SimpleNamespace(version=sglang.__version__, ServerArgs=ServerArgs,
+                           deprecated=(argparse_actions.DeprecatedStoreTrueAction,
+                                       argparse_actions.DeprecatedStoreConstAction))
 
 
 @pytest.fixture(scope="module")
-def parser():
+def parser(sglang):
     p = argparse.ArgumentParser(prog="sglang.launch_server", exit_on_error=False)
-    ServerArgs.add_cli_args(p)
+    sglang.ServerArgs.add_cli_args(p)
     return p
 
 
@@ -42,8 +52,8 @@ def options(parser) -> dict[str, argparse.Action]:
     return {o: a for a in parser._actions for o in a.option_strings}
 
 
-def test_the_pinned_version_is_installed():
-    assert sglang.__version__ == command.PINNED_SGLANG
+def test_the_pinned_version_is_installed(sglang):
+    assert sglang.version == command.PINNED_SGLANG
 
 
 SPEC = get_spec("serve")
@@ -56,7 +66,7 @@ CASES = [dict(zip(("mode", "tp", "dp", "ep", "mfs", "ctx", "metrics", "extra"), 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items() if k != "extra")
                          + ("-extra" if c["extra"] else ""))
-def test_every_argv_the_op_builds_passes_sglangs_parser(parser, case, tmp_path):
+def test_every_argv_the_op_builds_passes_sglangs_parser(sglang, parser, case, tmp_path):
     params = {"mode": case["mode"], "tp": case["tp"], "dp": case["dp"], "ep": case["ep"],
               "enable_metrics": case["metrics"], "port": 31000, "num_steps": 5, "topk": 1,
               "num_draft_tokens": 6}
@@ -74,7 +84,7 @@ def test_every_argv_the_op_builds_passes_sglangs_parser(parser, case, tmp_path):
     server = command.server_argv({k.replace("-", "_"): v for k, v in vars(_serve_args(ours[3:])).items()},
                                  "/models/Kimi-K2.5")
     ns = parser.parse_args(server)
-    args = ServerArgs.from_cli_args(ns)
+    args = sglang.ServerArgs.from_cli_args(ns)
     assert args.model_path == "/models/Kimi-K2.5"
     assert (args.tp_size, args.dp_size, args.ep_size, args.port, args.host) == \
         (case["tp"], case["dp"], case["ep"], 31000, "127.0.0.1")
@@ -98,17 +108,17 @@ def _serve_args(words):
     return parse_args(words)
 
 
-def test_the_deprecated_table_matches_the_pinned_parser(parser):
+def test_the_deprecated_table_matches_the_pinned_parser(sglang, parser):
     opts = options(parser)
     for flag, new in command.DEPRECATED_FLAGS.items():
         assert flag in opts, flag
-        assert isinstance(opts[flag], (DeprecatedStoreTrueAction, DeprecatedStoreConstAction)) \
+        assert isinstance(opts[flag], sglang.deprecated) \
             or "Deprecated" in (opts[flag].help or ""), flag
         for word in new.split():
             if word.startswith("--"):
                 assert word in opts, (flag, word)
     deprecated_here = {o for o, a in opts.items()
-                       if isinstance(a, (DeprecatedStoreTrueAction, DeprecatedStoreConstAction))}
+                       if isinstance(a, sglang.deprecated)}
     assert deprecated_here <= set(command.DEPRECATED_FLAGS), "a new deprecation the lint does not know"
 
 
@@ -214,7 +224,7 @@ def test_the_specs_lint_resolves_paths_in_the_workspace_and_takes_the_target(tmp
     assert len(errs) == 1 and "capture [4, 32, 60] on LlamaForCausalLM" in errs[0].message
 
 
-def test_an_export_root_as_drafter_reaches_sglang_as_its_sglang_folder(parser, tmp_path):
+def test_an_export_root_as_drafter_reaches_sglang_as_its_sglang_folder(sglang, parser, tmp_path):
     # README's drafter = "runs/export" is export's output root; SGLang's loader reads
     # <speculative-draft-model-path>/config.json, which only the root's sglang/ has.
     root = _drafter(tmp_path / "runs", [3, 31, 59], [3, 31, 59])
@@ -224,7 +234,7 @@ def test_an_export_root_as_drafter_reaches_sglang_as_its_sglang_folder(parser, t
                           env=dict(os.environ, CUDA_VISIBLE_DEVICES="0", PYTHONPATH=str(ROOT)))
     exec_line = next(line for line in proc.stdout.splitlines() if line.startswith("serve: exec "))
     argv = json.loads(exec_line[len("serve: exec "):])
-    args = ServerArgs.from_cli_args(parser.parse_args(argv[3:]))
+    args = sglang.ServerArgs.from_cli_args(parser.parse_args(argv[3:]))
     assert args.speculative_draft_model_path == str(root / "sglang")
     assert (Path(args.speculative_draft_model_path) / "config.json").is_file()
 

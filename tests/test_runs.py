@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -311,4 +312,8 @@ params = { input = "data/prep", output = "data/hs", tokens = 1000000000000000 }
     ws.cli("run", "extract", "--ignore-disk", check=0)
     run = ws.wait_status("extract", ("failed", "succeeded"))
     assert "--force" in run.argv
+    # Past its own disk check too: it fails on what is missing here (the target), not on the disk.
+    log = Path(run.log_path).read_text()
+    assert run.status == "failed" and "pass --force" not in log, log[-2000:]
+    assert "extract: error: target models/target" in log, log[-2000:]
     assert "force" not in run.params                  # a later restart is forced only when asked

@@ -207,8 +207,9 @@ def test_bench_names_its_servers_by_serve_stage_and_the_console_binds_their_urls
     assert argv[argv.index("--url") + 1] == "http://127.0.0.1:31001"
     assert argv[argv.index("--baseline-url") + 1] == "http://127.0.0.2:31002"
     assert argv[argv.index("--server") + 1] == "serve_spec"
-    wait_for(lambda: ws.latest("bench_sglang").status not in ("pending", "running") or None, timeout=30)
+    run = ws.wait_status("bench_sglang", ("failed", "succeeded"), timeout=30)
     log = next((ws.root / ".eagle3").glob("logs/*bench_sglang.log")).read_text()
+    assert run.status == "failed" and run.exit_code == 2, log
     assert "http://127.0.0.1:31001 (serve stage serve_spec)" in log   # no server up: the op says so and ends
     assert "error: http://127.0.0.1:31001: not ready within ready_timeout_s 1 s: /ready: connection refused" in log
 
@@ -235,7 +236,11 @@ def test_a_server_bound_to_every_interface_is_reached_on_loopback(ws):
     ws.cli("run", "bench_sglang", check=0)
     argv = ws.latest("bench_sglang").argv
     assert argv[argv.index("--url") + 1] == "http://127.0.0.1:31003"
-    wait_for(lambda: ws.latest("bench_sglang").status not in ("pending", "running") or None, timeout=30)
+    run = ws.wait_status("bench_sglang", ("failed", "succeeded"), timeout=30)
+    log = next((ws.root / ".eagle3").glob("logs/*bench_sglang.log")).read_text()
+    # No server is up: the op polls the loopback URL it was given and says so.
+    assert run.status == "failed" and run.exit_code == 2, log
+    assert "http://127.0.0.1:31003 (serve stage serve_spec)" in log, log
 
 
 def test_a_server_without_ready_warms_up_then_is_ready_and_never_critical(ws):

@@ -1,5 +1,6 @@
-"""The shape of the tree (issue 21): no import circle among our modules, no
-module over 400 lines, and no stage's knowledge outside ops/ (`op ==`).
+"""The shape of the tree: no import circle among our modules, the layers of
+pyproject.toml's import-linter contracts, no module over 400 lines, and no
+stage's knowledge outside ops/ (`op ==`).
 
 The import graph is grimp's (the engine of import-linter), with imports under
 TYPE_CHECKING left out: they never run. Function-level imports count: a lazy
@@ -7,7 +8,11 @@ import that closes a circle is still a circle, only a later one."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import grimp
@@ -79,6 +84,44 @@ def test_the_circle_finder_finds_a_circle(tmp_path, monkeypatch):
 
 def test_no_import_circle():
     assert import_circles() == []
+
+
+def lint_imports(cwd: Path, config: Path) -> subprocess.CompletedProcess:
+    """import-linter's own command on the contracts of `config`, with `cwd` first on the path."""
+    env = {**os.environ, "PYTHONPATH": str(cwd)}
+    return subprocess.run([str(Path(sys.executable).parent / "lint-imports"), "--no-cache", "--config", str(config)],
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_a_broken_layer_contract_fails_lint_imports(tmp_path):
+    pkg = tmp_path / "layered"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "high.py").write_text("from layered import low\n")
+    (pkg / "low.py").write_text("def f():\n    from layered import high\n")
+    (tmp_path / "setup.cfg").write_text(textwrap.dedent("""\
+        [importlinter]
+        root_package = layered
+
+        [importlinter:contract:layers]
+        name = high over low
+        type = layers
+        layers =
+            layered.high
+            layered.low
+        """))
+    proc = lint_imports(tmp_path, tmp_path / "setup.cfg")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "layered.low -> layered.high" in proc.stdout
+
+
+def test_the_import_contracts_hold():
+    """pyproject.toml's [tool.importlinter]: ops import nothing of the console,
+    widgets only its kernel, the kernel nothing above it, the TUI over the panes,
+    and inside ops the stage packages over ops.spec over the shared modules."""
+    proc = lint_imports(ROOT, ROOT / "pyproject.toml")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 broken" in proc.stdout
 
 
 def test_no_module_over_400_lines():

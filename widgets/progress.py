@@ -42,6 +42,11 @@ def summary(st: StageStatus, now: float) -> Text:
             if sp.tokens_expected:
                 t.append(f"/{fmt.count(sp.tokens_expected)}")
         # No-break spaces: a narrow pane wraps before "1 unreadable", never inside it.
+        if sp.format:
+            t.append("  format ", "dim")
+            t.append(sp.format)
+        if sp.bytes_per_token:
+            t.append(f"  {fmt.nbytes(sp.bytes_per_token)}/token")
         if sp.tmp_files:
             t.append(f"  {sp.tmp_files}\u00a0.tmp", "yellow")
         if sp.bad_files:
@@ -69,8 +74,24 @@ def summary(st: StageStatus, now: float) -> Text:
         t.append("  ETA ", "dim")
         t.append(fmt.duration(st.eta_s))
     else:
-        t.append("not run yet" if st.status == "never" else st.status, "dim")
+        cause = failure_cause(st)
+        if cause is None:
+            t.append("not run yet" if st.status == "never" else st.status, "dim")
+        else:
+            message, line = cause
+            t.append(message, "bold red")
+            if line:
+                t.append(f"\n{line}", "red")
     return t
+
+
+def failure_cause(st: StageStatus) -> tuple[str, str | None] | None:
+    """A failed or lost run's alert and the line `status` prints under it (the rank's
+    or the op's own error), so the cause is on screen where the stage is."""
+    for a in st.alerts:
+        if a.code in ("stage_failed", "lost") and a.level == "critical":
+            return a.message, (a.line.strip()[:160] if a.line else None)
+    return None
 
 
 def serve_text(st: StageStatus) -> Text | None:

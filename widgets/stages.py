@@ -15,8 +15,7 @@ from rich.text import Text
 from textual.message import Message
 from textual.widgets import DataTable
 
-from eagle3_console.alerts import oom_finding
-from eagle3_console.model import StageStatus
+from eagle3_console.model import StageStatus, oom_finding
 from widgets import fmt
 from widgets.body import retitle
 from widgets.progress import result_view

@@ -73,18 +73,3 @@ class DiskMonitor:
         return DiskUsage(stage=self.stage, path=str(self.path), written_bytes=written,
                          files=self.index.file_count, estimate_bytes=self.estimate_bytes,
                          projected_bytes=projected, free_bytes=free, total_bytes=total, fits=fits)
-
-    def to_state(self) -> dict:
-        """The index's state (for an output no ShardMonitor persists already)."""
-        return {"stage": self.stage, "path": str(self.path), "estimate_bytes": self.estimate_bytes,
-                "index": self.index.to_state()}
-
-    @classmethod
-    def from_state(cls, state: dict) -> "DiskMonitor":
-        """Rebuild from to_state(); a damaged index state only costs one full listing."""
-        try:
-            path = state["path"]
-            return cls(state["stage"], path, state.get("estimate_bytes"),
-                       index=TreeIndex.from_state(state.get("index") or {}, path))
-        except (KeyError, TypeError) as exc:
-            raise ValueError(f"disk monitor state: missing or malformed {exc}") from None

@@ -87,39 +87,6 @@ class LogFollower:
         self._ident: tuple[int, int] | None = None     # (st_dev, st_ino) of the file read
         self._primed = True             # False after from_state: re-read the tail's bytes
         self._parser = LineParser(LogState(path=str(self.path)))
-        self._fresh: list[str] | None = None     # lines read since read_new(), when a printer follows
-
-    @classmethod
-    def at_end(cls, path: str | os.PathLike, offset: int | None = None) -> "LogFollower":
-        """A follower for printing (`logs -f`): starts at `offset` (default: the
-        file's current end) and collects the lines read after it for read_new()."""
-        f = cls(path, tail_lines=1)
-        f._fresh = []
-        try:
-            info = os.stat(f.path)
-        except OSError:
-            return f                # not there yet: read from byte 0 once it is
-        f._ident = (info.st_dev, info.st_ino)
-        f._offset = info.st_size if offset is None else min(offset, info.st_size)
-        return f
-
-    def read_new(self, flush: bool = False) -> list[str]:
-        """The lines appended since the last call (at_end() followers); a burst
-        beyond max_read_bytes comes back as one line saying how much was skipped.
-        `flush`: also the last line though it has no line end yet (the run ended)."""
-        if self._fresh is None:
-            raise RuntimeError("read_new() needs a follower made by LogFollower.at_end()")
-        skipped = self._parser.state.skipped_bytes
-        self.refresh()
-        lines, self._fresh = self._fresh, []
-        skipped = self._parser.state.skipped_bytes - skipped
-        if skipped:
-            lines.insert(0, f"[{skipped:,} bytes skipped: more than {self.max_read_bytes:,} arrived at once]")
-        if flush and self._partial:
-            lines.append(self._text(self._partial))
-            self._offset += len(self._partial)
-            self._partial = b""
-        return lines
 
     # ---- refresh -------------------------------------------------------
     def refresh(self) -> LogState:
@@ -283,8 +250,6 @@ class LogFollower:
         return _ANSI.sub("", text) if "\x1b" in text else text
 
     def _to_tail(self, seg: bytes, text: str) -> None:
-        if self._fresh is not None and (text or seg.endswith(b"\n")):
-            self._fresh.append(text)
         if text:
             if self._cr_last and self._tail:
                 self._tail[-1] = text

@@ -22,7 +22,7 @@ from typing import Callable
 from eagle3_console.model import Curves, StageStatus
 from eagle3_console.registry import RunStatus
 from ops import spec_of
-from ops.spec import CurvePoint, step_point
+from ops.spec import CurvePoint
 
 MAX_POINTS = 512
 READ_CHUNK = 4 << 20        # bytes parsed a pass at most: a huge first open is spread over passes
@@ -37,8 +37,8 @@ def _thin(series: list) -> None:
 
 
 class MetricsReader:
-    def __init__(self, path: str | Path, max_points: int = MAX_POINTS,
-                 point: Callable[[dict], CurvePoint | None] = step_point):
+    def __init__(self, path: str | Path, point: Callable[[dict], CurvePoint | None],
+                 max_points: int = MAX_POINTS):
         self.path = Path(path)
         self.point = point          # a record as a curve point (the spec's CurveSource.point)
         self.max_points = max_points

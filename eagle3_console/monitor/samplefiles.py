@@ -10,7 +10,7 @@ state (folder_state()).
 
 Layouts (which names are samples, where): monitor/layouts.py.
 
-Tokens from headers: the `input_ids` shape in the safetensors header of each
+Tokens from headers: the `input_ids` (speculators: `token_ids`) shape in the safetensors header of each
 sample, read once per new file (a few hundred bytes; tensor data is never
 read). A safetensors sample whose header cannot be read counts as done (it
 exists, like in `ls`) and as a bad file; it is retried when its size or mtime
@@ -43,7 +43,6 @@ class SampleFiles:
         self._bad: dict[str, list[int]] = {}            # relpath -> [size, mtime_ns] when it failed
         self._synced = False
         self._tokens_cache: tuple[int | None] | None = None   # (tokens done,) while valid
-        self._idx_sum = 0                               # with the count: a fingerprint of the sample set
         # Frozen folders (TreeIndex.freeze): their counts only, until one changes;
         # then _dir_loader(rel) gives its saved per-file state (folder_state()).
         self._frozen: dict[str, dict] = {}
@@ -80,7 +79,6 @@ class SampleFiles:
         state). A tight loop: this runs over every loaded file once per process;
         a frozen folder keeps its counts."""
         self._samples.clear()
-        self._idx_sum = 0
         self._per_dir.clear()
         self._per_layout.clear()
         self._tmp.clear()
@@ -102,7 +100,7 @@ class SampleFiles:
         layouts = folder_layouts(rel_dir)
         prefix = f"{rel_dir}/" if rel_dir else ""
         samples, tokens, bad = self._samples, self._header_tokens, self._bad
-        n, idx_sum, per_layout = 0, 0, Counter()
+        n, per_layout = 0, Counter()
         for name in names:
             rel = prefix + name
             if name.endswith(TMP_SUFFIX):
@@ -117,7 +115,6 @@ class SampleFiles:
             layout = layouts[ext]
             idx = int(number)
             samples[rel] = (rel_dir, layout, idx)
-            idx_sum += idx
             n += 1
             per_layout[layout] += 1
             value = kept_tokens(rel)
@@ -131,7 +128,6 @@ class SampleFiles:
                 self._read_header(rel)
         if n:
             self._per_dir[rel_dir] += n
-        self._idx_sum += idx_sum
         self._per_layout.update(per_layout)
 
     def thaw_dir(self, rel_dir: str):
@@ -178,7 +174,6 @@ class SampleFiles:
         self._forget(rel)           # a file renamed over an existing sample
         self._tokens_cache = None
         self._samples[rel] = (rel_dir, layout, idx)
-        self._idx_sum += idx
         self._per_dir[rel_dir] += 1
         self._per_layout[layout] += 1
         if ext == "safetensors" and read_header:
@@ -189,7 +184,6 @@ class SampleFiles:
         info = self._samples.pop(rel, None)
         if info is not None:
             self._tokens_cache = None
-            self._idx_sum -= info[2]
             self._per_dir[info[0]] -= 1
             self._per_layout[info[1]] -= 1
         self._header_tokens.pop(rel, None)
@@ -294,13 +288,12 @@ class SampleFiles:
         per: dict[str, dict] = {}
         for rel in self.index.dirs():
             info, settled_ok = self.index.dir_info(rel)
-            per[rel] = {"n": 0, "idx_sum": 0, "layouts": {}, "tmp": 0, "bad": 0, "tokens": None,
+            per[rel] = {"n": 0, "layouts": {}, "tmp": 0, "bad": 0, "tokens": None,
                         "htok": False, "mtime": info.mtime_ns, "subdirs": info.subdirs, "bytes": info.bytes,
                         "files": info.files, "newest": info.newest_ns, "settled": settled_ok}
-        for rel, (rel_dir, layout, idx) in self._samples.items():
+        for rel, (rel_dir, layout, _idx) in self._samples.items():
             agg = per[rel_dir]
             agg["n"] += 1
-            agg["idx_sum"] += idx
             agg["layouts"][layout] = agg["layouts"].get(layout, 0) + 1
         for rel in self._tmp:
             per[rel.rpartition("/")[0]]["tmp"] += 1
@@ -332,7 +325,7 @@ class SampleFiles:
             rel = str(rel)
             newest = agg["newest"]
             if agg["settled"] and (newest is None or int(newest) < start_ns):
-                self._frozen[rel] = {"n": int(agg["n"]), "idx_sum": int(agg["idx_sum"]),
+                self._frozen[rel] = {"n": int(agg["n"]),
                                      "layouts": {str(k): int(v) for k, v in agg["layouts"].items()},
                                      "tmp": int(agg["tmp"]), "bad": int(agg["bad"]),
                                      "tokens": None if agg["tokens"] is None else int(agg["tokens"]),

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from eagle3_console.monitor.treedir import DirEntries, DirTotals, FileEntry, dir_columns, dir_from_columns
+from eagle3_console.monitor.treedir import DirEntries, DirTotals, FileEntry, dir_columns
 from ops.formats import TMP_SUFFIX
 
 # A directory's mtime ticks with the kernel clock (a few ms); on filesystems
@@ -44,7 +44,6 @@ RACY_NS = 50_000_000
 RACY_COARSE_NS = 2_000_000_000
 HOT_RECENT_PER_DIR = 8
 RECENT, ALWAYS = 1, 2
-STATE_VERSION = 2
 
 
 @dataclass
@@ -164,7 +163,7 @@ class TreeIndex:
             self._thaw(rel)
 
     def dir_columns(self, rel: str) -> list:
-        """One loaded directory's saved form (see to_state)."""
+        """One loaded directory's saved form (monitor/treedir.py)."""
         return dir_columns(self._dirs[rel])
 
     def dir_info(self, rel: str) -> tuple[DirTotals, bool]:
@@ -322,29 +321,3 @@ class TreeIndex:
             stats.removed_files.extend(_join(rel, n) for n in d.files)
             stats.changed_dirs.add(rel)
             stats.dropped_dirs.add(rel)
-
-    # ---- persistence ---------------------------------------------------
-    def to_state(self) -> dict:
-        """A JSON-serialisable dict; from_state() continues incrementally.
-        Per directory: its columns (monitor/treedir.py, dir_columns)."""
-        self.thaw_all()
-        dirs = {rel: dir_columns(d) for rel, d in self._dirs.items()}
-        return {"version": STATE_VERSION, "root": os.fspath(self.root), "hot_ns": self.hot_ns,
-                "dirs": dirs}
-
-    @classmethod
-    def from_state(cls, state: dict, root: str | os.PathLike | None = None) -> "TreeIndex":
-        """Rebuild from to_state(). A state of another version or another root,
-        or a damaged one, gives a fresh (empty) index: it lists everything once."""
-        idx = cls(root if root is not None else state.get("root", "."))
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            return idx
-        if os.fspath(idx.root) != state.get("root"):
-            return idx
-        try:
-            idx.hot_ns = int(state.get("hot_ns", idx.hot_ns))
-            for rel, columns in state["dirs"].items():
-                idx._dirs[str(rel)] = dir_from_columns(rel, columns)
-        except (KeyError, TypeError, ValueError):
-            idx._dirs.clear()       # a damaged cache costs one full listing, nothing more
-        return idx

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 
 from ops.serve.readiness import HEALTH_ANSWER_S, HEALTH_SLEEP_S, Readiness
 
-FLUSHED_PREFIX = "Cache flushed."
 # /server_info and /flush_cache answer at once on a live server; the bench's timeout
 # is sized for one generation, and a hung server would hold the bench that long.
 PROBE_TIMEOUT_S = 10.0

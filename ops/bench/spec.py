@@ -86,9 +86,9 @@ SPEC = OpSpec(
         Param("output", help="output directory (bench.json)"),
         Param("data", None, "hidden-state data for prompts (default: the export's)", type=str),
         Param("prompts_file", None, 'JSONL lines with "input_ids" (instead of --data)', type=str),
-        Param("num_prompts", 8, "held-out prompts decoded"),
-        Param("max_new_tokens", 64, "tokens generated a prompt"),
-        Param("draft_tokens", 5, "K: drafts per verify step"),
+        Param("num_prompts", 8, "held-out prompts decoded", low=1),
+        Param("max_new_tokens", 64, "tokens generated a prompt", low=1),
+        Param("draft_tokens", 5, "K: drafts per verify step", low=1),
         Param("settings", None, "engine reference: more (steps/topk/draft_tokens) settings measured for the "
               "table, e.g. 3/1/4,5/1/6,7/1/8 (a chain: topk 1, draft_tokens = steps + 1); engine sglang: one "
               "speculative server per setting (its /server_info says which)", type=str,
@@ -102,7 +102,6 @@ SPEC = OpSpec(
     ),
     output_params=("output",),
     uses_target=True,
-    uses_gpu=True,
     progress="log",
     estimate_bytes=lambda ctx: 64 * 1024,
     result_file="bench.json",

@@ -34,7 +34,6 @@ from ops.drafter.model import DraftCache
 @dataclass
 class SpecStats:
     verify_forwards: int = 0
-    tokens_from_verify: int = 0           # accepted drafts + bonus, summed over verify forwards
     accepted_at: list[int] = field(default_factory=list)    # [K]: steps whose draft i was accepted
     reached: list[int] = field(default_factory=list)        # [K]: steps where draft i was examined
 
@@ -127,7 +126,6 @@ def speculative(target: TargetRunner, drafter, embed: torch.Tensor, prompt: list
         for i in range(m):
             stats.accepted_at[i] += 1
         stats.verify_forwards += 1
-        stats.tokens_from_verify += m + 1
         new = drafts[:m] + [choice[m]]
         crop(cache, n + 1 + m)                         # keep nxt and the accepted drafts
         d_out, d_logits = drafter.extend(emb(new), aux[:, : m + 1].to(dtype), n, dcache, fuse=True)

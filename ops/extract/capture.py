@@ -15,9 +15,6 @@ from collections.abc import Sequence
 
 import torch
 
-FINAL_HIDDEN_STATE = "post_norm"
-
-
 def decoder_layers(model) -> Sequence[torch.nn.Module]:
     base = base_model(model)
     layers = getattr(base, "layers", None)

@@ -26,7 +26,7 @@ def estimate_bytes(ctx: EstimateContext) -> int | None:
         size = path.stat().st_size if path else None
         if size is None:
             return None
-        if ctx.params.get("limit"):
+        if ctx.params.get("limit") and size:
             # scale by the share of rows kept, guessing rows from the file's head
             with open(path, "rb") as fh:
                 head = fh.read(SAMPLE_BYTES)

@@ -95,10 +95,6 @@ def server_argv(p: dict[str, Any], model_path: str) -> list[str]:
     return out + extra_args_of(p.get("extra_args"))
 
 
-def launch_argv(p: dict[str, Any], model_path: str, python: str) -> list[str]:
-    return [python, "-m", str(p.get("launcher") or SGLANG_LAUNCHER)] + server_argv(p, model_path)
-
-
 def flags(args: Sequence[str]) -> list[str]:
     """The flag names of argv words (`--x 2` and `--x=2` both give `--x`)."""
     return [a.split("=", 1)[0] for a in args if a.startswith("--")]

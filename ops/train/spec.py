@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ops.drafter.metrics import from_record
 from ops.drafter.sizes import drafter_params
-from ops.spec import CurveSource, EstimateContext, Gauge, OpSpec, Param
+from ops.spec import CurvePoint, CurveSource, EstimateContext, Gauge, OpSpec, Param
 from ops.train.levers import LOSS, SWITCH, TTT_ATTENTION, parse_bucket
 
 CHECKPOINT_BYTES_PER_PARAM = 12
@@ -33,6 +33,16 @@ def partial_files(root: Path) -> list[Path]:
     if not ckpts.is_dir():
         return []
     return sorted(p for p in ckpts.iterdir() if ".tmp-" in p.name)
+
+
+def step_point(rec: dict) -> CurvePoint | None:
+    """A step record (metrics.jsonl's line: step, loss, acc) as a point of the curves."""
+    step, loss = rec.get("step"), rec.get("loss")
+    if not isinstance(step, int) or not isinstance(loss, (int, float)):
+        return None
+    acc = rec.get("acc") if isinstance(rec.get("acc"), list) else []
+    return CurvePoint(step, float(loss), tuple(float(a) if isinstance(a, (int, float)) else float("nan")
+                                               for a in acc), from_record(rec))
 
 
 def result_line(metrics: dict) -> str | None:
@@ -80,10 +90,10 @@ SPEC = OpSpec(
         Param("data", help="extract's output directory (hidden states)"),
         Param("vocab", help="vocab's output directory (vocab.safetensors)"),
         Param("output", help="output directory (checkpoints/, metrics.jsonl)"),
-        Param("epochs", 1, "passes over the training samples"),
-        Param("max_steps", 0, "stop after this many steps (0: epochs decide)"),
+        Param("epochs", 1, "passes over the training samples", low=1),
+        Param("max_steps", 0, "stop after this many steps (0: epochs decide)", low=0),
         Param("stop_at", 0, "leave after this step with a checkpoint, the schedule still spanning the whole "
-              "run (train in slices; --resume continues)"),
+              "run (train in slices; --resume continues)", low=0),
         Param("lr", 1e-4, "peak learning rate"),
         Param("min_lr_ratio", 0.0, "the cosine schedule's floor, a share of lr"),
         Param("warmup_ratio", 0.02, "share of the steps spent warming up"),
@@ -95,20 +105,20 @@ SPEC = OpSpec(
         Param("ttt_steps", 7, "K: draft steps of the training-time test", low=1),
         Param("decay", 0.8, "weight of step k's loss: decay**k"),
         Param("save_every", 500, "steps between checkpoints", low=1),
-        Param("keep", 3, "checkpoints kept (0: all)"),
+        Param("keep", 3, "checkpoints kept (0: all)", low=0),
         Param("log_every", 10, "steps between `progress:` lines and metrics.jsonl records", low=1),
         Param("seed", 0, "seed of the init, the shuffle and the holdout"),
         Param("workers", 2, "DataLoader worker processes", low=0),
-        Param("holdout", 0, "samples kept out of training (for bench and the simulated acceptance length)"),
+        Param("holdout", 0, "samples kept out of training (for bench and the simulated acceptance length)", low=0),
         Param("resume", False, "continue from the newest checkpoint in --output"),
         Param("replace_checkpoints", False, "delete another run's checkpoints in --output and start over "
               "(ops/train/owner.py)"),
         Param("report_to", "none", "tensorboard: also write the metrics as TensorBoard scalars under "
               "<output>/tb/ (the tensorboard extra)", choices=("none", "tensorboard")),
         Param("device", "auto", "auto | cpu | cuda"),
-        Param("num_heads", None, "override the target's num_attention_heads", type=int),
-        Param("num_kv_heads", None, "override the target's num_key_value_heads", type=int),
-        Param("intermediate_size", None, "override the target's intermediate_size", type=int),
+        Param("num_heads", None, "override the target's num_attention_heads", type=int, low=1),
+        Param("num_kv_heads", None, "override the target's num_key_value_heads", type=int, low=1),
+        Param("intermediate_size", None, "override the target's intermediate_size", type=int, low=1),
         # Speed levers (ops/drafter/model.py; equal to the old path within bf16 noise,
         # timed by benchmarks/train_throughput.py). "auto": on CUDA the fast path,
         # on the CPU the old one (ops/train/levers.py says why).
@@ -127,14 +137,14 @@ SPEC = OpSpec(
     ),
     output_params=("output",),
     uses_target=True,
-    uses_gpu=True,
     batch_param="token_budget",
     progress="log",
+    spreads=lambda params: "torchrun",
     estimate_bytes=estimate_bytes,
     partial_files=partial_files,
     result_file="metrics.jsonl",
     result_line=result_line,
     estimate_rule="drafter parameters x bytes per parameter x checkpoints kept",
     gauges=gauges,
-    curves=CurveSource("metrics.jsonl"),
+    curves=CurveSource("metrics.jsonl", step_point),
 )

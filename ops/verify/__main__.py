@@ -80,7 +80,7 @@ def _deep(args, output: Path, report: Report) -> None:
     vocab = None
     if args.target:
         vocab = (read_json(Path(args.target) / "config.json") or {}).get("vocab_size")
-    found = deep.load_checks({i: good[i] for i in chosen}, vocab)
+    found = deep.load_checks({i: good[i] for i in chosen}, vocab, config)
     info: dict = {"loaded": len(chosen), "samples": chosen[:100], "bad": len(found)}
     index = {p: i for i, p in good.items()}
     for b in found:

@@ -99,23 +99,24 @@ def judge(name: str, stored, own, own_label: str, neighbours: dict, bound: Bound
 
 def recompute(paths: dict[int, str], target: Path, config: dict) -> tuple[list[dict], list[dict]]:
     """(per-sample comparison records, bad files) for samples recomputed with the target."""
-    from safetensors.torch import load_file
+    from ops.hidden_formats import config_format, relative_error
+    from ops.verify.deep import load_sample
 
     dtype = str(config.get("dtype") or "float32")
     layer_ids = [int(k) for k in config.get("layer_ids") or []]
     hidden = int(config["hidden_size"])
-    stored_format = str(config.get("format") or dtype)
     try:
-        stored_error = format_error(stored_format)
+        # The dtype's own rounding plus what the storage format's round trip may add.
+        stored_error = format_error(dtype) + relative_error(config_format(config, "data_config.json"))
     except ValueError as exc:
-        raise BadInput(f"data_config.json format: {exc}") from None
+        raise BadInput(f"data_config.json dtype: {exc}") from None
     engine = engine_kind(config)
     model = load_target(target, dtype)
     n_layers = int(model.config.num_hidden_layers)
 
     records, bad = [], []
     for idx, path in paths.items():
-        data = load_file(path)
+        data = load_sample(path, config)
         layers, embeddings, post, prev_post = layer_states(model, data["input_ids"])
         record = {"sample": idx, "path": path, "engine": engine, "blocks": []}
         problems: list[str] = []
