@@ -74,3 +74,27 @@ def test_a_row_per_server_and_concurrency(servers, tmp_path):
     assert all(x["degenerate"]["count"] == 1 for x in rows)
     assert "bench: (7,1,8) x8 " in proc.stdout
     assert result_line(r).startswith("engine sglang: acceptance length")
+
+
+def test_one_serve_stage_per_setting_binds_one_url_each(ws):
+    """params.server names several speculative serve stages (comma-separated): the launch's --url
+    carries each one's URL, in order, for the table's rows."""
+    from tests.test_serve_e2e import bench_pipeline
+
+    toml = bench_pipeline(31011, 31012, 'server = "serve_spec,serve_spec6", baseline_server = "serve_base", '
+                                        'ready_timeout_s = 1')
+    toml += """
+[stages.serve_spec6]
+op = "serve"
+gpus = [0]
+params = { port = 31013, mode = "speculative", drafter = "runs/export", num_steps = 5, num_draft_tokens = 6, launcher = "tests.fake_launch_server" }
+"""
+    ws.write(toml)
+    (ws.root / "prompts.jsonl").write_text('{"input_ids": [1, 2, 3, 4]}\n')
+    ws.cli("run", "bench_sglang", check=0)
+    argv = ws.latest("bench_sglang").argv
+    assert argv[argv.index("--url") + 1] == "http://127.0.0.1:31011,http://127.0.0.1:31013"
+    ws.wait_status("bench_sglang", ("failed", "succeeded"), timeout=30)
+    ws.write(toml.replace('server = "serve_spec,serve_spec6"', 'server = "serve_spec,serve_base"'))
+    proc = ws.cli("run", "bench_sglang", check=3)
+    assert "serve stage 'serve_base' has mode 'target'; server needs a 'speculative' server" in proc.stderr
