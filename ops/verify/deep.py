@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 
 
+
 def pick(indices: list[int], n: int, seed: int) -> list[int]:
     if n >= len(indices):
         return sorted(indices)
@@ -57,4 +58,3 @@ def load_checks(paths: dict[int, str], vocab_size: int | None, config: dict | No
             if bool((ids < 0).any()) or (vocab_size is not None and bool((ids >= vocab_size).any())):
                 bad.append({"path": path, "reason": f"input_ids outside the vocabulary 0..{vocab_size}"})
     return bad
-

@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ops.common import BadInput
+from ops.hidden_formats import config_format, relative_error
 from ops.layers import hf_hidden_states_index
 from ops.verify.bounds import NEIGHBOUR_RATIO, Bound, format_error, numeric_bound
 
@@ -99,14 +100,14 @@ def judge(name: str, stored, own, own_label: str, neighbours: dict, bound: Bound
 
 def recompute(paths: dict[int, str], target: Path, config: dict) -> tuple[list[dict], list[dict]]:
     """(per-sample comparison records, bad files) for samples recomputed with the target."""
-    from ops.hidden_formats import config_format, relative_error
     from ops.verify.deep import load_sample
 
     dtype = str(config.get("dtype") or "float32")
     layer_ids = [int(k) for k in config.get("layer_ids") or []]
     hidden = int(config["hidden_size"])
+    # The stored value's error: its dtype's rounding plus what the output's format
+    # (bf16 as written, fp8, int4) adds in its round trip; an unknown format is BadFormat.
     try:
-        # The dtype's own rounding plus what the storage format's round trip may add.
         stored_error = format_error(dtype) + relative_error(config_format(config, "data_config.json"))
     except ValueError as exc:
         raise BadInput(f"data_config.json dtype: {exc}") from None
