@@ -39,7 +39,6 @@ class SpecStats:
 
     def add(self, other: "SpecStats") -> None:
         self.verify_forwards += other.verify_forwards
-        self.tokens_from_verify += other.tokens_from_verify
         n = max(len(self.accepted_at), len(other.accepted_at))
         self.accepted_at = [a + b for a, b in zip(self.accepted_at + [0] * (n - len(self.accepted_at)),
                                                   other.accepted_at + [0] * (n - len(other.accepted_at)))]
