@@ -56,3 +56,31 @@ def test_the_status_line_flags_degenerate_and_differing_completions(tmp_path):
     [stage] = [s for s in json.loads(proc.stdout)["stages"] if s["name"] == "bench"]
     assert stage["result"]["table"][2]["label"] == "(7,1,8)"
     assert stage["result_line"].endswith("; DEGENERATE 1/8 completions; 3/8 completions differ from sglang's")
+
+
+def test_the_table_in_the_exporter(tmp_path):
+    """The exporter's /metrics over real HTTP: a gauge pair per row, labelled by setting and concurrency."""
+    import urllib.request
+
+    from tests.conftest import wait_for
+
+    bench_workspace(tmp_path, RESULT)
+    proc = subprocess.Popen([sys.executable, "-m", "eagle3_console.cli", "-w", str(tmp_path), "exporter", "--port",
+                             "0", "--no-gpus", "--interval", "0.5"], stdout=subprocess.PIPE, text=True, cwd=str(ROOT))
+    try:
+        line = proc.stdout.readline()
+        port = int(line.split("http://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
+
+        def scrape():
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            return text if "eagle3_bench_table_acceptance_length" in text else None
+
+        text = wait_for(scrape, timeout=30)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert any(ln.startswith("eagle3_bench_table_acceptance_length{") and 'setting="(3,1,4)"' in ln
+               and 'concurrency="8"' in ln and ln.endswith(" 2.71") for ln in text.splitlines())
+    assert any(ln.startswith("eagle3_bench_table_output_tokens_per_second{") and 'setting="(7,1,8)"' in ln
+               and ln.endswith(" 301.2") for ln in text.splitlines())
+    assert any(ln.startswith("eagle3_bench_degenerate_ratio{") and ln.endswith(" 0.125") for ln in text.splitlines())

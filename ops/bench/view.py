@@ -128,4 +128,16 @@ def gauges(r: dict) -> list[Gauge]:
     if isinstance(rates, list):
         out += [Gauge("eagle3_bench_accept_rate_ratio", "Share of draft k accepted when drafts 1..k-1 were.", v,
                       (("position", str(k)),)) for k, v in enumerate(rates, 1)]
+    d = r.get("degenerate")
+    if isinstance(d, dict):
+        out.append(Gauge("eagle3_bench_degenerate_ratio", "Share of completions whose distinct-bigram ratio is "
+                         "below the threshold (repetition loops).", _num(d.get("share"))))
+    for x in r.get("table") or []:
+        if not isinstance(x, dict):
+            continue
+        labels = (("setting", str(x.get("label"))), ("concurrency", str(x.get("concurrency"))))
+        out += [Gauge("eagle3_bench_table_acceptance_length", "Acceptance length of a (steps,topk,draft tokens) "
+                      "setting at a concurrency.", _num(x.get("acceptance_length")), labels),
+                Gauge("eagle3_bench_table_output_tokens_per_second", "Completion tokens / wall time of the row.",
+                      _num(x.get("tok_s")), labels)]
     return out
