@@ -74,23 +74,29 @@ def bind_servers(pipe: Pipeline, stage: Stage, params: dict[str, Any], overrides
     URL its host and port make, each launch (a restart follows the serve
     stage's current port)."""
     for want in stage.spec.server_params:
-        name = params.get(want.name_param)
-        if not name:
+        names = params.get(want.name_param)
+        if not names:
             continue
-        where = f"stages.{stage.name}.params.{want.name_param}"
-        serve = pipe.stages.get(name)
-        if serve is None or serve.spec is None or serve.spec.serves is None:
-            serves = [s.name for s in pipe.stages.values() if s.spec is not None and s.spec.serves is not None]
-            raise Refused(f"{where}: {name!r} is not a serve stage (serve stages: {', '.join(serves) or 'none'})",
-                          code=3)
-        server = serve.spec.serves(serve.spec.effective(serve.params))
-        if server.mode != want.mode:
-            raise Refused(f"{where}: serve stage {name!r} has mode {server.mode!r}; {want.name_param} needs a "
-                          f"{want.mode!r} server", code=3)
-        if want.url_param in overrides:
-            raise Refused(f"{where} names a serve stage and {want.url_param} is set too; set one of them", code=3)
-        from eagle3_console.monitor.serve import server_url    # serve stages only
-        params[want.url_param] = server_url(server.host, server.port)
+        # Several serve stages, comma-separated (bench: one server per speculative setting): URLs alike.
+        urls = [_server_url(pipe, stage, want, name.strip(), overrides) for name in str(names).split(",")]
+        params[want.url_param] = ",".join(urls)
+
+
+def _server_url(pipe: Pipeline, stage: Stage, want, name: str, overrides: dict[str, Any]) -> str:
+    where = f"stages.{stage.name}.params.{want.name_param}"
+    serve = pipe.stages.get(name)
+    if serve is None or serve.spec is None or serve.spec.serves is None:
+        serves = [s.name for s in pipe.stages.values() if s.spec is not None and s.spec.serves is not None]
+        raise Refused(f"{where}: {name!r} is not a serve stage (serve stages: {', '.join(serves) or 'none'})",
+                      code=3)
+    server = serve.spec.serves(serve.spec.effective(serve.params))
+    if server.mode != want.mode:
+        raise Refused(f"{where}: serve stage {name!r} has mode {server.mode!r}; {want.name_param} needs a "
+                      f"{want.mode!r} server", code=3)
+    if want.url_param in overrides:
+        raise Refused(f"{where} names a serve stage and {want.url_param} is set too; set one of them", code=3)
+    from eagle3_console.monitor.serve import server_url    # serve stages only
+    return server_url(server.host, server.port)
 
 
 def estimate_context(ws: Workspace, pipe: Pipeline, params: dict[str, Any]) -> EstimateContext:
