@@ -195,3 +195,52 @@ def test_an_output_re_pointed_while_its_run_lives_leaves_the_new_folder_alone(ws
     assert done.returncode == 0 and "cleaned 8 file(s)" in done.stdout, done.stdout
     assert sorted(p.name for p in important.iterdir()) == [f"keep{i}.bin" for i in range(5)]
     assert not list((ws.root / "out" / "w").glob("*.bin"))
+
+
+# ------------------------------------------------------------------ item 29: a sample replaced by a symlink
+def test_clean_honours_verifys_report_of_a_sample_replaced_by_a_symlink(tmp_path):
+    """Before: verify named the link bad ("header length ... is not plausible"),
+    but `clean extract` refused ("outputs are complete and are never cleaned"),
+    though it honoured the same report for a truncated regular file."""
+    pytest.importorskip("torch")
+    from tests.test_faults_ops import N
+    from tests.test_op_extract import extract_argv, make_prepared, make_target
+
+    from ops.common import run_main
+    from ops.extract.__main__ import main as extract_main
+    from ops.formats import sample_path
+
+    ws = WS(tmp_path / "ws")
+    ws.root.mkdir()
+    target = make_target(tmp_path / "target")
+    prepared = make_prepared(tmp_path / "prep", n=N, seed=4)
+    hs = ws.root / "data" / "hs"
+    assert run_main(extract_main, extract_argv(target, prepared, hs, "--token-budget", "150")) == 0
+    ws.write(f"""
+[stages.extract]
+op = "extract"
+params = {{ input = "{prepared}", output = "data/hs" }}
+
+[stages.verify]
+op = "verify"
+depends_on = ["extract"]
+params = {{ input = "data/hs", report = "runs/verify.json" }}
+""")
+    ws.record_finished_run("extract", {"input": str(prepared), "output": "data/hs"}, status="succeeded")
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"not a sample, not the workspace's" * 10)
+    link = sample_path(hs, 3)
+    link.unlink()
+    os.symlink(outside, link)
+    ws.cli("run", "verify", check=0)
+    ws.wait_status("verify", ("failed",), timeout=120)
+    report = json.loads((ws.root / "runs" / "verify.json").read_text())
+    assert any(b["path"].endswith(link.name) for b in report["bad_files"]), report["bad_files"]
+    plan = ws.cli("clean", "extract")
+    assert plan.returncode == 0 and str(link) in plan.stdout and "verify" in plan.stdout, plan.stdout + plan.stderr
+    done = ws.cli("clean", "extract", "--yes")
+    assert done.returncode == 0 and "cleaned 1 file(s)" in done.stdout, done.stdout + done.stderr
+    assert not os.path.lexists(link)
+    assert outside.read_bytes() == b"not a sample, not the workspace's" * 10      # the target never touched
+    moved = list((ws.root / ".eagle3" / "trash").rglob(link.name))
+    assert len(moved) == 1 and moved[0].is_symlink()
