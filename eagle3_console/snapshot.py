@@ -27,6 +27,7 @@ from eagle3_console.monitor.procs import ProcessTable, RunRef, attach_owners, or
 from eagle3_console.monitor.shards import ShardMonitor
 from eagle3_console.registry import ACTIVE, Registry, Run, RunStatus, id_path
 from eagle3_console.savedmonitors import SavedMonitors
+from eagle3_console.vouch import vanished
 from eagle3_console.workspace import Workspace
 from ops.spec import read_json_dict
 
@@ -41,6 +42,7 @@ class Collector:
             from eagle3_console.monitor.metrics import CurveTracker
             self._curves = CurveTracker()
         self.persist = persist
+        self._registry_id = ""         # the registry of the last pass (where the runs' records are)
         self._nvml = nvml
         self._want_gpus = gpus
         self._shards: dict[tuple[str, str], ShardMonitor] = {}
@@ -117,6 +119,7 @@ class Collector:
                     if ok is not None:
                         succeeded[name] = ok
                 recent = reg.runs(limit=50)
+                self._registry_id = reg.registry_id
                 if reg.has_predecessor:
                     # Only in a registry started over an earlier one's logs: a walk a pass.
                     strays = orphans(self._process_table(), str(self.ws.root), reg.registry_id, reg.run_ids())
@@ -222,6 +225,8 @@ class Collector:
         if run:
             st.run_id, st.pid, st.started, st.ended = run.id, run.pid, run.started, run.ended
             st.exit_code, st.signal = run.exit_code, run.signal
+            if run.status == RunStatus.SUCCEEDED:
+                st.vanished = vanished(self.ws, self._registry_id, run.id)
             if run.launcher == "slurm":
                 st.job = JobInfo(run.job_id, run.job_state, run.job_reason, run.job_nodes, run.reason,
                                  bool(run.stop_requested))

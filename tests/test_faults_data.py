@@ -14,7 +14,7 @@ import time
 import pytest
 
 from ops import KNOWN_OPS, get_spec
-from tests.conftest import PY, TINY_TARGET, WS, wait_for
+from tests.conftest import PY, TINY_TARGET, WS, stage_cmd, wait_for
 from tests.test_faults_clean import LOCK, _env, writer_stage
 
 # Ints that are not counts: any value is a seed.
@@ -244,3 +244,40 @@ params = {{ input = "data/hs", report = "runs/verify.json" }}
     assert outside.read_bytes() == b"not a sample, not the workspace's" * 10      # the target never touched
     moved = list((ws.root / ".eagle3" / "trash").rglob(link.name))
     assert len(moved) == 1 and moved[0].is_symlink()
+
+
+# ------------------------------------------------------------------ item 25: a succeeded stage's output vanished
+def test_a_vanished_output_of_a_succeeded_stage_is_an_alert_and_refuses_its_dependents(ws):
+    """Before: the output of a succeeded stage moved away: status "succeeded",
+    health OK, exit 0; a dependent stage was allowed to start and failed on the
+    missing input."""
+    ws.write(writer_stage("out/w", n=3) + f"""
+[stages.use]
+argv = {stage_cmd("writer.py", "--output", "out/use", "--n", "1")}
+depends_on = ["w"]
+outputs = ["out/use"]
+
+[stages.never_writes]
+argv = ["true"]
+outputs = ["out/nothing"]
+""")
+    for name in ("w", "never_writes"):
+        ws.cli("run", name, "--force", check=0)
+        ws.wait_status(name, ("succeeded",))
+    assert ws.cli("status", "--no-gpus").returncode == 0     # an output declared and never written: no alert
+    (ws.root / "out" / "w").rename(ws.root / "out" / "w.moved")
+    status = ws.cli("status", "--no-gpus")
+    assert status.returncode == 2 and "gone" in status.stdout and str(ws.root / "out" / "w") in status.stdout, \
+        status.stdout
+    snap = json.loads(ws.cli("status", "--json", "--no-gpus").stdout)
+    w = next(s for s in snap["stages"] if s["name"] == "w")
+    assert w["vanished"] == [str(ws.root / "out" / "w")]
+    assert [a["code"] for a in snap["alerts"]] == ["output_vanished"], snap["alerts"]
+    run = ws.cli("run", "use")
+    assert run.returncode == 2 and "gone" in run.stdout + run.stderr and "out/w" in run.stdout + run.stderr, \
+        run.stdout + run.stderr
+    watch = ws.cli("watch", "--once", "--advance", "--no-gpus")
+    assert "Traceback" not in watch.stderr
+    assert ws.latest("use") is None                 # neither run nor watch started it
+    (ws.root / "out" / "w.moved").rename(ws.root / "out" / "w")
+    assert ws.cli("status", "--no-gpus").returncode == 0
