@@ -284,6 +284,8 @@ class StageStatus:
     # Output folders the latest (succeeded) run left that are gone since: its
     # dependents would start on nothing, so it no longer counts as done.
     vanished: list[str] = field(default_factory=list)
+    # Removed from the pipeline file while its run lives: shown, and stoppable by name, until it ends.
+    removed: bool = False
 
     @property
     def done(self) -> bool:

@@ -109,6 +109,7 @@ class Collector:
         succeeded: dict[str, Run] = {}
         refs: list[RunRef] = []
         strays: dict[str, list[int]] = {}
+        removed: dict[str, Run] = {}     # live runs of stages no longer in the pipeline file
         # A registry once created is always opened (it raises StateError when its
         # database vanished or was replaced); a workspace where none ever ran has none.
         if self.ws.db_path.exists() or id_path(self.ws.db_path).exists():
@@ -121,6 +122,9 @@ class Collector:
                         succeeded[name] = ok
                 recent = reg.runs(limit=50)
                 self._registry_id = reg.registry_id
+                for r in reg.live_runs() + [r for r in recent if r.status == RunStatus.LOST]:
+                    if r.stage not in pipe.stages and (r.live or runs_mod.stage_alive(r)):
+                        removed[r.stage] = r
                 if reg.has_predecessor:
                     # Only in a registry started over an earlier one's logs: a walk a pass.
                     strays = orphans(self._process_table(), str(self.ws.root), reg.registry_id, reg.run_ids())
@@ -136,6 +140,11 @@ class Collector:
                 live_logs.add(st.run_id)
             snap.stages.append(st)
             snap.disk.extend(disks)
+        for run in removed.values():
+            snap.stages.append(StageStatus(name=run.stage, op=None, status=run.status, run_id=run.id, pid=run.pid,
+                                           started=run.started, params=dict(run.params), removed=True,
+                                           alive=run.status == RunStatus.LOST, log=self._log_follower(run).refresh()))
+            live_logs.add(run.id)
         for rid in list(self._logs):
             if rid not in live_logs:
                 del self._logs[rid]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -281,3 +282,51 @@ outputs = ["out/nothing"]
     assert ws.latest("use") is None                 # neither run nor watch started it
     (ws.root / "out" / "w.moved").rename(ws.root / "out" / "w")
     assert ws.cli("status", "--no-gpus").returncode == 0
+
+
+# ------------------------------------------------------------------ item 5: a stage removed while its run lives
+OTHER = '[stages.other]\nargv = ["true"]\noutputs = ["out/other"]\n'
+
+
+@pytest.mark.parametrize("command", [("stop", "w"), ("kill-workers", "w", "--yes"), ("restart", "w", "--kill", "--yes")],
+                         ids=["stop", "kill-workers", "restart-kill"])
+def test_a_stage_removed_while_its_run_lives_stays_visible_and_stoppable(ws, command):
+    """Before: with w's run live and [stages.w] deleted from eagle3.toml, status
+    said OK (exit 0, no alert) and `stop w`, `kill-workers w --yes`, `restart w
+    --kill --yes` said "no such stage", exit 3: the run was unreachable."""
+    ws.write(writer_stage("out/w", n=600, every=0.1) + OTHER)
+    ws.cli("run", "w", check=0)
+    run = ws.wait_status("w", ("running",))
+    try:
+        _removed_and_stopped(ws, run, command)
+    finally:
+        try:
+            os.killpg(run.pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _removed_and_stopped(ws, run, command):
+    ws.write(OTHER)
+    status = ws.cli("status", "--no-gpus")
+    assert status.returncode == 1 and "removed from the pipeline file" in status.stdout, status.stdout
+    snap = json.loads(ws.cli("status", "--json", "--no-gpus").stdout)
+    w = [s for s in snap["stages"] if s["name"] == "w"]
+    assert w and w[0]["removed"] is True and w[0]["run_id"] == run.id and w[0]["status"] == "running", w
+    assert "stage_removed" in [a["code"] for a in snap["alerts"]]
+    proc = ws.cli(*command, timeout=120)
+    said = proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and "no such stage" not in said, said
+    if command[0] == "restart":
+        assert proc.returncode == 3 and "not restarted" in said, said
+    else:
+        assert proc.returncode == 0, said
+    ended = ws.wait_status("w", ("killed", "failed"), timeout=30)
+    assert ended.id == run.id and not os.path.exists(f"/proc/{run.pid}/stat") or \
+        open(f"/proc/{run.pid}/stat").read().split()[2] == "Z"
+    with ws.registry() as reg:
+        assert [r.id for r in reg.runs("w")] == [run.id]          # nothing restarted it
+    # Once it has ended it is gone from the screen, and its name is unknown again.
+    snap = json.loads(ws.cli("status", "--json", "--no-gpus").stdout)
+    assert [s["name"] for s in snap["stages"]] == ["other"]
+    assert ws.cli("stop", "w").returncode == 3
