@@ -330,3 +330,52 @@ def _removed_and_stopped(ws, run, command):
     snap = json.loads(ws.cli("status", "--json", "--no-gpus").stdout)
     assert [s["name"] for s in snap["stages"]] == ["other"]
     assert ws.cli("stop", "w").returncode == 3
+
+
+# ------------------------------------------------------------------ the supervisor's own check (past launch's)
+def _supervised(ws: WS, argv: list[str]):
+    """A run created as launch creates it, its supervisor started directly:
+    what a launch that passed its checks an instant before a hold or a claim
+    was taken meets."""
+    from eagle3_console.workspace import Workspace
+    w = Workspace(ws.root)
+    w.ensure_state()
+    with ws.registry() as reg:
+        run = reg.create_run("w", argv, {}, {}, str(ws.root), lambda rid: w.log_path(rid, "w"))
+    subprocess.run([PY, "-m", "eagle3_console.supervise", str(ws.root), str(run.id)], check=True, timeout=60,
+                   env=_env(), cwd=str(ws.root))
+    return ws.wait_status("w", ("failed", "succeeded"), timeout=60)
+
+
+def test_a_supervisor_never_starts_its_stage_into_an_output_clean_holds(ws):
+    from eagle3_console.actions.hold import holding
+    from eagle3_console.workspace import Workspace
+
+    ws.write(writer_stage("out/w", n=1))
+    out = ws.root / "out" / "w"
+    out.mkdir(parents=True)
+    marker = ws.root / "ran"
+    with holding(Workspace(ws.root), "x", "w", 0, [out]):
+        run = _supervised(ws, ["sh", "-c", f"touch {marker}"])
+    assert run.status == "failed" and "moving files" in (run.reason or ""), run.reason
+    assert not marker.exists() and not (out / LOCK).exists()
+
+
+def test_a_supervisor_never_starts_its_stage_into_a_folder_under_a_live_claim(tmp_path):
+    sh = tmp_path / "shared"
+    a, b = WS(tmp_path / "A"), WS(tmp_path / "B")
+    a.root.mkdir()
+    b.root.mkdir()
+    a.write(writer_stage(str(sh / "out"), n=200, prefix="A_", every=0.1))
+    b.write(writer_stage(str(sh / "out" / "sub"), n=1))
+    a.cli("run", "w", check=0)
+    run_a = a.wait_status("w", ("running",))
+    try:
+        wait_for(lambda: (sh / "out" / LOCK).exists())
+        (sh / "out" / "sub").mkdir()
+        marker = tmp_path / "ran"
+        run = _supervised(b, ["sh", "-c", f"touch {marker}"])
+        assert run.status == "failed" and "overlaps" in (run.reason or "") and str(a.root) in run.reason, run.reason
+        assert not marker.exists()
+    finally:
+        os.killpg(run_a.pgid, signal.SIGKILL)
