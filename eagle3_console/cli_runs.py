@@ -51,7 +51,7 @@ def stop(ctx: typer.Context, stage: str,
     """SIGTERM the stage's process group, SIGKILL after the grace period."""
     from eagle3_console import runs
     c = ctx_of(ctx)
-    c.stage(stage)
+    c.stage_or_live(stage)
     r = runs.stop(c.ws, stage, grace_s=grace)
     out.print(f"run {r.id} of {stage}: {r.status}", highlight=False)
 

@@ -26,6 +26,7 @@ from eagle3_console.outputs import check_outputs_apart, output_paths
 from eagle3_console.plan import Preflight, context, disk_estimate, preflight  # noqa: F401
 from eagle3_console.refused import NothingToDo, Refused  # noqa: F401
 from eagle3_console.registry import Registry, Run, RunStatus
+from eagle3_console.vouch import vanished
 from eagle3_console.workspace import Workspace
 from ops.spec import EstimateContext, read_json_dict, value_type_error
 
@@ -184,6 +185,12 @@ def check_can_start(reg: Registry, pipe: Pipeline, stage: Stage, force: bool, ws
                               f"serve stage means its server is ready: wait for it (`status` shows its state), "
                               f"or pass --force", kind="dependencies")
             continue
+        gone = vanished(ws, reg.registry_id, dep_run.id) \
+            if ws is not None and dep_run is not None and dep_run.status == RunStatus.SUCCEEDED else []
+        if gone:
+            raise Refused(f"stage {stage.name!r} depends on {dep!r}, whose output {', '.join(gone)} (left by its "
+                          f"succeeded run {dep_run.id}) is gone: moved or deleted since; put it back, run {dep!r} "
+                          f"again, or pass --force", kind="dependencies")
         if ws is not None and dep in pipe.stages and dependency_done(ws, pipe.stages[dep], dep_run):
             continue
         if dep_run is None or dep_run.status != RunStatus.SUCCEEDED:
