@@ -85,6 +85,9 @@ def derive(snap: Snapshot) -> list[Alert]:
         st = snap.stage(stage_alert.stage) if stage_alert.stage else None
         if st is not None and stage_alert not in st.alerts:
             st.alerts.append(stage_alert)
+    for h in snap.hosts:
+        if h.state != "ok":
+            alerts.append(Alert(WARNING, "host_unreachable", f"host {h.url}: {h.state.replace('_', ' ')} ({h.reason})"))
     g = snap.gpus
     if g.available:
         hidden = unaccounted_gpu_memory(g.gpus)

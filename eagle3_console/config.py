@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3_console import configchecks
+from eagle3_console import configchecks, hosts
+from eagle3_console.entry import EntryError
+from eagle3_console.slurm import params as slurm_params
 from eagle3_console.workspace import Workspace
 from ops import KNOWN_OPS, get_spec
 from ops.spec import DTYPE_BYTES, OpSpec
@@ -30,7 +32,7 @@ TARGET_KEYS = {"path": str, "num_layers": int, "hidden_size": int, "dtype": str,
                "architecture": str}
 STAGE_KEYS = {"op", "argv", "params", "outputs", "gpus", "depends_on", "batch_param", "restart",
               "env", "description", "expected_samples", "estimate_bytes", "sample_glob", "launcher", "slurm"}
-TOP_KEYS = {"target", "stages", "workspace"}
+TOP_KEYS = {"target", "stages", "workspace", "hosts"}
 # A pipeline has a handful of stages; a file of thousands is a generated
 # mistake, and loading it would cost minutes on every `status` (seen: 200,000
 # stages, 4 min, 1.3 GB). Refused before parsing the rest.
@@ -120,6 +122,7 @@ class Pipeline:
     path: Path
     target: dict[str, Any]
     stages: dict[str, Stage]
+    hosts: list[str] = field(default_factory=list)     # other nodes' exporters (hosts.py)
 
     def order(self) -> list[str]:
         """Stage names in dependency order (file order among independent ones)."""
@@ -213,7 +216,10 @@ def load(path: Path) -> Pipeline:
     if nul:
         raise ConfigError(path, nul.replace("\x00", "\\0"), "holds a NUL character (\\u0000); expected none: "
                           "no program can be given one in its argv or environment")
-    return parse(raw, path)
+    try:
+        return parse(raw, path)
+    except EntryError as exc:       # a part that its own module parses (hosts, a stage's launcher)
+        raise ConfigError(path, exc.key, exc.message) from None
 
 
 def too_deep(value: Any, key: str = "", depth: int = 0) -> str | None:
@@ -245,7 +251,7 @@ def parse(raw: dict[str, Any], path: Path) -> Pipeline:
                               "unsafe stage name; expected 1-64 of letters, digits, _ . - (first a letter, digit "
                               "or _), e.g. extract_2 or bench-1.5")
     stages = {name: _parse_stage(path, name, body) for name, body in stages_raw.items()}
-    pipe = Pipeline(path=path, target=target, stages=stages)
+    pipe = Pipeline(path=path, target=target, stages=stages, hosts=hosts.parse(raw.get("hosts", [])))
     _check_graph(pipe)
     _check_outputs(pipe)
     return pipe
@@ -341,11 +347,7 @@ def _parse_stage(path: Path, name: str, body: Any) -> Stage:
             raise ConfigError(path, f"{where}.sample_glob",
                               f"{glob!r}: expected a pattern relative to the stage's first output, e.g. \"sample_*.bin\"")
         st.sample_glob = glob
-    from eagle3_console.slurm import params as slurm_params
-    try:
-        st.launcher, st.slurm = slurm_params.parse(path, where, body, st)
-    except slurm_params.BadSlurmKey as exc:
-        raise ConfigError(path, exc.key, exc.message) from None
+    st.launcher, st.slurm = slurm_params.parse(where, body, st)
     return st
 
 

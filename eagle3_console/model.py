@@ -89,6 +89,35 @@ class GpuReport:
 
 
 @dataclass
+class HostGpus:
+    """Another node's GPUs, as its exporter's /snapshot.json said them (hosts.py)."""
+    url: str
+    state: str                          # ok | unreachable | no_answer | bad_answer
+    host: str | None = None             # the node's own name (its snapshot's host)
+    reason: str | None = None           # why not ok; or why its NVML is unavailable
+    gpus: list[GpuInfo] = field(default_factory=list)
+    time: float | None = None           # when its exporter took the snapshot
+
+    def lines(self) -> list[str]:
+        """The host in lines: a head line, then one a GPU with the runs on it."""
+        from eagle3_console.units import human_bytes
+        name = f"{self.host} ({self.url})" if self.host else self.url
+        if self.state != "ok":
+            return [f"{name}: {self.state.replace('_', ' ')}: {self.reason}"]
+        if not self.gpus:
+            return [f"{name}: no GPUs ({self.reason or 'none reported'})"]
+        used = sum(g.mem_used or 0 for g in self.gpus)
+        total = sum(g.mem_total or 0 for g in self.gpus)
+        out = [f"{name}: {len(self.gpus)} GPU(s), {human_bytes(used)} / {human_bytes(total)}"]
+        for g in self.gpus:
+            runs = ", ".join(f"{p.stage} run {p.run_id}" for p in g.processes if p.stage) or "-"
+            util = "-" if g.util_pct is None else f"{g.util_pct}%"
+            out.append(f"  GPU {g.index} {g.name}: {human_bytes(g.mem_used)} / {human_bytes(g.mem_total)}, "
+                       f"util {util}, runs: {runs}" + (f" [{g.error}]" if g.error else ""))
+        return out
+
+
+@dataclass
 class ShardCount:
     name: str                       # e.g. rows_0-2000, or "." for a flat layout
     done: int
@@ -173,6 +202,15 @@ class JobInfo:
     nodes: str | None = None            # NodeList once allocated
     said: str | None = None             # the run's reason: how the console read the job's end
     stop_requested: bool = False        # the console asked for its end (stop, kill-workers)
+
+    def line(self) -> str:
+        """The job in a few words: `job 7 PENDING (Resources)`, `job 7 RUNNING on gpu-[01-02]`."""
+        if self.id is None:
+            return "job: being submitted"
+        out = f"slurm job {self.id} {self.state or 'unknown'}"
+        if self.nodes:
+            out += f" on {self.nodes}"
+        return out + (f" ({self.reason})" if self.reason else "")
 
 
 @dataclass
@@ -293,6 +331,7 @@ class Snapshot:
     gpus: GpuReport = field(default_factory=lambda: GpuReport(available=False, reason="not sampled"))
     disk: list[DiskUsage] = field(default_factory=list)
     alerts: list[Alert] = field(default_factory=list)
+    hosts: list[HostGpus] = field(default_factory=list)    # the pipeline file's `hosts` (other nodes' exporters)
     schema: int = SCHEMA_VERSION
 
     @property

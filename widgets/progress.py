@@ -293,6 +293,8 @@ class ProgressPane(VerticalScroll, can_focus=False):
             text = result         # its "done N/N, succeeded" says nothing more
         else:
             text = Text.assemble(summary(st, now), "\n", result)
+        if st.job is not None:      # a slurm run: where its job is (queued, on which nodes, how it ended)
+            text = Text.assemble(Text(st.job.line(), "cyan"), "\n", text)
         self._body.paint(text, text)
         rows = bar_rows(st)
         label = None

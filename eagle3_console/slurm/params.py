@@ -15,11 +15,10 @@ Without the Slurm client commands on PATH a slurm stage is refused here
 from __future__ import annotations
 
 import re
-import shutil
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from eagle3_console.entry import EntryError, expect, str_list
 from eagle3_console.slurm import LAUNCHERS, SLURM, TOOLS
 from ops.params import Param
 
@@ -60,87 +59,66 @@ class SlurmParams:
     rdzv_port: int = 29500
 
 
-class BadSlurmKey(ValueError):
-    """A slurm key of the pipeline file that is wrong: config turns it into its ConfigError
-    (this module sits below config and never imports it)."""
-
-    def __init__(self, key: str, message: str):
-        self.key, self.message = key, message
-        super().__init__(f"{key}: {message}")
-
-
-def _expect(key: str, value: Any, t: type) -> Any:
-    if not isinstance(value, t) or (t is int and isinstance(value, bool)):
-        raise BadSlurmKey(key, f"expected {t.__name__}, got {type(value).__name__} {value!r}")
-    return value
-
-
-def _str_list(key: str, value: Any) -> list[str]:
-    _expect(key, value, list)
-    for i, v in enumerate(value):
-        _expect(f"{key}[{i}]", v, str)
-    return value
-
-
 def missing_tools() -> list[str]:
+    import shutil       # a slurm stage's only: status --json of a local pipeline never pays for it
     return [t for t in TOOLS if shutil.which(t) is None]
 
 
-def parse(file: Path, where: str, body: dict[str, Any], stage: Any) -> tuple[str, SlurmParams | None]:
-    """(launcher, its params) of a stage's table; BadSlurmKey on anything wrong."""
-    launcher = _expect(f"{where}.launcher", body.get("launcher", "local"), str)
+def parse(where: str, body: dict[str, Any], stage: Any) -> tuple[str, SlurmParams | None]:
+    """(launcher, its params) of a stage's table; EntryError on anything wrong."""
+    launcher = expect(f"{where}.launcher", body.get("launcher", "local"), str)
     if launcher not in LAUNCHERS:
-        raise BadSlurmKey(f"{where}.launcher", f"{launcher!r}: expected one of {', '.join(LAUNCHERS)}")
+        raise EntryError(f"{where}.launcher", f"{launcher!r}: expected one of {', '.join(LAUNCHERS)}")
     if launcher != SLURM:
         if "slurm" in body:
-            raise BadSlurmKey(f"{where}.slurm", "set for a stage whose launcher is not \"slurm\"; "
+            raise EntryError(f"{where}.slurm", "set for a stage whose launcher is not \"slurm\"; "
                               "expected launcher = \"slurm\" beside it")
         return launcher, None
-    table = _expect(f"{where}.slurm", body.get("slurm", {}), dict)
+    table = expect(f"{where}.slurm", body.get("slurm", {}), dict)
     values: dict[str, Any] = {}
     for key, value in table.items():
         decl = DECLARED.get(key)
         if decl is None:
-            raise BadSlurmKey(f"{where}.slurm.{key}", f"unknown key; expected one of {sorted(DECLARED)}")
+            raise EntryError(f"{where}.slurm.{key}", f"unknown key; expected one of {sorted(DECLARED)}")
         if key == "extra_args":
-            value = _flags(file, f"{where}.slurm.{key}", value)
+            value = _flags(f"{where}.slurm.{key}", value)
         else:
             wrong = decl.check(value)
             if wrong:
-                raise BadSlurmKey(f"{where}.slurm.{key}", wrong)
+                raise EntryError(f"{where}.slurm.{key}", wrong)
             if key in ("partition", "account") and value and not NAME_RE.fullmatch(value):
-                raise BadSlurmKey(f"{where}.slurm.{key}", f"{value!r}: expected a Slurm name "
+                raise EntryError(f"{where}.slurm.{key}", f"{value!r}: expected a Slurm name "
                                   "(letters, digits, _ . , : + -)")
             if key == "time_limit" and value and not TIME_RE.fullmatch(value):
-                raise BadSlurmKey(f"{where}.slurm.{key}", f"{value!r}: expected an sbatch --time such as "
+                raise EntryError(f"{where}.slurm.{key}", f"{value!r}: expected an sbatch --time such as "
                                   "\"30\" (minutes), \"4:00:00\" or \"1-12:00:00\"")
         values[key] = value
     if "gpus" in body:
-        raise BadSlurmKey(f"{where}.gpus", "a slurm stage's GPUs are Slurm's to give; expected "
+        raise EntryError(f"{where}.gpus", "a slurm stage's GPUs are Slurm's to give; expected "
                           "slurm.gpus_per_node instead")
     missing = missing_tools()
     if missing:
-        raise BadSlurmKey(f"{where}.launcher", f"\"slurm\" needs the Slurm client commands, and "
+        raise EntryError(f"{where}.launcher", f"\"slurm\" needs the Slurm client commands, and "
                           f"{', '.join(missing)} not found on PATH; expected a login node of a Slurm cluster")
     stage.slurm = SlurmParams(**values)
     from eagle3_console.slurm.command import check
     why = check(stage, stage.spec.effective(stage.params) if stage.spec else stage.params)
     if why:
-        raise BadSlurmKey(f"{where}.slurm.nodes", why)
+        raise EntryError(f"{where}.slurm.nodes", why)
     return launcher, stage.slurm
 
 
-def _flags(file: Path, key: str, value: Any) -> list[str]:
-    words = _str_list(key, value)
+def _flags(key: str, value: Any) -> list[str]:
+    words = str_list(key, value)
     for i, word in enumerate(words):
         if any(c in word for c in "\n\r\0"):
-            raise BadSlurmKey(f"{key}[{i}]", f"{word!r}: expected one sbatch flag on one line")
+            raise EntryError(f"{key}[{i}]", f"{word!r}: expected one sbatch flag on one line")
         flag = word.split("=", 1)[0]
         value_of = i > 0 and words[i - 1].startswith("-") and "=" not in words[i - 1]
         if not word.startswith("-") and not value_of:
-            raise BadSlurmKey(f"{key}[{i}]", f"{word!r}: expected a flag (\"--qos=high\", or "
+            raise EntryError(f"{key}[{i}]", f"{word!r}: expected a flag (\"--qos=high\", or "
                                   "\"--qos\", \"high\")")
         if flag in MANAGED:
-            raise BadSlurmKey(f"{key}[{i}]", f"{flag} is set by {MANAGED[flag]}"
+            raise EntryError(f"{key}[{i}]", f"{flag} is set by {MANAGED[flag]}"
                               + (f": set slurm.{MANAGED[flag]} instead" if MANAGED[flag] in DECLARED else ""))
     return words

@@ -56,28 +56,19 @@ def prompts_from_data(data_dir: Path, indices: list[int], n: int) -> list[tuple[
     return out
 
 
-def prompts_from_file(path: Path, n: int) -> list[tuple[int, list[int]]]:
-    out = []
-    for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            ids = json.loads(line)["input_ids"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f"{path}:{lineno}: expected a JSON object with 'input_ids' ({exc})") from None
-        if not isinstance(ids, list) or len(ids) < 2 or not all(isinstance(i, int) for i in ids):
-            raise ValueError(f"{path}:{lineno}: 'input_ids' must be a list of at least 2 integers")
-        out.append((lineno, ids))
-        if len(out) == n:
-            break
-    return out
+def prompts_from_file(path: Path, n: int, tokenizer_dir: str | None = None) -> list[tuple[int, list[int]]]:
+    """Rows of `"input_ids"`, or chat rows (conversations, messages, prompt: ops/prompts.py)
+    rendered with the target's chat template."""
+    from ops.prompts import prompt_ids
+
+    return prompt_ids(Path(path), n, tokenizer_dir)
 
 
 def prompts_for(args) -> list[tuple[int, list[int]]]:
     """Held-out prompts: --prompts-file, else the data's samples (the export's
     holdout first, named by its export_info.json, when --drafter is given)."""
     if args.prompts_file:
-        return prompts_from_file(Path(args.prompts_file), args.num_prompts)
+        return prompts_from_file(Path(args.prompts_file), args.num_prompts, args.target)
     info: dict = {}
     if args.drafter:
         from ops.export.formats import INFO_FILE, detect_format
@@ -156,7 +147,7 @@ def _main(argv=None) -> int:
         info_path = ddir.parent / INFO_FILE
         info = json.loads(info_path.read_text()) if info_path.exists() else {}
         if args.prompts_file:
-            prompts = prompts_from_file(Path(args.prompts_file), args.num_prompts)
+            prompts = prompts_from_file(Path(args.prompts_file), args.num_prompts, args.target)
         else:
             data = args.data or info.get("data")
             if not data:

@@ -84,7 +84,8 @@ SPEC = OpSpec(
               "first probe", low=0, low_open=True),
         Param("output", help="output directory (bench.json)"),
         Param("data", None, "hidden-state data for prompts (default: the export's)", type=str),
-        Param("prompts_file", None, 'JSONL lines with "input_ids" (instead of --data)', type=str),
+        Param("prompts_file", None, 'JSONL prompts (instead of --data): "input_ids" rows, or conversations, '
+              '"messages" or {"prompt": text} rows (the first user turn in the target\'s chat template)', type=str),
         Param("num_prompts", 8, "held-out prompts decoded", low=1),
         Param("max_new_tokens", 64, "tokens generated a prompt", low=1),
         Param("draft_tokens", 5, "K: drafts per verify step", low=1),
