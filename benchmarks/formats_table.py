@@ -12,7 +12,7 @@ metrics.jsonl (tok/s of its logged windows after the first, the last record's
 simulated_acceptance_length and its held-out tokens / verify steps).
 
 Usage:
-  python benchmarks/formats_table.py --toy [--out DIR]          # CPU: the toy target, a minute or two
+  python benchmarks/formats_table.py --toy [--out DIR] [--toy-dir DIR]   # CPU: the toy target, a few minutes
   python benchmarks/formats_table.py --target T --prepared P --vocab V --out DIR
       [--formats bf16,fp8,int4] [--seeds 0,1,2] [--holdout 32]
       [--extract-args "--token-budget 16384 --writers 8"] [--train-args "--epochs 10 --ttt-steps 3"]
@@ -130,6 +130,7 @@ def table(rows: list[dict]) -> list[str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--toy", action="store_true", help="the toy target on CPU (builds target, corpus, vocab)")
+    ap.add_argument("--toy-dir", type=Path, default=None, help="where the toy's inputs are built once (default: OUT/toy)")
     ap.add_argument("--target", type=Path)
     ap.add_argument("--prepared", type=Path, help="prepare's output (samples.safetensors, summary.json)")
     ap.add_argument("--vocab", type=Path, help="vocab's output (vocab.safetensors)")
@@ -142,7 +143,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     if a.toy:
-        a.target, a.prepared, a.vocab = toy_inputs(a.out / "toy")
+        a.target, a.prepared, a.vocab = toy_inputs(a.toy_dir or a.out / "toy")
         a.extract_args = TOY_EXTRACT if a.extract_args is None else a.extract_args
         a.train_args = TOY_TRAIN if a.train_args is None else a.train_args
         a.holdout = 8 if a.holdout is None else a.holdout
