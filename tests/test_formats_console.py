@@ -101,3 +101,13 @@ def test_the_progress_pane_names_the_format_and_the_bytes_a_token():
                               tokens_done=488_000, format="fp8", bytes_per_token=28_688.0)
     text = summary(st, 0.0).plain
     assert "format fp8" in text and "28.0K/token" in text
+
+
+def test_int4_on_a_hidden_size_it_cannot_group_is_a_lint_error(ws):
+    from tests.conftest import extract_pipeline
+
+    ws.write(extract_pipeline(', format = "int4"', extra='depends_on = []\n'))
+    proc = ws.cli("run", "extract", "--ignore-disk", check=3)
+    assert "stages.extract.params.format: int4 needs a hidden_size divisible by 32, the target's is 16" in \
+        proc.stdout + proc.stderr
+    assert ws.latest("extract") is None
