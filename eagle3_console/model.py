@@ -100,7 +100,7 @@ class HostGpus:
 
     def lines(self) -> list[str]:
         """The host in lines: a head line, then one a GPU with the runs on it."""
-        from eagle3_console.units import human_bytes
+        from ops.units import human_bytes
         name = f"{self.host} ({self.url})" if self.host else self.url
         if self.state != "ok":
             return [f"{name}: {self.state.replace('_', ' ')}: {self.reason}"]
