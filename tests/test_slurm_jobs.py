@@ -174,3 +174,28 @@ def test_the_batch_scripts_exit_record_ends_a_run_slurm_has_forgotten(ws, slurm)
     code, snap = status_json(ws)
     assert stage_of(snap)["status"] == "succeeded" and "batch script recorded" in stage_of(snap)["job"]["said"]
 
+
+
+def test_an_out_of_memory_job_is_the_oom_that_watch_restarts_with_the_batch_halved(ws, slurm):
+    """OUT_OF_MEMORY needs cgroup memory enforcement, which this test Slurm has not: the run is
+    recorded as its supervisor records that state (jobs.end_of on scontrol's JobState), and the
+    restart that follows is a real job."""
+    from eagle3_console.slurm.jobs import JobView, end_of
+    ws.write(f"""
+[stages.job]
+argv = {stage_cmd("sleeper.py", "--seconds", "{seconds}")}
+params = {{ seconds = 8 }}
+batch_param = "seconds"
+launcher = "slurm"
+""")
+    run = ws.record_finished_run("job", {"seconds": 8})
+    status, values = end_of(JobView("41", "OUT_OF_MEMORY", "OutOfMemory", "e3node", 0, 9), False, time.time())
+    with ws.registry() as reg:
+        reg.update(run.id, launcher="slurm", job_id="41", status=status, **values)
+    code, snap = status_json(ws)
+    codes = {a["code"] for a in snap["alerts"]}
+    assert {"oom", "job_oom"} <= codes and code == 2, snap["alerts"]
+    proc = ws.cli("watch", "--once", "--no-gpus", check=None)
+    assert "with seconds 8 -> 4" in proc.stdout, proc.stdout + proc.stderr
+    new = ws.wait_status("job", ("succeeded", "failed"), timeout=60)
+    assert new.restart_of == run.id and new.params["seconds"] == 4 and new.job_id and new.status == "succeeded"
