@@ -199,3 +199,58 @@ launcher = "slurm"
     assert "with seconds 8 -> 4" in proc.stdout, proc.stdout + proc.stderr
     new = ws.wait_status("job", ("succeeded", "failed"), timeout=60)
     assert new.restart_of == run.id and new.params["seconds"] == 4 and new.job_id and new.status == "succeeded"
+
+
+def test_a_queued_job_shows_pending_with_slurms_reason_everywhere_and_stops(ws, slurm):
+    from tests.test_tui_helpers import make_app, pane_text, run, select, wait_until
+    ws.write(pipeline(60, 'extra_args = ["--begin=now+3600"]'))      # held in the queue for an hour
+    ws.cli("run", "job", check=0)
+    wait_for(lambda: (r := ws.latest("job")).job_id and r.job_reason == "BeginTime", timeout=30, poll=0.2)
+    code, snap = status_json(ws)
+    st = stage_of(snap)
+    assert st["status"] == "pending" and st["job"]["state"] == "PENDING" and st["job"]["reason"] == "BeginTime"
+    assert f"job: slurm job {st['job']['id']} PENDING (BeginTime)" in ws.cli("status", "--no-gpus").stdout
+    from eagle3_console.exporter import families
+    from eagle3_console.snapshot import Collector
+    from eagle3_console.workspace import Workspace
+    fams = {f.name: f for f in families(Collector(Workspace.at(ws.root), gpus=False).collect())}
+    sample = fams["eagle3_stage_job"].samples[0]
+    assert sample.labels == {"stage": "job", "job_id": st["job"]["id"], "state": "PENDING", "reason": "BeginTime",
+                             "nodes": ""}
+
+    async def main():
+        app = make_app(ws.root, refresh_s=0.2)
+        async with app.run_test(size=(160, 48)) as pilot:
+            table = app.query_one("#stages")
+            await wait_until(pilot, lambda: "pending (BeginTime)" in str(table.get_row("job")[1]))
+            await select(pilot, app, "job")
+            await wait_until(pilot, lambda: f"slurm job {st['job']['id']} PENDING (BeginTime)"
+                             in pane_text(app, "progress"))
+    run(main())
+    ws.cli("stop", "job", check=0)
+    stopped = ws.latest("job")
+    assert stopped.status == "killed" and stopped.job_state == "CANCELLED"
+
+
+def test_a_jobs_output_is_claimed_while_it_runs(ws, slurm, tmp_path):
+    from tests.conftest import WS
+    out = tmp_path / "shared-out"
+    ws.write(f"""
+[stages.write]
+argv = {stage_cmd("writer.py", "--output", str(out), "--n", "200", "--every", "0.2")}
+outputs = ["{out}"]
+launcher = "slurm"
+""")
+    ws.cli("run", "write", check=0)
+    wait_for(lambda: (out / ".eagle3-lock").exists(), timeout=60, poll=0.2)
+    other = WS(tmp_path / "other")
+    other.root.mkdir()
+    other.write(f"""
+[stages.write]
+argv = {stage_cmd("writer.py", "--output", str(out), "--n", "1")}
+outputs = ["{out}"]
+""")
+    refused = other.cli("run", "write")
+    assert refused.returncode == 2 and "is owned by run 1 of stage 'write'" in refused.stderr, refused
+    ws.cli("stop", "write", check=0)
+    assert not (out / ".eagle3-lock").exists()
