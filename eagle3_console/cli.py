@@ -115,7 +115,7 @@ def _exit_now(code: Any) -> None:
         sys.stderr.flush()
     except OSError as exc:
         if exc.errno == errno.EPIPE:
-            code = 1        # as click: a reader that went away is exit 1, said nowhere
+            pass            # a reader that went away: the command's own code stands (cliout.reader_gone)
         else:
             code = cliexit.report(exc)
             if code is None:
@@ -127,6 +127,8 @@ def _exit_now(code: Any) -> None:
 def run(argv: list[str], fast: bool = True) -> None:
     """The command line; fast=False sends `status --json` through typer too (tests compare the two)."""
     args = status_json_args(argv) if fast else None
+    from eagle3_console import cliout, registrybusy
+    registrybusy.notice = cliout.warn       # a busy state database is said while it is waited for
     try:
         if args is not None:
             _status_without_typer(args)

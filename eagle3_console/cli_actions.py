@@ -9,7 +9,9 @@ exporter -> the terminal. A refusal is raised (cliexit says it).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from datetime import datetime
+from typing import Iterator
 
 import typer
 
@@ -17,12 +19,24 @@ from eagle3_console import cliopts
 from eagle3_console import config as cfg
 from eagle3_console.cliexit import EXIT_CRITICAL, EXIT_OK, CommandError
 from eagle3_console.clictx import collect, ctx_of
-from eagle3_console.cliout import Unwritable, out, say
+from eagle3_console.cliout import Unwritable, out, say, warn
 
 
 def _show(lines: list[str]) -> None:
     for line in lines:
         say(line)
+
+
+@contextmanager
+def _interruptible(c, action: str, stage: str, run_id, what: str, done) -> Iterator[None]:
+    """The action recorded before it starts; SIGTERM/SIGINT/SIGHUP mid-way: recorded, said, exit 128 + N."""
+    from eagle3_console.actions.interrupted import Interrupted, recorded
+    try:
+        with recorded(c.ws, action, stage, run_id, what, done):
+            yield
+    except Interrupted as exc:
+        warn(exc.said)
+        raise typer.Exit(exc.code) from None
 
 
 def _go_ahead(plan, yes: bool) -> bool:
@@ -37,7 +51,8 @@ def _go_ahead(plan, yes: bool) -> bool:
 
 def kill_workers(ctx: typer.Context, stage: str,
                  yes: bool = typer.Option(False, "--yes", help="Act; without it only the plan is printed."),
-                 grace: float = typer.Option(10.0, "--grace", callback=cliopts.seconds()),
+                 grace: float = typer.Option(10.0, "--grace", help="Seconds between SIGTERM and SIGKILL.",
+                                             callback=cliopts.seconds()),
                  wait: float = typer.Option(60.0, "--wait", help="Seconds to wait for GPU memory to come back.",
                                             callback=cliopts.seconds())) -> None:
     """Kill every process of STAGE's run and every GPU process tied to it; prove the memory came back."""
@@ -47,7 +62,11 @@ def kill_workers(ctx: typer.Context, stage: str,
     plan = actions.plan_kill(c.ws, stage, grace_s=grace)
     if not _go_ahead(plan, yes):
         return
-    result = actions.execute_kill(c.ws, plan, progress=say, release_timeout_s=wait)
+    from eagle3_console.actions.interrupted import procs_gone
+    with _interruptible(c, "kill-workers", stage, plan.run_ids[-1] if plan.run_ids else None,
+                        f"{len(plan.procs)} process(es): {', '.join(str(p.pid) for p in plan.procs[:50])}",
+                        procs_gone(plan.procs)):
+        result = actions.execute_kill(c.ws, plan, progress=say, release_timeout_s=wait)
     raise typer.Exit(EXIT_OK if result.ok else EXIT_CRITICAL)
 
 
@@ -61,7 +80,11 @@ def clean(ctx: typer.Context, stage: str,
     plan = actions.plan_clean(c.ws, stage, purge=purge)
     if not _go_ahead(plan, yes):
         return
-    result = actions.execute_clean(c.ws, plan)
+    from eagle3_console.actions.interrupted import files_gone
+    verb = "deleted" if purge else "moved to the trash"
+    with _interruptible(c, "clean", stage, None, f"{len(plan.files):,} partial file(s) to be {verb}",
+                        files_gone([str(p) for p, _s in plan.files], verb)):
+        result = actions.execute_clean(c.ws, plan)
     _show(result.lines())
     raise typer.Exit(EXIT_OK if not result.failed else EXIT_CRITICAL)
 
@@ -89,10 +112,12 @@ def watch(ctx: typer.Context,
           once: bool = typer.Option(False, "--once", help="One pass, then exit with the status code."),
           interval: float = typer.Option(30.0, "--interval", help="Seconds between passes.",
                                          callback=cliopts.seconds(cliopts.MIN_INTERVAL_S)),
-          no_gpus: bool = typer.Option(False, "--no-gpus"),
+          no_gpus: bool = typer.Option(False, "--no-gpus", help="Skip NVML: no GPU view, GPU memory not checked."),
           advance: bool = typer.Option(False, "--advance", help="Also start each stage that never ran (or is stale) once its dependencies are done."),
           until_done: bool = typer.Option(False, "--until-done", help="Exit once every stage succeeded (or nothing more can start).")) -> None:
-    """Apply the policies (restart with backoff, halve the batch after an OOM) under an exclusive lock."""
+    """Apply the policies (restart with backoff, halve the batch after an OOM) under an exclusive lock.
+
+    Exit (with --once): the status code, 0-3; 75 when another watch holds .eagle3/watch.lock."""
     from eagle3_console import watchloop
     c = ctx_of(ctx)
     c.pipeline()        # a pipeline file bad from the start is said at once (exit 3); later, passes retry

@@ -81,7 +81,7 @@ def _read_registry(c: Ctx, read: Callable[[Registry], list]) -> list:
 
 def runs_cmd(ctx: typer.Context, stage: Optional[str] = typer.Argument(None),
              limit: int = typer.Option(20, "-n", help="How many runs.", callback=cliopts.integer(1)),
-             as_json: bool = typer.Option(False, "--json")) -> None:
+             as_json: bool = typer.Option(False, "--json", help="As JSON: each run's argv, params, env and pids.")) -> None:
     """Run history, newest first."""
     from eagle3_console import runs
     c = ctx_of(ctx)

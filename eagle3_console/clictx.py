@@ -19,6 +19,7 @@ from typing import Any, Optional
 from eagle3_console import config as cfg
 from eagle3_console import cliexit
 from eagle3_console.cliexit import Unreadable
+from eagle3_console.cliout import closed_pipe, reader_gone
 from eagle3_console.registry import StateError
 from eagle3_console.workspace import Workspace
 
@@ -75,5 +76,10 @@ def status_json(c: Ctx, no_gpus: bool) -> int:
                           "time": time.time(), "health": "unknown", "error": str(exc), "stages": [],
                           "gpus": [], "disk": [], "alerts": [alert]}, indent=2))
         return code
-    print(json.dumps(snap.to_dict(), indent=2, default=str))
+    try:
+        print(json.dumps(snap.to_dict(), indent=2, default=str), flush=True)
+    except OSError as exc:
+        if not closed_pipe(exc):
+            raise
+        reader_gone()
     return snap.exit_code

@@ -63,6 +63,7 @@ class LazyConsole:
         if self._console is None:
             from rich.console import Console
             self._console = Console(**self._kwargs)
+            self._console.on_broken_pipe = _broken_pipe
         attr = getattr(self._console, name)
         return self._guarded(attr) if name == "print" else attr
 
@@ -92,3 +93,25 @@ def warn(line: str) -> None:
         err.print(line, highlight=False, markup=False)
     except Unwritable:
         pass
+
+
+def reader_gone() -> None:
+    """The reader of stdout went away (`status | head -1`): what is left to print
+    goes to /dev/null, so the command still ends with its own exit code (a
+    monitoring check reads it through `set -o pipefail`), not the pipe's."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, sys.stdout.fileno())
+    finally:
+        os.close(null)
+
+
+def closed_pipe(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno == errno.EPIPE
+
+
+def _broken_pipe() -> None:
+    """rich's own answer to a closed pipe is SystemExit(1), which would replace the
+    command's exit code: raised as the OSError it is, for the command to decide."""
+    reader_gone()
+    raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))

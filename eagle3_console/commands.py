@@ -12,6 +12,7 @@ import time.
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -21,11 +22,13 @@ import typer
 from eagle3_console import cli_actions, cli_runs, cliargs, cliopts
 from eagle3_console.cliexit import EXIT_CRITICAL, CommandError
 from eagle3_console.clictx import Ctx, collect, ctx_of, status_json
-from eagle3_console.cliout import out, say
+from eagle3_console.cliout import closed_pipe, out, reader_gone, say
 from eagle3_console.workspace import ENV_WORKSPACE, Workspace
 
 app = typer.Typer(cls=cliopts.ExitCodeGroup, add_completion=False, no_args_is_help=False, rich_markup_mode=None,
-                  help="Operations console for training EAGLE-3 drafters. No command: open the console (TUI).")
+                  help="Operations console for training EAGLE-3 drafters. No command: open the console (TUI).\n\n"
+                       "Exit codes: 0 OK (or nothing to do), 1 WARNING, 2 CRITICAL or refused, 3 UNKNOWN or bad "
+                       "input, 75 another `watch` holds .eagle3/watch.lock, 128+N ended by signal N.")
 
 WORKSPACE_FLAGS = cliargs.WORKSPACE_FLAGS
 
@@ -57,7 +60,8 @@ def tui(ctx: typer.Context, readonly: bool = typer.Option(False, "--readonly", h
 
 
 def init(ctx: typer.Context, directory: Optional[Path] = typer.Argument(None, help="Folder to create the workspace in.")) -> None:
-    """Write a commented eagle3.toml template (never overwrites one)."""
+    """Write a commented eagle3.toml template into DIRECTORY (default: the workspace, -w or the
+    current directory), creating the folder; never overwrites one."""
     ws = Workspace.at(directory) if directory else ctx_of(ctx).ws
     ws.root.mkdir(parents=True, exist_ok=True)
     if ws.config_path.exists():
@@ -108,7 +112,13 @@ def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", hel
         raise typer.Exit(status_json(ctx_of(ctx), no_gpus))
     snap = collect(ctx_of(ctx), no_gpus)
     from eagle3_console.report import print_status
-    print_status(out, snap)
+    try:
+        print_status(out, snap)
+        sys.stdout.flush()
+    except OSError as exc:
+        if not closed_pipe(exc):
+            raise
+        reader_gone()
     raise typer.Exit(snap.exit_code)
 
 

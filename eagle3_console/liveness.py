@@ -8,6 +8,7 @@ runs (before a launch), the stopper and the actions call reconcile() first.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from eagle3_console import exitrecord
@@ -71,6 +72,23 @@ def apply_exit_record(reg: Registry, run: Run) -> bool:
     except OSError:
         pass
     return done
+
+
+def as_recorded(run: Run | None) -> Run | None:
+    """A live run as its exit record has it, where its supervisor wrote its end
+    there and the registry does not hold it yet (another process holds
+    state.db busy, or it is full): what status shows, without waiting for
+    the registry. The registry itself gets it from the supervisor, or from
+    apply_exit_record."""
+    if run is None or not run.live:
+        return run
+    rec = exitrecord.read(run.log_path)
+    if rec is None:
+        return run
+    values = {k: rec[k] for k in ("ended", "exit_code", "signal") if rec.get(k) is not None}
+    why = f"from {exitrecord.path_for(run.log_path).name}: state.db does not hold it yet"
+    return dataclasses.replace(run, status=rec["status"], reason="; ".join(filter(None, [rec.get("reason"), why])),
+                               **values)
 
 
 def stage_alive(run: Run) -> bool:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from eagle3_console.model import ACTIVE, EXITED, MAY_BE_ALIVE, RunStatus  # noqa: F401 - the registry's words
+from eagle3_console.registrybusy import STEP_S, PatientConnection
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -183,7 +184,8 @@ class Registry:
                 f"runs it recorded may still be alive. Restore it, or move {marker} aside to start an empty registry")
         try:
             db_path.parent.mkdir(parents=True, exist_ok=True)
-            self.conn = sqlite3.connect(db_path, timeout=30, isolation_level=None)
+            # Bounded and said while another process holds it busy (registrybusy.py).
+            self.conn = PatientConnection(sqlite3.connect(db_path, timeout=STEP_S, isolation_level=None), db_path)
             self.conn.row_factory = sqlite3.Row
             if expected:
                 self._check_holds_a_registry(expected, marker)

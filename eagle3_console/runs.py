@@ -197,6 +197,18 @@ def _recorded(reg: Registry, stage: Stage):
         raise
 
 
+def missing_inputs(ws: Workspace, stage: Stage, params: dict[str, Any]) -> list[str]:
+    """The op's input paths (OpSpec.input_params) that do not exist, as `param path`."""
+    out = []
+    for name in stage.spec.input_params if stage.spec else ():
+        value = params.get(name)
+        if value not in (None, ""):
+            path = ws.resolve(str(value))
+            if not os.path.lexists(path):
+                out.append(f"{name} {path}")
+    return out
+
+
 def launch_argv(stage: Stage, params: dict[str, Any], pipe: Pipeline, force: bool, ignore_disk: bool) -> list[str]:
     """The argv a launch runs. The op repeats its own checks (serve's lints, extract's
     disk preflight): a launch past them (ignore_disk, or force over lint errors) says so
@@ -231,6 +243,10 @@ def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, 
             if bad and not force:
                 said = "; ".join(x.message for x in bad)
                 raise Refused(f"stage {stage.name!r}: " + said, code=3, kind="lint", detail=said)
+            missing = missing_inputs(ws, stage, params)
+            if missing:
+                # Even with --force: the op would only start (N torchrun ranks, a model load) to fail on it.
+                raise Refused(f"stage {stage.name!r}: input {'; '.join(missing)} does not exist", kind="input")
             pf = preflight(ws, pipe, stage, params)
             if not pf.fits and not ignore_disk:
                 raise Refused(f"stage {stage.name!r} {pf.shortfall()}; free space or pass --ignore-disk", kind="disk",
@@ -246,6 +262,10 @@ def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, 
         # Recorded outside the transaction, which the refusal rolls back.
         with _recorded(reg, stage), reg.immediate():
             check_can_start(reg, pipe, stage, force, ws=ws)
+            # clean takes its hold in a transaction too: it is either seen here or sees this run.
+            held = claims.held_by_action(output_paths(ws, stage, params))
+            if held:
+                raise Refused(f"stage {stage.name!r}: {held}", kind="clean running")
             run = reg.create_run(stage.name, argv, params, stage.environment(), str(ws.root),
                                  lambda rid: ws.log_path(rid, stage.name), restart_of=restart_of, reason=reason,
                                  launcher=stage.launcher)

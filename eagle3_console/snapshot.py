@@ -20,6 +20,7 @@ from eagle3_console import alerts
 from eagle3_console import config as cfg
 from eagle3_console import plan
 from eagle3_console import runs as runs_mod
+from eagle3_console.liveness import as_recorded
 from eagle3_console.model import DiskUsage, GpuReport, JobInfo, Snapshot, StageStatus
 from eagle3_console.monitor.disk import DiskMonitor
 from eagle3_console.monitor.logs import LogFollower
@@ -112,7 +113,7 @@ class Collector:
             with Registry(self.ws.db_path) as reg:
                 runs_mod.reconcile(reg)
                 for name in pipe.order():
-                    latest[name] = reg.latest(name)
+                    latest[name] = as_recorded(reg.latest(name))
                     ok = latest_success(reg, latest[name])
                     if ok is not None:
                         succeeded[name] = ok

@@ -32,6 +32,9 @@ from eagle3_console.workspace import Workspace
 
 POLL_S = 0.1
 AFTER_KILL_S = 5.0       # SIGKILL is not refused; a process in uninterruptible sleep takes a while
+# How long a live supervisor gets to record the end of the stage it reaped
+# (it retries a busy or full state.db for a minute; the console waits this long).
+RECORD_WAIT_S = 15.0
 
 
 def group_members(run: Run) -> list[int]:
@@ -62,6 +65,30 @@ def continue_supervisor(run: Run) -> bool:
         return True
     except (psutil.Error, OSError):
         return False
+
+
+def end_run_record(reg: Registry, run_id: int, reason: str, still_alive: bool = False) -> Run:
+    """The one ending of a run's record, for stop and kill-workers alike, once
+    they signalled its processes: its supervisor records the end (a stopped one
+    is continued first, so that it can), and this returns only once the record
+    says the run ended. Where no supervisor is left to write it, or it did not
+    within RECORD_WAIT_S, the run is recorded killed here, with `reason`,
+    unless its stage still lives (`still_alive`: a member outlived SIGKILL).
+    Returning earlier let a `restart --kill` find "a live run" right after
+    its own kill."""
+    run = reg.get(run_id)
+    if not run.live:
+        return run
+    continue_supervisor(run)
+    deadline = time.monotonic() + RECORD_WAIT_S
+    while run.live and process_alive(run.supervisor_pid, run.supervisor_create_time) \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+        run = reg.get(run_id)
+    if run.live and not still_alive and not stage_alive(run):
+        reg.finish(run_id, RunStatus.KILLED, ended=time.time(), reason=reason)
+        run = reg.get(run_id)
+    return run
 
 
 def _wait_gone(run: Run, seconds: float) -> list[int]:
@@ -100,12 +127,8 @@ def stop(ws: Workspace, stage_name: str, grace_s: float = 10.0) -> Run:
         if left:
             killed = _signal_group(run, signal.SIGKILL)
             left = _wait_gone(run, AFTER_KILL_S)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and reg.get(run.id).live:
-            time.sleep(0.05)
+        end_run_record(reg, run.id, "stopped (supervisor did not record)", still_alive=bool(left))
         now = time.time()
-        if reg.get(run.id).live and not stage_alive(run) and not left:
-            reg.finish(run.id, RunStatus.KILLED, ended=now, reason="stopped (supervisor did not record)")
         if was_lost and not left:
             # Its supervisor is gone, so nobody else records it: the operator ended
             # it, which is "killed", not a loss still to be looked into.

@@ -85,3 +85,53 @@ def read_prompts(path: Path, limit: int | None = None) -> list[PromptRow]:
                 raise BadInput(f"{where}: not valid JSON ({exc})") from None
             out.append(parse_prompt_row(row, where, line_no, len(out)))
     return out
+
+
+def prompt_ids(path: Path, n: int, tokenizer_dir: str | None) -> list[tuple[int, list[int]]]:
+    """(line, token ids) of the first `n` usable rows of a prompts file: a row's
+    `"input_ids"` as they are, any other shape above as its first user turn (after
+    a system turn) rendered with the target's chat template and its generation
+    prompt. ValueError naming file:line for a row that is neither."""
+    path = Path(path)
+    tokenizer = None
+    out: list[tuple[int, list[int]]] = []
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            if len(out) == n:
+                break
+            if not raw.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                row = json.loads(raw)
+            except ValueError as exc:
+                raise ValueError(f"{where}: not valid JSON ({exc})") from None
+            if isinstance(row, dict) and "input_ids" in row:
+                ids = row["input_ids"]
+                if not isinstance(ids, list) or len(ids) < 2 or not all(isinstance(i, int) for i in ids):
+                    raise ValueError(f"{where}: 'input_ids' must be a list of at least 2 integers")
+                out.append((lineno, ids))
+                continue
+            try:
+                messages = parse_prompt_row(row, where, lineno, len(out)).first_prompt()
+            except BadInput as exc:
+                raise ValueError(f"{exc} (or 'input_ids')") from None
+            if not messages:
+                continue                # no user turn: nothing to ask
+            if tokenizer is None:
+                tokenizer = _tokenizer(tokenizer_dir, where)
+            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                return_dict=True)["input_ids"]
+            out.append((lineno, list(ids)))
+    return out
+
+
+def _tokenizer(tokenizer_dir: str | None, where: str):
+    if not tokenizer_dir:
+        raise ValueError(f"{where}: a chat row needs the target's tokenizer and chat template (--target)")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    if not tok.chat_template:
+        raise ValueError(f"{where}: {tokenizer_dir}'s tokenizer has no chat template to render the row with")
+    return tok

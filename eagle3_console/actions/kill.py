@@ -17,8 +17,9 @@ import psutil
 
 from eagle3_console import runs
 from eagle3_console.model import GpuReport
-from eagle3_console.monitor.procs import ProcessTable, ProcInfo, RunRef, process_alive
-from eagle3_console.registry import EXITED, MAY_BE_ALIVE, Registry, RunStatus
+from eagle3_console.monitor.procs import ProcessTable, ProcInfo, RunRef
+from eagle3_console.registry import EXITED, MAY_BE_ALIVE, Registry
+from eagle3_console.stopper import end_run_record
 from eagle3_console.units import human_bytes
 from eagle3_console.workspace import Workspace
 
@@ -227,9 +228,7 @@ def execute_kill(ws: Workspace, plan: KillPlan, progress: Callable[[str], None] 
     with Registry(ws.db_path) as reg:
         runs.reconcile(reg)
         for rid in plan.run_ids:
-            r = reg.get(rid)
-            if r.live and not runs.stage_alive(r) and not process_alive(r.supervisor_pid, r.supervisor_create_time):
-                reg.finish(rid, RunStatus.KILLED, ended=time.time(), reason="kill-workers")
+            end_run_record(reg, rid, "kill-workers", still_alive=bool(result.still_alive))
         reg.record("kill-workers", "ok" if result.ok else "incomplete", stage=plan.stage,
                    run_id=plan.run_ids[-1] if plan.run_ids else None,
                    targets=[{"pid": p.pid, "how": p.how} for p in plan.procs],

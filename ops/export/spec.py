@@ -60,6 +60,7 @@ SPEC = OpSpec(
         Param("data", None, "hidden states for --check (default: training's)", type=str),
     ),
     output_params=("output",),
+    input_params=("checkpoint",),
     uses_target=True,
     progress="log",
     estimate_bytes=estimate_bytes,

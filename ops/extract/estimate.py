@@ -44,7 +44,7 @@ def extract_estimate(ctx: EstimateContext) -> Estimate | None:
         tokens = count(params.get("tokens"))
         where = "the tokens param" if tokens else f"prepare's summary.json in {ctx.path('input')}"
         tokens = tokens or count((ctx.read_json("input", "summary.json") or {}).get("total_tokens")) or 0
-        return Estimate(int(exact), "exact", f"{tokens:,} tokens ({where}) x {factors(aux + 1, hidden)}")
+        return Estimate(int(exact), "exact", f"{tokens:,} tokens ({where}) x {factors(aux + 1, hidden)}, {PER_FILE}")
     out = ctx.path("output")
     meta = tree_metadata(out) if out is not None else {}
     m_hidden = count(meta.get("hidden_size")) or hidden
@@ -55,7 +55,7 @@ def extract_estimate(ctx: EstimateContext) -> Estimate | None:
         hidden_from = " (its hidden_size)" if meta.get("hidden_size") else ""
         return Estimate(states_bytes(params, target, meta["tokens"], m_states, m_hidden), "metadata",
                         f"{meta['tokens']:,} tokens ({meta['tokens_from']} in {out}) x "
-                        f"{factors(m_states, m_hidden, states_from, hidden_from)}")
+                        f"{factors(m_states, m_hidden, states_from, hidden_from)}, {PER_FILE}")
     if not hidden:
         return None
     samples, samples_from, max_len, len_from = upper_bound_inputs(ctx)

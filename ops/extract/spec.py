@@ -110,6 +110,7 @@ SPEC = OpSpec(
               '["--attention-backend", "triton"] (ops/extract/sglang_args.py)', json=True),
     ),
     output_params=("output",),
+    input_params=("input",),
     uses_target=True,
     batch_param="token_budget",
     progress="shards",

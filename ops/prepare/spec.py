@@ -83,6 +83,7 @@ SPEC = OpSpec(
         Param("trust_remote_code", False, "let the tokenizer run its repository's code"),
     ),
     output_params=("output",),
+    input_params=("input",),
     uses_target=True,
     progress="log",
     estimate_bytes=estimate_bytes,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import sys
 import time
 from collections import Counter
@@ -72,6 +73,7 @@ def _main(argv=None) -> int:
                 "seed": args.seed}
     journal = Journal(out)
     done = journal.open(settings)
+    gone = False
     try:
         if args.url:
             from ops.regenerate.server import ChatServer
@@ -99,9 +101,14 @@ def _main(argv=None) -> int:
         except ServerGone as exc:
             print(f"regenerate: error: the server stopped answering: {exc}; the {len(done)} finished rows are "
                   f"kept in {journal.journal_path}: run again to resume", file=sys.stderr, flush=True)
-            return 1
+            gone = True
     finally:
         journal.close()
+    if gone:
+        # The pool's threads are joined at exit: requests still hanging on a hung server
+        # would hold the exit for up to timeout_s after the failure was said.
+        sys.stdout.flush()
+        os._exit(1)
 
     mine = {r.index: done[r.index] for r in rows if r.index in done}
     written, nbytes = write_conversations(out, mine)

@@ -73,7 +73,8 @@ class Journal:
             for key in sorted(set(old) | set(settings)):
                 if old.get(key) != settings.get(key):
                     raise BadInput(f"output {self.dir} holds answers made with {key} = {old.get(key)!r}; this run "
-                                   f"has {settings.get(key)!r} ({path}): clean the stage or choose another output")
+                                   f"has {settings.get(key)!r} ({path}): remove that output (or `clean` the stage) or choose "
+                                   f"another output")
             return
         if self.journal_path.is_file() and self.journal_path.stat().st_size:
             raise BadInput(f"output {self.dir} holds a journal without {SETTINGS}: clean the stage or choose "

@@ -136,6 +136,7 @@ SPEC = OpSpec(
               convert=parse_bucket),
     ),
     output_params=("output",),
+    input_params=("data", "vocab"),
     uses_target=True,
     batch_param="token_budget",
     progress="log",

@@ -56,6 +56,7 @@ SPEC = OpSpec(
         Param("workers", 8, "threads reading headers (helps on network filesystems)", low=1),
     ),
     output_params=(),
+    input_params=("input",),
     # The target is only read with --deep (to recompute samples).
     uses_target=True,
     progress="log",
