@@ -55,7 +55,8 @@ outputs = ["{out}"]
 launcher = "slurm"
 slurm = {{ time_limit = "5", extra_args = ["--cpus-per-task=1"] }}
 """)
-    ws.cli("run", "write", check=0)
+    started = ws.cli("run", "write", check=0)
+    assert "run 1 of write: pending, slurm job " in started.stdout, started.stdout
     run = ws.wait_status("write", ("succeeded", "failed", "lost"), timeout=60)
     assert run.status == "succeeded", (run, open(run.log_path).read())
     assert run.job_id and run.job_state == "COMPLETED" and run.job_nodes == "e3node" and run.exit_code == 0
