@@ -255,3 +255,17 @@ outputs = ["{out}"]
     assert refused.returncode == 2 and "is owned by run 1 of stage 'write'" in refused.stderr, refused
     ws.cli("stop", "write", check=0)
     assert not (out / ".eagle3-lock").exists()
+
+
+def test_racing_launches_of_a_slurm_stage_submit_one_job(ws, slurm):
+    import concurrent.futures
+    ws.write(pipeline(30))
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        procs = list(pool.map(lambda _i: ws.cli("run", "job"), range(4)))
+    assert sorted(p.returncode for p in procs) == [0, 2, 2, 2], [(p.returncode, p.stderr) for p in procs]
+    run = ws.wait_status("job", ("running",), timeout=60)
+    queued = [line.split() for line in slurm.run("squeue", "-h", "-o", "%j %Z").stdout.splitlines()]
+    assert [name for name, workdir in queued if workdir == str(ws.root)] == [f"eagle3-job-r{run.id}"], queued
+    with ws.registry() as reg:
+        assert len(reg.runs("job")) == 1
+    ws.cli("stop", "job", check=0)
