@@ -42,7 +42,8 @@ def run(ctx: typer.Context, stage: str,
     for x in runs.lints(c.ws, pipe, st, params):
         warn(f"lint {x}")
     r = runs.launch(c.ws, pipe, stage, overrides, force=force, ignore_disk=ignore_disk)
-    out.print(f"run {r.id} of {stage}: {r.status}, pid {r.pid}, log {r.log_path}", highlight=False)
+    where = f"slurm job {r.job_id or '(being submitted)'}" if r.launcher == "slurm" else f"pid {r.pid}"
+    out.print(f"run {r.id} of {stage}: {r.status}, {where}, log {r.log_path}", highlight=False)
 
 
 def stop(ctx: typer.Context, stage: str,
