@@ -1,14 +1,22 @@
-"""Shared fixtures: real workspaces on disk and the CLI as a real subprocess."""
+"""Shared fixtures: real workspaces on disk, the CLI as a real subprocess (or
+in this process, where no process is what a test is about), the toy target
+and its extraction built once per run for every xdist worker, and the tiers:
+a test that asks for a fixture made with slow_fixture (directly or through
+another) is marked `slow`, which `bin/test --fast` leaves out."""
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import pytest
 
@@ -17,6 +25,86 @@ from tests.slurm_cluster import slurm  # noqa: F401  (the session fixture of a r
 ROOT = Path(__file__).resolve().parent.parent
 STAGES = Path(__file__).resolve().parent / "stages"
 PY = sys.executable
+
+
+SLOW_FIXTURES: set[str] = set()
+
+
+def slow_fixture(*args, **kwargs):
+    """pytest.fixture, and every test using it (however indirectly) is in the full tier only."""
+    def wrap(fn):
+        SLOW_FIXTURES.add(fn.__name__)
+        return pytest.fixture(*args, **kwargs)(fn)
+    return wrap
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
+@contextmanager
+def exclusive(lock: Path) -> Iterator[None]:
+    """Held by one process at a time (xdist workers, other runs on this machine)."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def shared_dir(config: pytest.Config, tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    """A folder every xdist worker of this run sees: pytest's cache (kept between
+    runs), else the run's temporary root (a worker's basetemp is one below it)."""
+    cache = getattr(config, "cache", None)
+    if cache is not None:
+        return cache.mkdir(name)
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    (base / name).mkdir(exist_ok=True)
+    return base / name
+
+
+@slow_fixture(scope="session")
+def assets(request, tmp_path_factory) -> dict[str, Path]:
+    """The toy target, its extraction and draft vocabulary (ops/drafter/toy.py), built
+    once per version of toy.py and shared read-only by the modules that train on it."""
+    pytest.importorskip("torch")
+    from ops.drafter import toy
+
+    digest = hashlib.sha1(Path(toy.__file__).read_bytes()).hexdigest()[:12]
+    root = shared_dir(request.config, tmp_path_factory, f"eagle3-toy-{digest}")
+    with exclusive(root.with_name(root.name + ".lock")):
+        return toy.toy_assets(root)
+
+
+@slow_fixture(scope="session")
+def trained(assets, tmp_path_factory) -> Path:
+    """One train run on the toy assets, shared read-only by the modules that export
+    or load a drafter: checkpoints 2 and 4 (holdout 4, for export's --check)."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    out = base / "eagle3-trained" / "train"
+    with exclusive(base / "eagle3-trained.lock"):
+        if not (out.parent / "done").exists():
+            shutil.rmtree(out.parent, ignore_errors=True)
+            env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
+                p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+            env.pop("EAGLE3_RUN_ID", None)
+            proc = subprocess.run(
+                [PY, "-m", "ops.train", "--data", str(assets["data"]), "--vocab", str(assets["vocab"]),
+                 "--target", str(assets["target"]), "--output", str(out), "--workers", "0", "--lr", "3e-3",
+                 "--token-budget", "256", "--ttt-steps", "3", "--log-every", "1", "--warmup-ratio", "0",
+                 "--device", "cpu", "--max-steps", "4", "--save-every", "2", "--keep", "0", "--holdout", "4"],
+                capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+            assert proc.returncode == 0, proc.stderr
+            (out.parent / "done").write_text("")
+    return out
 
 
 def wait_for(pred: Callable[[], object], timeout: float = 20.0, poll: float = 0.05) -> object:

@@ -4,7 +4,6 @@ real files. Each test failed on main before its fix (see each docstring)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -197,13 +196,10 @@ def test_reported_bad_files_imports_no_torch():
 
 # ---- item 10c: train on an out-of-vocabulary id ---------------------------------
 
-def test_train_names_the_file_sample_and_id_outside_the_vocabulary(tmp_path, request, capsys):
+def test_train_names_the_file_sample_and_id_outside_the_vocabulary(tmp_path, assets, capsys):
     """Before: a bare IndexError ("index out of range in self") from the embedding."""
-    from ops.drafter import toy
     from ops.train.__main__ import main as train_main
 
-    digest = hashlib.sha1(Path(toy.__file__).read_bytes()).hexdigest()[:12]
-    assets = toy.toy_assets(request.config.cache.mkdir(f"eagle3-toy-{digest}"))
     data = tmp_path / "hidden_states"
     shutil.copytree(assets["data"], data)
     vocab = json.loads((assets["target"] / "config.json").read_text())["vocab_size"]

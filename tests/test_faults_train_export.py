@@ -23,21 +23,12 @@ torch = pytest.importorskip("torch")
 from safetensors.torch import load_file  # noqa: E402
 
 from ops.drafter import checkpoint as ck  # noqa: E402
-from ops.drafter import toy  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 ENV = dict(os.environ, OMP_NUM_THREADS="1",
            PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
 ENV.pop("EAGLE3_RUN_ID", None)
 STOP_ENV = "EAGLE3_EXPORT_TEST_STOP_AT"
-
-
-@pytest.fixture(scope="module")
-def assets(request, tmp_path_factory):
-    digest = hashlib.sha1(Path(toy.__file__).read_bytes()).hexdigest()[:12]
-    cache = getattr(request.config, "cache", None)      # absent under -p no:cacheprovider
-    root = cache.mkdir(f"eagle3-toy-{digest}") if cache else tmp_path_factory.mktemp(f"eagle3-toy-{digest}")
-    return toy.toy_assets(root)
 
 
 def train_argv(assets, out, *extra) -> list[str]:
@@ -178,14 +169,10 @@ def test_resume_with_no_compatible_checkpoint_names_it(assets, older_run, tmp_pa
 
 # ---- items 5 and 6: export -------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def trained(assets, tmp_path_factory):
-    """Checkpoints 2 and 4 of one run (holdout 4, for --check and the logits)."""
-    out = tmp_path_factory.mktemp("trained") / "train"
-    proc = run(train_argv(assets, out, "--max-steps", "4", "--save-every", "2", "--keep", "0", "--holdout", "4"))
-    assert proc.returncode == 0, proc.stderr
-    assert steps(out) == [2, 4]
-    return out
+# `trained` (tests/conftest.py): checkpoints 2 and 4 of one run, holdout 4.
+
+def test_the_shared_run_holds_checkpoints_2_and_4(trained):
+    assert steps(trained) == [2, 4]
 
 
 def export_argv(ckpt: Path, out: Path, *extra) -> list[str]:

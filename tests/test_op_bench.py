@@ -12,7 +12,6 @@ asserted below (0.5) sits well inside that gap and well above noise."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -20,16 +19,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ops.drafter import toy  # noqa: E402
 
 torch.set_num_threads(1)
 MARGIN = 0.5
-
-
-@pytest.fixture(scope="module")
-def assets(request):
-    digest = hashlib.sha1(Path(toy.__file__).read_bytes()).hexdigest()[:12]
-    return toy.toy_assets(request.config.cache.mkdir(f"eagle3-toy-{digest}"))
 
 
 def train_and_export(assets, root: Path, name: str, *extra) -> Path:

@@ -5,7 +5,6 @@ matches the training model, and a damaged export is caught."""
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 from pathlib import Path
 
@@ -13,26 +12,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ops.drafter import toy  # noqa: E402
 
 torch.set_num_threads(1)
-
-
-@pytest.fixture(scope="module")
-def assets(request):
-    digest = hashlib.sha1(Path(toy.__file__).read_bytes()).hexdigest()[:12]
-    return toy.toy_assets(request.config.cache.mkdir(f"eagle3-toy-{digest}"))
-
-
-@pytest.fixture(scope="module")
-def trained(assets, tmp_path_factory):
-    from ops.train.__main__ import main
-
-    out = tmp_path_factory.mktemp("train")
-    assert main(["--data", str(assets["data"]), "--vocab", str(assets["vocab"]), "--target", str(assets["target"]),
-                 "--output", str(out), "--workers", "0", "--lr", "3e-3", "--token-budget", "256",
-                 "--ttt-steps", "3", "--max-steps", "4", "--holdout", "4"]) == 0
-    return out
 
 
 def export(trained, out, *extra) -> int:

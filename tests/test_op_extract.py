@@ -12,8 +12,10 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -28,6 +30,7 @@ from ops.common import run_main  # noqa: E402
 from ops.extract import batching  # noqa: E402
 from ops.extract.__main__ import main as extract_main  # noqa: E402
 from ops.formats import DATA_CONFIG, sample_path  # noqa: E402
+from tests.conftest import wait_for  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 NUM_LAYERS = 8
@@ -447,46 +450,101 @@ TIME_RE = re.compile(r"extract: time: ([\d.]+) s; loop: forward ([\d.]+) s, wait
                      r"idle ([\d.]+) s$", re.M)
 
 
+class StepClock:
+    """A clock that moves only when a test moves it, standing in for time.perf_counter
+    and time.monotonic in the modules that time an extraction: every second the
+    closing line counts is then one the test put in, wherever it put it."""
+
+    def __init__(self) -> None:
+        self._now = 1000.0      # perf_counter is never 0: the writer reads a 0 as "not taken"
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self._lock:
+            return self._now
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self._now += seconds
+
+
 @pytest.mark.parametrize("slow", ["disk", "forward"])
 def test_the_closing_time_line_says_whether_the_disk_or_the_forward_bounds_the_run(tiny, tmp_path, capsys,
                                                                                      monkeypatch, slow):
     """What an operator reads to know whether more writers (or a faster disk)
-    or a faster target would help: a disk made slow shows as the writers
-    writing while the loop waits for them; a forward made slow as the loop's
-    forward time, the loop not waiting."""
-    from ops.extract import hf_engine, writer
+    or a faster target would help: a slow disk shows as the writers writing
+    while the loop waits for them; a slow forward as the loop's forward time,
+    the loop not waiting. The slow part takes `pause` on a clock only it moves,
+    so each figure is exactly what the line should attribute to it."""
+    from ops.extract import hf_engine, loop, progress, staging, writer
 
     target, prepared = tiny
-    # A disk pause well above the tiny forward's ~30 ms, so the waiting is the disk's.
-    pause = 0.15 if slow == "disk" else 0.05
+    pause, n = 0.5, 24
+    clock = StepClock()
+    forwards: list[int] = []        # samples per forward
+    for module in (loop, writer, staging, progress):
+        monkeypatch.setattr(module, "time", SimpleNamespace(perf_counter=clock, monotonic=clock))
     if slow == "disk":
-        real_write = writer.write_image
+        # The loop blocks on the one slab the writer holds: a write takes its pause
+        # while the loop waits for that slab, or once the loop has nothing left to
+        # submit (the last batch's samples, which nothing waits on).
+        state = {"waiting": False, "done": False}
+        waited: list[bool] = []        # per write: whether the loop was waiting during its pause
+
+        class WatchedCondition(threading.Condition):
+            def wait(self, timeout=None):
+                state["waiting"] = True
+                try:
+                    return super().wait(timeout)
+                finally:
+                    state["waiting"] = False
+
+        monkeypatch.setattr(staging, "threading", SimpleNamespace(Lock=threading.Lock, Condition=WatchedCondition))
+        real_write, real_close = writer.write_image, writer.SampleWriter.close
 
         def slow_write(*a, **kw):
-            time.sleep(pause)
+            wait_for(lambda: state["waiting"] or state["done"], timeout=60, poll=0.005)
+            waited.append(state["waiting"])
+            clock.advance(pause)
             return real_write(*a, **kw)
 
+        def close(self):
+            state["done"] = True
+            return real_close(self)
+
         monkeypatch.setattr(writer, "write_image", slow_write)
+        monkeypatch.setattr(writer.SampleWriter, "close", close)
     else:
-        real_forward = hf_engine.HFTarget.forward
+        # A forward takes its pause once the writer is through the previous sample
+        # (its slab back in the pool), so no write is timed across a pause.
+        real_forward, real_put, released = hf_engine.HFTarget.forward, staging.SlabPool._put, []
+
+        def put(self, slab):
+            real_put(self, slab)
+            released.append(1)
 
         def slow_forward(self, tokens):
-            time.sleep(pause)
+            wait_for(lambda: len(released) >= len(forwards), timeout=60, poll=0.005)
+            forwards.append(len(tokens))
+            clock.advance(pause)
             return real_forward(self, tokens)
 
+        monkeypatch.setattr(staging.SlabPool, "_put", put)
         monkeypatch.setattr(hf_engine.HFTarget, "forward", slow_forward)
     out = tmp_path / "out"
-    # One sample a batch (24 forwards), one writer, one slab: every pause is the run's.
-    argv = extract_argv(target, prepared, out, "--token-budget", "60", "--writers", "1", "--queue-size", "1",
+    # One sample a batch (a budget below every sample), one writer, one slab.
+    argv = extract_argv(target, prepared, out, "--token-budget", "1", "--writers", "1", "--queue-size", "1",
                         "--host-batches", "1")
     assert run_main(extract_main, argv) == 0
     m = TIME_RE.search(capsys.readouterr().out)
     assert m, "no closing time line"
     elapsed, forward, waiting, threads, copy_wait, writing, idle = (float(g) for g in m.groups())
-    assert threads == 1 and copy_wait < 0.1 * elapsed       # CPU: no device copy to wait for
-    assert abs(copy_wait + writing + idle - threads * elapsed) < 0.3
+    assert threads == 1 and copy_wait == 0         # CPU: no device copy to wait for
+    assert elapsed == n * pause
     if slow == "disk":
-        assert writing >= 0.9 * 24 * pause and waiting >= 0.5 * 24 * pause and forward < waiting
+        # Every write's pause is the writers'; the loop waited out all but the last batch's.
+        assert waited == [True] * (n - 1) + [False], waited
+        assert (forward, waiting, writing, idle) == (0, (n - 1) * pause, n * pause, 0)
     else:
-        assert forward >= 0.9 * 24 * pause and waiting < forward and idle > writing
-    assert forward + waiting <= elapsed + 0.1
+        assert forwards == [1] * n and elapsed == n * pause
+        assert (forward, waiting, writing, idle) == (n * pause, 0, 0, n * pause)

@@ -4,7 +4,6 @@ global batch, resume continues the loss curve, bad inputs get clear errors."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -17,16 +16,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ops.drafter import toy  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 torch.set_num_threads(1)     # the test machine's cores are shared; threads only contend
-
-
-@pytest.fixture(scope="module")
-def assets(request):
-    digest = hashlib.sha1(Path(toy.__file__).read_bytes()).hexdigest()[:12]
-    return toy.toy_assets(request.config.cache.mkdir(f"eagle3-toy-{digest}"))
 
 
 def train_argv(assets, out, *extra):

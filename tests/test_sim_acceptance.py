@@ -12,7 +12,6 @@ exactly when the held-out answers are the target's own greedy output.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from pathlib import Path
@@ -101,15 +100,6 @@ def _train_export_bench(assets: dict, out: Path, extra: list[str], k: int = 3, n
     assert bench(["--drafter", str(exported), "--target", str(assets["target"]), "--output", str(out / "b"),
                   "--draft-tokens", str(k), "--max-new-tokens", str(new_tokens), "--num-prompts", "8"]) == 0
     return records, json.loads((out / "b" / "bench.json").read_text())
-
-
-@pytest.fixture(scope="module")
-def assets(request):
-    pytest.importorskip("torch")
-    from ops.drafter import toy
-
-    digest = hashlib.sha1(Path(toy.__file__).read_bytes()).hexdigest()[:12]
-    return toy.toy_assets(request.config.cache.mkdir(f"eagle3-toy-{digest}"))
 
 
 @torch_needed

@@ -5,7 +5,6 @@ or written; asked for without the writer installed, one clear line, exit 2."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import struct
 import subprocess
@@ -17,15 +16,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ops.drafter import toy  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def assets(request):
-    digest = hashlib.sha1(Path(toy.__file__).read_bytes()).hexdigest()[:12]
-    return toy.toy_assets(request.config.cache.mkdir(f"eagle3-toy-{digest}"))
 
 
 def argv(assets, out: Path, *extra: str) -> list[str]:

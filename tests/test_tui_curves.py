@@ -30,6 +30,7 @@ from eagle3_console.monitor.gpus import Nvml
 from eagle3_console.snapshot import Collector
 from eagle3_console.workspace import Workspace
 from tests import fake_pynvml
+from tests.conftest import exclusive
 from tests.test_tui_helpers import busy_gpus, frozen, seed_runs, seeded_pipeline, select, wait_until
 from widgets.body import Body
 
@@ -79,6 +80,14 @@ def utc(monkeypatch):
 WS_DIR = Path(tempfile.gettempdir()) / "eagle3-tui-curves"
 
 
+@pytest.fixture
+def curves_dir():
+    """WS_DIR, one test at a time on this machine (xdist workers, other runs): its
+    path is on the screen, so it is fixed, and a second test would empty it."""
+    with exclusive(WS_DIR.with_name(WS_DIR.name + ".lock")):
+        yield WS_DIR
+
+
 def console(_tmp_path) -> ConsoleApp:
     shutil.rmtree(WS_DIR, ignore_errors=True)
     WS_DIR.mkdir(parents=True)
@@ -104,12 +113,12 @@ def on_train(app: ConsoleApp):
 
 
 @pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
-def test_train_curves(snap_compare, tmp_path, size):
+def test_train_curves(snap_compare, curves_dir, tmp_path, size):
     app = console(tmp_path)
     assert snap_compare(app, terminal_size=size, run_before=on_train(app))
 
 
-def test_train_curves_no_color_80x24(snap_compare, tmp_path, monkeypatch):
+def test_train_curves_no_color_80x24(snap_compare, curves_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("NO_COLOR", "1")
     app = console(tmp_path)
     assert snap_compare(app, terminal_size=(80, 24), run_before=on_train(app))
