@@ -2,13 +2,13 @@
 the verifier (`speculators_config.verifier.name_or_path`) on every load, and
 the target's absolute path is gone once the workspace is moved. The export
 carries what that load reads (ops/export/verifier.py); README's load line
-points at it. Played end to end: train and export on the toy target in a
-workspace, `shutil.move` the whole workspace, load with speculators' own
-Eagle3DraftModel in a fresh process from another directory."""
+points at it. Played end to end: export on the toy target in a workspace,
+`shutil.move` the whole workspace, load with speculators' own Eagle3DraftModel
+in a fresh process from another directory. The toy target and its trained
+drafter come from conftest."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -22,13 +22,11 @@ torch = pytest.importorskip("torch")
 
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from ops.drafter import toy  # noqa: E402
-
 REPO = Path(__file__).resolve().parent.parent
 ENV = dict(os.environ, OMP_NUM_THREADS="1",
            PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
 ENV.pop("EAGLE3_RUN_ID", None)
-# Four subprocesses (train, export, two speculators loads of ~10 s CPU each) on a shared machine.
+# Three subprocesses (export, two speculators loads of ~10 s CPU each) on a shared machine.
 pytestmark = pytest.mark.timeout(600)
 
 # README's "Loading the speculators export" line, then what the other
@@ -59,31 +57,17 @@ save_file(res, out)
 """
 
 
-@pytest.fixture(scope="module")
-def assets(request, tmp_path_factory):
-    digest = hashlib.sha1(Path(toy.__file__).read_bytes()).hexdigest()[:12]
-    cache = getattr(request.config, "cache", None)      # absent under -p no:cacheprovider
-    root = cache.mkdir(f"eagle3-toy-{digest}") if cache else tmp_path_factory.mktemp(f"eagle3-toy-{digest}")
-    return toy.toy_assets(root)
-
-
 def run(argv, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=ENV, cwd=cwd)
 
 
 @pytest.fixture(scope="module")
-def workspace(assets, tmp_path_factory):
-    """A workspace holding the toy target, its data, a trained drafter and the
-    export, every path given relative to the workspace as eagle3.toml gives them."""
+def workspace(assets, trained, tmp_path_factory):
+    """A workspace holding the toy target and the export of conftest's trained
+    drafter, the target given relative to the workspace as eagle3.toml gives it."""
     ws = tmp_path_factory.mktemp("moving") / "ws"
-    for key in ("target", "data", "vocab"):
-        shutil.copytree(assets[key], ws / key)
-    train = [sys.executable, "-m", "ops.train", "--data", "data", "--vocab", "vocab", "--target", "target",
-             "--output", "train", "--workers", "0", "--lr", "3e-3", "--token-budget", "256", "--ttt-steps", "3",
-             "--max-steps", "2", "--warmup-ratio", "0", "--device", "cpu"]
-    proc = run(train, ws)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    proc = run([sys.executable, "-m", "ops.export", "--checkpoint", "train", "--output", "export",
+    shutil.copytree(assets["target"], ws / "target")
+    proc = run([sys.executable, "-m", "ops.export", "--checkpoint", str(trained), "--output", "export",
                 "--target", "target", "--format", "speculators", "--no-check"], ws)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return ws
