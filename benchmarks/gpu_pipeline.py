@@ -295,7 +295,11 @@ def observe(a) -> None:
             if bench and bench["status"] == "succeeded" and "metrics_after" not in done:
                 scrape(out, "after_bench")
                 done.add("metrics_after")
-            if bench and bench["status"] == "succeeded" and "tui_ready" in done:
+            benches = [s for s in stages.values() if s.get("op") == "bench"]
+            if benches and all(b["status"] == "succeeded" for b in benches) and "tui_ready" in done:
+                break
+            if benches and all(b["status"] in ("succeeded", "failed", "killed", "lost") for b in benches) \
+                    and not alive(int((out / "watch.pid").read_text())):
                 break
             pid = int((out / "watch.pid").read_text())
             if not alive(pid):
@@ -385,8 +389,10 @@ def finish(a) -> None:
                                 "params": r.params})
     serve = [r for r in runs if r.stage.startswith("serve")]
     if serve and not a.keep_serving:
-        p = cli(ws, "stop", serve[-1].stage, timeout=120)
-        summary["stop_serve"] = (p.returncode, (p.stdout + p.stderr)[-500:])
+        summary["stop_serve"] = {}
+        for name in sorted({r.stage for r in serve}):
+            p = cli(ws, "stop", name, timeout=120)
+            summary["stop_serve"][name] = (p.returncode, (p.stdout + p.stderr)[-500:])
     ex = sorted((r for r in runs if r.stage == "extract" and r.status == "succeeded"), key=lambda r: r.id)
     if ex and a.reference:
         good = ex[-1]

@@ -30,9 +30,14 @@ Compiles (flex, torch.compile) happen in the warm-up steps: their count (dynamo'
 graphs) and the warm-up's time beyond its steps' steady time are printed
 apart; tok/s and MFU are the timed steps' only. --lengths mixed writes samples
 of many lengths (up to --seq) instead, to count the compiles a real corpus costs.
+--formats bf16,fp8,int4 writes the same states in each storage format
+(ops/hidden_formats.py; encoded by ops/hidden_codec.py as extract encodes them)
+and times each in the same invocation: the loader reads the format's bytes,
+the prefetcher decodes them on the device; a line per format gives its tok/s
+against bf16's.
 Usage: python benchmarks/train_throughput.py [--shape 8b|tiny] [--seq 2048,4096] [--steps N] [--out DIR]
        [--program 2048] [--levers default|old|flex,chunked,fused-adamw,compile,bucket] [--check-levers]
-       [--lengths fixed|mixed]
+       [--lengths fixed|mixed] [--formats bf16,fp8,int4]
 """
 
 from __future__ import annotations
@@ -112,30 +117,36 @@ def mixed_lengths(samples: int, seq: int) -> list[int]:
 
 
 def write_data(path: Path, samples: int, seq: int, hidden: int, vocab: int, device,
-               lengths: list[int] | None = None) -> int:
-    """extract's layout, written by extract's own writer; returns the bytes.
+               lengths: list[int] | None = None, fmt: str = "bf16") -> int:
+    """extract's layout, written by extract's own writer, states in `fmt`; returns the bytes.
     `lengths`: each sample's (default: all `seq`)."""
     import torch
+    from ops import hidden_formats
+    from ops.extract.sample_file import sample_image
     from ops.extract.writer import write_sample
     from ops.formats import DATA_CONFIG, SAMPLE_LENGTHS, sample_path
+    from ops.hidden_codec import encode_states
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     g = torch.Generator(device=device).manual_seed(seq)
     # A few distinct states, reused: generating 7 GB of normals on the CPU would
     # take longer than the training it feeds. The bytes on disk are all written.
-    pool = [torch.randn(seq, 4 * hidden, generator=g, device=device).to(dtype).cpu() for _ in range(4)]
+    pool = [torch.randn(seq, 4 * hidden, generator=g, device=device).to(dtype) for _ in range(4)]
     lengths = lengths or [seq] * samples
     for idx in range(samples):
         n = lengths[idx]
         states = pool[idx % len(pool)][:n]
-        write_sample(sample_path(path, idx), {
+        encoded = encode_states(fmt, {"aux_hidden_states": states[:, :3 * hidden],
+                                      "final_hidden_states": states[:, 3 * hidden:]}, hidden)
+        write_sample(sample_path(path, idx), sample_image({
             "input_ids": torch.randint(0, vocab, (n,), dtype=torch.int64),
             "loss_mask": torch.ones(n, dtype=torch.uint8),
-            "aux_hidden_states": states[:, :3 * hidden], "final_hidden_states": states[:, 3 * hidden:]})
+            **{k: v.contiguous().cpu() for k, v in encoded.items()}}, metadata=hidden_formats.file_metadata(fmt)))
     (path / SAMPLE_LENGTHS).write_text(json.dumps({str(i): lengths[i] for i in range(samples)}))
     (path / DATA_CONFIG).write_text(json.dumps({
         "status": "complete", "hidden_size": hidden, "layer_ids": AUX_IDS, "final_hidden_state": "post_norm",
-        "dtype": str(dtype).replace("torch.", ""), "total_samples": samples, "total_tokens": sum(lengths)}))
+        "dtype": str(dtype).replace("torch.", ""), "total_samples": samples, "total_tokens": sum(lengths),
+        "format": fmt, "format_params": hidden_formats.format_params(fmt, hidden)}))
     return bc.dir_bytes(path)
 
 
@@ -276,7 +287,7 @@ class ResidentBatch:
 
 def measure(work: Path, seq: int, k: int, budget: int, warmup: int, steps: int, workers: int,
             device, rate: float, levers, check: bool = False, mixed: bool = False, pin: bool = False,
-            staging: str = "pinned") -> dict:
+            staging: str = "pinned", data: str | None = None) -> dict:
     """ops.train's step on ops.train's data path; per-step wait and step times.
     mixed: the warm-up is one pass over every batch (every shape compiles there),
     the timed steps a second pass from the start."""
@@ -291,7 +302,7 @@ def measure(work: Path, seq: int, k: int, budget: int, warmup: int, steps: int, 
     from ops.train.__main__ import TargetView
 
     use_cuda = device.type == "cuda"
-    info = read_data(work / f"data-{seq}")
+    info = read_data(work / (data or f"data-{seq}"))
     head = load_target_head(work / "target")
     vocab = load_vocab(work / "vocab", target_vocab_size=head.lm_head.shape[0])
     cfg = from_target(work / "target", vocab.size, info.layer_ids)
@@ -327,7 +338,7 @@ def measure(work: Path, seq: int, k: int, budget: int, warmup: int, steps: int, 
     elif staging == "resident":
         it = ResidentBatch(cycle(), device, dtype)
     else:
-        it = DevicePrefetcher(cycle(), device, dtype, staging=staging)
+        it = DevicePrefetcher(cycle(), device, dtype, staging=staging, fmt=info.format, hidden=info.hidden_size)
     waits, times, tokens, flops, warm_times, gaps = [], [], [], [], [], []
     model.train()
     checked = None
@@ -431,6 +442,30 @@ def run_program(work: Path, seq: int, k: int, budget: int, warmup: int, steps: i
     return sum(found[1:]) / len(found[1:])
 
 
+def measure_formats(work: Path, formats: list[str], seq: int, n: int, lengths, target_cfg: dict, device, k: int,
+                    budget: int, warmup: int, steps: int, workers: int, rate: float, levers, pin: bool,
+                    keep: bool) -> list[dict]:
+    """The same states (the same generator) in each format, each timed through ops.train's data path."""
+    out, base = [], None
+    for fmt in formats:
+        name = f"data-{seq}-{fmt}"
+        written = write_data(work / name, n, seq, target_cfg["hidden_size"], target_cfg["vocab_size"], device,
+                             lengths, fmt)
+        tokens = sum(lengths) if lengths else n * seq
+        r = measure(work, seq, k, budget, warmup, steps, workers, device, rate, levers, pin=pin,
+                    mixed=lengths is not None, data=name)
+        r.update(format=fmt, bytes_per_token=written / tokens)
+        base = base or r
+        log(f"format {fmt} {seq}-token samples: {written / tokens:,.0f} B a token on disk "
+            f"({written / tokens / (base['bytes_per_token']):.2f}x {base['format']}'s), train {r['tok_s']:,.0f} tok/s "
+            f"({r['tok_s'] / base['tok_s']:.2f}x {base['format']}'s), {r['data_wait']:.1%} of step time waiting "
+            f"for data; {r['step_s'] * 1000:.0f} ms a step")
+        out.append(r)
+        if not keep:
+            shutil.rmtree(work / name, ignore_errors=True)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), default="8b")
@@ -463,6 +498,8 @@ def main() -> int:
                          "pageable), inline for the previous prefetcher (the baseline), resident for one batch "
                          "kept on the device (the floor: no data path at all); each measured in turn")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--formats", default="",
+                    help="comma-separated storage formats (bf16,fp8,int4) to time on the same states, after the rest")
     a = ap.parse_args()
 
     import torch
@@ -558,6 +595,10 @@ def main() -> int:
                         f"{x['data_cost']:.1%} of the step spent on data")
         if not a.keep:
             shutil.rmtree(work / f"data-{seq}", ignore_errors=True)
+        formats = [f for f in a.formats.split(",") if f.strip()]
+        if formats:
+            results += measure_formats(work, formats, seq, n, lengths, target_cfg, device, k, budget, warmup, steps,
+                                       a.workers, rate, levers, a.pin, a.keep)
     if not a.keep:
         shutil.rmtree(work, ignore_errors=True)
     suffix = "" if a.levers == "default" else "_" + a.levers.replace(",", "_")

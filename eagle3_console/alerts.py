@@ -8,6 +8,8 @@ notifications and `status`'s exit code read them; nothing here samples.
 
 from __future__ import annotations
 
+import re
+
 from eagle3_console.model import (CRITICAL, WARNING, Alert, GpuInfo, LogState, Snapshot, StageStatus,
                                   oom_finding)
 from eagle3_console.registry import MAY_BE_ALIVE, RunStatus
@@ -30,6 +32,8 @@ def derive(snap: Snapshot) -> list[Alert]:
             last = max(said, key=lambda f: f.at_offset) if said else None
             a.append(Alert(CRITICAL, "stage_failed", f"{st.name} failed ({why})", st.name,
                            last.line if last else last_program_line(log)))
+        if st.job is not None:
+            a.extend(job_alerts(st))
         if st.status == RunStatus.LOST and st.alive:
             a.append(Alert(CRITICAL, "lost", f"{st.name}: supervisor of run {st.run_id} is gone; "
                                              f"the stage's processes are still watched", st.name))
@@ -81,6 +85,9 @@ def derive(snap: Snapshot) -> list[Alert]:
         st = snap.stage(stage_alert.stage) if stage_alert.stage else None
         if st is not None and stage_alert not in st.alerts:
             st.alerts.append(stage_alert)
+    for h in snap.hosts:
+        if h.state != "ok":
+            alerts.append(Alert(WARNING, "host_unreachable", f"host {h.url}: {h.state.replace('_', ' ')} ({h.reason})"))
     g = snap.gpus
     if g.available:
         hidden = unaccounted_gpu_memory(g.gpus)
@@ -98,6 +105,20 @@ def derive(snap: Snapshot) -> list[Alert]:
                                         f"GPU {gpu.index}: pid {p.pid} of finished run {p.run_id} ({p.stage}) "
                                         f"still holds {human_bytes(p.used_bytes, '?')}", p.stage))
     return alerts
+
+
+# A job's end that the stage's exit code does not tell (jobs.py's states).
+JOB_END_CODES = {"TIMEOUT": "job_timeout", "NODE_FAIL": "node_fail", "OUT_OF_MEMORY": "job_oom",
+                 "PREEMPTED": "job_preempted", "BOOT_FAIL": "node_fail", "DEADLINE": "job_timeout"}
+
+
+def job_alerts(st: StageStatus) -> list[Alert]:
+    job = st.job
+    if st.status == RunStatus.FAILED and job.state in JOB_END_CODES:
+        return [Alert(CRITICAL, JOB_END_CODES[job.state], f"{st.name}: {job.said or job.state}", st.name)]
+    if st.status == RunStatus.KILLED and job.state == "CANCELLED" and not job.stop_requested:
+        return [Alert(WARNING, "job_cancelled", f"{st.name}: {job.said}", st.name)]
+    return []
 
 
 def leftover_workers(stage: str, run, pids: list[int]) -> Alert:
@@ -150,9 +171,29 @@ def orphan_workers(stage: str, pids: list[int]) -> Alert:
                  f"(its state database was replaced); a new run is refused until they end", stage)
 
 
+# torchrun's report that a rank failed (torch/distributed/elastic/multiprocessing/
+# errors/__init__.py: a traceback ending in ChildFailedError, a `====` banner and a
+# table of the failure's fields; api.py's `E1203 ... failed (exitcode: N)` logger
+# line before it) names the rank, never why: the rank's own words come before it.
+_LAUNCHER_LOG = re.compile(r"^[EWI]\d{4} \d\d:\d\d:\d\d\.\d+ \d+ \S*torch/distributed/")
+_RULE = re.compile(r"^[\s=*-]+$")
+
+
+def _before_launcher_report(lines: list[str]) -> list[str]:
+    for i in range(len(lines) - 1, -1, -1):
+        if "ChildFailedError" in lines[i]:
+            for j in range(i, -1, -1):
+                if "Traceback (most recent call last)" in lines[j]:
+                    return lines[:j]
+            return lines[:i]
+    return lines
+
+
 def last_program_line(log: LogState | None) -> str | None:
-    """The program's last words (an op's `error: ...`), skipping the supervisor's own lines."""
-    for line in reversed(log.tail if log else []):
-        if line.strip() and not line.startswith("[eagle3-console]"):
+    """The program's last words (an op's `error: ...`), skipping the supervisor's own lines
+    and a launcher's report of the failure (torchrun's banner, its table, its logger)."""
+    for line in reversed(_before_launcher_report(list(log.tail if log else []))):
+        if line.strip() and not line.startswith("[eagle3-console]") and not _RULE.match(line) \
+                and not _LAUNCHER_LOG.match(line):
             return line
     return None

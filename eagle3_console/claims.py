@@ -1,22 +1,23 @@
-"""Who writes an output, and what a complete run left in it.
+"""Who writes an output.
 
 Two workspaces may name one output (/shared/out). The supervisor of every run
 claims each of its output folders once it exists: `<output>/.eagle3-lock`,
 flock()ed while the supervisor lives, names the workspace, registry, run, stage
 and host, and the pids (supervisor, then the stage's leader) with their create
-times. clean refuses an output that another live run owns, and runs.launch
-refuses to start a second writer into it. Live means: the flock is held, or
-(on this host) one of the named pids runs with its create time (the stage may
-outlive a killed supervisor; a pid reused since does not count).
+times. A claim covers the folders under and over it (a run writing /sh/out
+owns /sh/out/sub, and a clean of /sh would move its files): clean refuses an
+output that another live run's claim overlaps, and runs.launch refuses to
+start a second writer into it. Live means: the flock is held, or (on this
+host) one of the named pids runs with its create time (the stage may outlive
+a killed supervisor; a pid reused since does not count). clean, while it moves
+files, holds the same lock files as an action (actions/hold.py). Anything but
+a regular file at a lock's name (a folder, a FIFO) is NotALock: one line, never
+a hang.
 
-For a custom stage that counts no samples (no op record says which of its files
-are complete), the supervisor also records the files under its outputs, by size
-and mtime as found: at the run's start, and after the run succeeded. clean's
-partial files are those that no such record vouches for; compared for equality,
-so no clock (a file server's or a run's) decides.
+What a succeeded run vouches for (the files of a custom stage) is vouch.py's.
 
-Data flow: supervise.py -> Claim (lock files, .eagle3/vouched/*.json) ->
-actions/clean.py (live_owner, vouched_files) and runs.launch (owned_elsewhere).
+Data flow: supervise.py -> Claim (lock files) -> actions/clean.py
+(live_owner_around) and runs.launch (owned_elsewhere, held_by_action).
 """
 
 from __future__ import annotations
@@ -24,20 +25,20 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
-from eagle3_console.fstree import Root
-from eagle3_console.registry import RunStatus
+from eagle3_console.vouch import manifest_path, records_files, write_manifest
 from eagle3_console.workspace import Workspace
+from ops.common import CLAIM_FILE
 
 if TYPE_CHECKING:  # status --json reads claims and must not pay for subprocess (threading)
     import subprocess
 
-LOCK_NAME = ".eagle3-lock"
-VOUCHED_DIR = "vouched"
+LOCK_NAME = CLAIM_FILE
 POLL_S = 0.5        # how often a supervisor looks for an output its stage has just created (or swapped)
 
 
@@ -54,10 +55,12 @@ class Owner:
     host: str
     pids: list[tuple[int, float]]
     lock: Path
+    action: str = ""        # "clean": an action holding the output, not a run
 
     def describe(self) -> str:
         pid = f", pid {self.pids[-1][0]}" if self.pids else ""
-        return (f"run {self.run} of stage {self.stage!r} in workspace {self.workspace} "
+        what = f"{self.action} of" if self.action else f"run {self.run} of"
+        return (f"{what} stage {self.stage!r} in workspace {self.workspace} "
                 f"(host {self.host}{pid}; {self.lock})")
 
     @classmethod
@@ -65,7 +68,8 @@ class Owner:
         try:
             d = json.loads(text)
             return cls(str(d["workspace"]), str(d.get("registry", "")), int(d["run"]), str(d.get("stage", "?")),
-                       str(d.get("host", "")), [(int(p), float(t)) for p, t in d.get("pids", [])], lock)
+                       str(d.get("host", "")), [(int(p), float(t)) for p, t in d.get("pids", [])], lock,
+                       str(d.get("action") or ""))
         except (ValueError, KeyError, TypeError):
             return None
 
@@ -86,20 +90,78 @@ def _flock_held(fd: int) -> bool:
     return False
 
 
-def _read(fd: int) -> str:
+def read_lock(fd: int) -> str:
     os.lseek(fd, 0, os.SEEK_SET)
     return os.read(fd, 1 << 16).decode("utf-8", "replace")
 
 
-def live_owner(output: str | os.PathLike) -> Owner | None:
-    """The live run that owns `output` (its lock file), or None."""
-    lock = Path(output) / LOCK_NAME
+class NotALock(OSError):
+    """Something other than a regular file where a lock file belongs (a folder, a FIFO)."""
+
+    def __init__(self, lock: Path, what: str):
+        fix = f"rmdir {lock}" if what == "folder" else f"rm {lock}"
+        super().__init__(f"{lock} is a {what}, not a lock file (the console writes a regular file there): "
+                         f"remove it ({fix}) once no run of any workspace writes {lock.parent}")
+        self.lock = lock
+
+
+def open_lock(lock: Path, flags: int) -> int:
+    """The lock file's fd, never blocking: a FIFO would hang a read, a folder fail it."""
     try:
-        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(lock, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
+    except IsADirectoryError:
+        raise NotALock(lock, "folder") from None
+    except OSError as exc:
+        if exc.errno == 6:          # ENXIO: a socket, or a FIFO opened for writing with no reader
+            raise NotALock(lock, "socket or FIFO") from None
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise NotALock(lock, "folder" if stat.S_ISDIR(mode) else "FIFO" if stat.S_ISFIFO(mode) else "special file")
+    return fd
+
+
+def live_owner(output: str | os.PathLike) -> Owner | None:
+    """The live run (or clean) that owns `output` (its lock file), or None.
+    Raises NotALock where something else sits at the lock's name."""
+    return _owner_at(Path(output) / LOCK_NAME)
+
+
+def locks_around(output: str | os.PathLike) -> Iterator[Path]:
+    """Every lock file that claims a folder overlapping `output`: its own, its
+    parents' (a run writing /sh/out owns /sh/out/sub) and those of the folders
+    under it (a clean of /sh would move what it writes); links not followed."""
+    out = Path(os.path.normpath(os.path.abspath(output)))
+    yield out / LOCK_NAME
+    for parent in out.parents:
+        yield parent / LOCK_NAME
+    for dirpath, dirs, files in os.walk(out):
+        if dirpath != str(out) and (LOCK_NAME in files or LOCK_NAME in dirs):
+            yield Path(dirpath) / LOCK_NAME
+        if LOCK_NAME in dirs:
+            dirs.remove(LOCK_NAME)
+
+
+def live_owner_around(output: str | os.PathLike, skip: Any = None) -> Owner | None:
+    """The first live owner of a folder overlapping `output` for which
+    `skip(owner)` is not true (see locks_around)."""
+    for lock in locks_around(output):
+        owner = _owner_at(lock)
+        if owner and not (skip and skip(owner)):
+            return owner
+    return None
+
+
+def _owner_at(lock: Path) -> Owner | None:
+    try:
+        fd = open_lock(lock, os.O_RDONLY)
+    except NotALock:
+        raise
     except OSError:
         return None
     try:
-        owner = Owner.parse(_read(fd), lock)
+        owner = Owner.parse(read_lock(fd), lock)
         if _flock_held(fd):
             return owner or Owner("(unreadable lock)", "", 0, "?", "?", [], lock)
         return owner if owner and owner.pids_alive() else None
@@ -110,51 +172,37 @@ def live_owner(output: str | os.PathLike) -> Owner | None:
 def owned_elsewhere(outputs: list[str], registry: str, stage: str) -> str | None:
     """Why a run of `stage` may not write these outputs now, or None."""
     for out in outputs:
-        owner = live_owner(out)
-        if owner and not (owner.registry == registry and owner.stage == stage):
-            return (f"output {out} is owned by {owner.describe()}; two writers would mix their files: "
+        try:
+            owner = live_owner_around(out, skip=lambda o: o.registry == registry and o.stage == stage
+                                      and not o.action)
+        except NotALock as exc:
+            return str(exc)
+        if owner and owner.action:
+            return _moving(out, owner)
+        if owner:
+            where = "" if owner.lock.parent == Path(os.path.normpath(os.path.abspath(out))) else \
+                f" (it overlaps {owner.lock.parent})"
+            return (f"output {out}{where} is owned by {owner.describe()}; two writers would mix their files: "
                     f"stop that run, or give this stage another output")
     return None
 
 
-# ---------------------------------------------------------------- what runs vouch for
-def manifest_path(ws: Workspace, registry: str, run_id: int, kind: str) -> Path:
-    return ws.state_dir / VOUCHED_DIR / f"{registry}-{run_id:06d}-{kind}.json"
-
-
-def record_files(outputs: list[str]) -> dict[str, dict[str, list[int]]]:
-    """{output: {relative path: [size, mtime_ns]}} of the regular files found,
-    links not followed, the lock file left out."""
-    found: dict[str, dict[str, list[int]]] = {}
+def held_by_action(outputs: list[str]) -> str | None:
+    """Why a run may not start now because an action (clean) holds one of its
+    outputs, or None: only the outputs' own lock files, cheap enough to ask
+    inside the transaction that creates the run."""
     for out in outputs:
         try:
-            with Root(out) as root:
-                found[out] = {"/".join(e.rel): [e.size, e.mtime_ns] for e in root.walk()
-                              if e.rel != (LOCK_NAME,)}
-        except OSError:
-            found[out] = {}
-    return found
+            owner = live_owner(out)
+        except NotALock as exc:
+            return str(exc)
+        if owner and owner.action:
+            return _moving(out, owner)
+    return None
 
 
-def write_manifest(path: Path, run_id: int, stage: str, outputs: list[str]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    tmp.write_text(json.dumps({"run": run_id, "stage": stage, "time": time.time(),
-                               "roots": record_files(outputs)}))
-    os.replace(tmp, path)
-
-
-def read_manifest(path: Path) -> dict[str, dict[str, list[int]]] | None:
-    try:
-        roots = json.loads(path.read_text())["roots"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return roots if isinstance(roots, dict) else None
-
-
-def records_files(stage: Any) -> bool:
-    """The stages whose files no op record or sample check vouches for."""
-    return stage.spec is None and stage.expected_samples is None
+def _moving(out: str, owner: Owner) -> str:
+    return f"output {out}: {owner.describe()} is moving files there; run again once it has ended"
 
 
 class Claim:
@@ -185,10 +233,8 @@ class Claim:
             claim.notes.append(f"outputs not claimed: {exc}")
             return claim
         claim = cls(ws, run, registry, outputs, vouch, reg.stage_history(run.stage) if vouch else [])
-        # Only the stage's first record of "what was there before" is ever read (clean's _vouched).
-        if vouch and not any(manifest_path(ws, registry, rid, "start").exists()
-                             for rid, _s in claim.history if rid != run.id):
-            claim._manifest("start")
+        if vouch:
+            claim._manifest("start")        # the state this run begins from (vouch.Vouch)
         return claim
 
     def _manifest(self, kind: str) -> None:
@@ -226,17 +272,30 @@ class Claim:
         for out in self.pending:
             if not os.path.isdir(out):
                 continue
-            why = self._claim(out)
+            why = self._overlapped(out) or self._claim(out)
             if why:
                 conflicts.append(why)
                 self.outputs.remove(out)      # not ours: never asked again
         return conflicts
 
+    def _overlapped(self, out: str) -> str | None:
+        """A live claim of a folder above or under `out` (not this run's)."""
+        for lock in list(locks_around(out))[1:]:
+            try:
+                owner = _owner_at(lock)
+            except NotALock:
+                continue            # not a claim: the folder's own lock is the one that must be a file
+            if owner and not (owner.registry == self.registry and owner.run == self.run.id):
+                return f"output {out} overlaps {lock.parent}, owned by {owner.describe()}"
+        return None
+
     def _claim(self, out: str) -> str | None:
         lock = Path(out) / LOCK_NAME
         for _attempt in range(40):
             try:
-                fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+                fd = open_lock(lock, os.O_RDWR | os.O_CREAT)
+            except NotALock as exc:
+                return str(exc)
             except OSError as exc:
                 self.notes.append(f"{lock}: not claimed: {exc.strerror}")
                 self.outputs.remove(out)
@@ -244,10 +303,12 @@ class Claim:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                owner = Owner.parse(_read(fd), lock)
+                owner = Owner.parse(read_lock(fd), lock)
                 os.close(fd)
-                if owner and owner.registry == self.registry and owner.run == self.run.id:
+                if owner and owner.registry == self.registry and owner.run == self.run.id and not owner.action:
                     return None
+                if owner and owner.action:
+                    return f"output {out}: {owner.describe()} is moving files there"
                 time.sleep(0.05)            # a clean's probe holds it for an instant
                 continue
             # Held: make sure it is still the file at that name (not unlinked by a releaser).
@@ -258,7 +319,7 @@ class Claim:
             if not same:
                 os.close(fd)
                 continue
-            owner = Owner.parse(_read(fd), lock)
+            owner = Owner.parse(read_lock(fd), lock)
             if owner and not (owner.registry == self.registry and owner.run == self.run.id) and owner.pids_alive():
                 os.close(fd)
                 return f"output {out} is owned by {owner.describe()}"
@@ -292,10 +353,11 @@ class Claim:
         its locks removed (still held, so no one else's lock is unlinked)."""
         if succeeded and self.vouch:
             self._manifest("end")
-            # Only the latest succeeded run's record is read: the older ones go.
-            for rid, status in self.history:
-                if status == RunStatus.SUCCEEDED and rid != self.run.id:
-                    manifest_path(self.ws, self.registry, rid, "end").unlink(missing_ok=True)
+            # Only the latest succeeded run's end and the starts after it are read: the older ones go.
+            for rid, _status in self.history:
+                if rid < self.run.id:
+                    for kind in ("end", "start"):
+                        manifest_path(self.ws, self.registry, rid, kind).unlink(missing_ok=True)
         for out, fd in self.held.items():
             try:
                 os.unlink(Path(out) / LOCK_NAME)

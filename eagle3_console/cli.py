@@ -63,12 +63,35 @@ def _exit_for(exc: Exception, c: Optional[Ctx] = None) -> None:
 def main() -> None:
     argv = sys.argv[1:]
     if status_json_args(argv) is None:
-        run(argv)
+        try:
+            run(argv)
+        except SystemExit as exc:
+            _flush_or_exit_3()
+            raise
         return
     try:
         run(argv)
     except SystemExit as exc:
         _exit_now(exc.code)
+
+
+def _flush_or_exit_3() -> None:
+    """Flush what the command printed; where stdout refuses it (a full disk),
+    say so in one line and exit 3 (the interpreter's own flush at exit would
+    print a traceback and exit 120)."""
+    try:
+        sys.stdout.flush()
+    except OSError as exc:
+        if exc.errno == errno.EPIPE:
+            return
+        code = cliexit.report(exc)
+        if code is None:
+            raise
+        # What is left in the buffer is lost (said above): the exit's own flush writes it to /dev/null.
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+        sys.exit(code)
 
 
 def _exit_now(code: Any) -> None:
@@ -91,9 +114,12 @@ def _exit_now(code: Any) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
     except OSError as exc:
-        if exc.errno != errno.EPIPE:
-            raise
-        code = 1        # as click: a reader that went away is exit 1, said nowhere
+        if exc.errno == errno.EPIPE:
+            pass            # a reader that went away: the command's own code stands (cliout.reader_gone)
+        else:
+            code = cliexit.report(exc)
+            if code is None:
+                raise
     atexit._run_exitfuncs()
     os._exit(code)
 
@@ -101,6 +127,8 @@ def _exit_now(code: Any) -> None:
 def run(argv: list[str], fast: bool = True) -> None:
     """The command line; fast=False sends `status --json` through typer too (tests compare the two)."""
     args = status_json_args(argv) if fast else None
+    from eagle3_console import cliout, registrybusy
+    registrybusy.notice = cliout.warn       # a busy state database is said while it is waited for
     try:
         if args is not None:
             _status_without_typer(args)

@@ -9,21 +9,34 @@ exporter -> the terminal. A refusal is raised (cliexit says it).
 
 from __future__ import annotations
 
-import time
+from contextlib import contextmanager
 from datetime import datetime
+from typing import Iterator
 
 import typer
 
 from eagle3_console import cliopts
 from eagle3_console import config as cfg
 from eagle3_console.cliexit import EXIT_CRITICAL, EXIT_OK, CommandError
-from eagle3_console.clictx import collect, ctx_of
-from eagle3_console.cliout import out, say
+from eagle3_console.clictx import ctx_of
+from eagle3_console.cliout import Unwritable, out, say, warn
 
 
 def _show(lines: list[str]) -> None:
     for line in lines:
         say(line)
+
+
+@contextmanager
+def _interruptible(c, action: str, stage: str, run_id, what: str, done) -> Iterator[None]:
+    """The action recorded before it starts; SIGTERM/SIGINT/SIGHUP mid-way: recorded, said, exit 128 + N."""
+    from eagle3_console.actions.interrupted import Interrupted, recorded
+    try:
+        with recorded(c.ws, action, stage, run_id, what, done):
+            yield
+    except Interrupted as exc:
+        warn(exc.said)
+        raise typer.Exit(exc.code) from None
 
 
 def _go_ahead(plan, yes: bool) -> bool:
@@ -38,7 +51,8 @@ def _go_ahead(plan, yes: bool) -> bool:
 
 def kill_workers(ctx: typer.Context, stage: str,
                  yes: bool = typer.Option(False, "--yes", help="Act; without it only the plan is printed."),
-                 grace: float = typer.Option(10.0, "--grace", callback=cliopts.seconds()),
+                 grace: float = typer.Option(10.0, "--grace", help="Seconds between SIGTERM and SIGKILL.",
+                                             callback=cliopts.seconds()),
                  wait: float = typer.Option(60.0, "--wait", help="Seconds to wait for GPU memory to come back.",
                                             callback=cliopts.seconds())) -> None:
     """Kill every process of STAGE's run and every GPU process tied to it; prove the memory came back."""
@@ -48,7 +62,11 @@ def kill_workers(ctx: typer.Context, stage: str,
     plan = actions.plan_kill(c.ws, stage, grace_s=grace)
     if not _go_ahead(plan, yes):
         return
-    result = actions.execute_kill(c.ws, plan, progress=say, release_timeout_s=wait)
+    from eagle3_console.actions.interrupted import procs_gone
+    with _interruptible(c, "kill-workers", stage, plan.run_ids[-1] if plan.run_ids else None,
+                        f"{len(plan.procs)} process(es): {', '.join(str(p.pid) for p in plan.procs[:50])}",
+                        procs_gone(plan.procs)):
+        result = actions.execute_kill(c.ws, plan, progress=say, release_timeout_s=wait)
     raise typer.Exit(EXIT_OK if result.ok else EXIT_CRITICAL)
 
 
@@ -62,7 +80,11 @@ def clean(ctx: typer.Context, stage: str,
     plan = actions.plan_clean(c.ws, stage, purge=purge)
     if not _go_ahead(plan, yes):
         return
-    result = actions.execute_clean(c.ws, plan)
+    from eagle3_console.actions.interrupted import files_gone
+    verb = "deleted" if purge else "moved to the trash"
+    with _interruptible(c, "clean", stage, None, f"{len(plan.files):,} partial file(s) to be {verb}",
+                        files_gone([str(p) for p, _s in plan.files], verb)):
+        result = actions.execute_clean(c.ws, plan)
     _show(result.lines())
     raise typer.Exit(EXIT_OK if not result.failed else EXIT_CRITICAL)
 
@@ -89,40 +111,32 @@ def restart(ctx: typer.Context, stage: str,
 def watch(ctx: typer.Context,
           once: bool = typer.Option(False, "--once", help="One pass, then exit with the status code."),
           interval: float = typer.Option(30.0, "--interval", help="Seconds between passes.",
-                                         callback=cliopts.seconds(above=True)),
-          no_gpus: bool = typer.Option(False, "--no-gpus"),
+                                         callback=cliopts.seconds(cliopts.MIN_INTERVAL_S)),
+          no_gpus: bool = typer.Option(False, "--no-gpus", help="Skip NVML: no GPU view, GPU memory not checked."),
           advance: bool = typer.Option(False, "--advance", help="Also start each stage that never ran (or is stale) once its dependencies are done."),
           until_done: bool = typer.Option(False, "--until-done", help="Exit once every stage succeeded (or nothing more can start).")) -> None:
-    """Apply the policies (restart with backoff, halve the batch after an OOM) under an exclusive lock."""
-    from eagle3_console import policy
+    """Apply the policies (restart with backoff, halve the batch after an OOM) under an exclusive lock.
+
+    Exit (with --once): the status code, 0-3; 75 when another watch holds .eagle3/watch.lock."""
+    from eagle3_console import watchloop
     c = ctx_of(ctx)
-    c.pipeline()
-    said = [0]
+    c.pipeline()        # a pipeline file bad from the start is said at once (exit 3); later, passes retry
+    lost: list[Unwritable] = []
 
     def tell(m: str) -> None:
-        said[0] += 1
-        out.print(f"{datetime.now():%H:%M:%S} {m}", highlight=False, markup=False)
+        # A line that cannot be written (the cron log's disk full) never stops a pass
+        # half-way: what it did is recorded in the registry's events all the same.
+        try:
+            out.print(f"{datetime.now():%H:%M:%S} {m}", highlight=False, markup=False)
+        except Unwritable as exc:
+            lost.append(exc)
 
     # Another watch holding the lock raises policy.LockHeld: exit 75 (cliexit).
-    with policy.WatchLock(c.ws):
-        while True:
-            snap = collect(c, no_gpus)
-            acted = policy.apply(c.ws, snap, tell)
-            if advance:
-                acted += policy.advance(c.ws, snap, tell)
-            if acted:
-                snap = collect(c, no_gpus)
-            for a in snap.alerts:
-                tell(f"{a.level.upper()}: {a.message}")
-            if once:
-                if not said[0]:     # a cron log that stays empty cannot tell "ran, all well" from "never ran"
-                    tell(f"nothing to do: health {snap.health}; "
-                         + ", ".join(f"{s.name} {s.status}" for s in snap.stages))
-                raise typer.Exit(snap.exit_code)
-            if until_done and policy.settled(snap) and not policy.restart_pending(c.ws, snap):
-                tell("pipeline settled: " + ", ".join(f"{s.name} {s.status}" for s in snap.stages))
-                raise typer.Exit(snap.exit_code)
-            time.sleep(interval)
+    code = watchloop.run(c, watchloop.Options(once=once, interval_s=interval, no_gpus=no_gpus, advance=advance,
+                                              until_done=until_done), tell)
+    if lost:
+        raise CommandError(f"{lost[0]} ({len(lost)} line(s) lost; the pass's actions are in `events`)")
+    raise typer.Exit(code)
 
 
 # ------------------------------------------------------------------ exporter
@@ -134,7 +148,7 @@ def exporter(ctx: typer.Context,
                                       callback=cliopts.integer(0, 65535, "a TCP port")),
              host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
              interval: float = typer.Option(5.0, "--interval", help="Seconds between snapshots (scrapes read the last one).",
-                                           callback=cliopts.seconds(above=True)),
+                                           callback=cliopts.seconds(cliopts.MIN_INTERVAL_S)),
              no_gpus: bool = typer.Option(False, "--no-gpus", help="Skip NVML.")) -> None:
     """Serve the snapshot as Prometheus metrics on http://HOST:PORT/metrics."""
     from eagle3_console import exporter as exp

@@ -69,7 +69,10 @@ def _ended(r) -> str:
 
 def _read_registry(c: Ctx, read: Callable[[Registry], list]) -> list:
     """`read(registry)`, or nothing where the workspace never had a state
-    database (opening one would create it, and a read never creates)."""
+    database (opening one would create it, and a read never creates).
+    A folder without a pipeline file is no workspace (a typo in -w): said, exit 3."""
+    if not c.ws.config_path.exists():
+        c.pipeline()
     if not (c.ws.db_path.exists() or id_path(c.ws.db_path).exists()):
         return []
     with Registry(c.ws.db_path) as reg:
@@ -78,7 +81,7 @@ def _read_registry(c: Ctx, read: Callable[[Registry], list]) -> list:
 
 def runs_cmd(ctx: typer.Context, stage: Optional[str] = typer.Argument(None),
              limit: int = typer.Option(20, "-n", help="How many runs.", callback=cliopts.integer(1)),
-             as_json: bool = typer.Option(False, "--json")) -> None:
+             as_json: bool = typer.Option(False, "--json", help="As JSON: each run's argv, params, env and pids.")) -> None:
     """Run history, newest first."""
     from eagle3_console import runs
     c = ctx_of(ctx)
@@ -108,22 +111,29 @@ def runs_cmd(ctx: typer.Context, stage: Optional[str] = typer.Argument(None),
 
 def events(ctx: typer.Context,
            stage: Optional[str] = typer.Option(None, "--stage", help="Only this stage's events."),
-           limit: int = typer.Option(50, "--limit", "-n", help="How many events.", callback=cliopts.integer(1)),
-           as_json: bool = typer.Option(False, "--json")) -> None:
+           limit: int = typer.Option(50, "--limit", "-n", help="How many events (repeated refusals count once).",
+                                     callback=cliopts.integer(1)),
+           as_json: bool = typer.Option(False, "--json", help="As JSON: each entry with its targets, "
+                                                                "repeats and first_time.")) -> None:
     """The audit log, newest first: who stopped, killed, cleaned or restarted what, and how it went."""
+    from eagle3_console.eventlog import fold
     c = ctx_of(ctx)
-    rows = _read_registry(c, lambda reg: reg.events(stage, limit))
+    # Enough records that a run of identical refusals (a cron pass each) folds whole.
+    rows = fold(_read_registry(c, lambda reg: reg.events(stage, min(limit * 50, 100_000))), limit)
     if stage and not rows:
         c.stage(stage)      # as `runs`: no event of an unknown stage is bad input (exit 3)
     if as_json:
-        print(json.dumps([e.__dict__ for e in rows], indent=2))
+        print(json.dumps([f.as_json() for f in rows], indent=2))
         return
     from rich.table import Table
-    t = Table("time", "actor", "action", "stage", "run", "outcome", "targets", "detail")
-    for col in t.columns[:6]:
+    t = Table("time", "actor", "action", "stage", "run", "outcome", "times", "n targets", "detail")
+    for col in t.columns[:8]:
         col.no_wrap = True
-    for e in rows:
-        t.add_row(_when(e.time), e.actor, e.action, e.stage or "-", str(e.run_id or "-"), e.outcome,
+    t.columns[8].overflow = "fold"
+    for f in rows:
+        e = f.event
+        times = f"{f.repeats} since {_when(f.first_time)[6:]}" if f.repeats > 1 else "1"
+        t.add_row(_when(e.time), e.actor, e.action, e.stage or "-", str(e.run_id or "-"), e.outcome, times,
                   str(len(e.targets)) if e.targets else "-", e.detail or "")
     out.print(t)
     if rows:

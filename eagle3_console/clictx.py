@@ -19,6 +19,7 @@ from typing import Any, Optional
 from eagle3_console import config as cfg
 from eagle3_console import cliexit
 from eagle3_console.cliexit import Unreadable
+from eagle3_console.cliout import closed_pipe, reader_gone
 from eagle3_console.registry import StateError
 from eagle3_console.workspace import Workspace
 
@@ -42,12 +43,12 @@ def ctx_of(typer_ctx: Any) -> Ctx:
     return typer_ctx.obj
 
 
-def _collect(c: Ctx, no_gpus: bool):
+def _collect(c: Ctx, no_gpus: bool, pipe: Optional[cfg.Pipeline] = None):
     from eagle3_console.snapshot import Collector
     try:
         col = Collector(c.ws, persist=True, gpus=not no_gpus)
         try:
-            return col.collect()
+            return col.collect(pipe)
         finally:
             col.close()
     except (cfg.ConfigError, StateError) as exc:
@@ -56,11 +57,10 @@ def _collect(c: Ctx, no_gpus: bool):
         raise Unreadable(f"state database {c.ws.db_path} is unreadable: {exc}", "state_error") from None
 
 
-def collect(c: Ctx, no_gpus: bool = False):
+def collect(c: Ctx, no_gpus: bool = False, pipe: Optional[cfg.Pipeline] = None):
     """The workspace's snapshot; a pipeline file or state database that cannot
-    be read raises (exit 3)."""
-    c.pipeline()
-    return _collect(c, no_gpus)
+    be read raises (exit 3). `pipe`: the pipeline file as the caller read it."""
+    return _collect(c, no_gpus, pipe or c.pipeline())
 
 
 def status_json(c: Ctx, no_gpus: bool) -> int:
@@ -76,5 +76,10 @@ def status_json(c: Ctx, no_gpus: bool) -> int:
                           "time": time.time(), "health": "unknown", "error": str(exc), "stages": [],
                           "gpus": [], "disk": [], "alerts": [alert]}, indent=2))
         return code
-    print(json.dumps(snap.to_dict(), indent=2, default=str))
+    try:
+        print(json.dumps(snap.to_dict(), indent=2, default=str), flush=True)
+    except OSError as exc:
+        if not closed_pipe(exc):
+            raise
+        reader_gone()
     return snap.exit_code

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from eagle3_console.cliout import out, warn
+from eagle3_console.cliout import Unwritable, out, warn, write_failed
 from eagle3_console.config import ConfigError
 from eagle3_console.registry import StateError
 
@@ -59,6 +59,10 @@ def failure(exc: BaseException, db_path: Optional[Path] = None) -> Failure | Non
         return Failure(EXIT_UNKNOWN, f"error: {exc}")
     if isinstance(exc, sqlite3.Error):
         return Failure(EXIT_UNKNOWN, f"error: state database {db_path or 'the state database'}: {exc}")
+    if isinstance(exc, Unwritable):
+        return Failure(EXIT_UNKNOWN, f"error: {exc}")
+    if write_failed(exc):
+        return Failure(EXIT_UNKNOWN, f"error: {Unwritable('stdout', exc)}")
     if isinstance(exc, OSError):
         # A closed pipe is click's (and the entry point's): exit 1, said nowhere.
         if exc.filename and exc.errno != errno.EPIPE:

@@ -28,6 +28,8 @@ EXIT_BAD_INPUT = cliexit.EXIT_BAD_INPUT
 # time.sleep and Event.wait accept: 1e300 raises OverflowError in both).
 MAX_SECONDS = 86400.0
 MAX_COUNT = 10_000_000
+# The shortest pass interval of watch and the exporter: below it a loop only spins.
+MIN_INTERVAL_S = 0.05
 MAX_ID = 2**63 - 1          # SQLite's INTEGER
 
 

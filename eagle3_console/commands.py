@@ -12,6 +12,7 @@ import time.
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -21,11 +22,13 @@ import typer
 from eagle3_console import cli_actions, cli_runs, cliargs, cliopts
 from eagle3_console.cliexit import EXIT_CRITICAL, CommandError
 from eagle3_console.clictx import Ctx, collect, ctx_of, status_json
-from eagle3_console.cliout import out, say
+from eagle3_console.cliout import closed_pipe, out, reader_gone, say
 from eagle3_console.workspace import ENV_WORKSPACE, Workspace
 
 app = typer.Typer(cls=cliopts.ExitCodeGroup, add_completion=False, no_args_is_help=False, rich_markup_mode=None,
-                  help="Operations console for training EAGLE-3 drafters. No command: open the console (TUI).")
+                  help="Operations console for training EAGLE-3 drafters. No command: open the console (TUI).\n\n"
+                       "Exit codes: 0 OK (or nothing to do), 1 WARNING, 2 CRITICAL or refused, 3 UNKNOWN or bad "
+                       "input, 75 another `watch` holds .eagle3/watch.lock, 128+N ended by signal N.")
 
 WORKSPACE_FLAGS = cliargs.WORKSPACE_FLAGS
 
@@ -57,7 +60,8 @@ def tui(ctx: typer.Context, readonly: bool = typer.Option(False, "--readonly", h
 
 
 def init(ctx: typer.Context, directory: Optional[Path] = typer.Argument(None, help="Folder to create the workspace in.")) -> None:
-    """Write a commented eagle3.toml template (never overwrites one)."""
+    """Write a commented eagle3.toml template into DIRECTORY (default: the workspace, -w or the
+    current directory), creating the folder; never overwrites one."""
     ws = Workspace.at(directory) if directory else ctx_of(ctx).ws
     ws.root.mkdir(parents=True, exist_ok=True)
     if ws.config_path.exists():
@@ -70,13 +74,20 @@ def init(ctx: typer.Context, directory: Optional[Path] = typer.Argument(None, he
 
 def demo(ctx: typer.Context, directory: Path = typer.Argument(Path("demo-workspace"), help="Where to build it."),
          no_open: bool = typer.Option(False, "--no-open", help="Build only; do not open the console."),
-         run_all: bool = typer.Option(False, "--run", help="Start the whole pipeline, each stage when its dependencies succeed.")) -> None:
+         run_all: bool = typer.Option(False, "--run", help="Start the whole pipeline, each stage when its dependencies succeed."),
+         model: str = typer.Option("tiny", "--model", help="The target: tiny (trained here in seconds) or smollm2 "
+                                   "(SmolLM2-135M-Instruct, the smollm2 extra; converted once, cached).")) -> None:
     """Build the demo workspace (synthetic corpus, tiny target; cached) and open the console on it."""
-    from eagle3_console.demo import write_demo_workspace
+    from eagle3_console.demo import MODELS, write_demo_workspace
+    from ops.demo.realmodel import MissingExtra
+    if model not in MODELS:
+        raise CommandError(f"--model {model!r}: expected one of {', '.join(MODELS)}")
     ws = Workspace.at(directory)
     t0 = time.time()
     try:
-        config, assets = write_demo_workspace(ws.root, log=say)
+        config, assets = write_demo_workspace(ws.root, log=say, model=model)
+    except MissingExtra as exc:
+        raise CommandError(str(exc)) from None
     except Exception as exc:   # a broken build must say what broke, not open an empty console
         raise CommandError(f"building the demo workspace failed: {exc}") from None
     how = "cached" if assets.get("cached") else f"built in {time.time() - t0:.0f} s"
@@ -101,7 +112,13 @@ def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", hel
         raise typer.Exit(status_json(ctx_of(ctx), no_gpus))
     snap = collect(ctx_of(ctx), no_gpus)
     from eagle3_console.report import print_status
-    print_status(out, snap)
+    try:
+        print_status(out, snap)
+        sys.stdout.flush()
+    except OSError as exc:
+        if not closed_pipe(exc):
+            raise
+        reader_gone()
     raise typer.Exit(snap.exit_code)
 
 

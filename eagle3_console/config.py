@@ -14,6 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eagle3_console import configchecks, hosts
+from eagle3_console.configchecks import MAX_DEPTH, too_deep
+from eagle3_console.entry import EntryError
+from eagle3_console.slurm import params as slurm_params
 from eagle3_console.workspace import Workspace
 from ops import KNOWN_OPS, get_spec
 from ops.spec import DTYPE_BYTES, OpSpec
@@ -28,8 +32,8 @@ def argv_params(part: str) -> list[str]:
 TARGET_KEYS = {"path": str, "num_layers": int, "hidden_size": int, "dtype": str, "vocab_size": int,
                "architecture": str}
 STAGE_KEYS = {"op", "argv", "params", "outputs", "gpus", "depends_on", "batch_param", "restart",
-              "env", "description", "expected_samples", "estimate_bytes", "sample_glob"}
-TOP_KEYS = {"target", "stages", "workspace"}
+              "env", "description", "expected_samples", "estimate_bytes", "sample_glob", "launcher", "slurm"}
+TOP_KEYS = {"target", "stages", "workspace", "hosts"}
 # A pipeline has a handful of stages; a file of thousands is a generated
 # mistake, and loading it would cost minutes on every `status` (seen: 200,000
 # stages, 4 min, 1.3 GB). Refused before parsing the rest.
@@ -38,9 +42,6 @@ MAX_FILE_BYTES = 4 << 20
 # A stage name becomes part of paths (its log, its trash folder) and argv words:
 # one safe set, so no name climbs out (`../x`), nests (`a/b`), hides (`.x`) or reads as a flag (`-rf`).
 STAGE_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
-# Levels from the top of the file (stages.x.params.y is 4): params are scalars and short lists;
-# deeper is a mistake, and at some hundreds every recursive walk of them dies of RecursionError.
-MAX_DEPTH = 32
 
 
 class ConfigError(ValueError):
@@ -71,6 +72,8 @@ class Stage:
     expected_samples: int | None = None
     estimate_bytes: int | None = None
     sample_glob: str | None = None      # a custom stage's sample files under its first output (fnmatch)
+    launcher: str = "local"             # local (the supervisor's process group) | slurm (a job: eagle3_console/slurm/)
+    slurm: Any = None                   # slurm.params.SlurmParams of a slurm stage
 
     @property
     def spec(self) -> OpSpec | None:
@@ -117,6 +120,7 @@ class Pipeline:
     path: Path
     target: dict[str, Any]
     stages: dict[str, Stage]
+    hosts: list[str] = field(default_factory=list)     # other nodes' exporters (hosts.py)
 
     def order(self) -> list[str]:
         """Stage names in dependency order (file order among independent ones)."""
@@ -168,6 +172,8 @@ def parse_value(text: str) -> Any:
         value = None
     if value is None or too_deep(value):
         raise ConfigError("--set", text[:40], f"nested more than {MAX_DEPTH} levels deep; expected at most {MAX_DEPTH}")
+    if configchecks.nul_key(value):
+        raise ConfigError("--set", text[:40].replace("\x00", "\\0"), "holds a NUL character; expected none")
     return value
 
 
@@ -204,22 +210,14 @@ def load(path: Path) -> Pipeline:
     deep = too_deep(raw)
     if deep:
         raise ConfigError(path, deep, f"nested more than {MAX_DEPTH} levels deep; expected at most {MAX_DEPTH}")
-    return parse(raw, path)
-
-
-def too_deep(value: Any, key: str = "", depth: int = 0) -> str | None:
-    """The key of the first value nested deeper than MAX_DEPTH, or None. A
-    600-deep array parsed here would fail later in every recursive walk of
-    params (json.dumps, the type checks) with a RecursionError."""
-    if depth > MAX_DEPTH:
-        return key or "(value)"
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for k, v in items:
-        found = too_deep(v, f"{key}.{k}" if isinstance(k, str) and key else (k if isinstance(k, str) else key),
-                         depth + 1)
-        if found:
-            return found
-    return None
+    nul = configchecks.nul_key(raw)
+    if nul:
+        raise ConfigError(path, nul.replace("\x00", "\\0"), "holds a NUL character (\\u0000); expected none: "
+                          "no program can be given one in its argv or environment")
+    try:
+        return parse(raw, path)
+    except EntryError as exc:       # a part that its own module parses (hosts, a stage's launcher)
+        raise ConfigError(path, exc.key, exc.message) from None
 
 
 def parse(raw: dict[str, Any], path: Path) -> Pipeline:
@@ -236,7 +234,7 @@ def parse(raw: dict[str, Any], path: Path) -> Pipeline:
                               "unsafe stage name; expected 1-64 of letters, digits, _ . - (first a letter, digit "
                               "or _), e.g. extract_2 or bench-1.5")
     stages = {name: _parse_stage(path, name, body) for name, body in stages_raw.items()}
-    pipe = Pipeline(path=path, target=target, stages=stages)
+    pipe = Pipeline(path=path, target=target, stages=stages, hosts=hosts.parse(raw.get("hosts", [])))
     _check_graph(pipe)
     _check_outputs(pipe)
     return pipe
@@ -296,6 +294,9 @@ def _parse_stage(path: Path, name: str, body: Any) -> Stage:
     if "gpus" in body:
         gpus = _expect(path, f"{where}.gpus", body["gpus"], list)
         st.gpus = [_expect(path, f"{where}.gpus[{i}]", g, int) for i, g in enumerate(gpus)]
+        bad = next(configchecks.gpu_problems(st.gpus), None)
+        if bad:
+            raise ConfigError(path, f"{where}.gpus[{bad[0]}]", bad[1])
     st.depends_on = _str_list(path, f"{where}.depends_on", body.get("depends_on", []))
     if "batch_param" in body:
         st.batch_param = _expect(path, f"{where}.batch_param", body["batch_param"], str)
@@ -308,6 +309,10 @@ def _parse_stage(path: Path, name: str, body: Any) -> Stage:
                 raise ConfigError(path, f"{where}.restart.{key}", "unknown key; expected max or backoff_s")
         st.restart = RestartPolicy(max=_expect(path, f"{where}.restart.max", r.get("max", 0), int),
                                    backoff_s=_expect(path, f"{where}.restart.backoff_s", r.get("backoff_s", 30.0), float))
+        for key, problem in (("max", configchecks.restart_max_problem(st.restart.max)),
+                             ("backoff_s", configchecks.backoff_problem(st.restart.backoff_s))):
+            if problem:
+                raise ConfigError(path, f"{where}.restart.{key}", problem)
     env = _expect(path, f"{where}.env", body.get("env", {}), dict)
     st.env = {k: _expect(path, f"{where}.env.{k}", v, str) for k, v in env.items()}
     st.description = _expect(path, f"{where}.description", body.get("description", ""), str)
@@ -325,6 +330,7 @@ def _parse_stage(path: Path, name: str, body: Any) -> Stage:
             raise ConfigError(path, f"{where}.sample_glob",
                               f"{glob!r}: expected a pattern relative to the stage's first output, e.g. \"sample_*.bin\"")
         st.sample_glob = glob
+    st.launcher, st.slurm = slurm_params.parse(where, body, st)
     return st
 
 
@@ -358,19 +364,25 @@ def _check_outputs(pipe: Pipeline) -> None:
     holds either is refused, and so is one inside another stage's."""
     ws = Workspace(pipe.path.parent.resolve())
     owned: list[tuple[Path, str]] = []
+    guarded = ws.guarded()
     for st in pipe.stages.values():
         normal = []
         for out in st.outputs:
             p = ws.resolve(out)
-            problem = ws.output_problem(p)
+            problem = ws.output_problem(p, guarded)
             if problem:
                 key = "params" if st.spec else "outputs"
                 raise ConfigError(pipe.path, f"stages.{st.name}.{key}", f"output {out!r}: {problem}")
             normal.append(str(p))
             owned.append((p, st.name))
         st.outputs = normal
+    # Each root against the roots above it, by lookup: a pairwise walk is quadratic in the stages.
+    by_root: dict[Path, str] = {}
     for p, name in owned:
-        for q, other in owned:
-            if name != other and (p == q or q in p.parents):
+        by_root.setdefault(p, name)
+    for p, name in owned:
+        for q in (p, *p.parents):
+            other = by_root.get(q)
+            if other is not None and other != name:
                 raise ConfigError(pipe.path, f"stages.{name}.outputs",
                                   f"{p} lies inside stage {other!r}'s output {q}; expected separate output roots")

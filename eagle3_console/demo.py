@@ -3,6 +3,8 @@
 Data flow: ops.demo.build_demo_assets (corpus, tokenizer, tiny target; cached)
 -> this module writes eagle3.toml wiring prepare -> vocab -> extract -> verify
 -> train -> export -> bench -> the console runs them as real runs.
+`--model smollm2` puts a real pretrained target there instead (the
+`smollm2` extra, converted once by ops.demo.realmodel; demo_smollm2.py).
 """
 
 from __future__ import annotations
@@ -65,9 +67,18 @@ params = {{ drafter = "runs/export", data = "data/hidden_states", output = "runs
 """
 
 
-def write_demo_workspace(root: Path, log: Callable[[str], None] | None = None, seed: int = 0) -> tuple[Path, dict]:
+MODELS = ("tiny", "smollm2")
+
+
+def write_demo_workspace(root: Path, log: Callable[[str], None] | None = None, seed: int = 0,
+                         model: str = "tiny") -> tuple[Path, dict]:
     """Build (or reuse) the assets under root/assets and write root/eagle3.toml
-    unless one exists (an operator's edits are never overwritten)."""
+    unless one exists (an operator's edits are never overwritten). `model`:
+    tiny (the trained toy target) or smollm2 (ops.demo.realmodel.MissingExtra
+    without its extra)."""
+    if model == "smollm2":
+        from eagle3_console.demo_smollm2 import write_smollm2_workspace
+        return write_smollm2_workspace(root, log=log, seed=seed)
     from ops.demo import build_demo_assets
 
     root.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,7 @@ exporter's own process).
 
 from __future__ import annotations
 
+import json
 import math
 import signal
 import threading
@@ -145,6 +146,10 @@ def _stage(f: _Families, st: StageStatus) -> None:
     lab = {"stage": st.name}
     f.info("eagle3_stage", "The stage's op (empty: a custom argv stage), one series a stage.",
            {"op": st.op or ""}, lab)
+    if st.job is not None:
+        f.info("eagle3_stage_job", "A slurm run's job: its id, state, Slurm's reason and nodes.",
+               {"job_id": st.job.id or "", "state": st.job.state or "", "reason": st.job.reason or "",
+                "nodes": st.job.nodes or ""}, lab)
     for s in STATUSES:
         f.gauge("eagle3_stage_status", "1 for the stage's status (its latest run's), 0 for the others.",
                 dict(lab, status=s), 1 if st.status == s else 0)
@@ -189,6 +194,7 @@ class SnapshotExporter:
         self._sample = sample
         self._lock = threading.Lock()
         self._families: list[Any] = []
+        self._json = b'{"error": "no snapshot taken yet"}'
         self._errors = 0
         self._last_error = ""
         self._last_ok: float | None = None
@@ -198,7 +204,9 @@ class SnapshotExporter:
     def refresh(self) -> None:
         t0 = time.monotonic()
         try:
-            fams = families(self._sample())
+            snap = self._sample()
+            fams = families(snap)
+            doc = json.dumps(snap.to_dict(), default=str).encode()
         except Exception as exc:  # noqa: BLE001 - a pass that failed keeps the last snapshot, counted and said
             with self._lock:
                 self._errors += 1
@@ -206,9 +214,25 @@ class SnapshotExporter:
             return
         with self._lock:
             self._families = fams
+            self._json = doc
             self._last_ok = time.time()
             self._duration = time.monotonic() - t0
             self.samples += 1
+
+    def snapshot_json(self) -> bytes:
+        """The last snapshot as status --json prints it (what another node's console reads: hosts.py)."""
+        with self._lock:
+            return self._json
+
+    def app(self, metrics_app: Callable) -> Callable:
+        """WSGI: /snapshot.json from the cache, everything else prometheus-client's /metrics."""
+        def serve(environ: dict, start_response: Callable) -> list[bytes]:
+            if environ.get("PATH_INFO") == "/snapshot.json":
+                body = self.snapshot_json()
+                start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+                return [body]
+            return metrics_app(environ, start_response)
+        return serve
 
     def collect(self) -> Iterator[Any]:
         with self._lock:
@@ -232,9 +256,14 @@ class SnapshotExporter:
 
 
 def sampler(exporter: SnapshotExporter, interval_s: float, stop: threading.Event) -> threading.Thread:
+    """Refresh every interval, resting at least as long as a refresh took:
+    a short interval on a slow workspace never keeps a core busy."""
     def loop() -> None:
-        while not stop.wait(interval_s):
+        rest = interval_s
+        while not stop.wait(rest):
+            began = time.monotonic()
             exporter.refresh()
+            rest = max(interval_s, time.monotonic() - began)
     t = threading.Thread(target=loop, name="eagle3-exporter-sampler", daemon=True)
     t.start()
     return t
@@ -254,7 +283,7 @@ def serve(sample: Callable[[], Snapshot], host: str, port: int, interval_s: floa
     registry.register(exporter)
     # Not prometheus-client's start_http_server: its backlog of 5 and thread per
     # connection lost scrapes in a storm (exporter_http.py).
-    server, _thread = start_server(make_wsgi_app(registry), host, port)
+    server, _thread = start_server(exporter.app(make_wsgi_app(registry)), host, port)
     stop = threading.Event()
 
     def on_signal(_sig: int, _frame: Any) -> None:

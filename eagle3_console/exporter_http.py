@@ -7,16 +7,18 @@ backlog of 5 and starts a thread per connection: 500 parallel scrapes on
 timed out at 20 s. Here the queue holds 1,024 connections (the kernel caps it
 at net.core.somaxconn, 4,096 on current kernels), at most WORKERS handlers
 run at once (the accept loop waits for a free one, the rest wait in the
-queue), and a connection goes to a handler only once it has sent something:
-one that sends nothing (slowloris, a port check) waits in a selector and is
-closed after REQUEST_TIMEOUT_S, so idle clients never hold the pool; a
-handler's reads time out after the same while.
+queue), and a connection goes to a handler only once its whole request head
+has arrived: until then it waits in a selector, and one whose head is not
+whole REQUEST_TIMEOUT_S after its acceptance (it sends nothing, or trickles
+a header line every few seconds) is closed there, so slow clients never hold
+the pool.
 A scrape only serialises the cached families (exporter.SnapshotExporter), so
 a few threads answer hundreds of scrapes a second.
 """
 
 from __future__ import annotations
 
+import io
 import selectors
 import socket
 import threading
@@ -27,18 +29,33 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 BACKLOG = 1024
 WORKERS = 8
-REQUEST_TIMEOUT_S = 5.0
-MAX_WAITING = 4096      # accepted connections that have not sent their request yet
+REQUEST_TIMEOUT_S = 5.0     # from a connection's acceptance to its whole request head
+MAX_WAITING = 4096      # accepted connections that have not sent their request head yet
+MAX_HEAD = 16384        # a scrape's request head is a few hundred bytes
 
 
 class _QuietHandler(WSGIRequestHandler):
-    timeout = REQUEST_TIMEOUT_S         # socket timeout on each read of the request
+    timeout = REQUEST_TIMEOUT_S         # socket timeout on each write of the answer
+
+    def setup(self) -> None:
+        super().setup()
+        # The request head was read whole before a handler was given the
+        # connection (PoolServer): the handler reads it from memory.
+        self.rfile.close()
+        self.rfile = io.BytesIO(self.server.take_head(self.connection))
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         pass
 
 
 class PoolServer(WSGIServer):
+    """Accept, and read each connection's request head in a selector, with
+    one deadline per request (REQUEST_TIMEOUT_S from its acceptance): a
+    connection goes to a handler only once its head is whole. One that sends
+    nothing, or trickles a header line every 2 s, is closed at its deadline
+    and never holds a handler (a timeout per read would let such clients keep
+    all WORKERS busy, each line starting its timeout again)."""
+
     request_queue_size = BACKLOG
     allow_reuse_address = True
 
@@ -47,33 +64,30 @@ class PoolServer(WSGIServer):
         self._slots = threading.BoundedSemaphore(workers)
         self._stop = threading.Event()
         self._stopped = threading.Event()
+        self._heads: dict[socket.socket, bytes] = {}
+        self._heads_lock = threading.Lock()
         super().__init__(address, _QuietHandler)
 
+    def take_head(self, conn: socket.socket) -> bytes:
+        with self._heads_lock:
+            return self._heads.pop(conn, b"")
+
     def serve_forever(self, poll_interval: float = 0.25) -> None:
-        """Accept, and hand a connection to a handler once it has sent
-        something: one that sends nothing waits in a selector (not in a
-        handler) and is closed after REQUEST_TIMEOUT_S."""
         sel = selectors.DefaultSelector()
         self.socket.setblocking(False)
         sel.register(self.socket, selectors.EVENT_READ, None)
         listening = True
-        waiting: dict[socket.socket, tuple[float, Any]] = {}
+        waiting: dict[socket.socket, list] = {}      # conn -> [deadline, addr, bytes so far]
         try:
             while not self._stop.is_set():
                 for key, _ in sel.select(poll_interval):
                     if key.data is None:
                         self._accept(sel, waiting)
-                        continue
-                    conn = key.fileobj
-                    sel.unregister(conn)
-                    _, addr = waiting.pop(conn)
-                    self._slots.acquire()       # the rest wait, queued, while the pool is busy
-                    self._pool.submit(self._handle, conn, addr)
+                    else:
+                        self._read(sel, waiting, key.fileobj)
                 now = time.monotonic()
-                for conn in [c for c, (deadline, _) in waiting.items() if deadline < now]:
-                    sel.unregister(conn)
-                    del waiting[conn]
-                    conn.close()
+                for conn in [c for c, (deadline, _a, _h) in waiting.items() if deadline < now]:
+                    self._drop(sel, waiting, conn)
                 # Too many waiting: leave the rest in the kernel's queue until some are answered.
                 if listening and len(waiting) >= MAX_WAITING:
                     sel.unregister(self.socket)
@@ -96,9 +110,38 @@ class PoolServer(WSGIServer):
                 return
             except OSError:
                 return      # out of file descriptors: the rest wait in the queue
-            conn.setblocking(True)
+            conn.setblocking(False)
             sel.register(conn, selectors.EVENT_READ, addr)
-            waiting[conn] = (deadline, addr)
+            waiting[conn] = [deadline, addr, b""]
+
+    def _read(self, sel: selectors.BaseSelector, waiting: dict, conn: socket.socket) -> None:
+        entry = waiting[conn]
+        try:
+            data = conn.recv(MAX_HEAD)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        entry[2] += data
+        head = entry[2]
+        if not data or len(head) > MAX_HEAD:
+            self._drop(sel, waiting, conn)      # closed before its head ended, or no scrape's head
+            return
+        if b"\r\n\r\n" not in head and b"\n\n" not in head:
+            return
+        sel.unregister(conn)
+        del waiting[conn]
+        conn.setblocking(True)
+        with self._heads_lock:
+            self._heads[conn] = head
+        self._slots.acquire()       # the rest wait, read, while the pool is busy answering
+        self._pool.submit(self._handle, conn, entry[1])
+
+    @staticmethod
+    def _drop(sel: selectors.BaseSelector, waiting: dict, conn: socket.socket) -> None:
+        sel.unregister(conn)
+        del waiting[conn]
+        conn.close()
 
     def _handle(self, request: Any, client_address: Any) -> None:
         try:
@@ -106,6 +149,7 @@ class PoolServer(WSGIServer):
         except Exception:  # noqa: BLE001 - one bad connection never ends the server
             pass
         finally:
+            self.take_head(request)
             self.shutdown_request(request)
             self._slots.release()
 

@@ -8,12 +8,14 @@ runs (before a launch), the stopper and the actions call reconcile() first.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from eagle3_console import exitrecord
 from eagle3_console.endclock import mark_end
 from eagle3_console.monitor.procs import process_alive
 from eagle3_console.registry import Registry, Run, RunStatus
+from eagle3_console.slurm import SLURM
 
 PENDING_GRACE_S = 30.0
 
@@ -32,6 +34,12 @@ def reconcile(reg: Registry) -> list[Run]:
                     changed.append(run)
             continue
         if not process_alive(run.supervisor_pid, run.supervisor_create_time):
+            if run.launcher == SLURM and run.job_id:
+                # The job lives on without its supervisor: Slurm says how it is or how it ended.
+                from eagle3_console.slurm.control import reconcile_job
+                if reconcile_job(reg, run):
+                    changed.append(run)
+                continue
             # The supervisor may have recorded the exit between our read and now.
             # ended = when the loss was noticed: watch's backoff counts from it.
             if reg.finish(run.id, RunStatus.LOST, ended=now, reason="supervisor gone without recording an exit"):
@@ -64,6 +72,23 @@ def apply_exit_record(reg: Registry, run: Run) -> bool:
     except OSError:
         pass
     return done
+
+
+def as_recorded(run: Run | None) -> Run | None:
+    """A live run as its exit record has it, where its supervisor wrote its end
+    there and the registry does not hold it yet (another process holds
+    state.db busy, or it is full): what status shows, without waiting for
+    the registry. The registry itself gets it from the supervisor, or from
+    apply_exit_record."""
+    if run is None or not run.live:
+        return run
+    rec = exitrecord.read(run.log_path)
+    if rec is None:
+        return run
+    values = {k: rec[k] for k in ("ended", "exit_code", "signal") if rec.get(k) is not None}
+    why = f"from {exitrecord.path_for(run.log_path).name}: state.db does not hold it yet"
+    return dataclasses.replace(run, status=rec["status"], reason="; ".join(filter(None, [rec.get("reason"), why])),
+                               **values)
 
 
 def stage_alive(run: Run) -> bool:

@@ -89,6 +89,35 @@ class GpuReport:
 
 
 @dataclass
+class HostGpus:
+    """Another node's GPUs, as its exporter's /snapshot.json said them (hosts.py)."""
+    url: str
+    state: str                          # ok | unreachable | no_answer | bad_answer
+    host: str | None = None             # the node's own name (its snapshot's host)
+    reason: str | None = None           # why not ok; or why its NVML is unavailable
+    gpus: list[GpuInfo] = field(default_factory=list)
+    time: float | None = None           # when its exporter took the snapshot
+
+    def lines(self) -> list[str]:
+        """The host in lines: a head line, then one a GPU with the runs on it."""
+        from ops.units import human_bytes
+        name = f"{self.host} ({self.url})" if self.host else self.url
+        if self.state != "ok":
+            return [f"{name}: {self.state.replace('_', ' ')}: {self.reason}"]
+        if not self.gpus:
+            return [f"{name}: no GPUs ({self.reason or 'none reported'})"]
+        used = sum(g.mem_used or 0 for g in self.gpus)
+        total = sum(g.mem_total or 0 for g in self.gpus)
+        out = [f"{name}: {len(self.gpus)} GPU(s), {human_bytes(used)} / {human_bytes(total)}"]
+        for g in self.gpus:
+            runs = ", ".join(f"{p.stage} run {p.run_id}" for p in g.processes if p.stage) or "-"
+            util = "-" if g.util_pct is None else f"{g.util_pct}%"
+            out.append(f"  GPU {g.index} {g.name}: {human_bytes(g.mem_used)} / {human_bytes(g.mem_total)}, "
+                       f"util {util}, runs: {runs}" + (f" [{g.error}]" if g.error else ""))
+        return out
+
+
+@dataclass
 class ShardCount:
     name: str                       # e.g. rows_0-2000, or "." for a flat layout
     done: int
@@ -111,6 +140,8 @@ class ShardProgress:
     complete: bool = False          # data_config.json says complete
     bad_files: int = 0              # sample files whose safetensors header is unreadable
     error: str | None = None        # data_config.json / sample_lengths.json unreadable, and why
+    format: str | None = None       # how the states are stored (data_config's format; ours without one: bf16)
+    bytes_per_token: float | None = None    # the output's bytes / tokens done
 
 
 @dataclass
@@ -163,6 +194,26 @@ class LogState:
 
 
 @dataclass
+class JobInfo:
+    """A slurm run's job (eagle3_console/slurm/) as its run last recorded it."""
+    id: str | None                      # None while the supervisor is still submitting
+    state: str | None = None            # Slurm's JobState: PENDING, RUNNING, COMPLETED, TIMEOUT, NODE_FAIL, ...
+    reason: str | None = None           # Slurm's Reason (why it waits, why it ended)
+    nodes: str | None = None            # NodeList once allocated
+    said: str | None = None             # the run's reason: how the console read the job's end
+    stop_requested: bool = False        # the console asked for its end (stop, kill-workers)
+
+    def line(self) -> str:
+        """The job in a few words: `job 7 PENDING (Resources)`, `job 7 RUNNING on gpu-[01-02]`."""
+        if self.id is None:
+            return "job: being submitted"
+        out = f"slurm job {self.id} {self.state or 'unknown'}"
+        if self.nodes:
+            out += f" on {self.nodes}"
+        return out + (f" ({self.reason})" if self.reason else "")
+
+
+@dataclass
 class ServeState:
     """A serve stage's SGLang server as eagle3_console/monitor/serve.py last saw it."""
     state: str                          # loading | warming_up | ready | unhealthy | stopped
@@ -180,6 +231,15 @@ class ServeState:
     metrics: bool | None = None         # whether /metrics answered
     readiness: str | None = None        # the endpoint that said ready or not: /ready, /health_generate, /model_info
     sampled_at: float | None = None     # when the figures were read
+
+    def accept_said(self) -> str | None:
+        """The server's accept length, said as what it is: SGLang's own figure over
+        its last log interval (/metrics' sglang:spec_accept_length gauge) or since the
+        server started (/server_info), not a bench's measurement over its prompts."""
+        if self.accept_length is None:
+            return None
+        over = "last log interval" if self.metrics else "since the server started"
+        return f"SGLang accept length {self.accept_length:.2f} ({over}; bench's AL is per bench run)"
 
 
 @dataclass
@@ -225,6 +285,7 @@ class StageStatus:
     alive: bool = False
     outputs_complete: bool | None = None
     serve: ServeState | None = None        # a serve stage's server state and live figures
+    job: JobInfo | None = None             # a slurm run's job
     curves: Curves | None = None           # plots' history (monitor/metrics.py), TUI only
     # Why a succeeded run is `stale`: a dependency succeeded again after it
     # started, so its outputs no longer follow from its inputs.
@@ -264,7 +325,9 @@ class StageStatus:
 def oom_finding(st: StageStatus) -> LogFinding | None:
     """The out-of-memory line of the stage's latest run (its log, as the snapshot
     read it), or None: the one test of "this run ran out of memory" (the alert,
-    watch's halving, the stages pane)."""
+    watch's halving, the stages pane); a slurm job ended OUT_OF_MEMORY counts too."""
+    if st.job is not None and st.job.state == "OUT_OF_MEMORY":
+        return LogFinding("oom", f"slurm: job {st.job.id} OUT_OF_MEMORY ({st.job.said or 'killed by Slurm'})")
     return st.log.oom if st.log is not None else None
 
 
@@ -277,6 +340,7 @@ class Snapshot:
     gpus: GpuReport = field(default_factory=lambda: GpuReport(available=False, reason="not sampled"))
     disk: list[DiskUsage] = field(default_factory=list)
     alerts: list[Alert] = field(default_factory=list)
+    hosts: list[HostGpus] = field(default_factory=list)    # the pipeline file's `hosts` (other nodes' exporters)
     schema: int = SCHEMA_VERSION
 
     @property

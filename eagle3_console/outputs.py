@@ -14,7 +14,7 @@ from eagle3_console.refused import Refused
 from eagle3_console.workspace import Workspace
 
 
-def output_paths(ws: Workspace, stage: Stage, params: dict[str, Any]) -> list[str]:
+def output_paths(ws: Workspace, stage: Stage, params: dict[str, Any], guarded: list | None = None) -> list[str]:
     """The stage's output roots for these params, normalised (Workspace.resolve);
     an output that is the workspace or its state folder is refused (exit 3),
     whether it came from the pipeline file, a `--set` or a recorded run."""
@@ -24,7 +24,7 @@ def output_paths(ws: Workspace, stage: Stage, params: dict[str, Any]) -> list[st
         outs = list(stage.outputs)
     paths = [ws.resolve(o) for o in outs]
     for raw, p in zip(outs, paths):
-        problem = ws.output_problem(p)
+        problem = ws.output_problem(p, guarded)
         if problem:
             raise Refused(f"stages.{stage.name}: output {raw!r}: {problem}", code=3)
     return [str(p) for p in paths]
@@ -34,11 +34,12 @@ def check_outputs_apart(ws: Workspace, pipe: Pipeline, stage: Stage, params: dic
     """The pipeline file's rule (separate output roots) for the outputs a
     `--set` or a restart actually gives: clean and the shard monitor trust
     that a root belongs to one stage."""
-    mine = [Path(p) for p in output_paths(ws, stage, params)]
+    guarded = ws.guarded()
+    mine = [Path(p) for p in output_paths(ws, stage, params, guarded)]
     for other in pipe.stages.values():
         if other.name == stage.name:
             continue
-        for q in output_paths(ws, other, other.params):
+        for q in output_paths(ws, other, other.params, guarded):
             q = Path(q)
             for p in mine:
                 if p == q or q in p.parents or p in q.parents:

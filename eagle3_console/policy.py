@@ -2,13 +2,11 @@
 
 Data flow: snapshot.collect -> decide (pure: which stage, why, with what) ->
 actions.plan_restart/execute_restart -> events. Runs under an exclusive lock
-(.eagle3/watch.lock) so two crons never restart the same stage twice.
+(watchlock.py) so two crons never restart the same stage twice.
 """
 
 from __future__ import annotations
 
-import fcntl
-import os
 import subprocess
 import sys
 import time
@@ -22,38 +20,17 @@ from eagle3_console.actions.restart import can_halve
 from eagle3_console.endclock import seconds_since_end
 from eagle3_console.model import Snapshot, oom_finding
 from eagle3_console.registry import ACTIVE, Registry, RunStatus
+from eagle3_console.watchlock import LockHeld, WatchLock
 from eagle3_console.workspace import Workspace
 
+__all__ = ["LockHeld", "WatchLock", "apply", "advance", "decide", "ready", "restart_pending", "settled",
+           "start_driver"]
 
-class LockHeld(Exception):
-    pass
 
-
-class WatchLock:
-    """An flock on .eagle3/watch.lock: released by the kernel if the holder dies."""
-
-    def __init__(self, ws: Workspace):
-        ws.ensure_state()
-        self.path = ws.watch_lock_path
-        self.fd: int | None = None
-
-    def __enter__(self) -> "WatchLock":
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
-            os.close(fd)
-            raise LockHeld(f"another watch holds {self.path} (pid {holder or '?'})") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        self.fd = fd
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+# Restarts after an out-of-memory on a stage without a restart policy: halving
+# 2^10 covers a batch of 1,024 down to 1; a stage still out of memory then is
+# not a batch problem.
+OOM_RESTARTS = 10
 
 
 @dataclass
@@ -79,7 +56,7 @@ def decide(pipe: cfg.Pipeline, snap: Snapshot, reg: Registry, now: float) -> lis
         limit = stage.restart.max if stage.restart else 0
         halvable = oom and stage.batch_param and can_halve(st.params.get(stage.batch_param), stage.batch_share)
         if halvable and not stage.restart:
-            limit = 1_000_000    # bounded by the param reaching 1
+            limit = OOM_RESTARTS
         if restarts >= limit or (not stage.restart and not halvable):
             continue
         backoff = (stage.restart.backoff_s if stage.restart else 0.0) * (2 ** restarts)
@@ -99,9 +76,10 @@ def _alive_lost(reg: Registry, run_id: int) -> bool:
     return runs.stage_alive(reg.get(run_id))
 
 
-def apply(ws: Workspace, snap: Snapshot, say: Callable[[str], None], nvml: Any = None) -> list[str]:
-    """One policy pass; returns what it did."""
-    pipe = cfg.load(ws.config_path)
+def apply(ws: Workspace, snap: Snapshot, say: Callable[[str], None], nvml: Any = None,
+          pipe: cfg.Pipeline | None = None) -> list[str]:
+    """One policy pass; returns what it did. `pipe`: the pipeline file as this pass read it."""
+    pipe = pipe or cfg.load(ws.config_path)
     done = []
     with Registry(ws.db_path) as reg:
         decisions = decide(pipe, snap, reg, time.time())
@@ -118,14 +96,16 @@ def apply(ws: Workspace, snap: Snapshot, say: Callable[[str], None], nvml: Any =
         # A refusal (params the op no longer takes, a run started meanwhile) is said and
         # recorded; raised, it would end every cron pass with a traceback and skip other stages.
         try:
-            plan = actions.plan_restart(ws, d.stage, halve_batch=d.halve, force=True, nvml=nvml)
+            plan = actions.plan_restart(ws, d.stage, halve_batch=d.halve, force=True, nvml=nvml, pipe=pipe)
             if plan.refusal:
-                raise runs.Refused(plan.refusal)
-            run = actions.execute_restart(ws, plan, nvml=nvml)
+                raise runs.Refused(plan.refusal, kind=plan.refusal_kind)
+            run = actions.execute_restart(ws, plan, nvml=nvml, pipe=pipe)
         except runs.Refused as exc:
             say(f"{d.stage}: not restarted: {exc}")
+            # A short fixed outcome (what `events` sorts and folds by); the words are the detail.
             with Registry(ws.db_path) as reg:
-                reg.record("watch-restart", f"refused: {exc}", stage=d.stage, run_id=d.run_id, actor="watch")
+                reg.record("watch-restart", f"refused: {exc.kind}" if exc.kind else "refused", stage=d.stage,
+                           run_id=d.run_id, detail=str(exc), actor="watch")
             continue
         halved = f" with {plan.halved[0]} {plan.halved[1]} -> {plan.halved[2]}" if plan.halved else ""
         msg = f"{d.stage}: run {d.run_id} {d.reason}: restarted as run {run.id}{halved}"
@@ -146,9 +126,10 @@ def ready(pipe: cfg.Pipeline, snap: Snapshot) -> list[str]:
             and all(dep in done for dep in pipe.stages[name].depends_on)]
 
 
-def advance(ws: Workspace, snap: Snapshot, say: Callable[[str], None]) -> list[str]:
+def advance(ws: Workspace, snap: Snapshot, say: Callable[[str], None],
+            pipe: cfg.Pipeline | None = None) -> list[str]:
     """Start the stages that are ready (`watch --advance`): the pipeline runs itself."""
-    pipe = cfg.load(ws.config_path)
+    pipe = pipe or cfg.load(ws.config_path)
     done = []
     for name in ready(pipe, snap):
         try:
@@ -164,10 +145,10 @@ def advance(ws: Workspace, snap: Snapshot, say: Callable[[str], None]) -> list[s
     return done
 
 
-def restart_pending(ws: Workspace, snap: Snapshot) -> bool:
+def restart_pending(ws: Workspace, snap: Snapshot, pipe: cfg.Pipeline | None = None) -> bool:
     """A failed stage the restart policy will start again (its backoff not over yet):
     for `--until-done` the pipeline has not settled, whatever `settled` reads."""
-    pipe = cfg.load(ws.config_path)
+    pipe = pipe or cfg.load(ws.config_path)
     with Registry(ws.db_path) as reg:
         return bool(decide(pipe, snap, reg, time.time()))
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from eagle3_console.model import ACTIVE, EXITED, MAY_BE_ALIVE, RunStatus  # noqa: F401 - the registry's words
+from eagle3_console.registrybusy import STEP_S, WAIT_S, PatientConnection
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -41,7 +42,12 @@ CREATE TABLE IF NOT EXISTS runs (
     log_path TEXT NOT NULL,
     restart_of INTEGER REFERENCES runs(id),
     reason TEXT,
-    stop_requested INTEGER NOT NULL DEFAULT 0
+    stop_requested INTEGER NOT NULL DEFAULT 0,
+    launcher TEXT NOT NULL DEFAULT 'local',
+    job_id TEXT,
+    job_state TEXT,
+    job_reason TEXT,
+    job_nodes TEXT
 );
 CREATE INDEX IF NOT EXISTS runs_stage ON runs(stage, id);
 CREATE TABLE IF NOT EXISTS meta (
@@ -63,6 +69,12 @@ CREATE TABLE IF NOT EXISTS events (
 
 
 _ACTIVE_SQL = ", ".join(f"'{s}'" for s in ACTIVE)
+# Columns added after the first release, with their declarations: a registry
+# made before them gets them at open (ALTER TABLE), its rows the defaults.
+ADDED_COLUMNS = {
+    "launcher": "TEXT NOT NULL DEFAULT 'local'",     # local | slurm (eagle3_console/slurm/)
+    "job_id": "TEXT", "job_state": "TEXT", "job_reason": "TEXT", "job_nodes": "TEXT",
+}
 
 
 @dataclass
@@ -89,6 +101,11 @@ class Run:
     restart_of: int | None
     reason: str | None
     stop_requested: int
+    launcher: str = "local"
+    job_id: str | None = None       # the scheduler's job (launcher slurm), with its last seen state
+    job_state: str | None = None
+    job_reason: str | None = None
+    job_nodes: str | None = None
     # The registry (meta.registry_id) the run belongs to: run ids restart in a
     # new registry, so an id is only a run's together with this.
     registry: str | None = None
@@ -152,7 +169,7 @@ def actor_name() -> str:
 
 
 class Registry:
-    def __init__(self, db_path: Path):
+    def __init__(self, db_path: Path, busy_wait_s: float = WAIT_S):
         self.path = db_path
         marker = id_path(db_path)
         try:
@@ -167,13 +184,16 @@ class Registry:
                 f"runs it recorded may still be alive. Restore it, or move {marker} aside to start an empty registry")
         try:
             db_path.parent.mkdir(parents=True, exist_ok=True)
-            self.conn = sqlite3.connect(db_path, timeout=30, isolation_level=None)
+            # Bounded and said while another process holds it busy (registrybusy.py).
+            self.conn = PatientConnection(sqlite3.connect(db_path, timeout=STEP_S, isolation_level=None), db_path,
+                                          busy_wait_s)
             self.conn.row_factory = sqlite3.Row
             if expected:
                 self._check_holds_a_registry(expected, marker)
             self.conn.execute("PRAGMA journal_mode=WAL")
             self.conn.execute("PRAGMA synchronous=NORMAL")
             self.conn.executescript(SCHEMA)
+            self._add_columns()
             row = self.conn.execute("SELECT value FROM meta WHERE key = 'registry_id'").fetchone()
             if row is None:
                 import uuid     # 10 ms of import (platform) that every later open skips
@@ -199,6 +219,17 @@ class Registry:
             raise StateError(
                 f"state database {db_path} was replaced: it holds registry {self.registry_id}, {marker.name} says "
                 f"{expected}. Restore the original, or move {marker} aside to adopt this one")
+
+    def _add_columns(self) -> None:
+        have = {r[1] for r in self.conn.execute("PRAGMA table_info(runs)")}
+        for name, decl in ADDED_COLUMNS.items():
+            if name in have:
+                continue
+            try:
+                self.conn.execute(f"ALTER TABLE runs ADD COLUMN {name} {decl}")
+            except sqlite3.OperationalError as exc:
+                if "duplicate column" not in str(exc):      # a racing opener added it first
+                    raise
 
     def _check_holds_a_registry(self, expected: str, marker: Path) -> None:
         """With a marker, the database must already be a registry: read before
@@ -260,12 +291,13 @@ class Registry:
 
     # runs
     def create_run(self, stage: str, argv: list[str], params: dict, env: dict, cwd: str,
-                   log_path_for: Any, restart_of: int | None = None, reason: str | None = None) -> Run:
+                   log_path_for: Any, restart_of: int | None = None, reason: str | None = None,
+                   launcher: str = "local") -> Run:
         cur = self.conn.execute(
-            "INSERT INTO runs (stage, argv, params, env, cwd, status, created, log_path, restart_of, reason)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, '', ?, ?)",
+            "INSERT INTO runs (stage, argv, params, env, cwd, status, created, log_path, restart_of, reason, launcher)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, '', ?, ?, ?)",
             (stage, json.dumps(argv), json.dumps(params), json.dumps(env), cwd, str(RunStatus.PENDING), time.time(),
-             restart_of, reason))
+             restart_of, reason, launcher))
         run_id = cur.lastrowid
         self.conn.execute("UPDATE runs SET log_path = ? WHERE id = ?", (str(_fresh_log(log_path_for(run_id))), run_id))
         return self.get(run_id)

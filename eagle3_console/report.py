@@ -58,6 +58,8 @@ def print_status(console: Console, snap: Snapshot) -> None:
             console.print(f"{st.name}: {line}", highlight=False)
         if st.serve is not None:
             console.print(f"{st.name}: {serve_line(st)}", highlight=False)
+        if st.job is not None:
+            console.print(f"{st.name}: {st.job.line()}", highlight=False, markup=False)
     g = snap.gpus
     if not g.available:
         console.print(f"GPUs: unavailable ({g.reason})", highlight=False)
@@ -73,6 +75,8 @@ def print_status(console: Console, snap: Snapshot) -> None:
             gt.add_row(str(gpu.index), gpu.name, mem, _opt(gpu.util_pct, "%"), _opt(gpu.temp_c, "C"),
                        _opt(gpu.power_w, "W"), procs or "-")
         console.print(gt)
+    for h in snap.hosts:
+        console.print("\n".join(h.lines()), highlight=False, markup=False)
     if snap.disk:
         dt = Table("stage", "path", "written", "estimate", "projected", "free", "fits", title="disk", title_justify="left")
         for d in snap.disk:
@@ -108,7 +112,7 @@ def serve_line(st: StageStatus) -> str:
     if sv.gen_tok_s is not None:
         figures.append(f"{sv.gen_tok_s:.1f} tok/s")
     if sv.accept_length is not None:
-        figures.append(f"accept length {sv.accept_length:.2f}")
+        figures.append(sv.accept_said())
     return out + ("; " + ", ".join(figures) if figures else "")
 
 

@@ -42,21 +42,22 @@ def stage_params(stage: Stage, overrides: dict[str, Any] | None = None, base: di
         unknown = sorted(set(overrides or {}) - set(stage.params))
         if unknown:
             raise Refused(f"stages.{stage.name}: no param(s) {unknown}; it takes {sorted(stage.params)} "
-                          f"(declared in its params = {{...}})", code=3)
+                          f"(declared in its params = {{...}})", code=3, kind="params")
         # An override takes the type of the declared default (README): a typo
         # fails here, not minutes later in the program (and again on restart).
         for key, value in (overrides or {}).items():
             wrong = value_type_error(stage.params[key], value)
             if wrong:
-                raise Refused(f"stages.{stage.name}: param {key}: {wrong}", code=3)
+                raise Refused(f"stages.{stage.name}: param {key}: {wrong}", code=3, kind="params")
     else:
         unknown = sorted(set(params) - set(stage.spec.params))
         if unknown:
-            raise Refused(f"op {stage.op!r} has no param(s) {unknown}; it takes {sorted(stage.spec.params)}", code=3)
+            raise Refused(f"op {stage.op!r} has no param(s) {unknown}; it takes {sorted(stage.spec.params)}", code=3,
+                          kind="params")
         for key, value in params.items():
             wrong = stage.spec.param_type_error(key, value)
             if wrong:
-                raise Refused(f"stages.{stage.name}: param {key}: {wrong}", code=3)
+                raise Refused(f"stages.{stage.name}: param {key}: {wrong}", code=3, kind="params")
         if pipe is not None:
             bind_servers(pipe, stage, params, overrides or {})
     batch = (overrides or {}).get(stage.batch_param) if stage.batch_param else None
@@ -64,7 +65,7 @@ def stage_params(stage: Stage, overrides: dict[str, Any] | None = None, base: di
         # A batch of 0 starts a run that does nothing (or divides by it); halving never goes below 1.
         # Only what --set gives: a pipeline file may use a sentinel (-1: "the program decides").
         raise Refused(f"stages.{stage.name}: param {stage.batch_param}: {batch!r}: expected a batch of at least 1 "
-                      f"(it is the stage's batch_param)", code=3)
+                      f"(it is the stage's batch_param)", code=3, kind="params")
     return params
 
 
@@ -196,6 +197,32 @@ def _recorded(reg: Registry, stage: Stage):
         raise
 
 
+def missing_inputs(ws: Workspace, stage: Stage, params: dict[str, Any]) -> list[str]:
+    """The op's input paths (OpSpec.input_params) that do not exist, as `param path`."""
+    out = []
+    for name in stage.spec.input_params if stage.spec else ():
+        value = params.get(name)
+        if value not in (None, ""):
+            path = ws.resolve(str(value))
+            if not os.path.lexists(path):
+                out.append(f"{name} {path}")
+    return out
+
+
+def launch_argv(stage: Stage, params: dict[str, Any], pipe: Pipeline, force: bool, ignore_disk: bool) -> list[str]:
+    """The argv a launch runs. The op repeats its own checks (serve's lints, extract's
+    disk preflight): a launch past them (ignore_disk, or force over lint errors) says so
+    in the argv, or the op would refuse at once. Not in the recorded params: a later
+    restart is forced only when asked again. KeyError/ValueError: params it cannot fill."""
+    forced = stage.spec is not None and "force" in stage.spec.params and (ignore_disk or force)
+    params = dict(params, force=True) if forced else params
+    if stage.slurm is None:
+        return stage.command(params, pipe.target)
+    # A slurm stage runs the same command inside the job (under srun).
+    from eagle3_console.slurm.command import job_argv
+    return job_argv(stage, params, lambda p: stage.command(p, pipe.target))
+
+
 def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, Any] | None = None,
            force: bool = False, restart_of: int | None = None, reason: str | None = None,
            base_params: dict[str, Any] | None = None, ignore_disk: bool = False) -> Run:
@@ -216,18 +243,18 @@ def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, 
             if bad and not force:
                 said = "; ".join(x.message for x in bad)
                 raise Refused(f"stage {stage.name!r}: " + said, code=3, kind="lint", detail=said)
+            missing = missing_inputs(ws, stage, params)
+            if missing:
+                # Even with --force: the op would only start (N torchrun ranks, a model load) to fail on it.
+                raise Refused(f"stage {stage.name!r}: input {'; '.join(missing)} does not exist", kind="input")
             pf = preflight(ws, pipe, stage, params)
             if not pf.fits and not ignore_disk:
                 raise Refused(f"stage {stage.name!r} {pf.shortfall()}; free space or pass --ignore-disk", kind="disk",
                               detail=f"remaining {pf.remaining_bytes} > free {pf.free_bytes} at {pf.path}")
         try:
-            # The op repeats its own checks (serve's lints, extract's disk preflight):
-            # a launch past them says so in the argv, or the op would refuse at once. Not in
-            # the recorded params: a later restart is forced only when asked again.
-            forced = stage.spec is not None and "force" in stage.spec.params and (ignore_disk or (force and bool(bad)))
-            argv = stage.command(dict(params, force=True) if forced else params, pipe.target)
+            argv = launch_argv(stage, params, pipe, force=force and bool(bad), ignore_disk=ignore_disk)
         except (KeyError, ValueError) as exc:
-            raise Refused(str(exc.args[0]), code=3) from None
+            raise Refused(str(exc.args[0]), code=3, kind="params") from None
         # "No live run of this stage" and "its run exists" as one step: every
         # launcher (CLI, TUI, watch, restart) takes the database's write lock
         # here, so of N racing launches exactly one creates a run; the others
@@ -235,8 +262,13 @@ def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, 
         # Recorded outside the transaction, which the refusal rolls back.
         with _recorded(reg, stage), reg.immediate():
             check_can_start(reg, pipe, stage, force, ws=ws)
+            # clean takes its hold in a transaction too: it is either seen here or sees this run.
+            held = claims.held_by_action(output_paths(ws, stage, params))
+            if held:
+                raise Refused(f"stage {stage.name!r}: {held}", kind="clean running")
             run = reg.create_run(stage.name, argv, params, stage.environment(), str(ws.root),
-                                 lambda rid: ws.log_path(rid, stage.name), restart_of=restart_of, reason=reason)
+                                 lambda rid: ws.log_path(rid, stage.name), restart_of=restart_of, reason=reason,
+                                 launcher=stage.launcher)
         # The launcher returns as soon as the supervisor has daemonized.
         import subprocess       # here only: status imports this module and never launches
         try:
@@ -249,7 +281,7 @@ def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, 
         deadline = time.time() + 10
         while time.time() < deadline:
             run = reg.get(run.id)
-            if run.status != RunStatus.PENDING:
+            if run.status != RunStatus.PENDING or run.job_id:     # a job may wait in Slurm's queue
                 break
             time.sleep(0.02)
         reg.record("run", run.status, stage=stage.name, run_id=run.id, targets=argv,

@@ -20,7 +20,8 @@ from eagle3_console import alerts
 from eagle3_console import config as cfg
 from eagle3_console import plan
 from eagle3_console import runs as runs_mod
-from eagle3_console.model import DiskUsage, GpuReport, Snapshot, StageStatus
+from eagle3_console.liveness import as_recorded
+from eagle3_console.model import DiskUsage, GpuReport, JobInfo, Snapshot, StageStatus
 from eagle3_console.monitor.disk import DiskMonitor
 from eagle3_console.monitor.logs import LogFollower
 from eagle3_console.monitor.procs import ProcessTable, RunRef, attach_owners, orphans, process_alive
@@ -51,6 +52,7 @@ class Collector:
         self._table: ProcessTable | None = None       # this pass's process table, when one was needed
         self._results: dict[Path, tuple[tuple[int, int], tuple[dict | None, str | None, float]]] = {}
         self._saved = SavedMonitors(ws.cache_dir) if persist else None
+        self._guarded: list | None = None      # Workspace.guarded(), taken once a pass
 
     # -------------------------------------------------------------- monitors
     def _shard_monitor(self, stage: str, root: str, expected: int | None, tokens: int | None,
@@ -96,11 +98,12 @@ class Collector:
             self._nvml.shutdown()
 
     # -------------------------------------------------------------- collect
-    def collect(self) -> Snapshot:
+    def collect(self, pipe: cfg.Pipeline | None = None) -> Snapshot:
+        """The snapshot; `pipe`: the pipeline file as the caller's pass already read it."""
         self._table = None
         now = time.time()
         snap = Snapshot(workspace=str(self.ws.root), host=os.uname().nodename, time=now)
-        pipe = cfg.load(self.ws.config_path)
+        pipe = pipe or cfg.load(self.ws.config_path)
         latest: dict[str, Run | None] = {}
         succeeded: dict[str, Run] = {}
         refs: list[RunRef] = []
@@ -111,7 +114,7 @@ class Collector:
             with Registry(self.ws.db_path) as reg:
                 runs_mod.reconcile(reg)
                 for name in pipe.order():
-                    latest[name] = reg.latest(name)
+                    latest[name] = as_recorded(reg.latest(name))
                     ok = latest_success(reg, latest[name])
                     if ok is not None:
                         succeeded[name] = ok
@@ -124,6 +127,7 @@ class Collector:
             # No registry, but stages ran here: any of their processes alive is an orphan.
             strays = orphans(self._process_table(), str(self.ws.root), "")
         live_logs: set[int] = set()
+        self._guarded = self.ws.guarded()       # once a pass, not once an output (two realpaths each)
         for name in pipe.order():
             stage = pipe.stages[name]
             st, disks = self._stage_status(pipe, stage, latest.get(name), now)
@@ -142,6 +146,9 @@ class Collector:
         # owners reuse that walk instead of reading a partial table as well.
         leftovers = self._leftover_workers(latest)
         snap.gpus = self._sample_gpus(refs)
+        if pipe.hosts and self._want_gpus:
+            from eagle3_console import hosts
+            snap.hosts = hosts.read(pipe.hosts)
         snap.alerts = alerts.derive(snap)
         for name, pids in strays.items():
             alert = alerts.orphan_workers(name, pids)
@@ -213,7 +220,7 @@ class Collector:
         st = StageStatus(name=stage.name, op=stage.op, status=run.status if run else "never",
                          depends_on=list(stage.depends_on), params=params, batch_param=stage.batch_param)
         try:
-            outs = runs_mod.output_paths(self.ws, stage, params)
+            outs = runs_mod.output_paths(self.ws, stage, params, self._guarded)
         except runs_mod.Refused:
             outs = []       # a recorded run's output that is no output (refused at launch since)
         st.outputs = outs
@@ -221,6 +228,9 @@ class Collector:
         if run:
             st.run_id, st.pid, st.started, st.ended = run.id, run.pid, run.started, run.ended
             st.exit_code, st.signal = run.exit_code, run.signal
+            if run.launcher == "slurm":
+                st.job = JobInfo(run.job_id, run.job_state, run.job_reason, run.job_nodes, run.reason,
+                                 bool(run.stop_requested))
             still_running = run.status in ACTIVE or (
                 run.status == RunStatus.LOST and runs_mod.stage_alive(run))
             if run.status == RunStatus.LOST:

@@ -27,10 +27,14 @@ from eagle3_console.liveness import reconcile, stage_alive
 from eagle3_console.monitor.procs import LEADER, PGID, TREE, ProcessTable, RunRef, process_alive, run_processes
 from eagle3_console.refused import NothingToDo, Refused
 from eagle3_console.registry import Registry, Run, RunStatus
+from eagle3_console.slurm import SLURM
 from eagle3_console.workspace import Workspace
 
 POLL_S = 0.1
 AFTER_KILL_S = 5.0       # SIGKILL is not refused; a process in uninterruptible sleep takes a while
+# How long a live supervisor gets to record the end of the stage it reaped
+# (it retries a busy or full state.db for a minute; the console waits this long).
+RECORD_WAIT_S = 15.0
 
 
 def group_members(run: Run) -> list[int]:
@@ -63,6 +67,30 @@ def continue_supervisor(run: Run) -> bool:
         return False
 
 
+def end_run_record(reg: Registry, run_id: int, reason: str, still_alive: bool = False) -> Run:
+    """The one ending of a run's record, for stop and kill-workers alike, once
+    they signalled its processes: its supervisor records the end (a stopped one
+    is continued first, so that it can), and this returns only once the record
+    says the run ended. Where no supervisor is left to write it, or it did not
+    within RECORD_WAIT_S, the run is recorded killed here, with `reason`,
+    unless its stage still lives (`still_alive`: a member outlived SIGKILL).
+    Whatever starts the stage next (`restart --kill`) then finds no live run
+    where it killed one."""
+    run = reg.get(run_id)
+    if not run.live:
+        return run
+    continue_supervisor(run)
+    deadline = time.monotonic() + RECORD_WAIT_S
+    while run.live and process_alive(run.supervisor_pid, run.supervisor_create_time) \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+        run = reg.get(run_id)
+    if run.live and not still_alive and not stage_alive(run):
+        reg.finish(run_id, RunStatus.KILLED, ended=time.time(), reason=reason)
+        run = reg.get(run_id)
+    return run
+
+
 def _wait_gone(run: Run, seconds: float) -> list[int]:
     deadline = time.monotonic() + seconds
     left = group_members(run)
@@ -76,6 +104,9 @@ def stop(ws: Workspace, stage_name: str, grace_s: float = 10.0) -> Run:
     with Registry(ws.db_path) as reg:
         reconcile(reg)
         run = reg.latest(stage_name)
+        if run is not None and run.launcher == SLURM:
+            from eagle3_console.slurm.control import stop_job
+            return stop_job(reg, run, grace_s)
         if run is None or not (run.live or stage_alive(run) or group_members(run)):
             raise NothingToDo(f"stage {stage_name!r} has no live run to stop")
         was_lost = run.status == RunStatus.LOST
@@ -96,12 +127,8 @@ def stop(ws: Workspace, stage_name: str, grace_s: float = 10.0) -> Run:
         if left:
             killed = _signal_group(run, signal.SIGKILL)
             left = _wait_gone(run, AFTER_KILL_S)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and reg.get(run.id).live:
-            time.sleep(0.05)
+        end_run_record(reg, run.id, "stopped (supervisor did not record)", still_alive=bool(left))
         now = time.time()
-        if reg.get(run.id).live and not stage_alive(run) and not left:
-            reg.finish(run.id, RunStatus.KILLED, ended=now, reason="stopped (supervisor did not record)")
         if was_lost and not left:
             # Its supervisor is gone, so nobody else records it: the operator ended
             # it, which is "killed", not a loss still to be looked into.

@@ -24,6 +24,7 @@ from eagle3_console.claims import Claim
 from eagle3_console.endclock import mark_end, stamp
 from eagle3_console.exitrecord import ExitRecord
 from eagle3_console.registry import Registry, RunStatus
+from eagle3_console.slurm import SLURM
 from eagle3_console.workspace import ENV_REGISTRY, ENV_RUN_ID, ENV_STAGE, ENV_WORKSPACE, Workspace
 
 
@@ -46,7 +47,8 @@ def _daemonize() -> None:
 
 def supervise(ws: Workspace, run_id: int) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    reg = Registry(ws.db_path)
+    # Nobody waits on a supervisor's writes: it bears a busy state.db as long as it records an end.
+    reg = Registry(ws.db_path, busy_wait_s=RECORD_RETRY_S)
     me = psutil.Process()
     reg.update(run_id, supervisor_pid=me.pid, supervisor_create_time=me.create_time())
     run = reg.get(run_id)
@@ -81,6 +83,9 @@ def supervise(ws: Workspace, run_id: int) -> int:
     env[ENV_REGISTRY] = reg.registry_id
     env[ENV_STAGE] = run.stage
     env.setdefault("PYTHONUNBUFFERED", "1")
+    if run.launcher == SLURM:
+        from eagle3_console.slurm.supervise import supervise_job
+        return supervise_job(ws, reg, run, log, record, claim, env, record_end)
     try:
         proc = subprocess.Popen(run.argv, cwd=run.cwd, env=env, stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=subprocess.STDOUT, process_group=0)

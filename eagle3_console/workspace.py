@@ -73,21 +73,32 @@ class Workspace:
         p = Path(path).expanduser()
         return Path(os.path.normpath(p if p.is_absolute() else self.root / p))
 
-    def output_problem(self, path: Path) -> str | None:
+    def guarded(self) -> list[tuple[Path, frozenset[Path]]]:
+        """The folders no output may be, hold or (the state folder) lie in,
+        lexically and through symlinks, each with the folders that hold it:
+        what output_problem checks, computed once for a whole pipeline."""
+        roots = {self.root, self.state_dir}
+        roots |= {Path(os.path.realpath(g)) for g in roots}
+        return [(g, frozenset((g, *g.parents))) for g in roots]
+
+    def output_problem(self, path: Path, guarded: list[tuple[Path, frozenset[Path]]] | None = None) -> str | None:
         """Why `path` (normalised) cannot be a stage's output, or None.
 
         An output is what clean may move to the trash: never the workspace,
         its state folder, or a folder holding either (outputs on other disks,
-        /data/..., are fine). Checked lexically and through symlinks."""
-        guarded = {self.root, self.state_dir}
+        /data/..., are fine). Checked lexically and through symlinks;
+        `guarded`: self.guarded(), when the caller checks many paths."""
         for p in {path, Path(os.path.realpath(path))}:
-            for g in guarded | {Path(os.path.realpath(g)) for g in guarded}:
-                if p == g or p in g.parents:
+            above = None
+            for g, holding in guarded if guarded is not None else self.guarded():
+                if p in holding:
                     what = "the workspace" if g.name != STATE_DIR else "the console's state folder"
                     return (f"{path} is {what} ({g})" if p == g else f"{path} holds {what} ({g})") + \
                         "; expected a folder of its own that clean may empty"
-                if g.name == STATE_DIR and g in p.parents:
-                    return f"{path} lies inside the console's state folder {g}; expected a folder of its own"
+                if g.name == STATE_DIR:
+                    above = above if above is not None else frozenset(p.parents)
+                    if g in above:
+                        return f"{path} lies inside the console's state folder {g}; expected a folder of its own"
         return None
 
     def ensure_state(self) -> None:

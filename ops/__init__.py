@@ -14,7 +14,7 @@ import importlib
 
 from ops.spec import OpSpec
 
-KNOWN_OPS = ("prepare", "vocab", "extract", "verify", "train", "export", "bench", "serve")
+KNOWN_OPS = ("prepare", "vocab", "extract", "verify", "train", "export", "bench", "serve", "regenerate")
 
 
 def get_spec(name: str) -> OpSpec:

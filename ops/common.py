@@ -19,6 +19,10 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+# The console's supervisor holds this file in each output folder of a live run
+# (eagle3_console/claims.py): an op that owns its folder whole leaves it alone.
+CLAIM_FILE = ".eagle3-lock"
+
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 TMP_SUFFIX = ".tmp"
 
@@ -31,7 +35,7 @@ def run_main(main: Callable[[Sequence[str] | None], int | None],
              argv: Sequence[str] | None = None, prog: str | None = "op") -> int:
     """Run a stage's main() under the exit-code contract and return the code.
 
-    BadInput -> 2 with its message on stderr (`<prog>: error: ...`, or the
+    BadInput -> 2 (or its own exit_code: a BadFormat's 3) with its message on stderr (`<prog>: error: ...`, or the
     bare `error: ...` line train, export and bench have always written when
     `prog` is None); KeyboardInterrupt -> 130; anything else -> 1 with the
     traceback (the log monitor recognises it).
@@ -41,7 +45,7 @@ def run_main(main: Callable[[Sequence[str] | None], int | None],
         code = main(argv)
     except BadInput as exc:
         print(f"{head}error: {exc}", file=sys.stderr, flush=True)
-        return EXIT_BAD_INPUT
+        return getattr(exc, "exit_code", EXIT_BAD_INPUT)
     except KeyboardInterrupt:
         print(f"{head}interrupted", file=sys.stderr, flush=True)
         return 130

@@ -74,7 +74,10 @@ def check_whole(path: Path, size: int | None = None) -> dict:
 
 
 def tokens_in_header(header: dict) -> int | None:
-    info = header.get("input_ids")
-    if isinstance(info, dict) and info.get("shape"):
-        return int(info["shape"][0])
+    """A sample's token count: its `input_ids` length, else speculators' `token_ids`
+    (its hs_<i>.safetensors: hidden_states [T, layers, H] and token_ids [T])."""
+    for key in ("input_ids", "token_ids"):
+        info = header.get(key)
+        if isinstance(info, dict) and info.get("shape"):
+            return int(info["shape"][0])
     return None

@@ -154,6 +154,8 @@ def _number(kind: type, value: Any) -> float | int | None:
         if isinstance(value, int):
             return value
         if isinstance(value, str):
+            if not value.isascii():     # int() reads any script's digits: "٣" is 3 there, a typo here
+                return None
             try:
                 return int(value)
             except ValueError:
@@ -162,6 +164,8 @@ def _number(kind: type, value: Any) -> float | int | None:
     if isinstance(value, (int, float)):
         return value
     if isinstance(value, str):
+        if not value.isascii():
+            return None
         try:
             return float(value)
         except ValueError:

@@ -106,6 +106,9 @@ class OpSpec:
     params: ParamSet
     # Params whose values are output paths (relative to the workspace root).
     output_params: tuple[str, ...] = ()
+    # Params naming paths the op reads, which must exist before it is launched
+    # (runs.launch refuses a missing one instead of starting N ranks that fail on it).
+    input_params: tuple[str, ...] = ()
     # Whether the op takes `--target PATH` (the [target] table's path is passed).
     uses_target: bool = False
     # The param that sets batch size / token budget, halved after an OOM.
@@ -129,6 +132,11 @@ class OpSpec:
     # argv: extract with engine sglang and tp > 1 runs one process per TP rank
     # under torchrun. None: the argv as it is.
     launch: Callable[[dict[str, Any], list[str]], list[str]] | None = None
+    # How the op spreads over several nodes (a slurm stage's nodes, gpus_per_node),
+    # given its params: "torchrun" (torch.distributed's RANK / WORLD_SIZE), "sglang"
+    # (SGLang's own --nnodes / --node-rank / --dist-init-addr, through its extra_args
+    # param); None: one process on one node.
+    spreads: Callable[[dict[str, Any]], str | None] | None = None
     # ---- hooks: what the console asks the spec instead of knowing the op.
     # runs.lints (`run`, before a launch): (ctx, the stage's gpus) -> [Lint].
     lint: Callable[[EstimateContext, list[int] | None], list[Lint]] | None = None

@@ -20,25 +20,28 @@ from typing import Callable, Iterator
 
 import pytest
 
+from tests.slurm_cluster import slurm  # noqa: F401  (the session fixture of a real one-node Slurm)
+
 ROOT = Path(__file__).resolve().parent.parent
 STAGES = Path(__file__).resolve().parent / "stages"
 PY = sys.executable
 
 
-SLOW_FIXTURES: set[str] = set()
-
-
 def slow_fixture(*args, **kwargs):
     """pytest.fixture, and every test using it (however indirectly) is in the full tier only."""
     def wrap(fn):
-        SLOW_FIXTURES.add(fn.__name__)
+        fn.full_tier = True
         return pytest.fixture(*args, **kwargs)(fn)
     return wrap
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        info = getattr(item, "_fixtureinfo", None)
+        # The definition each name resolves to for this test (a module's own
+        # fixture of the same name overrides the shared one).
+        used = [defs[-1].func for defs in (info.name2fixturedefs.values() if info else ()) if defs]
+        if any(getattr(func, "full_tier", False) for func in used):
             item.add_marker(pytest.mark.slow)
 
 
@@ -200,3 +203,14 @@ def stage_cmd(script: str, *args: str) -> str:
     """A TOML argv list running one of tests/stages/*.py."""
     parts = ["python", str(STAGES / script), *args]
     return "[" + ", ".join(f'"{p}"' for p in parts) + "]"
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct as a Hugging Face folder (ops/demo/realmodel.py), converted
+    once into the user's cache; skipped where the `smollm2` extra is not installed."""
+    from ops.demo.realmodel import MissingExtra, ensure_smollm2
+    try:
+        return ensure_smollm2()
+    except MissingExtra as exc:
+        pytest.skip(str(exc))

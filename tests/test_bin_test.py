@@ -1,12 +1,16 @@
 """bin/test: the install runs on a fresh checkout and again only when what decides
 it changed (pyproject.toml, bin/test itself, the interpreter); `--fast` runs the
-fast tier; the suite runs on xdist workers.
+fast tier; the suite runs on xdist workers; `bin/test -q` keeps pytest's counts.
 
-The venv's interpreter is a stand-in (a shell script that records its argv):
-the script under test is bin/test's shell logic, and a real install would pull
-torch and SGLang for each case. It answers `-c ...` (bin/test asks the version)
-with $FAKE_PY_VERSION, as `python -c 'import sys; print(sys.version)'` does, and
-fails `pip install` when $FAKE_PIP_FAILS is set."""
+Two stand-ins for the venv's interpreter. For the install decisions, a shell
+script that records its argv (the script under test is bin/test's shell logic,
+and a real install would pull torch and SGLang for each case): it answers
+`-c ...` (bin/test asks the version) with $FAKE_PY_VERSION, as `python -c
+'import sys; print(sys.version)'` does, and fails `pip install` when
+$FAKE_PIP_FAILS is set. For the counts, bin/test runs pytest for real with VENV
+pointing at a folder whose python is this interpreter, except that its `-m pip
+install` is skipped: the packages are installed already, and installing would
+re-point the shared environment at this checkout."""
 
 from __future__ import annotations
 
@@ -15,6 +19,8 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import ROOT
 
@@ -102,3 +108,31 @@ def test_a_test_using_a_slow_fixture_is_in_the_full_tier_only():
     assert sorted(t.split("::")[1] for t in fast) == ["test_missing_checkpoint_is_a_clear_error",
                                                       "test_sglang_ids_for_a_deepseek_family_target"]
     assert len(every) == 6
+
+PASSING = "def test_one():\n    assert True\n\ndef test_two():\n    assert True\n"
+
+
+@pytest.fixture
+def venv(tmp_path):
+    bin_ = tmp_path / "venv" / "bin"
+    bin_.mkdir(parents=True)
+    shim = bin_ / "python"
+    shim.write_text(f'#!/bin/sh\n[ "$1 $2" = "-m pip" ] && exit 0\nexec "{sys.executable}" "$@"\n')
+    shim.chmod(0o755)
+    (tmp_path / "test_tiny.py").write_text(PASSING)
+    return tmp_path
+
+
+@pytest.mark.parametrize("extra", [[], ["-q"]], ids=["default", "-q"])
+def test_bin_test_reports_the_counts(venv, extra):
+    env = dict(os.environ, VENV=str(venv / "venv"))
+    proc = subprocess.run([str(ROOT / "bin" / "test"), *extra, "-p", "no:cacheprovider",
+                           str(venv / "test_tiny.py")], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2 passed" in proc.stdout, proc.stdout
+
+
+def test_a_module_fixture_named_like_a_slow_one_is_its_own():
+    """test_extract_engine's `assets` is its own (a tiny target), not the toy's: fast."""
+    every = collected("tests/test_extract_engine.py")
+    assert every and collected("-m", "not slow", "tests/test_extract_engine.py") == every

@@ -72,3 +72,53 @@ def test_a_slow_client_does_not_hold_the_pool(ws):
         for s in idle:
             s.close()
         stop(proc)
+
+
+# ------------------------------------------------------------------ issue 28 item 33: a deadline per request
+async def _trickle(port: int, seconds: float) -> str:
+    """A client that sends a header line every 2 s and never ends its head: what
+    the server did to it (closed it, or still open after `seconds`)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /metrics HTTP/1.0\r\n")
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    try:
+        i = 0
+        while loop.time() < end:
+            try:
+                got = await asyncio.wait_for(reader.read(1), 2.0)
+                if got == b"":
+                    return "closed"
+            except asyncio.TimeoutError:
+                pass
+            writer.write(f"X-Slow-{i}: {i}\r\n".encode())
+            await writer.drain()
+            i += 1
+        return "open"
+    except OSError:
+        return "closed"
+    finally:
+        writer.close()
+
+
+async def _slow_clients_and_scrapes(port: int) -> tuple[list[str], list[str]]:
+    slow = [asyncio.create_task(_trickle(port, 14.0)) for _ in range(16)]
+    await asyncio.sleep(1.0)        # the slow ones connected first, as they would hold the handlers
+    scrapes = await asyncio.gather(*(_scrape(port, 10.0) for _ in range(24)))
+    return list(scrapes), list(await asyncio.gather(*slow))
+
+
+def test_clients_trickling_headers_do_not_hold_the_pool(ws):
+    """Before: 16 connections sending a header line every 2 s held the 8
+    handlers (the 5 s timeout was per read, each line reset it): every scrape
+    timed out at 15 s. Now each request has 5 s from its acceptance to send
+    its head, and only a whole head is given to a handler."""
+    ws.write(PIPE)
+    proc, port = start([PY, "-m", "eagle3_console.cli", "-w", str(ws.root), "exporter", "--port", "0",
+                        "--no-gpus", "--interval", "60"], ws.root)
+    try:
+        scrapes, slow = asyncio.run(_slow_clients_and_scrapes(port))
+        assert scrapes == ["ok"] * 24, scrapes
+        assert slow == ["closed"] * 16, slow        # each at its request's deadline, not kept open by its lines
+    finally:
+        stop(proc)

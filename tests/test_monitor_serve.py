@@ -236,3 +236,31 @@ def test_not_ready_by_ready_timeout_s_is_unhealthy(double):
                                                           f"{st.url.rsplit(':', 1)[1]} not open yet")
     assert ServeMonitor("127.0.0.1", double.port, True, started=started,
                         ready_timeout_s=600).sample(log_with(), running=True).state == "warming_up"
+
+
+@pytest.mark.parametrize("metrics,over", [(True, "last log interval"), (False, "since the server started")])
+def test_the_servers_accept_length_is_said_as_sglangs_own_figure(metrics, over):
+    """SGLang's sglang:spec_accept_length gauge covers its last log interval
+    (metrics_reporter.py: spec_num_accept_tokens / spec_num_forward_ct, reset each
+    log); /server_info's avg_spec_accept_length covers the server's life
+    (internal_state.py). Beside a bench's AL on screen, each says which it is."""
+    from rich.console import Console
+
+    from eagle3_console.model import StageStatus
+    from eagle3_console.report import serve_line
+    from widgets.progress import serve_text
+    d = Double(speculative=True, accept_length=2.9, metrics=metrics).start()
+    try:
+        d.status = "Up"
+        mon = ServeMonitor("127.0.0.1", d.port, True, started=time.time() - 10)
+        sv = mon.sample(log_with(), running=True)
+        assert sv.state == "ready" and sv.accept_length == 2.9, sv
+    finally:
+        d.stop()
+    st = StageStatus(name="serve_spec", op="serve", status="running", serve=sv)
+    said = f"SGLang accept length 2.90 ({over}; bench's AL is per bench run)"
+    assert said in serve_line(st)
+    console = Console(width=200, color_system=None)
+    with console.capture() as cap:
+        console.print(serve_text(st))
+    assert said in cap.get()

@@ -110,6 +110,18 @@ def test_speculators_flat_hs_safetensors(tmp_path):
     assert p.layout == "speculators_hs" and p.samples_done == 2 and p.tokens_done == 7
 
 
+def test_speculators_own_hs_files_count_their_token_ids(tmp_path):
+    """speculators 0.9.0 writes `hidden_states` [T, layers, H] and `token_ids` [T] (no
+    input_ids) into hs_<i>.safetensors: hs_connectors/fp8_hidden_states_connector.py's
+    docstring, hs_connectors/mooncake_hidden_states_connector.py's save, read back by
+    speculators/train/data.py as loaded_hs["token_ids"]."""
+    for i, t in enumerate([3, 4, 6]):
+        save_file({"hidden_states": np.zeros((t, 4, H), dtype=np.float16),
+                   "token_ids": np.arange(t, dtype=np.int64)}, str(tmp_path / f"hs_{i}.safetensors"))
+    p = ShardMonitor(tmp_path).refresh()
+    assert p.layout == "speculators_hs" and p.samples_done == 3 and p.tokens_done == 13
+
+
 def test_samples_outside_shard_dirs_are_not_counted(tmp_path):
     sample(tmp_path / "rows_0-2000" / "data_0.safetensors", 3)
     sample(tmp_path / "old" / "data_1.safetensors", 3)

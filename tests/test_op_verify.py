@@ -131,8 +131,8 @@ def test_deep_recompute_catches_a_wrong_layer_record(extracted, out, tmp_path, c
                                  "--target", str(target), "--report", str(tmp_path / "bad.json"))
     assert code == 1
     [bad] = report["bad_files"]
-    assert "aux block 0 (layer_ids[0]=2) differs from hidden_states[3]" in bad["reason"]
-    assert "it matches hidden_states[2], i.e. canonical layer 1" in bad["reason"]
+    assert "aux block 0 (layer_ids[0]=2): rows' RMS relative error" in bad["reason"]
+    assert "aux block 0 (layer_ids[0]=2): it matches layer 1 best (hidden_states[2])" in bad["reason"]
 
 
 def test_spec_argv_is_what_the_program_parses():

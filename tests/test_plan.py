@@ -48,9 +48,10 @@ def test_the_example_is_the_job():
     assert (t["num_layers"], t["hidden_size"], t["vocab_size"], t["dtype"]) == (61, 7168, 163840, "bfloat16")
     ex = pipe.stages["extract"]
     assert ex.params["engine"] == "sglang" and ex.params["tp"] == 8 and len(ex.gpus) == 8
-    # The aux layers SGLang captures by default, written canonically: its capture list is k + 1.
-    assert layers.sglang_capture_ids(ex.params["layer_ids"]) == [2, 30, 58]
-    assert ex.params["layer_ids"] == layers.default_aux_layers(61)
+    # The layers the seed's operator captured (SCENARIO.md run 2: layer_ids [2, 30, 58],
+    # sglang_layers_to_capture [3, 31, 59]), written canonically: SGLang's capture list is k + 1.
+    assert ex.params["layer_ids"] == [2, 30, 58]
+    assert layers.sglang_capture_ids(ex.params["layer_ids"]) == [3, 31, 59]
     assert pipe.stages["prepare"].params["limit"] == 10_000
     assert pipe.stages["prepare"].params["max_seq_len"] == 4096
     assert pipe.stages["serve_spec"].op == "serve" and pipe.stages["bench"].depends_on == ["serve_spec"]
@@ -74,8 +75,8 @@ def test_run_prints_the_plan_before_refusing_on_a_dependency(kimi):
     proc = kimi.cli("run", "extract", check=2)
     assert "depends on 'prepare', which has not succeeded" in proc.stderr
     assert "disk: upper bound 2.1 TiB (2.35 TB) = 10,000 samples" in proc.stdout
-    assert ("layers (61-layer target): canonical [1, 29, 57] + final 60 | SGLang capture / "
-            "eagle_aux_hidden_state_layer_ids [2, 30, 58] | HF hidden_states index [2, 30, 58]") in proc.stdout
+    assert ("layers (61-layer target): canonical [2, 30, 58] + final 60 | SGLang capture (layers_to_capture) "
+            "[3, 31, 59] | vLLM eagle_aux_hidden_state_layer_ids [3, 31, 59]") in proc.stdout
     assert kimi.latest("extract") is None
 
 
@@ -85,6 +86,9 @@ def test_the_exact_figure_once_prepare_wrote_its_summary(kimi):
     assert d["estimate_bytes"] == EXACT and d["estimate_kind"] == "exact"
     assert round(EXACT / GiB) == 923
     assert d["estimate_basis"].startswith("17,285,548 tokens (prepare's summary.json in ")
+    # The states only: each file's header, input_ids and loss_mask come on top (measured: 21.8 MiB
+    # where the states of the same samples were 21.5 MiB), so the basis says so, as the upper bound's does.
+    assert d["estimate_basis"].endswith("plus per-file overhead (headers, input_ids, loss_mask)"), d
     proc = kimi.cli("run", "extract", check=2)
     assert "disk: exact 923.1 GiB (991 GB) = 17,285,548 tokens" in proc.stdout
 
@@ -221,14 +225,59 @@ def test_the_disk_pane_labels_the_estimate():
 
 
 # ------------------------------------------------------------------ layer ids
-def test_sglangs_spelling_of_the_default_is_a_lint_warning_naming_both_readings(kimi):
+def _kimi_target(ws, arch: str = "DeepseekV3ForCausalLM") -> None:
+    """The target's config.json, as much of it as the plan reads (its architecture)."""
+    d = ws.root / "models" / "Kimi-K2.5"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps({"architectures": [arch], "num_hidden_layers": 61}))
+
+
+def _lint_warning(proc) -> str:
+    return next(line for line in proc.stderr.splitlines() if line.startswith("lint warning:"))
+
+
+def test_sglangs_spelling_of_the_default_is_a_lint_warning_naming_every_reading(kimi):
     proc = kimi.cli("run", "extract", "--set", "layer_ids=[2, 30, 58]", check=2)
-    warning = next(line for line in proc.stderr.splitlines() if line.startswith("lint warning:"))
+    warning = _lint_warning(proc)
     assert "layer_ids [2, 30, 58] is read as canonical ids" in warning
     assert "SGLang capture [3, 31, 59]" in warning
-    assert "canonical [1, 29, 57]" in warning and "eagle_aux_hidden_state_layer_ids" in warning
-    proc = kimi.cli("run", "extract", check=2)
+    assert ("if it is SGLang's capture list (layers_to_capture), vLLM's eagle_aux_hidden_state_layer_ids "
+            "or an HF hidden_states index: canonical [1, 29, 57]") in warning
+    assert "keep it only to capture [3, 31, 59]" in warning
+    proc = kimi.cli("run", "extract", "--set", "layer_ids=auto", check=2)
     assert "lint warning" not in proc.stderr
+
+
+def test_a_pasted_capture_list_is_named_in_every_spelling_it_could_be(kimi):
+    """The seed's SGLang list [3, 31, 59] pasted as layer_ids would capture [4, 32, 60]:
+    the lint says so, and what it stands for if it was the capture list or a draft config's."""
+    _kimi_target(kimi)
+    proc = kimi.cli("run", "extract", "--set", "layer_ids=[3, 31, 59]", check=2)
+    warning = _lint_warning(proc)
+    assert "layer_ids [3, 31, 59] is read as canonical ids" in warning
+    assert "SGLang capture [4, 32, 60]" in warning
+    assert "vLLM's eagle_aux_hidden_state_layer_ids or an HF hidden_states index: canonical [2, 30, 58]" in warning
+    # Kimi's rule (deepseek_v2.py) takes [3, 31, 59] as it is: capture [3, 31, 59] = canonical [2, 30, 58].
+    assert ("if it is an SGLang draft config.json's eagle_aux_hidden_state_layer_ids "
+            "(plus_one_if_first_is_one rule): canonical [2, 30, 58]") in warning
+
+
+def test_the_plan_line_names_each_spelling_for_what_it_is(kimi):
+    """The SGLang draft config's ids are the ones export writes, per the target's rule:
+    for Kimi and the seed's layers [3, 31, 59]; for a Llama target the canonical ids."""
+    _kimi_target(kimi)
+    line = next(x for x in kimi.cli("run", "extract", check=2).stdout.splitlines() if x.startswith("layers ("))
+    ks = [2, 30, 58]
+    wrote = layers.sglang_config_ids_for("DeepseekV3ForCausalLM", ks)
+    assert wrote == [3, 31, 59]
+    assert f"SGLang draft config.json eagle_aux_hidden_state_layer_ids (export writes) {wrote}" in line
+    assert "SGLang capture (layers_to_capture) [3, 31, 59]" in line
+    assert "vLLM eagle_aux_hidden_state_layer_ids [3, 31, 59]" in line
+    _kimi_target(kimi, "LlamaForCausalLM")
+    line = next(x for x in kimi.cli("run", "extract", "--set", "layer_ids=auto", check=2).stdout.splitlines()
+                if x.startswith("layers ("))
+    assert "SGLang draft config.json eagle_aux_hidden_state_layer_ids (export writes) [1, 29, 57]" in line
+    assert "SGLang capture (layers_to_capture) [2, 30, 58]" in line
 
 
 def test_layer_ids_the_target_cannot_have_are_a_lint_error(kimi):
@@ -237,14 +286,17 @@ def test_layer_ids_the_target_cannot_have_are_a_lint_error(kimi):
     assert kimi.latest("extract") is None
 
 
-def test_the_readme_names_layer_ids_and_its_three_spellings_for_61_layers():
+def test_the_readme_names_layer_ids_and_each_spelling_for_61_layers():
     readme = (ROOT / "README.md").read_text()
     section = readme[readme.index("### The pipeline file"):readme.index("### Runs")]
     assert "layer_ids" in section and "canonical" in section
     rows = {m.group(1).strip(): m.group(2) for m in re.finditer(r"^\| ([^|]+?) \| (\[[\d, ]+\])", section, re.M)}
     ks = layers.default_aux_layers(61)
     assert rows[next(k for k in rows if k.startswith("canonical"))] == str(ks)
-    assert rows[next(k for k in rows if "eagle_aux_hidden_state_layer_ids" in k)] == str(layers.sglang_capture_ids(ks))
+    assert rows[next(k for k in rows if "layers_to_capture" in k)] == str(layers.sglang_capture_ids(ks))
+    assert rows[next(k for k in rows if k.startswith("vLLM"))] == str(layers.vllm_aux_ids(ks))
+    assert rows[next(k for k in rows if "draft `config.json`" in k)] == \
+        str(layers.sglang_config_ids_for("DeepseekV3ForCausalLM", ks))
     assert rows[next(k for k in rows if "hidden_states" in k and "HF" in k)] == str(layers.hf_hidden_states_indices(ks))
 
 

@@ -144,11 +144,12 @@ def test_status_json_process_ends_without_teardown_but_with_its_output_and_exit_
     assert "noop" in p.stdout and "TEARDOWN" in p.stderr, p
 
 
-def test_status_json_into_a_closed_pipe_exits_1_quietly(ws):
+def test_status_json_into_a_closed_pipe_keeps_its_exit_code_quietly(ws):
     ws.write("".join(f'[stages.s{i}]\nargv = ["true"]\n' for i in range(300)))   # past the pipe buffer
     e = dict(os.environ)
     e.pop("EAGLE3_WORKSPACE", None)
     p = subprocess.run(["bash", "-c", f'set -o pipefail; {PY} -c "$0" -w "$1" status --json --no-gpus | head -c 10',
                         MAIN, str(ws.root)], capture_output=True, text=True, timeout=60, env=e)
-    assert len(p.stdout) == 10 and p.returncode == 1, p
+    # The monitoring code (OK: nothing ran), not the pipe's 1: tests/test_closed_pipe.py has CRITICAL.
+    assert len(p.stdout) == 10 and p.returncode == 0, p
     assert "Traceback" not in p.stderr and "BrokenPipe" not in p.stderr, p.stderr

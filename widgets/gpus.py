@@ -10,6 +10,7 @@ that 8 or 16 GPUs still read one per line at 80 columns."""
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 
 from rich.progress_bar import ProgressBar
 from rich.table import Table
@@ -17,7 +18,7 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.renderables.sparkline import Sparkline
 
-from eagle3_console.model import GpuInfo, GpuReport
+from eagle3_console.model import GpuInfo, GpuReport, HostGpus
 from widgets import fmt
 from widgets.body import Body, retitle
 
@@ -74,13 +75,19 @@ class GpuPane(VerticalScroll, can_focus=False):
         super().__init__(**kw)
         self.border_title = "GPUs"
         self._body = Body("sampling...")
+        self._hosts = Body("")
         self._history: dict[str, deque[float]] = {}
         self._report: GpuReport | None = None
 
     def compose(self):
         yield self._body
+        yield self._hosts
 
-    def show(self, report: GpuReport) -> None:
+    def show(self, report: GpuReport, hosts: Sequence[HostGpus] = ()) -> None:
+        # Other nodes' GPUs (the pipeline file's hosts), one line each and a line a GPU.
+        said = [line for h in hosts for line in h.lines()]
+        self._hosts.paint(tuple(said), Text("\n".join(said), "dim" if not said else ""))
+        self._hosts.display = bool(said)
         self._report = report
         if report.available:
             live = set()

@@ -42,6 +42,11 @@ def summary(st: StageStatus, now: float) -> Text:
             if sp.tokens_expected:
                 t.append(f"/{fmt.count(sp.tokens_expected)}")
         # No-break spaces: a narrow pane wraps before "1 unreadable", never inside it.
+        if sp.format:
+            t.append("  format ", "dim")
+            t.append(sp.format)
+        if sp.bytes_per_token:
+            t.append(f"  {fmt.nbytes(sp.bytes_per_token)}/token")
         if sp.tmp_files:
             t.append(f"  {sp.tmp_files}\u00a0.tmp", "yellow")
         if sp.bad_files:
@@ -69,8 +74,24 @@ def summary(st: StageStatus, now: float) -> Text:
         t.append("  ETA ", "dim")
         t.append(fmt.duration(st.eta_s))
     else:
-        t.append("not run yet" if st.status == "never" else st.status, "dim")
+        cause = failure_cause(st)
+        if cause is None:
+            t.append("not run yet" if st.status == "never" else st.status, "dim")
+        else:
+            message, line = cause
+            t.append(message, "bold red")
+            if line:
+                t.append(f"\n{line}", "red")
     return t
+
+
+def failure_cause(st: StageStatus) -> tuple[str, str | None] | None:
+    """A failed or lost run's alert and the line `status` prints under it (the rank's
+    or the op's own error), so the cause is on screen where the stage is."""
+    for a in st.alerts:
+        if a.code in ("stage_failed", "lost") and a.level == "critical":
+            return a.message, (a.line.strip()[:160] if a.line else None)
+    return None
 
 
 def serve_text(st: StageStatus) -> Text | None:
@@ -96,7 +117,7 @@ def serve_text(st: StageStatus) -> Text | None:
         if sv.gen_tok_s is not None:
             parts.append(fmt.rate(sv.gen_tok_s, " tok/s"))
         if sv.accept_length is not None:
-            parts.append(f"accept length {sv.accept_length:.2f}")
+            parts.append(sv.accept_said())
         if parts:
             t.append("\n" + "  ".join(parts))
         if sv.metrics is False:
@@ -272,6 +293,8 @@ class ProgressPane(VerticalScroll, can_focus=False):
             text = result         # its "done N/N, succeeded" says nothing more
         else:
             text = Text.assemble(summary(st, now), "\n", result)
+        if st.job is not None:      # a slurm run: where its job is (queued, on which nodes, how it ended)
+            text = Text.assemble(Text(st.job.line(), "cyan"), "\n", text)
         self._body.paint(text, text)
         rows = bar_rows(st)
         label = None

@@ -38,6 +38,8 @@ def status_text(st: StageStatus) -> Text:
     if st.serve is not None and st.status == "running" and st.serve.state in SERVE_STYLE:
         # A server runs for hours: whether it answers is its status.
         label, style = st.serve.state.replace("_", " "), SERVE_STYLE[st.serve.state]
+    if st.job is not None and st.status == "pending" and st.job.reason:
+        label = f"pending ({st.job.reason})"       # waiting in Slurm's queue, and why
     if is_oom(st) and st.status != "running":
         label, style = f"{st.status} OOM", "bold white on red"
     elif is_oom(st):

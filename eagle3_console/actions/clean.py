@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import fcntl
 import os
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -28,7 +28,8 @@ import psutil
 
 from eagle3_console import claims
 from eagle3_console import config as cfg
-from eagle3_console import runs
+from eagle3_console import runs, vouch
+from eagle3_console.actions import hold
 from eagle3_console.fstree import Changed, Dest, Entry, Root, ident
 from eagle3_console.monitor.procs import ProcessTable, RunRef
 from eagle3_console.registry import Registry, Run, RunStatus
@@ -127,27 +128,9 @@ def _open_files_under(roots: list[Path]) -> list[str]:
     return hits
 
 
-def _vouched(ws: Workspace, stage_name: str) -> tuple[dict | None, str]:
-    """What a record of this stage's runs vouches for (claims.py): the files a
-    succeeded run left, else those there before the stage's first recorded run.
-    None where no run left a record (runs from before the records): then the
-    clock decides, as it did."""
-    with Registry(ws.db_path) as reg:
-        history, registry = reg.stage_history(stage_name), reg.registry_id
-    ok = [rid for rid, status in history if status == RunStatus.SUCCEEDED]
-    if ok:
-        found = claims.read_manifest(claims.manifest_path(ws, registry, ok[-1], "end"))
-        return found, f"temp files and files that succeeded run {ok[-1]} did not leave as they are"
-    for rid, _status in history:
-        found = claims.read_manifest(claims.manifest_path(ws, registry, rid, "start"))
-        if found is not None:
-            return found, f"temp files and files that were not there before run {rid}, the stage's first, started"
-    return None, ""
-
-
-def _collect(ws: Workspace, plan: CleanPlan, stage: cfg.Stage, run: Run, roots: list[Path]) -> str:
+def _collect(plan: CleanPlan, stage: cfg.Stage, run: Run, roots: list[Path], vouched: vouch.Vouch | None) -> str:
     """Fill the plan with the partial files under `roots`; returns what "partial" meant."""
-    vouched, why = (None, "") if stage.spec or stage.expected_samples is not None else _vouched(ws, stage.name)
+    why = vouched.why if vouched else ""
     since = (run.started or run.created) - 1.0
     for root_path in roots:
         try:
@@ -161,14 +144,13 @@ def _collect(ws: Workspace, plan: CleanPlan, stage: cfg.Stage, run: Run, roots: 
                 _admit_paths(plan, root, lister(root_path))
                 why = "temp files and truncated or unreadable samples"
                 continue
-            mine = (vouched or {}).get(str(root_path), {})
             for e in root.walk():
                 if e.rel == (claims.LOCK_NAME,):
                     continue
                 if e.rel[-1].endswith(TMP_SUFFIXES):
                     _admit(plan, root, e)
                 elif vouched is not None:
-                    if mine.get("/".join(e.rel)) != [e.size, e.mtime_ns]:
+                    if not vouched.keeps(str(root_path), "/".join(e.rel), [e.size, e.mtime_ns]):
                         _admit(plan, root, e)
                 elif e.mtime_ns / 1e9 >= since:
                     _admit(plan, root, e)
@@ -183,11 +165,15 @@ def plan_clean(ws: Workspace, stage_name: str, purge: bool = False) -> CleanPlan
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     with Registry(ws.db_path) as reg:
         runs.reconcile(reg)
-        run = reg.latest(stage_name)
+        run, registry = reg.latest(stage_name), reg.registry_id
+        vouched = vouch.load_vouch(ws, reg.stage_history(stage_name), registry) \
+            if vouch.records_files(stage) else None
     trash = ws.trash_dir / (f"{stamp}-{stage_name}" + (f"-run{run.id}" if run else ""))
     params = run.params if run else stage.params
     try:
         roots = [Path(p) for p in runs.output_paths(ws, stage, params)]
+        if vouched is not None and vouched.roots is not None:
+            roots = [Path(p) for p in vouched.roots]      # what the run wrote, whatever eagle3.toml names now
     except runs.Refused as exc:
         return CleanPlan(stage=stage_name, roots=[], files=[], purge=purge, trash=trash, refusal=str(exc))
     plan = CleanPlan(stage=stage_name, roots=roots, files=[], purge=purge, trash=trash)
@@ -199,7 +185,7 @@ def plan_clean(ws: Workspace, stage_name: str, purge: bool = False) -> CleanPlan
         # A complete output is never cleaned, except the samples a verify stage's
         # report names as bad (still unchanged since): resume rewrites those.
         bad, report, data = _reported_bad(ws, pipe, roots)
-        if bad and not _owned(plan, [data]):
+        if bad and not _owned(plan, [data], registry):
             try:
                 with Root(data) as root:
                     _admit_paths(plan, root, [b.path for b in bad], real_root=True)
@@ -239,27 +225,35 @@ def plan_clean(ws: Workspace, stage_name: str, purge: bool = False) -> CleanPlan
         plan.refusal = (f"process(es) of stage {stage_name!r} still alive: "
                         f"{sorted(alive)}; run `kill-workers {stage_name}` first")
         return plan
-    if _owned(plan, roots):
+    if _owned(plan, roots, registry):
         return plan
     writers = _open_files_under(roots)
     if writers:
         plan.refusal = "a writer is still alive: " + "; ".join(writers[:3])
         return plan
-    plan.why = _collect(ws, plan, stage, run, roots)
+    plan.why = _collect(plan, stage, run, roots, vouched)
     if not plan.files:
         plan.refusal = f"no partial files under {', '.join(map(str, roots))}"
         plan.nothing_to_do = True
     return plan
 
 
-def _owned(plan: CleanPlan, roots: list[Path]) -> bool:
+def _owned(plan: CleanPlan, roots: list[Path], registry: str) -> bool:
     """Refuse an output another live run owns (its lock file: claims.py), e.g.
     a run of another workspace writing the same /shared/out."""
     for root in roots:
-        owner = claims.live_owner(root)
+        try:
+            # Another clean of this workspace: its turn comes first, and the re-plan after it says what is left.
+            owner = claims.live_owner_around(root, skip=lambda o: hold.mine(o) or (
+                o.action == hold.ACTION and o.registry == registry))
+        except claims.NotALock as exc:
+            plan.refusal = str(exc)
+            return True
         if owner:
-            plan.refusal = (f"output {root} is owned by {owner.describe()}, which is live: clean never touches "
-                            f"an output another run is writing")
+            where = "" if owner.lock.parent == Path(os.path.normpath(os.path.abspath(root))) else \
+                f" (it overlaps {owner.lock.parent})"
+            plan.refusal = (f"output {root}{where} is owned by {owner.describe()}, which is live: clean never "
+                            f"touches an output another run is writing")
             return True
     return False
 
@@ -323,7 +317,14 @@ def _turn(ws: Workspace) -> Iterator[None]:
 def execute_clean(ws: Workspace, plan: CleanPlan) -> CleanResult:
     if plan.refusal:
         raise runs.Refused(plan.refusal)
-    with _turn(ws):
+    with _turn(ws), ExitStack() as held:
+        # The stage is held before the check below and for as long as files move:
+        # taken in a write transaction, so a launch (which checks the hold in its
+        # own) either created its run before (the check sees it live) or is refused.
+        with Registry(ws.db_path) as reg, reg.immediate():
+            latest = reg.latest(plan.stage)
+            held.enter_context(hold.holding(ws, reg.registry_id, plan.stage, latest.id if latest else 0,
+                                            plan.roots))
         # Conditions may have changed since the plan was shown: check again.
         fresh = plan_clean(ws, plan.stage, plan.purge)
         if fresh.refusal:

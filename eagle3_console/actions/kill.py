@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import psutil
 
 from eagle3_console import runs
 from eagle3_console.model import GpuReport
-from eagle3_console.monitor.procs import ProcessTable, ProcInfo, RunRef, process_alive
-from eagle3_console.registry import EXITED, MAY_BE_ALIVE, Registry, RunStatus
+from eagle3_console.monitor.procs import ProcessTable, ProcInfo, RunRef
+from eagle3_console.registry import EXITED, MAY_BE_ALIVE, Registry
+from eagle3_console.stopper import end_run_record
 from eagle3_console.units import human_bytes
 from eagle3_console.workspace import Workspace
 
@@ -40,10 +41,14 @@ class KillPlan:
     grace_s: float
     refusal: str | None = None
     nothing_to_do: bool = False     # the refusal is "there is nothing to kill" (exit 0), not "unsafe" (2)
+    jobs: list[str] = field(default_factory=list)   # Slurm jobs of the stage's live runs (launcher slurm)
 
     def lines(self) -> list[str]:
         if self.refusal:
             return [f"{'nothing to do' if self.nothing_to_do else 'refused'}: {self.refusal}"]
+        if self.jobs:
+            return [f"scancel --signal=KILL --full job(s) {', '.join(self.jobs)} of stage {self.stage} "
+                    f"(runs {', '.join(map(str, self.run_ids))}), then check that Slurm says they ended"]
         held = {}
         for h in self.gpu_holds:
             held.setdefault(h.pid, []).append(f"GPU {h.gpu} {human_bytes(h.used_bytes, '?')}")
@@ -110,6 +115,11 @@ def _stage_refs(reg: Registry, stage: str) -> list[RunRef]:
 def plan_kill(ws: Workspace, stage: str, grace_s: float = 10.0, nvml: Any = None) -> KillPlan:
     with Registry(ws.db_path) as reg:
         refs = _stage_refs(reg, stage)
+        from eagle3_console.slurm.control import live_job_runs
+        job_runs = live_job_runs(reg, stage)
+        if job_runs:        # its processes are on the job's nodes: Slurm kills them
+            return KillPlan(stage=stage, run_ids=[r.id for r in job_runs], procs=[], gpu_holds=[],
+                            gpus_unavailable=None, grace_s=grace_s, jobs=[r.job_id or "(submitting)" for r in job_runs])
         # Finished runs whose orphaned workers outlived them: tie by pgid/session/env too.
         for r in reg.runs(stage, limit=5):
             if r.status in EXITED and r.pgid:
@@ -169,6 +179,8 @@ def execute_kill(ws: Workspace, plan: KillPlan, progress: Callable[[str], None] 
     if plan.refusal:
         raise runs.Refused(plan.refusal)
     say = progress or (lambda _m: None)
+    if plan.jobs:
+        return _kill_jobs(ws, plan, say)
     with Registry(ws.db_path) as reg:
         for rid in plan.run_ids:
             reg.update(rid, stop_requested=1)
@@ -216,12 +228,27 @@ def execute_kill(ws: Workspace, plan: KillPlan, progress: Callable[[str], None] 
     with Registry(ws.db_path) as reg:
         runs.reconcile(reg)
         for rid in plan.run_ids:
-            r = reg.get(rid)
-            if r.live and not runs.stage_alive(r) and not process_alive(r.supervisor_pid, r.supervisor_create_time):
-                reg.finish(rid, RunStatus.KILLED, ended=time.time(), reason="kill-workers")
+            end_run_record(reg, rid, "kill-workers", still_alive=bool(result.still_alive))
         reg.record("kill-workers", "ok" if result.ok else "incomplete", stage=plan.stage,
                    run_id=plan.run_ids[-1] if plan.run_ids else None,
                    targets=[{"pid": p.pid, "how": p.how} for p in plan.procs],
                    detail="; ".join(result.lines()))
     say("; ".join(result.lines()))
+    return result
+
+
+def _kill_jobs(ws: Workspace, plan: KillPlan, say: Callable[[str], None]) -> KillResult:
+    from eagle3_console.slurm.control import kill_jobs
+    t0 = time.time()
+    with Registry(ws.db_path) as reg:
+        killed, left = kill_jobs(reg, [reg.get(rid) for rid in plan.run_ids])
+        result = KillResult(signalled=[], sigkilled=[], still_alive=[], still_holding={}, freed_bytes=0,
+                            waited_s=time.time() - t0, gpu_unchecked="the job's GPUs are on its nodes")
+        outcome = "ok" if not left else f"job(s) still live: {', '.join(left)}"
+        reg.record("kill-workers", outcome, stage=plan.stage, run_id=plan.run_ids[-1], targets=killed,
+                   detail=f"scancel --signal=KILL --full {' '.join(killed)}")
+    say(f"scancel --signal=KILL sent to job(s) {', '.join(killed) or 'none'}; " +
+        (f"still live: {', '.join(left)}" if left else "Slurm says they ended"))
+    if left:
+        result.still_alive = [int(j) for j in left if j.isdigit()]
     return result

@@ -32,7 +32,7 @@ latest per kind):
 - torchrun: a traceback ending in `ChildFailedError` (a rank failed) is kept
   as `launcher`, and the rank's own traceback stays the `traceback` finding;
 - program_error: an op's one-line `PROG: error: ...` (ops/common.py run_main,
-  bad input, exit 2), with or without torchrun's `[rank0]:` prefix;
+  bad input, exit 2) or a bare `error: ...`, with or without torchrun's `[rank0]:` prefix;
 - errors: an `errors: N` (or `errors=N`) counter -> LogState.errors;
 - our summary line, printed by the ops (ops/extract/progress.py):
       progress: samples 972/1000 tokens 502983 errors 0 tok/s 2910.5
@@ -103,9 +103,10 @@ _TRACEBACK = "Traceback (most recent call last):"
 # with `torch.distributed.elastic.multiprocessing.errors.ChildFailedError:` and
 # a "Failures:" table when a rank exits non-zero; the rank's own error is above.
 _LAUNCHER_FAILED = "ChildFailedError"
-# ops/common.py run_main: `extract: error: <BadInput>` (exit 2), optionally
-# behind torchrun's `[rank0]:` / `[default0]:` prefix (--tee, --local-ranks-filter).
-_PROGRAM_ERROR = re.compile(r"^(?:\[[\w-]+\]:\s*)?[\w.-]+: error: \S")
+# ops/common.py run_main: `extract: error: <BadInput>` (exit 2), or a program's
+# bare `error: ...` (a rank's own words under torchrun), optionally behind
+# torchrun's `[rank0]:` / `[default0]:` prefix (--tee, --local-ranks-filter).
+_PROGRAM_ERROR = re.compile(r"^(?:\[[\w-]+\]:\s*)?(?:[\w.-]+: )?error: \S")
 _ERRORS = re.compile(r"\berrors?\s*[:=]\s*(\d+)")
 _SUMMARY = re.compile(r"\bprogress:\s+(.*)$")
 _PAIR = re.compile(r"(\S+)\s+(\S+)")
@@ -205,7 +206,7 @@ class LineParser:
         if ("hit an exception" in text or "sigquit" in text or "died during" in text) \
                 and _SERVER_DIED.search(text):
             self._find("server_died", stripped, offset)
-        if ": error: " in text and _PROGRAM_ERROR.match(stripped):
+        if "error: " in text and _PROGRAM_ERROR.match(stripped):
             self._find("program_error", stripped, offset)
         if how == "summary":            # a summary line's errors are summed over ranks
             if " errors " in text:

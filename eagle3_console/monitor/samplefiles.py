@@ -10,7 +10,7 @@ state (folder_state()).
 
 Layouts (which names are samples, where): monitor/layouts.py.
 
-Tokens from headers: the `input_ids` shape in the safetensors header of each
+Tokens from headers: the `input_ids` (speculators: `token_ids`) shape in the safetensors header of each
 sample, read once per new file (a few hundred bytes; tensor data is never
 read). A safetensors sample whose header cannot be read counts as done (it
 exists, like in `ls`) and as a bad file; it is retried when its size or mtime

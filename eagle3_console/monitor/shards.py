@@ -14,7 +14,7 @@ its per-folder state (folders() / folder_state() / from_folders()), in which
 only the folders that changed are loaded.
 
 Tokens: sample_lengths.json ({"idx": n_tokens}) when present, else the
-`input_ids` shape in the safetensors header of each sample. `.pt` samples
+`input_ids` (speculators: `token_ids`) shape in the safetensors header of each sample. `.pt` samples
 without sample_lengths.json have no known token count.
 
 Rate: samples/s and tokens/s over a sliding window (monitor/rate.py).
@@ -125,7 +125,15 @@ class ShardMonitor:
             root=str(self.root), layout=layout, samples_done=done, samples_expected=expected,
             tokens_done=tokens, tokens_expected=tokens_expected, shards=_shard_counts(per_dir, expected),
             tmp_files=tmp, samples_per_s=sps, tokens_per_s=tps, eta_s=eta,
-            complete=complete, bad_files=bad, error=self.root_json.error_text())
+            complete=complete, bad_files=bad, error=self.root_json.error_text(),
+            format=self._format(layout), bytes_per_token=self.index.total_bytes / tokens if tokens else None)
+
+    def _format(self, layout: str) -> str | None:
+        """data_config.json's format; an output of this layout without one holds bf16 (written before formats)."""
+        fmt = self.root_json.config.get("format")
+        if fmt is None and layout == "eagle3" and self.root_json.config:
+            return "bf16"
+        return str(fmt) if fmt is not None else None
 
     def _rate(self, now: float, done: int, tokens: int | None) -> rate.Rate:
         observed = self.window.observe(now, done, tokens)

@@ -211,7 +211,7 @@ class ConsoleScreen(Screen[None]):
 
     def _render_snapshot(self) -> None:
         snap = self.snapshot
-        self.query_one(GpuPane).show(snap.gpus)
+        self.query_one(GpuPane).show(snap.gpus, snap.hosts)
         table = self.query_one(StageTable)
         table.show(snap.stages, self._data_now())
         # Until the operator moves the cursor, the selection follows the

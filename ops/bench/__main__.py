@@ -56,28 +56,19 @@ def prompts_from_data(data_dir: Path, indices: list[int], n: int) -> list[tuple[
     return out
 
 
-def prompts_from_file(path: Path, n: int) -> list[tuple[int, list[int]]]:
-    out = []
-    for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            ids = json.loads(line)["input_ids"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f"{path}:{lineno}: expected a JSON object with 'input_ids' ({exc})") from None
-        if not isinstance(ids, list) or len(ids) < 2 or not all(isinstance(i, int) for i in ids):
-            raise ValueError(f"{path}:{lineno}: 'input_ids' must be a list of at least 2 integers")
-        out.append((lineno, ids))
-        if len(out) == n:
-            break
-    return out
+def prompts_from_file(path: Path, n: int, tokenizer_dir: str | None = None) -> list[tuple[int, list[int]]]:
+    """Rows of `"input_ids"`, or chat rows (conversations, messages, prompt: ops/prompts.py)
+    rendered with the target's chat template."""
+    from ops.prompts import prompt_ids
+
+    return prompt_ids(Path(path), n, tokenizer_dir)
 
 
 def prompts_for(args) -> list[tuple[int, list[int]]]:
     """Held-out prompts: --prompts-file, else the data's samples (the export's
     holdout first, named by its export_info.json, when --drafter is given)."""
     if args.prompts_file:
-        return prompts_from_file(Path(args.prompts_file), args.num_prompts)
+        return prompts_from_file(Path(args.prompts_file), args.num_prompts, args.target)
     info: dict = {}
     if args.drafter:
         from ops.export.formats import INFO_FILE, detect_format
@@ -145,6 +136,7 @@ def _main(argv=None) -> int:
 
     from ops import layers
     from ops.bench.speculative import SpecStats, TargetRunner, greedy, speculative
+    from ops.bench.table import Decoded
     from ops.drafter.config import read_target_config
     from ops.export.formats import INFO_FILE, read_export
 
@@ -156,7 +148,7 @@ def _main(argv=None) -> int:
         info_path = ddir.parent / INFO_FILE
         info = json.loads(info_path.read_text()) if info_path.exists() else {}
         if args.prompts_file:
-            prompts = prompts_from_file(Path(args.prompts_file), args.num_prompts)
+            prompts = prompts_from_file(Path(args.prompts_file), args.num_prompts, args.target)
         else:
             data = args.data or info.get("data")
             if not data:
@@ -193,12 +185,16 @@ def _main(argv=None) -> int:
     t_plain = t_spec = 0.0
     fw_plain = fw_spec = tokens = completion = 0
     mismatches = []
+    decoded = []
     for i, (idx, prompt) in enumerate(prompts):
         t0 = time.perf_counter()
         ref, f1 = greedy(runner, prompt, args.max_new_tokens, eos)
         t1 = time.perf_counter()
-        got, f2 = speculative(runner, drafter, embed, prompt, args.max_new_tokens, k, eos, stats)
+        one = SpecStats()
+        got, f2 = speculative(runner, drafter, embed, prompt, args.max_new_tokens, k, eos, one)
         t2 = time.perf_counter()
+        stats.add(one)
+        decoded.append(Decoded(got, one.verify_forwards, one.accepted_at, one.reached))
         t_plain += t1 - t0
         t_spec += t2 - t1
         fw_plain += f1
@@ -228,6 +224,16 @@ def _main(argv=None) -> int:
         "outputs_match": not mismatches, "mismatches": mismatches,
     }
     result["engine"] = "reference"
+
+    def decode_at(steps: int):
+        def decode(prompt: list[int]) -> Decoded:
+            st = SpecStats()
+            toks, _ = speculative(runner, drafter, embed, prompt, args.max_new_tokens, steps, eos, st)
+            return Decoded(toks, st.verify_forwards, st.accepted_at, st.reached)
+        return decode
+
+    from ops.bench.report import reference_table
+    reference_table(result, args, prompts, decoded, t_spec, decode_at, log=lambda m: print(m, flush=True))
     write_result(out_dir, result)
     print(f"bench: acceptance length {acc_len:.2f} (completion tokens / verify steps: {completion}/"
           f"{stats.verify_forwards}, K={k}) | accept/pos "

@@ -12,6 +12,7 @@ its bench.json says "engine": "sglang" and its line is labelled so.
 
 from __future__ import annotations
 
+from ops.bench.figures import parse_concurrency, parse_settings
 from ops.bench.view import gauges, result_view
 from ops.spec import EstimateContext, Lint, OpSpec, Param, ServerParam
 
@@ -84,10 +85,19 @@ SPEC = OpSpec(
               "first probe", low=0, low_open=True),
         Param("output", help="output directory (bench.json)"),
         Param("data", None, "hidden-state data for prompts (default: the export's)", type=str),
-        Param("prompts_file", None, 'JSONL lines with "input_ids" (instead of --data)', type=str),
-        Param("num_prompts", 8, "held-out prompts decoded"),
-        Param("max_new_tokens", 64, "tokens generated a prompt"),
-        Param("draft_tokens", 5, "K: drafts per verify step"),
+        Param("prompts_file", None, 'JSONL prompts (instead of --data): "input_ids" rows, or conversations, '
+              '"messages" or {"prompt": text} rows (the first user turn in the target\'s chat template)', type=str),
+        Param("num_prompts", 8, "held-out prompts decoded", low=1),
+        Param("max_new_tokens", 64, "tokens generated a prompt", low=1),
+        Param("draft_tokens", 5, "K: drafts per verify step", low=1),
+        Param("settings", None, "engine reference: more (steps/topk/draft_tokens) settings measured for the "
+              "table, e.g. 3/1/4,5/1/6,7/1/8 (a chain: topk 1, draft_tokens = steps + 1); engine sglang: one "
+              "speculative server per setting (its /server_info says which)", type=str,
+              convert=lambda t: (parse_settings(t), t)[1]),
+        Param("concurrency", "1", "requests in flight at once for each row of the table, e.g. 1,8",
+              convert=lambda t: (parse_concurrency(t), t)[1]),
+        Param("compare", None, "another bench.json on the same prompts (the other engine's): how many "
+              "completions differ, their token counts and both acceptance lengths", type=str),
         Param("device", "auto", "auto | cpu | cuda"),
         Param("dtype", "auto", "auto (the target's), bfloat16, float16, float32"),
     ),

@@ -37,6 +37,14 @@ class SpecStats:
     accepted_at: list[int] = field(default_factory=list)    # [K]: steps whose draft i was accepted
     reached: list[int] = field(default_factory=list)        # [K]: steps where draft i was examined
 
+    def add(self, other: "SpecStats") -> None:
+        self.verify_forwards += other.verify_forwards
+        n = max(len(self.accepted_at), len(other.accepted_at))
+        self.accepted_at = [a + b for a, b in zip(self.accepted_at + [0] * (n - len(self.accepted_at)),
+                                                  other.accepted_at + [0] * (n - len(other.accepted_at)))]
+        self.reached = [a + b for a, b in zip(self.reached + [0] * (n - len(self.reached)),
+                                              other.reached + [0] * (n - len(other.reached)))]
+
 
 class TargetRunner:
     """The HF target with its cache kwarg and output names across transformers versions."""

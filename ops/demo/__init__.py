@@ -59,7 +59,7 @@ def _sizes(train_steps: int, n_conversations: int) -> dict:
 
 
 def _conversation_messages(row: dict) -> list[dict]:
-    from ops.prepare.reader import parse_row
+    from ops.conversations import parse_row
 
     return parse_row(row, "demo corpus", 0).messages
 

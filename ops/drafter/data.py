@@ -28,12 +28,19 @@ from pathlib import Path
 from ops.formats import DATA_CONFIG, SAMPLE_LENGTHS, SAMPLE_RE, SHARD_DIR_RE, BadSampleFile, \
     read_safetensors_header, tokens_in_header
 from ops.common import load_json_file
+from ops import hidden_formats
 
 KEYS = ("input_ids", "loss_mask", "aux_hidden_states", "final_hidden_states")
+# A batch's key for each state tensor of a file (and its parts': "aux_scale").
+BATCH_KEYS = {"aux_hidden_states": "aux", "final_hidden_states": "final"}
 
 
 class DataError(ValueError):
     pass
+
+
+class FormatError(DataError):
+    """A sample file in another format than its data_config.json declares (exit 3)."""
 
 
 @dataclass
@@ -45,6 +52,7 @@ class DataInfo:
     config: dict
     samples: dict[int, Path]        # idx -> file
     lengths: dict[int, int]         # idx -> tokens
+    format: str = hidden_formats.DEFAULT    # how the states are stored (ops/hidden_formats.py)
 
 
 def read_data(root: Path, require_complete: bool = True) -> DataInfo:
@@ -63,6 +71,7 @@ def read_data(root: Path, require_complete: bool = True) -> DataInfo:
         layer_ids = layer_ids[:3]
     if len(layer_ids) != 3:
         raise DataError(f"{cfg_path}: layer_ids {cfg['layer_ids']} must name 3 aux layers")
+    fmt = hidden_formats.config_format(cfg, str(cfg_path))
     final = str(cfg.get("final_hidden_state", "post_norm")).lower()
     if final not in ("post_norm", "pre_norm"):
         raise DataError(f"{cfg_path}: final_hidden_state is {final!r}; expected 'post_norm' or 'pre_norm'")
@@ -74,6 +83,11 @@ def read_data(root: Path, require_complete: bool = True) -> DataInfo:
                 samples[int(m.group(1))] = f
     if not samples:
         raise DataError(f"{root}: no rows_<a>-<b>/data_<idx>.safetensors sample files")
+    first = samples[min(samples)]
+    try:
+        _check_format(first, hidden_formats.file_format(read_safetensors_header(first)[0]), fmt)
+    except BadSampleFile as exc:
+        raise DataError(str(exc)) from None
     lengths: dict[int, int] = {}
     try:
         recorded = json.loads((root / SAMPLE_LENGTHS).read_text())
@@ -90,7 +104,14 @@ def read_data(root: Path, require_complete: bool = True) -> DataInfo:
                 raise DataError(f"{path}: no 'input_ids' tensor")
             lengths[idx] = n
     return DataInfo(root=root, hidden_size=int(cfg["hidden_size"]), layer_ids=layer_ids,
-                    final_post_norm=final == "post_norm", config=cfg, samples=samples, lengths=lengths)
+                    final_post_norm=final == "post_norm", config=cfg, samples=samples, lengths=lengths,
+                    format=fmt)
+
+
+def _check_format(path: Path, found: str, declared: str) -> None:
+    if found != declared:
+        raise FormatError(f"{path}: format {found!r} in the file's header, {path.parents[1] / DATA_CONFIG} "
+                          f"declares {declared!r}; the output mixes formats")
 
 
 def bucket_length(n: int, bucket: int, max_len: int) -> int:
@@ -111,24 +132,30 @@ def make_batches(lengths: dict[int, int], token_budget: int, max_len: int, bucke
                          padded=lambda n: bucket_length(n, bucket, max_len), one_length=bucket > 0)
 
 
-def load_sample(path: Path, hidden: int, max_len: int) -> dict:
+def load_sample(path: Path, hidden: int, max_len: int, fmt: str = hidden_formats.DEFAULT) -> dict:
+    """A sample's tensors, its states as stored (encoded in `fmt`: decoded on
+    the training device, ops/train/prefetch.py)."""
     import torch
     from safetensors import safe_open
 
+    names = ["input_ids", "loss_mask"] + [k + s for k in KEYS[2:] for s in hidden_formats.suffixes(fmt)]
     try:
         with safe_open(str(path), framework="pt") as fh:
+            _check_format(path, hidden_formats.file_format({"__metadata__": fh.metadata()}), fmt)
             keys = set(fh.keys())
-            missing = [k for k in KEYS if k not in keys]
+            missing = [k for k in names if k not in keys]
             if missing:
                 raise DataError(f"{path}: tensors {missing} missing (has {sorted(keys)})")
-            out = {k: fh.get_slice(k)[:max_len] for k in KEYS}
+            out = {k: fh.get_slice(k)[:max_len] for k in names}
     except DataError:
         raise
     except Exception as exc:
         raise DataError(f"{path}: unreadable ({exc})") from None
     t = out["input_ids"].shape[0]
-    expect = {"input_ids": (t,), "loss_mask": (t,), "aux_hidden_states": (t, 3 * hidden),
-              "final_hidden_states": (t, hidden)}
+    expect = {"input_ids": (t,), "loss_mask": (t,)}
+    for key, width in (("aux_hidden_states", 3 * hidden), ("final_hidden_states", hidden)):
+        for suffix, (_dtype, shape) in hidden_formats.layout(fmt, t, width, hidden, "").items():
+            expect[key + suffix] = tuple(shape)
     for k, shape in expect.items():
         if tuple(out[k].shape) != shape:
             raise DataError(f"{path}: tensor {k!r} has shape {tuple(out[k].shape)}, expected {shape}")
@@ -183,14 +210,13 @@ def collate(samples: list[dict], bucket: int = 0, max_len: int = 0, token_budget
         out[len(samples):] = 0
         return out
 
-    aux0, fin0 = samples[0]["aux_hidden_states"], samples[0]["final_hidden_states"]
-    return {
-        "input_ids": pad("input_ids", (), torch.long),
-        "loss_mask": pad("loss_mask", (), torch.bool),
-        "aux": pad("aux_hidden_states", aux0.shape[1:], aux0.dtype),
-        "final": pad("final_hidden_states", fin0.shape[1:], fin0.dtype),
-        "lengths": lengths,
-    }
+    out = {"input_ids": pad("input_ids", (), torch.long), "loss_mask": pad("loss_mask", (), torch.bool),
+           "lengths": lengths}
+    for key, first in samples[0].items():
+        if key.startswith(tuple(BATCH_KEYS)):
+            name = next(n for n in BATCH_KEYS if key.startswith(n))
+            out[BATCH_KEYS[name] + key[len(name):]] = pad(key, first.shape[1:], first.dtype)
+    return out
 
 
 class BatchDataset:
@@ -207,7 +233,7 @@ class BatchDataset:
     def __getitem__(self, i: int) -> dict:
         import torch
 
-        batch = collate([load_sample(self.info.samples[idx], self.info.hidden_size, self.max_len)
+        batch = collate([load_sample(self.info.samples[idx], self.info.hidden_size, self.max_len, self.info.format)
                          for idx in self.batches[i]], self.bucket, self.max_len, self.token_budget)
         batch["samples"] = torch.tensor(self.batches[i])    # row -> sample index, for error messages
         return batch
@@ -225,3 +251,18 @@ def holdout_split(indices: list[int], n: int, seed: int) -> tuple[list[int], lis
     held = sorted(random.Random(seed).sample(ordered, n))
     hs = set(held)
     return [i for i in ordered if i not in hs], held
+
+
+def batch_keys(fmt: str) -> tuple[str, ...]:
+    """A collated batch's state keys in `fmt` ("aux", "final", and their parts: "aux_scale")."""
+    return tuple(short + s for short in BATCH_KEYS.values() for s in hidden_formats.suffixes(fmt))
+
+
+def decode_batch(batch: dict, fmt: str, hidden: int, dtype) -> dict:
+    """{"aux", "final"}: a batch's states decoded into `dtype`, where its tensors are (the GPU in training)."""
+    if fmt == hidden_formats.BF16:
+        return {short: batch[short].to(dtype) for short in BATCH_KEYS.values()}
+    from ops.hidden_codec import decode
+
+    return {short: decode(fmt, {s: batch[short + s] for s in hidden_formats.suffixes(fmt)}, hidden, dtype)
+            for short in BATCH_KEYS.values()}

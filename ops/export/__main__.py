@@ -72,7 +72,7 @@ def target_embedding(candidates: list[str], dtype, cfg):
 def check(ref_model, written: dict[str, Path], meta: dict, args, target: Path) -> dict:
     import torch
 
-    from ops.drafter.data import collate, load_sample, read_data
+    from ops.drafter.data import collate, decode_batch, load_sample, read_data
     from ops.drafter.target_head import load_target_head
     from ops.export.formats import read_export
 
@@ -97,8 +97,8 @@ def check(ref_model, written: dict[str, Path], meta: dict, args, target: Path) -
         worst, agree, total = 0.0, 0, 0
         with torch.no_grad():
             for idx in ids:
-                batch = collate([load_sample(data.samples[idx], data.hidden_size, 4096)])
-                aux = batch["aux"].float()
+                batch = collate([load_sample(data.samples[idx], data.hidden_size, 4096, data.format)])
+                aux = decode_batch(batch, data.format, data.hidden_size, torch.float32)["aux"]
                 ref = [lg for _, lg in ref_model.unroll(batch["input_ids"], aux, embed, steps)]
                 got = [lg for _, lg in model.unroll(batch["input_ids"], aux, embed, steps)]
                 for a, b in zip(ref, got):

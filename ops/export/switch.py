@@ -26,6 +26,7 @@ import signal
 from pathlib import Path
 
 from ops.drafter import diskio
+from ops.common import CLAIM_FILE
 from ops.export.formats import INFO_FILE, SGLANG_DIR, SPECULATORS_DIR
 
 # Test hooks: stop (SIGSTOP) at a point of the switch so that a test can kill -9
@@ -109,7 +110,8 @@ def check_output(out: Path) -> None:
         return
     if not out.is_dir():
         raise SwitchError(f"{out}: not a folder; export writes a folder there (sglang/, speculators/, {INFO_FILE})")
-    foreign = sorted(p.name for p in out.iterdir() if p.name not in OURS and ".tmp-" not in p.name)
+    foreign = sorted(p.name for p in out.iterdir()
+                     if p.name not in OURS and p.name != CLAIM_FILE and ".tmp-" not in p.name)
     if foreign:
         raise SwitchError(f"{out} holds {', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''}, which export "
                           f"did not write; a re-export replaces the folder whole: move them out or choose "

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from ops.estimate import Estimate
-from ops.extract.sizes import MAX_SEQ_LEN, aux_layer_count, count, estimate_bytes, state_dtype
+from ops.extract.sizes import (MAX_SEQ_LEN, aux_layer_count, count, estimate_bytes, state_dtype, state_format,
+                               states_bytes)
 from ops.formats import DATA_CONFIG, SAMPLE_LENGTHS
 from ops.spec import EstimateContext, dtype_bytes, read_json_dict
 
@@ -28,8 +29,14 @@ def extract_estimate(ctx: EstimateContext) -> Estimate | None:
     aux = aux_layer_count(params)
     hidden = count(target.get("hidden_size"))
 
+    fmt = state_format(params)
+
     def factors(states: int, hid: int, states_from: str = "", hidden_from: str = "") -> str:
         s = f"{states} states{states_from or f' ({states - 1} aux + final)'}"
+        if fmt == "fp8":
+            return f"{s} x ({hid:,}{hidden_from} x 1 B + a 4 B scale) (fp8)"
+        if fmt == "int4":
+            return f"{s} x {hid:,}{hidden_from} x 0.5 B (int4)"
         return f"{s} x {hid:,}{hidden_from} x {db} B ({dtype})"
 
     exact = estimate_bytes(ctx) if hidden else None
@@ -37,7 +44,7 @@ def extract_estimate(ctx: EstimateContext) -> Estimate | None:
         tokens = count(params.get("tokens"))
         where = "the tokens param" if tokens else f"prepare's summary.json in {ctx.path('input')}"
         tokens = tokens or count((ctx.read_json("input", "summary.json") or {}).get("total_tokens")) or 0
-        return Estimate(int(exact), "exact", f"{tokens:,} tokens ({where}) x {factors(aux + 1, hidden)}")
+        return Estimate(int(exact), "exact", f"{tokens:,} tokens ({where}) x {factors(aux + 1, hidden)}, {PER_FILE}")
     out = ctx.path("output")
     meta = tree_metadata(out) if out is not None else {}
     m_hidden = count(meta.get("hidden_size")) or hidden
@@ -46,9 +53,9 @@ def extract_estimate(ctx: EstimateContext) -> Estimate | None:
     m_states = m_states or aux + 1
     if meta.get("tokens") is not None and m_hidden:
         hidden_from = " (its hidden_size)" if meta.get("hidden_size") else ""
-        return Estimate(meta["tokens"] * m_states * m_hidden * db, "metadata",
+        return Estimate(states_bytes(params, target, meta["tokens"], m_states, m_hidden), "metadata",
                         f"{meta['tokens']:,} tokens ({meta['tokens_from']} in {out}) x "
-                        f"{factors(m_states, m_hidden, states_from, hidden_from)}")
+                        f"{factors(m_states, m_hidden, states_from, hidden_from)}, {PER_FILE}")
     if not hidden:
         return None
     samples, samples_from, max_len, len_from = upper_bound_inputs(ctx)
@@ -58,9 +65,25 @@ def extract_estimate(ctx: EstimateContext) -> Estimate | None:
             max_len, len_from = int(meta["max_seq_len"]), "its max_seq_len"
     if samples is None:
         return None
-    return Estimate(samples * max_len * (aux + 1) * hidden * db, "upper_bound",
+    return Estimate(states_bytes(params, target, samples * max_len, aux + 1, hidden), "upper_bound",
                     f"{samples:,} samples ({samples_from}) x {max_len:,} tokens ({len_from}) x "
                     f"{factors(aux + 1, hidden)}, {PER_FILE}; prepare's summary gives the exact figure")
+
+
+def format_line(ctx: EstimateContext) -> list[str]:
+    """The disk estimate in each storage format, side by side (the format param picks one)."""
+    from ops.hidden_formats import FORMATS
+    from ops.units import human_bytes
+
+    figures = []
+    for fmt in FORMATS:
+        est = extract_estimate(EstimateContext(ctx.root, dict(ctx.params, format=fmt), ctx.target, ctx.stage,
+                                               ctx.upstream))
+        if est is None:
+            return []
+        figures.append(f"{fmt} {human_bytes(est.bytes)}")
+    return [f"disk by format ({extract_estimate(ctx).label}): {' | '.join(figures)} "
+            f"(this run: format = {state_format(ctx.params)})"]
 
 
 def upper_bound_inputs(ctx: EstimateContext) -> tuple[int | None, str, int, str]:

@@ -23,6 +23,8 @@ from ops.extract.sample_file import SampleImage
 from ops.extract.staging import SlabPool
 from ops.extract.writer import SampleWriter, WriteJob
 from ops.formats import sample_path
+from ops.hidden_codec import encode_states, state_specs
+from ops.hidden_formats import BF16, file_metadata
 
 
 def log(message: str) -> None:
@@ -37,6 +39,8 @@ class Loop:
         self.target = target
         self.samples, self.lengths, self.out_dir, self.done = samples, lengths, out_dir, done
         self.args, self.rank, self.world = args, rank, world
+        self.fmt = getattr(args, "format", BF16)
+        self.metadata = file_metadata(self.fmt)
         self._copy_streams: dict = {}
         self._pool: SlabPool | None = None
         # The loop's own time: in the target's forward, and blocked on the
@@ -109,10 +113,15 @@ class Loop:
 
     def _submit(self, aux, final, pieces) -> None:
         """Each sample's (idx, ids, loss mask, aux states, final states) into
-        its file image, then to the writers. On CUDA the states are copied
-        from the device on a side stream (_to_host)."""
-        images = self._slabs(aux, final).take([self._specs(aux, final, len(tok)) for _i, tok, *_ in pieces])
-        for image, (_idx, tok, loss, *_states) in zip(images, pieces):
+        its file image, then to the writers. The states are encoded in the
+        run's format where they are (on the GPU: only the format's bytes are
+        copied to the host), then copied on a side stream (_to_host)."""
+        hidden = final.shape[-1]
+        pieces = [(idx, tok, loss, encode_states(self.fmt, {"aux_hidden_states": a, "final_hidden_states": f},
+                                                 hidden)) for idx, tok, loss, a, f in pieces]
+        images = self._slabs(aux, final).take([self._specs(aux, final, len(tok)) for _i, tok, *_ in pieces],
+                                              self.metadata)
+        for image, (_idx, tok, loss, _states) in zip(images, pieces):
             image.views["input_ids"].copy_(torch.from_numpy(tok.astype(np.int64)))
             image.views["loss_mask"].copy_(torch.from_numpy(loss.astype(np.uint8)))
         ready = self._to_host(aux, final, pieces, images) if aux.is_cuda else _copy_states(images, pieces)
@@ -125,16 +134,16 @@ class Loop:
         """The pool, sized at the first batch (when the states' dtype and width
         are known) to the largest planned batch, so every batch fits a slab."""
         if self._pool is None:
-            largest = max(sum(SampleImage.padded_size(self._specs(aux, final, self.lengths[i])) for i in batch)
-                          for batch in self.batches)
+            largest = max(sum(SampleImage.padded_size(self._specs(aux, final, self.lengths[i]), self.metadata)
+                              for i in batch) for batch in self.batches)
             self._pool = SlabPool(self.args.host_batches, largest, pin=aux.is_cuda)
         return self._pool
 
-    @staticmethod
-    def _specs(aux, final, n: int) -> dict:
+    def _specs(self, aux, final, n: int) -> dict:
+        hidden = final.shape[-1]
         return {"input_ids": (torch.int64, (n,)), "loss_mask": (torch.uint8, (n,)),
-                "aux_hidden_states": (aux.dtype, (n, aux.shape[-1])),
-                "final_hidden_states": (final.dtype, (n, final.shape[-1]))}
+                **state_specs(self.fmt, "aux_hidden_states", n, aux.shape[-1], hidden, aux.dtype),
+                **state_specs(self.fmt, "final_hidden_states", n, hidden, hidden, final.dtype)}
 
     def _to_host(self, aux, final, pieces, images) -> object:
         """Copy each sample's states from the device into its pinned file image
@@ -156,6 +165,10 @@ class Loop:
             _copy_states(images, pieces, non_blocking=True)
         aux.record_stream(stream)
         final.record_stream(stream)
+        if self.fmt != BF16:    # the encoded parts are the batch's own tensors, not views of aux/final
+            for *_head, states in pieces:
+                for part in states.values():
+                    part.record_stream(stream)
         ready = torch.cuda.Event()
         ready.record(stream)
         return ready
@@ -177,7 +190,7 @@ def time_line(elapsed: float, forward_s: float, writers_wait_s: float, writer: S
 
 
 def _copy_states(images, pieces, non_blocking: bool = False) -> None:
-    """Each piece's aux and final states into its image (None: nothing to wait on)."""
-    for image, (_idx, _tok, _loss, aux_part, final_part) in zip(images, pieces):
-        image.views["aux_hidden_states"].copy_(aux_part, non_blocking=non_blocking)
-        image.views["final_hidden_states"].copy_(final_part, non_blocking=non_blocking)
+    """Each piece's encoded states into its image (None: nothing to wait on)."""
+    for image, (_idx, _tok, _loss, states) in zip(images, pieces):
+        for name, part in states.items():
+            image.views[name].copy_(part, non_blocking=non_blocking)

@@ -20,8 +20,10 @@ from ops.formats import DATA_CONFIG, SAMPLE_LENGTHS, SAMPLE_RE, SHARD_DIR_RE, TM
 
 DATA_FORMAT_VERSION = 1
 # Keys that must match between a resumed run and the output it continues.
-_RESUME_KEYS = ("layer_ids", "hidden_size", "dtype", "max_seq_len", "total_samples",
+_RESUME_KEYS = ("layer_ids", "hidden_size", "dtype", "format", "max_seq_len", "total_samples",
                 "final_hidden_state", "data_format_version")
+# What an output written before the key existed holds.
+_RESUME_DEFAULTS = {"format": "bf16"}
 
 
 def scan_existing(output: Path) -> tuple[set[int], list[Path]]:
@@ -52,9 +54,18 @@ def check_resumable(output: Path, planned: dict) -> dict | None:
         if path.exists():
             raise BadInput(f"{path}: exists but is not a JSON object; move it away to start over")
         return None
-    diffs = [f"{k}: {existing.get(k)!r} there, {planned.get(k)!r} now"
-             for k in _RESUME_KEYS if k in existing and existing.get(k) != planned.get(k)]
+    def there(k):
+        return existing.get(k, _RESUME_DEFAULTS.get(k))
+
+    diffs = [f"{k}: {there(k)!r} there, {planned.get(k)!r} now"
+             for k in _RESUME_KEYS if there(k) is not None and k in planned and there(k) != planned.get(k)]
     if diffs:
+        from ops.hidden_formats import BadFormat
+
+        if any(d.startswith("format:") for d in diffs):
+            raise BadFormat(f"{path}: the output holds another format than this run would write "
+                            f"({'; '.join(diffs)}); a run keeps one format: resume with the output's, or use "
+                            f"another output directory (nothing was rewritten)")
         raise BadInput(f"{path}: the output holds other data than this run would write "
                        f"({'; '.join(diffs)}); use another output directory or delete this one")
     return existing

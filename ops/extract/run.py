@@ -36,6 +36,7 @@ from ops.extract.loop import Loop, log
 from ops.extract.samples import load_samples
 from ops.extract.writer import DISK_FULL
 from ops.formats import DATA_CONFIG, SAMPLE_RE, SHARD_ROWS, TMP_SUFFIX, sample_path
+from ops import hidden_formats
 from ops.layers import engine_ids, parse_layer_ids
 
 
@@ -144,6 +145,10 @@ def _open_run(args, engine: Engine, argv: list[str], known: dict) -> _Run:
     except ValueError as exc:
         raise BadInput(f"target {info.path}: {exc}") from exc
     dtype = target_mod.resolve_dtype(args.dtype, info)
+    fmt = hidden_formats.check_name(getattr(args, "format", hidden_formats.DEFAULT), "--format")
+    problem = hidden_formats.width_problem(fmt, info.hidden_size)
+    if problem:
+        raise hidden_formats.BadFormat(f"target {info.path}: {problem}; choose another format")
     lengths = samples.lengths()
     config = _data_config(args, argv, info, layer_ids, dtype, lengths, world)
     config.update(engine.config_keys())
@@ -167,6 +172,9 @@ def _data_config(args, argv, info, layer_ids, dtype, lengths, world) -> dict:
         "hidden_size": info.hidden_size,
         "aux_hidden_size": info.hidden_size * len(layer_ids),
         "dtype": dtype,
+        "format": getattr(args, "format", hidden_formats.DEFAULT),
+        "format_params": hidden_formats.format_params(getattr(args, "format", hidden_formats.DEFAULT),
+                                                      info.hidden_size),
         "max_seq_len": args.max_seq_len,
         "total_samples": len(lengths),
         "total_tokens": sum(lengths),
@@ -210,7 +218,7 @@ def _preflight(run: _Run, rewrite: dict[int, str]) -> bool:
     total_samples, total_tokens = len(lengths), sum(lengths)
     remaining = sum(n for i, n in enumerate(lengths) if i not in run.done)
     params = {"input": args.input, "layer_ids": run.layer_ids, "dtype": run.dtype,
-              "tokens": args.tokens or total_tokens}
+              "format": config["format"], "tokens": args.tokens or total_tokens}
     fits, disk_text = preflight.disk_check(
         params, {"hidden_size": run.info.hidden_size, "dtype": run.dtype}, out_dir,
         remaining / total_tokens if total_tokens else 0.0)
@@ -299,12 +307,19 @@ def _finish(run: _Run, stats: dict) -> int:
 
 
 def _check_existing(out_dir: Path, config: dict, done: set[int], lengths: list[int]) -> dict[int, str]:
-    """idx -> why, for the sample files on disk that verify's header check finds bad."""
-    from ops.verify.check import check_files, expected_from
+    """idx -> why, for the sample files on disk that verify's header check finds bad.
+    A file in another format than the run's is no damage to repair but a mix
+    of runs: refused (BadFormat), nothing deleted."""
+    from ops.verify.check import FORMAT_MISMATCH, check_files, expected_from
 
     paths = {i: str(sample_path(out_dir, i)) for i in done}
-    return {idx: reason for idx, _path, _tokens, reason in
-            check_files(paths, expected_from(config), dict(enumerate(lengths))) if reason is not None}
+    bad = {idx: (path, reason) for idx, path, _tokens, reason in
+           check_files(paths, expected_from(config), dict(enumerate(lengths))) if reason is not None}
+    for idx, (path, reason) in bad.items():
+        if reason.startswith(FORMAT_MISMATCH):
+            raise hidden_formats.BadFormat(f"{path}: {reason}; a run keeps one format: resume with the "
+                                           f"output's format or use another output (nothing was rewritten)")
+    return {idx: reason for idx, (_path, reason) in bad.items()}
 
 
 def _barrier(world: int) -> None:

@@ -31,9 +31,9 @@ ALIGN = 4096
 # safetensors writes the tensors sorted by dtype (its Dtype enum, largest
 # first) then by name (safetensors/src/tensor.rs, `prepare`); these are the
 # dtypes a sample file holds, in that enum's order.
-_ST_DTYPES = {torch.uint8: "U8", torch.float16: "F16", torch.bfloat16: "BF16", torch.int32: "I32",
+_ST_DTYPES = {torch.uint8: "U8", torch.float8_e4m3fn: "F8_E4M3", torch.float16: "F16", torch.bfloat16: "BF16", torch.int32: "I32",
               torch.float32: "F32", torch.int64: "I64"}
-_ENUM_ORDER = ["U8", "F16", "BF16", "I32", "F32", "I64"]
+_ENUM_ORDER = ["U8", "F8_E4M3", "F16", "BF16", "I32", "F32", "I64"]
 
 
 class SampleImage:
@@ -48,8 +48,8 @@ class SampleImage:
     """
 
     def __init__(self, specs: dict[str, tuple[torch.dtype, tuple[int, ...]]], pin: bool = False,
-                 buffer: torch.Tensor | None = None, on_release=None) -> None:
-        raw, offsets, data = _layout(specs)
+                 buffer: torch.Tensor | None = None, on_release=None, metadata: dict | None = None) -> None:
+        raw, offsets, data = _layout(specs, metadata)
         start = 8 + len(raw)
         self.size = start + data
         padded = self.size + (-self.size % ALIGN)
@@ -67,8 +67,8 @@ class SampleImage:
             self.views[name] = self.buffer[start + off:start + off + n].view(dtype).view(shape)
 
     @staticmethod
-    def padded_size(specs: dict) -> int:
-        raw, _offsets, data = _layout(specs)
+    def padded_size(specs: dict, metadata: dict | None = None) -> int:
+        raw, _offsets, data = _layout(specs, metadata)
         size = 8 + len(raw) + data
         return size + (-size % ALIGN)
 
@@ -87,10 +87,11 @@ class SampleImage:
             callback()
 
 
-def _layout(specs: dict) -> tuple[bytes, dict[str, tuple[int, int]], int]:
-    """(header JSON padded to 8 bytes, name -> (offset, nbytes), data bytes)."""
+def _layout(specs: dict, metadata: dict | None = None) -> tuple[bytes, dict[str, tuple[int, int]], int]:
+    """(header JSON padded to 8 bytes, name -> (offset, nbytes), data bytes).
+    safetensors puts `__metadata__` first; one key at most, as its map's order is not fixed."""
     order = sorted(specs, key=lambda k: (-_ENUM_ORDER.index(_ST_DTYPES[specs[k][0]]), k))
-    header: dict = {}
+    header: dict = {"__metadata__": dict(metadata)} if metadata else {}
     offsets: dict[str, tuple[int, int]] = {}
     at = 0
     for name in order:
@@ -119,9 +120,9 @@ def _nbytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
     return n
 
 
-def sample_image(tensors: dict[str, torch.Tensor], pin: bool = False) -> SampleImage:
+def sample_image(tensors: dict[str, torch.Tensor], pin: bool = False, metadata: dict | None = None) -> SampleImage:
     """An image holding copies of host `tensors` (the CPU path and tests)."""
-    image = SampleImage({k: (v.dtype, tuple(v.shape)) for k, v in tensors.items()}, pin=pin)
+    image = SampleImage({k: (v.dtype, tuple(v.shape)) for k, v in tensors.items()}, pin=pin, metadata=metadata)
     for k, v in tensors.items():
         image.views[k].copy_(v)
     return image

@@ -2,14 +2,16 @@
 samples and the bytes they make (the spec's estimate_bytes, expected_*; the
 estimate hook in estimate.py and the op's own disk preflight use them). No torch.
 
-Disk estimate = tokens x (aux layers + 1) x hidden_size x dtype bytes
-(17,285,548 x 4 x 7168 x 2 = 923 GiB; seen 924 GB by du -sh).
+Disk estimate = tokens x (aux layers + 1) x hidden_size x the format's bytes
+an element (bf16: the dtype's, 17,285,548 x 4 x 7168 x 2 = 923 GiB, seen 924 GB
+by du -sh; fp8: 1 + 4 / hidden_size, 462 GiB; int4: 0.5, 231 GiB).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ops import hidden_formats
 from ops.spec import EstimateContext, dtype_bytes
 
 
@@ -61,9 +63,21 @@ def state_dtype(params: dict, target: dict) -> str:
     return str(dtype if dtype not in (None, "auto") else target.get("dtype") or "bfloat16")
 
 
+def state_format(params: dict) -> str:
+    """The storage format of the states (the format param; an unknown one is the config check's to refuse)."""
+    fmt = params.get("format") or hidden_formats.DEFAULT
+    return fmt if fmt in hidden_formats.FORMATS else hidden_formats.DEFAULT
+
+
+def states_bytes(params: dict, target: dict, tokens: int, states: int, hidden: int) -> int:
+    """Bytes of `tokens` rows of `states` states in the stage's format and dtype."""
+    return hidden_formats.state_bytes(state_format(params), tokens, states, hidden,
+                                      dtype_bytes(state_dtype(params, target)))
+
+
 def estimate_bytes(ctx: EstimateContext) -> int | None:
     tokens = expected_tokens(ctx)
     hidden = ctx.target.get("hidden_size")
     if tokens is None or not hidden:
         return None
-    return tokens * (aux_layer_count(ctx.params) + 1) * int(hidden) * dtype_bytes(state_dtype(ctx.params, ctx.target))
+    return states_bytes(ctx.params, ctx.target, tokens, aux_layer_count(ctx.params) + 1, int(hidden))

@@ -11,10 +11,13 @@ from pathlib import Path
 from ops.extract import sglang_args
 from ops.extract.durable import DEFAULT as DURABLE
 from ops.extract.durable import MODES as DURABLE_MODES
-from ops.extract.estimate import extract_estimate
+from ops.extract.estimate import extract_estimate, format_line
+from ops.extract.format_plan import format_lints
 from ops.extract.layer_plan import layer_line, layer_lints
 from ops.extract.sizes import (MAX_SEQ_LEN, aux_layer_count, estimate_bytes,  # noqa: F401
                                expected_samples, expected_tokens)
+from ops.hidden_formats import DEFAULT as DEFAULT_FORMAT
+from ops.hidden_formats import FORMATS
 from ops.formats import SAMPLE_RE, TMP_SUFFIX, BadSampleFile, check_whole
 from ops.spec import EstimateContext, OpSpec, Param
 
@@ -52,11 +55,17 @@ def result_line(config: dict) -> str | None:
         return None
     return (f"{config.get('total_samples', 0):,} samples, {config.get('total_tokens', 0):,} tokens; "
             f"aux layers {config.get('layer_ids')} + final {config.get('final_layer_id')} "
-            f"(SGLang capture {config.get('sglang_layers_to_capture')}), {config.get('dtype')}")
+            f"(SGLang capture {config.get('sglang_layers_to_capture')}), {config.get('dtype')}; "
+            f"format {config.get('format', 'bf16')}")
 
 def lint(ctx: EstimateContext, gpus: list[int] | None) -> list:
-    """SGLang's flags against the gpus, then the aux layer ids against the target."""
-    return list(sglang_args.lint(ctx.params, gpus)) + layer_lints(ctx)
+    """SGLang's flags against the gpus, the aux layer ids against the target,
+    the format against the output's and the hidden size."""
+    return list(sglang_args.lint(ctx.params, gpus)) + layer_lints(ctx) + format_lints(ctx)
+
+
+def plan_lines(ctx: EstimateContext) -> list[str]:
+    return layer_line(ctx) + format_line(ctx)
 
 
 SPEC = OpSpec(
@@ -73,6 +82,10 @@ SPEC = OpSpec(
         Param("num_samples", None, "only the first N samples", type=int, low=1),
         Param("device", "auto", "auto, cpu, cuda, cuda:N, balanced (device_map=auto)"),
         Param("dtype", "auto", "auto (the checkpoint's), bfloat16, float16, float32"),
+        Param("format", DEFAULT_FORMAT, "how the states are stored: bf16 (as computed, in dtype), fp8 (e4m3, a "
+              "float32 scale per token row of each layer: ~1 B an element), int4 (4-bit codes with an 8-bit "
+              "scale per 32 elements: 0.5 B an element); encoded on the GPU (ops/hidden_formats.py)",
+              choices=FORMATS),
         Param("writers", 4, "writer threads", low=1),
         Param("queue_size", 32, "samples waiting for a writer before the forward loop waits", low=1),
         Param("host_batches", 3, "batches of sample files held in (pinned) host memory at once; then the "
@@ -80,7 +93,7 @@ SPEC = OpSpec(
         Param("progress_interval", 5.0, "seconds between `progress:` lines"),
         Param("memory_fraction", None, "cap on the share of each GPU's memory this process takes (leaves room "
               "for others)", type=float, low=0, low_open=True, high=1),
-        Param("tokens", None, "token count for the disk estimate (default: the input's)", type=int),
+        Param("tokens", None, "token count for the disk estimate (default: the input's)", type=int, low=1),
         Param("durable", DURABLE, "how sample files reach the disk before data_config.json says complete: "
               "fsync each file before its rename (direct: written with O_DIRECT), or one syncfs of the "
               "filesystem at the end (ops/extract/durable.py)", choices=DURABLE_MODES),
@@ -97,6 +110,7 @@ SPEC = OpSpec(
               '["--attention-backend", "triton"] (ops/extract/sglang_args.py)', json=True),
     ),
     output_params=("output",),
+    input_params=("input",),
     uses_target=True,
     batch_param="token_budget",
     progress="shards",
@@ -107,7 +121,8 @@ SPEC = OpSpec(
     result_file="data_config.json",
     result_line=result_line,
     launch=sglang_args.launch,
+    spreads=lambda params: "sglang" if params.get("engine") == "sglang" else "torchrun",
     lint=lint,
     estimate=extract_estimate,
-    plan_lines=layer_line,
+    plan_lines=plan_lines,
 )

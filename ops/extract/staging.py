@@ -27,12 +27,13 @@ class Slab:
         self._pending = 0
         self._lock = threading.Lock()
 
-    def carve(self, layouts: list[dict], sizes: list[int]) -> list[SampleImage]:
+    def carve(self, layouts: list[dict], sizes: list[int], metadata: dict | None = None) -> list[SampleImage]:
         """One image per layout (SampleImage's specs) of its padded size,
-        consecutive and aligned."""
+        consecutive and aligned, each with the header `metadata`."""
         images, at = [], 0
         for specs, size in zip(layouts, sizes):
-            images.append(SampleImage(specs, buffer=self.buffer[at:at + size], on_release=self._release_one))
+            images.append(SampleImage(specs, buffer=self.buffer[at:at + size], on_release=self._release_one,
+                                      metadata=metadata))
             at += size
         self._pending = len(images)
         if not images:
@@ -67,11 +68,11 @@ class SlabPool:
         # for the writers (loop.py's closing time line); making a slab is not waiting.
         self.waited_s = 0.0
 
-    def take(self, layouts: list[dict]) -> list[SampleImage]:
-        sizes = [SampleImage.padded_size(s) for s in layouts]
+    def take(self, layouts: list[dict], metadata: dict | None = None) -> list[SampleImage]:
+        sizes = [SampleImage.padded_size(s, metadata) for s in layouts]
         need = sum(sizes)
         if need > self.nbytes:
-            return Slab(None, need, self.pin).carve(layouts, sizes)
+            return Slab(None, need, self.pin).carve(layouts, sizes, metadata)
         with self._cond:
             if not self._free and self._made >= self.count:
                 t0 = time.perf_counter()
@@ -85,7 +86,7 @@ class SlabPool:
                 slab = None
         if slab is None:
             slab = Slab(self, self.nbytes, self.pin)
-        return slab.carve(layouts, sizes)
+        return slab.carve(layouts, sizes, metadata)
 
     def _put(self, slab: Slab) -> None:
         with self._cond:

@@ -49,7 +49,7 @@ def main(argv=None) -> int:
 
     from ops.prepare import output as out
     from ops.prepare.mask import encode_in_worker, init_worker
-    from ops.prepare.reader import read_conversations
+    from ops.conversations import read_conversations
 
     t0 = time.time()
     tok_path = args.tokenizer or args.target

@@ -26,7 +26,7 @@ def estimate_bytes(ctx: EstimateContext) -> int | None:
         size = path.stat().st_size if path else None
         if size is None:
             return None
-        if ctx.params.get("limit"):
+        if ctx.params.get("limit") and size:
             # scale by the share of rows kept, guessing rows from the file's head
             with open(path, "rb") as fh:
                 head = fh.read(SAMPLE_BYTES)
@@ -83,6 +83,7 @@ SPEC = OpSpec(
         Param("trust_remote_code", False, "let the tokenizer run its repository's code"),
     ),
     output_params=("output",),
+    input_params=("input",),
     uses_target=True,
     progress="log",
     estimate_bytes=estimate_bytes,

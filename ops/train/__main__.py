@@ -80,7 +80,10 @@ def _main(argv=None) -> int:
             # be read when its batch comes (truncated, overwritten since): the
             # file's name and exit 2, as for bad data found at the start; the
             # checkpoints written so far stay.
-            raise BadInput(_data_error_line(exc)) from None
+            from ops.drafter.data import FormatError
+            from ops.hidden_formats import BadFormat
+
+            raise (BadFormat if isinstance(exc, FormatError) else BadInput)(_data_error_line(exc)) from None
 
 
 def _data_error_line(exc: Exception) -> str:
@@ -140,7 +143,10 @@ def train(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
                           {"num_attention_heads": args.num_heads, "num_key_value_heads": args.num_kv_heads,
                            "intermediate_size": args.intermediate_size})
     except (ValueError, OSError) as exc:
-        raise BadInput(str(exc)) from None
+        from ops.drafter.data import FormatError
+        from ops.hidden_formats import BadFormat
+
+        raise (BadFormat if isinstance(exc, FormatError) else BadInput)(str(exc)) from None
     if info.hidden_size != cfg.hidden_size:
         raise BadInput(f"{info.root / 'data_config.json'}: hidden_size {info.hidden_size} != the target's "
                        f"{cfg.hidden_size} ({args.target}/config.json)")
@@ -167,6 +173,9 @@ def train(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
         raise BadInput(f"{len(batches)} batches cannot feed {world} rank(s) x {args.grad_accum} "
                        f"accumulation; lower --token-budget or --grad-accum")
     total = args.max_steps or args.epochs * steps_per_epoch
+    if total < 1:
+        # --replace-checkpoints deletes before the first step: a run of no steps would only delete.
+        raise BadInput(f"{total} steps planned (epochs {args.epochs}, max_steps {args.max_steps}): nothing to train")
     warmup = math.ceil(total * args.warmup_ratio)
 
     decay, no_decay = [], []
@@ -219,7 +228,8 @@ def train(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
     ho, ho_t, ho_step = None, None, 0
 
     from ops.train.prefetch import DevicePrefetcher
-    it = DevicePrefetcher((dict(batch, epoch=e) for e, batch in stream(step * args.grad_accum)), device, dtype)
+    it = DevicePrefetcher((dict(batch, epoch=e) for e, batch in stream(step * args.grad_accum)), device, dtype,
+                          fmt=info.format, hidden=info.hidden_size)
     cleanup.callback(it.close)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if use_cuda else contextlib.nullcontext()
     log(f"train: {len(info.samples)} samples ({len(train_ids)} train, {len(held)} held out), "

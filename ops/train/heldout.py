@@ -43,6 +43,7 @@ class HeldOut:
     def __init__(self, info, held: list[int], token_budget: int, max_len: int, bucket: int = 0):
         from ops.drafter.data import BatchDataset, make_batches
 
+        self.format, self.hidden = info.format, info.hidden_size
         # Training's batch shapes (its length buckets): the attention kernels built for them serve these.
         batches = make_batches({i: info.lengths[i] for i in held}, token_budget, max_len, bucket)
         self.dataset = BatchDataset(info, batches, max_len, bucket, token_budget) if held else None
@@ -54,6 +55,8 @@ class HeldOut:
         acc: the per-step accuracies there, counted as training counts); None
         without held-out samples or answer tokens."""
         import torch
+
+        from ops.drafter.data import batch_keys, decode_batch
 
         if self.dataset is None:
             return None
@@ -69,8 +72,9 @@ class HeldOut:
                 for i in range(len(self.dataset)):
                     batch = self.dataset[i]
                     ids = batch["input_ids"].to(device)
-                    aux = batch["aux"].to(device=device, dtype=dtype)
-                    final = batch["final"].to(device=device, dtype=dtype)
+                    states = decode_batch({k: batch[k].to(device) for k in batch_keys(self.format)},
+                                          self.format, self.hidden, dtype)
+                    aux, final = states["aux"], states["final"]
                     mask, lengths = batch["loss_mask"].to(device), batch["lengths"]
                     _logits, ok = view.targets(final, mask, lengths)     # what training counts
                     picks = view.greedy(final)                          # [B, T]: the target's token after j

@@ -71,6 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _deep(args, output: Path, report: Report) -> None:
     from ops.verify import deep
+    from ops.verify.recompute import recompute
 
     config = read_json(output / DATA_CONFIG) or {}
     bad_paths = {b["path"] for b in report.bad_files}
@@ -79,7 +80,7 @@ def _deep(args, output: Path, report: Report) -> None:
     vocab = None
     if args.target:
         vocab = (read_json(Path(args.target) / "config.json") or {}).get("vocab_size")
-    found = deep.load_checks({i: good[i] for i in chosen}, vocab)
+    found = deep.load_checks({i: good[i] for i in chosen}, vocab, config)
     info: dict = {"loaded": len(chosen), "samples": chosen[:100], "bad": len(found)}
     index = {p: i for i, p in good.items()}
     for b in found:
@@ -90,7 +91,7 @@ def _deep(args, output: Path, report: Report) -> None:
         bad_now = {b["path"] for b in found}
         redo = [i for i in chosen if good[i] not in bad_now][: args.recompute]
         print(f"verify: recomputing {len(redo)} samples with {args.target}", flush=True)
-        records, wrong = deep.recompute({i: good[i] for i in redo}, Path(args.target), config)
+        records, wrong = recompute({i: good[i] for i in redo}, Path(args.target), config)
         info["recomputed"] = records
         for b in wrong:
             report.demote(b["path"], index[b["path"]], b["reason"])

@@ -28,9 +28,14 @@ from ops.common import read_json, write_json_atomic
 from ops.formats import (DATA_CONFIG, SAMPLE_LENGTHS, SAMPLE_RE, SHARD_DIR_RE, SHARD_ROWS, TMP_SUFFIX,
                          BadSampleFile, check_whole)
 
-SAFETENSORS_DTYPE = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
+from ops import hidden_formats
+from ops.hidden_formats import SAFETENSORS_DTYPE, STATE_KEYS, file_format
+
 SAMPLE_KEYS = ("input_ids", "loss_mask", "aux_hidden_states", "final_hidden_states")
 LOSS_MASK_DTYPES = ("U8", "I64", "BOOL")
+# How check_header's reason for a file of another format begins (a resumed
+# extract refuses such a file instead of rewriting it).
+FORMAT_MISMATCH = "format "
 
 
 @dataclass
@@ -38,6 +43,7 @@ class Expected:
     hidden_size: int | None
     aux_layers: int | None
     dtype: str | None           # safetensors dtype code, e.g. "BF16"
+    format: str = hidden_formats.DEFAULT
 
 
 @dataclass
@@ -118,18 +124,25 @@ def ranges(indices: list[int]) -> list[str]:
     return out
 
 
-def expected_from(config: dict | None) -> Expected:
+def expected_from(config: dict | None, where: str = "data_config.json") -> Expected:
+    """What data_config.json says the files hold; BadFormat for a format this tool does not know."""
     if not config:
         return Expected(None, None, None)
     dtype = config.get("dtype")
     ids = config.get("layer_ids")
     return Expected(hidden_size=config.get("hidden_size"),
                     aux_layers=len(ids) if isinstance(ids, list) else None,
-                    dtype=SAFETENSORS_DTYPE.get(str(dtype).replace("torch.", "")) if dtype else None)
+                    dtype=SAFETENSORS_DTYPE.get(str(dtype).replace("torch.", "")) if dtype else None,
+                    format=hidden_formats.config_format(config, where))
 
 
 def check_header(header: dict, exp: Expected) -> tuple[int | None, str | None]:
     """(tokens, None) for a sample whose header is consistent, else (None, reason)."""
+    fmt = file_format(header)
+    if fmt != exp.format:
+        return None, f"{FORMAT_MISMATCH}{fmt!r} in the file's header, data_config.json declares {exp.format!r}"
+    if exp.format != hidden_formats.BF16:
+        return _check_encoded(header, exp)
     missing = [k for k in SAMPLE_KEYS if k not in header]
     if missing:
         return None, f"missing tensor(s) {missing}"
@@ -164,6 +177,54 @@ def check_header(header: dict, exp: Expected) -> tuple[int | None, str | None]:
     if dtypes["aux_hidden_states"] != dtypes["final_hidden_states"]:
         return None, (f"aux_hidden_states is {dtypes['aux_hidden_states']} but final_hidden_states "
                       f"{dtypes['final_hidden_states']}")
+    return t, None
+
+
+def _ids_and_mask(header: dict) -> tuple[int | None, str | None]:
+    ids = header["input_ids"].get("shape")
+    if not isinstance(ids, list) or len(ids) != 1 or ids[0] < 1:
+        return None, f"input_ids shape {ids}, expected [T] with T >= 1"
+    t = ids[0]
+    if header["input_ids"].get("dtype") != "I64":
+        return None, f"input_ids dtype {header['input_ids'].get('dtype')}, expected I64"
+    if header["loss_mask"].get("shape") != [t]:
+        return None, f"loss_mask shape {header['loss_mask'].get('shape')}, expected [{t}] like input_ids"
+    if header["loss_mask"].get("dtype") not in LOSS_MASK_DTYPES:
+        return None, f"loss_mask dtype {header['loss_mask'].get('dtype')}, expected one of {list(LOSS_MASK_DTYPES)}"
+    return t, None
+
+
+def _check_encoded(header: dict, exp: Expected) -> tuple[int | None, str | None]:
+    """A file of an encoded format: every tensor the format lays out, of its dtype and shape."""
+    fmt = exp.format
+    names = [n + s for n in STATE_KEYS for s in hidden_formats.suffixes(fmt)]
+    wanted = ["input_ids", "loss_mask", *names]
+    missing = [k for k in wanted if k not in header]
+    if missing:
+        return None, f"missing tensor(s) {missing}"
+    extra = sorted(k for k in header if k not in wanted and k != "__metadata__")
+    if extra:
+        return None, f"unexpected tensor(s) {extra}"
+    t, reason = _ids_and_mask(header)
+    if reason:
+        return None, reason
+    final = header["final_hidden_states"].get("shape")
+    h = exp.hidden_size or (hidden_formats.stored_width(fmt, final[1])
+                            if isinstance(final, list) and len(final) == 2 else None)
+    if not h:
+        return None, f"final_hidden_states shape {final}, expected [{t}, hidden]"
+    aux_width = (exp.aux_layers or 0) * h
+    if not exp.aux_layers:
+        aux = header["aux_hidden_states"].get("shape")
+        aux_width = hidden_formats.stored_width(fmt, aux[1]) if isinstance(aux, list) and len(aux) == 2 else 0
+        if aux_width <= 0 or aux_width % h:
+            return None, f"aux_hidden_states shape {aux}, expected [{t}, k x {h}] in {fmt}"
+    for name, width in (("aux_hidden_states", aux_width), ("final_hidden_states", h)):
+        for suffix, (dtype, shape) in hidden_formats.layout(fmt, t, width, h, "").items():
+            got = header[name + suffix]
+            if got.get("dtype") != dtype or got.get("shape") != shape:
+                return None, (f"{name + suffix} is {got.get('dtype')} {got.get('shape')}, expected {dtype} {shape} "
+                              f"({fmt}, hidden {h})")
     return t, None
 
 
@@ -246,7 +307,7 @@ def verify_headers(output: Path, workers: int = 8,
         if config.get("shard_rows", SHARD_ROWS) != SHARD_ROWS:
             report.problems.append(f"{output / DATA_CONFIG}: shard_rows {config.get('shard_rows')}, "
                                    f"this verify knows {SHARD_ROWS}")
-    exp = expected_from(config)
+    exp = expected_from(config, str(output / DATA_CONFIG))
     lengths_path = output / SAMPLE_LENGTHS
     recorded = read_json(lengths_path)
     if recorded is not None and not all(isinstance(v, int) for v in recorded.values()):
@@ -264,9 +325,13 @@ def verify_headers(output: Path, workers: int = 8,
         for i in extra:
             report.bad(found.pop(i), f"sample {i} beyond total_samples={total}")
     want = {int(k): int(v) for k, v in recorded.items() if k.isdigit()} if recorded is not None else None
+    mixed: list[tuple[str, str]] = []
     for n, (idx, path, tokens, reason) in enumerate(check_files(found, exp, want, workers), 1):
         report.checked += 1
-        if reason is None:
+        if reason is not None and reason.startswith(FORMAT_MISMATCH):
+            # Not damage for `clean` to take: another run's data in this output.
+            mixed.append((path, reason))
+        elif reason is None:
             report.good += 1
             report.tokens += tokens
             report.lengths[idx] = tokens
@@ -274,6 +339,10 @@ def verify_headers(output: Path, workers: int = 8,
             report.bad(path, reason, idx)
         if on_progress is not None:
             on_progress(report, n)
+    if mixed:
+        raise hidden_formats.BadFormat(f"{mixed[0][0]}: {mixed[0][1]}" + (
+            f" (and {len(mixed) - 1} more files)" if len(mixed) > 1 else "")
+            + "; the output mixes formats: nothing was written")
     report.missing = [i for i in range(total) if i not in found]
     if not report.missing and not report.bad_files and report.expected_tokens is not None \
             and report.tokens != report.expected_tokens:

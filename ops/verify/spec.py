@@ -53,9 +53,10 @@ SPEC = OpSpec(
         Param("recompute", 2, "with --deep and --target: recompute this many of them with the target", low=0),
         Param("report", None, "write the JSON report here (default: the log)", type=str),
         Param("seed", 0, "which random samples --deep picks"),
-        Param("workers", 8, "threads reading headers (helps on network filesystems)"),
+        Param("workers", 8, "threads reading headers (helps on network filesystems)", low=1),
     ),
     output_params=(),
+    input_params=("input",),
     # The target is only read with --deep (to recompute samples).
     uses_target=True,
     progress="log",

@@ -66,6 +66,7 @@ SPEC = OpSpec(
               type=int, low=1),
     ),
     output_params=("output",),
+    input_params=("input",),
     uses_target=True,
     progress="log",
     estimate_bytes=estimate_bytes,

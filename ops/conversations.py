@@ -1,4 +1,4 @@
-"""Read a conversation JSONL into normalised message lists (prepare's first step).
+"""Read a conversation JSONL into normalised message lists (prepare, regenerate and the prompt files share it).
 
 Accepts the ShareGPT form (`conversations: [{from, value}]`) and the OpenAI
 form (`messages: [{role, content}]`) on any line, and turns both into

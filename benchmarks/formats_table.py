@@ -1,0 +1,174 @@
+"""The storage formats side by side: the same samples extracted in each format
+(ops/hidden_formats.py), the same training on each (same seed, same held-out
+samples), one table: bytes a token on disk, extraction tok/s, train tok/s and
+train's held-out simulated acceptance length (the figure bench would measure,
+ops/train/heldout.py) per format and seed.
+
+Each extraction and training is the real program (`python -m ops.extract`,
+`python -m ops.train`) in a subprocess, its own figures read from what it
+writes: extract's closing line (tok/s) and `extract: time:` line (what bounds
+it), the sample files' bytes over data_config.json's total_tokens, train's
+metrics.jsonl (tok/s of its logged windows after the first, the last record's
+simulated_acceptance_length and its held-out tokens / verify steps).
+
+Usage:
+  python benchmarks/formats_table.py --toy [--out DIR]          # CPU: the toy target, a minute or two
+  python benchmarks/formats_table.py --target T --prepared P --vocab V --out DIR
+      [--formats bf16,fp8,int4] [--seeds 0,1,2] [--holdout 32]
+      [--extract-args "--token-budget 16384 --writers 8"] [--train-args "--epochs 10 --ttt-steps 3"]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+TOY_TRAIN = "--lr 3e-3 --epochs 12 --token-budget 256 --ttt-steps 3 --workers 0 --log-every 5 --save-every 100000"
+TOY_EXTRACT = "--layer-ids 0,1,2 --token-budget 512 --progress-interval 5"
+_TOK_S = re.compile(r"samples, (\d+) tokens extracted in [\d.]+ minutes\. [\d.]+ samples/s, (\d+) tok/s\.")
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def toy_inputs(root: Path) -> tuple[Path, Path, Path]:
+    """(target, prepared, vocab) for the toy target: its corpus in prepare's output contract."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from ops.drafter import toy
+
+    target, prepared, vocab = root / "target", root / "prepared", root / "vocab"
+    if not (root / "toy.json").exists():
+        samples = toy.make_corpus(64, seed=7)
+        toy.build_target(target)
+        toy.build_vocab(samples, vocab, 80)
+        lengths = [len(ids) for ids, _mask in samples]
+        prepared.mkdir(parents=True, exist_ok=True)
+        save_file({"input_ids": np.concatenate([np.array(ids, np.int32) for ids, _ in samples]),
+                   "loss_mask": np.concatenate([np.array(mask, np.uint8) for _, mask in samples]),
+                   "offsets": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)},
+                  str(prepared / "samples.safetensors"))
+        (prepared / "summary.json").write_text(json.dumps({"status": "complete", "samples": len(samples),
+                                                           "total_tokens": sum(lengths)}))
+        (root / "toy.json").write_text("{}")
+    return target, prepared, vocab
+
+
+def _run(argv: list[str], log_path: Path) -> str:
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    with open(log_path, "w") as fh:
+        proc = subprocess.run([sys.executable, *argv], cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT)
+    text = log_path.read_text()
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(argv[:3])} exited {proc.returncode}; its log: {log_path}\n{text[-2000:]}")
+    return text
+
+
+def extract(fmt: str, target: Path, prepared: Path, out: Path, extra: str) -> dict:
+    hs = out / fmt / "hidden_states"
+    if hs.exists():
+        import shutil
+        shutil.rmtree(hs)
+    t0 = time.perf_counter()
+    text = _run(["-m", "ops.extract", "--target", str(target), "--input", str(prepared), "--output", str(hs),
+                 "--format", fmt, *shlex.split(extra)], out / fmt / "extract.log")
+    wall = time.perf_counter() - t0
+    config = json.loads((hs / "data_config.json").read_text())
+    files = sum(p.stat().st_size for p in hs.rglob("data_*.safetensors"))
+    m = _TOK_S.search(text)
+    timing = next((ln for ln in text.splitlines() if ln.startswith("extract: time:")), "")
+    return {"data": str(hs), "tokens": config["total_tokens"], "bytes": files,
+            "bytes_per_token": files / config["total_tokens"], "extract_tok_s": float(m.group(2)) if m else None,
+            "extract_wall_s": wall, "extract_time_line": timing}
+
+
+def train(fmt: str, seed: int, data: str, target: Path, vocab: Path, out: Path, holdout: int, extra: str) -> dict:
+    run = out / fmt / f"train-seed{seed}"
+    if run.exists():
+        import shutil
+        shutil.rmtree(run)
+    _run(["-m", "ops.train", "--data", data, "--vocab", str(vocab), "--target", str(target), "--output", str(run),
+          "--seed", str(seed), "--holdout", str(holdout), *shlex.split(extra)], out / fmt / f"train-seed{seed}.log")
+    records = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    last = records[-1]
+    windows = [r["tok_s"] for r in records[1:]] or [records[0]["tok_s"]]     # the first pays the warm-up
+    held = last.get("heldout") or {}
+    return {"seed": seed, "train_tok_s": statistics.mean(windows),
+            "heldout_al": last["simulated_acceptance_length"], "heldout_tokens": held.get("tokens"),
+            "heldout_verifies": held.get("verifies"), "loss": last["loss"]}
+
+
+def table(rows: list[dict]) -> list[str]:
+    base = rows[0]
+    lines = [f"{'format':<7} {'B/token':>9} {'x ' + base['format']:>8} {'extract tok/s':>14} {'train tok/s':>12} "
+             f"{'held-out sim. AL (per seed)':<30} {'mean':>6} {'vs ' + base['format']:>8}"]
+    for r in rows:
+        als = [t["heldout_al"] for t in r["trains"]]
+        mean = statistics.mean(als)
+        r["heldout_al_mean"] = mean
+        r["heldout_al_delta"] = mean - statistics.mean(t["heldout_al"] for t in base["trains"])
+        ext = f"{r['extract_tok_s']:,.0f}" if r["extract_tok_s"] else "?"
+        lines.append(f"{r['format']:<7} {r['bytes_per_token']:>9,.0f} {r['bytes_per_token'] / base['bytes_per_token']:>8.3f} "
+                     f"{ext:>14} {statistics.mean(t['train_tok_s'] for t in r['trains']):>12,.0f} "
+                     f"{' '.join(f'{a:.3f}' for a in als):<30} {mean:>6.3f} {r['heldout_al_delta']:>+8.3f}")
+    return lines
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--toy", action="store_true", help="the toy target on CPU (builds target, corpus, vocab)")
+    ap.add_argument("--target", type=Path)
+    ap.add_argument("--prepared", type=Path, help="prepare's output (samples.safetensors, summary.json)")
+    ap.add_argument("--vocab", type=Path, help="vocab's output (vocab.safetensors)")
+    ap.add_argument("--out", type=Path, default=Path("formats-table"))
+    ap.add_argument("--formats", default="bf16,fp8,int4")
+    ap.add_argument("--seeds", default="0")
+    ap.add_argument("--holdout", type=int, default=None, help="held-out samples (toy: 8; else 32)")
+    ap.add_argument("--extract-args", default=None, help="more flags for ops.extract (one string)")
+    ap.add_argument("--train-args", default=None, help="more flags for ops.train (one string)")
+    a = ap.parse_args(argv)
+    a.out.mkdir(parents=True, exist_ok=True)
+    if a.toy:
+        a.target, a.prepared, a.vocab = toy_inputs(a.out / "toy")
+        a.extract_args = TOY_EXTRACT if a.extract_args is None else a.extract_args
+        a.train_args = TOY_TRAIN if a.train_args is None else a.train_args
+        a.holdout = 8 if a.holdout is None else a.holdout
+    elif not (a.target and a.prepared and a.vocab):
+        ap.error("--target, --prepared and --vocab are needed (or --toy)")
+    holdout = 32 if a.holdout is None else a.holdout
+    seeds = [int(s) for s in a.seeds.split(",") if s.strip()]
+    rows = []
+    for fmt in [f for f in a.formats.split(",") if f.strip()]:
+        (a.out / fmt).mkdir(parents=True, exist_ok=True)
+        row = {"format": fmt, **extract(fmt, a.target, a.prepared, a.out, a.extract_args or "")}
+        log(f"extract {fmt}: {row['bytes_per_token']:,.0f} B a token, {row['extract_tok_s']} tok/s; "
+            f"{row['extract_time_line']}")
+        row["trains"] = []
+        for seed in seeds:
+            t = train(fmt, seed, row["data"], a.target, a.vocab, a.out, holdout, a.train_args or "")
+            log(f"train {fmt} seed {seed}: {t['train_tok_s']:,.0f} tok/s, held-out simulated AL {t['heldout_al']:.3f} "
+                f"({t['heldout_tokens']} / {t['heldout_verifies']}), loss {t['loss']:.4f}")
+            row["trains"].append(t)
+        rows.append(row)
+    for line in table(rows):
+        log(line)
+    (a.out / "formats_table.json").write_text(json.dumps(rows, indent=1))
+    log(f"results: {a.out / 'formats_table.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

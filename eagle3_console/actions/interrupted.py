@@ -1,0 +1,109 @@
+"""A destructive action (clean, kill-workers) in the audit log even when it is
+interrupted: recorded `started` before it acts, and `interrupted: SIGTERM`
+(with how far it got) if SIGTERM, SIGINT or SIGHUP ends it; its normal end is
+the action's own record. The CLI wraps execute_clean / execute_kill in it.
+
+SIGTERM and SIGHUP are turned into an exception in the main thread, so the
+action unwinds through its own cleanup (open folders closed, locks released)
+instead of dying between two files; what was done stays done.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+from eagle3_console.refused import Refused
+from eagle3_console.registry import Registry
+from eagle3_console.workspace import Workspace
+
+SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class Interrupted(Exception):
+    """The action was ended by a signal; `said` is the line the CLI prints, `code` its exit code."""
+
+    def __init__(self, said: str, signum: int):
+        super().__init__(said)
+        self.said = said
+        self.code = 128 + signum
+
+
+class _Signalled(BaseException):
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise(signum, _frame):
+    raise _Signalled(signum)
+
+
+@contextmanager
+def recorded(ws: Workspace, action: str, stage: str, run_id: int | None, what: str,
+             done: Callable[[], str]) -> Iterator[None]:
+    """`what`: the plan in a line (the `started` record's detail); `done()`: how far
+    the action got, asked only after an interruption."""
+    with Registry(ws.db_path) as reg:
+        reg.record(action, "started", stage=stage, run_id=run_id, detail=what)
+    before = {s: signal.signal(s, _raise) for s in SIGNALS}
+    signum = None
+    try:
+        yield
+    except _Signalled as exc:
+        signum = exc.signum
+    except KeyboardInterrupt:
+        signum = signal.SIGINT
+    except Refused as exc:
+        # Re-planned at execution and refused (a parallel clean took the files): the
+        # `started` record gets its end here, the action recorded nothing of its own.
+        with Registry(ws.db_path) as reg:
+            reg.record(action, "nothing to do" if exc.code == 0 else (f"refused: {exc.kind}" if exc.kind
+                                                                       else "refused"),
+                       stage=stage, run_id=run_id, detail=str(exc))
+        raise
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+    if signum is None:
+        return
+    # A second signal while this is written would lose the record: held off meanwhile.
+    held = {s: signal.signal(s, signal.SIG_IGN) for s in (*SIGNALS, signal.SIGINT)}
+    try:
+        name = signal.Signals(signum).name
+        progress = done()
+        with Registry(ws.db_path) as reg:
+            reg.record(action, f"interrupted: {name}", stage=stage, run_id=run_id, detail=progress)
+        said = (f"{action} {stage}: interrupted by {name}: {progress} "
+                f"(recorded in the audit log: `events --stage {stage}`)")
+    finally:
+        for s, handler in held.items():
+            signal.signal(s, handler)
+    raise Interrupted(said, signum)
+
+
+def files_gone(paths: list[str], verb: str) -> Callable[[], str]:
+    """How many of the planned files are no longer where they were."""
+    def count() -> str:
+        gone = sum(1 for p in paths if not os.path.lexists(p))
+        return f"{gone:,} of {len(paths):,} file(s) {verb}, {len(paths) - gone:,} left in place"
+    return count
+
+
+def procs_gone(procs: list) -> Callable[[], str]:
+    """How many of the planned processes (pid and create time, as the plan saw them) have ended."""
+    import psutil
+
+    def count() -> str:
+        left = []
+        for p in procs:
+            try:
+                if abs(psutil.Process(p.pid).create_time() - p.create_time) <= 0.01:
+                    left.append(p.pid)
+            except psutil.NoSuchProcess:
+                pass
+        return (f"{len(procs) - len(left)} of {len(procs)} process(es) gone"
+                + (f", still alive: {left}" if left else ""))
+    return count

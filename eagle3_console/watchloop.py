@@ -1,0 +1,97 @@
+"""The passes of `watch`: each reads the pipeline file once, takes the
+snapshot, applies the policies (policy.py) and says what it saw.
+
+A long-running watch outlives a pipeline file that is invalid or missing for
+a while (an editor's save, a `git checkout`) and a registry that another
+process holds busy: the pass says why it could not run and the next one tries
+again, so a pending restart still happens once the file is back. `--once`
+(cron) reports the first such failure and exits 3. A pass rests at least as
+long as it took, so a short interval on a large pipeline never keeps a core
+busy.
+
+Data flow: config.load (once a pass) -> clictx.collect -> policy.apply /
+policy.advance -> `tell` (the terminal) and the registry's events.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from eagle3_console import config as cfg
+from eagle3_console import policy
+from eagle3_console.cliexit import Unreadable
+from eagle3_console.clictx import Ctx, collect
+from eagle3_console.registry import StateError
+
+
+@dataclass
+class Options:
+    once: bool = False
+    interval_s: float = 30.0
+    no_gpus: bool = False
+    advance: bool = False
+    until_done: bool = False
+
+
+def one_pass(c: Ctx, opts: Options, tell: Callable[[str], None]) -> int | None:
+    """One pass; its exit code when the watch is done (`--once`, or `--until-done`
+    with the pipeline settled), else None."""
+    told = 0
+
+    def say(line: str) -> None:
+        nonlocal told
+        told += 1
+        tell(line)
+    pipe = cfg.load(c.ws.config_path)
+    snap = collect(c, opts.no_gpus, pipe)
+    acted = policy.apply(c.ws, snap, say, pipe=pipe)
+    if opts.advance:
+        acted += policy.advance(c.ws, snap, say, pipe=pipe)
+    if acted:
+        snap = collect(c, opts.no_gpus, pipe)
+    for a in snap.alerts:
+        say(f"{a.level.upper()}: {a.message}")
+    if opts.once:
+        if not told:     # a cron log that stays empty cannot tell "ran, all well" from "never ran"
+            say(f"nothing to do: health {snap.health}; " + ", ".join(f"{s.name} {s.status}" for s in snap.stages))
+        return snap.exit_code
+    if opts.until_done and policy.settled(snap) and not policy.restart_pending(c.ws, snap, pipe):
+        tell("pipeline settled: " + ", ".join(f"{s.name} {s.status}" for s in snap.stages))
+        return snap.exit_code
+    return None
+
+
+def _why(exc: Exception) -> str | None:
+    """What keeps a pass from running that a later pass may not meet, or None."""
+    if isinstance(exc, (cfg.ConfigError, StateError, Unreadable)):
+        return str(exc)
+    if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+        return f"the state database is busy: {exc}"
+    return None
+
+
+def run(c: Ctx, opts: Options, tell: Callable[[str], None]) -> int:
+    """Passes under the watch lock until one says the watch is done; the exit code."""
+    with policy.WatchLock(c.ws):
+        failing: str | None = None
+        while True:
+            began = time.monotonic()
+            try:
+                code = one_pass(c, opts, tell)
+            except Exception as exc:     # noqa: BLE001 - sorted by _why: a bug is re-raised
+                why = _why(exc)
+                if why is None or opts.once:
+                    raise
+                if why != failing:
+                    tell(f"UNKNOWN: pass skipped: {why}; trying again every {opts.interval_s:g} s")
+                failing = why
+            else:
+                if failing is not None:
+                    tell("passes resumed: the workspace reads again")
+                    failing = None
+                if code is not None:
+                    return code
+            time.sleep(max(opts.interval_s, time.monotonic() - began))

@@ -1,0 +1,110 @@
+"""The figures users compare drafters by, computed alike for both engines.
+
+Sits between the decoders (ops/bench/speculative.py, ops/bench/sglang.py) and
+bench.json / the console (ops/bench/view.py). No torch.
+
+- Per-position acceptance, conditional: draft i accepted given drafts 1..i-1
+  were. The reference decoder counts it itself; SGLang 0.5.23 returns per
+  request `meta_info.spec_correct_drafts_histogram` (tokenizer_manager.py,
+  _calculate_spec_decoding_metrics; filled by schedule_batch.py's
+  Req.update_spec_correct_drafts_histogram): entry m = verify steps that
+  accepted m drafts, the bonus token excluded. Draft i was accepted in the
+  steps with m >= i and examined in those with m >= i - 1.
+- Degenerate completions: a repetition loop is easy to draft, so it inflates
+  acceptance; a completion whose distinct-bigram ratio (distinct bigrams /
+  bigrams) is below DEGENERATE_BELOW is flagged, and the share is reported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEGENERATE_BELOW = 0.5
+# A completion this short has too few bigrams to judge.
+MIN_BIGRAMS = 8
+
+
+@dataclass(frozen=True)
+class Setting:
+    """SGLang's speculative knobs: --speculative-num-steps, -eagle-topk, -num-draft-tokens."""
+
+    steps: int
+    topk: int
+    draft_tokens: int
+
+    def label(self) -> str:
+        return f"({self.steps},{self.topk},{self.draft_tokens})"
+
+    def as_json(self) -> dict:
+        return {"steps": self.steps, "topk": self.topk, "draft_tokens": self.draft_tokens}
+
+
+def parse_settings(text: str) -> list[Setting]:
+    """"3/1/4,5/1/6" -> the settings; the reference decoder drafts a chain: topk 1,
+    draft tokens = steps + 1 (the verified token and the drafts)."""
+    out = []
+    for word in str(text).split(","):
+        parts = word.strip().split("/")
+        try:
+            steps, topk, draft = (int(p) for p in parts)
+        except ValueError:
+            raise ValueError(f"expected steps/topk/draft_tokens triples such as 3/1/4,5/1/6, got {word.strip()!r}") \
+                from None
+        if steps < 1 or topk != 1 or draft != steps + 1:
+            raise ValueError(f"setting {word.strip()}: the reference decoder drafts a chain (topk 1, "
+                             f"draft_tokens = steps + 1)")
+        out.append(Setting(steps, topk, draft))
+    return out
+
+
+def parse_concurrency(text: str) -> list[int]:
+    """"1,8" -> [1, 8]: requests in flight at once."""
+    try:
+        out = [int(w) for w in str(text).split(",")]
+    except ValueError:
+        raise ValueError("expected comma-separated whole numbers such as 1,8") from None
+    if not out or min(out) < 1:
+        raise ValueError("expected comma-separated whole numbers >= 1 such as 1,8")
+    return out
+
+
+def distinct_bigram_ratio(tokens: list[int]) -> float | None:
+    bigrams = list(zip(tokens, tokens[1:]))
+    if len(bigrams) < MIN_BIGRAMS:
+        return None
+    return len(set(bigrams)) / len(bigrams)
+
+
+def degenerate(completions: dict) -> dict:
+    """{"threshold", "judged", "count", "share", "prompts"} over {prompt: tokens}."""
+    ratios = {p: distinct_bigram_ratio(list(t)) for p, t in completions.items()}
+    judged = {p: r for p, r in ratios.items() if r is not None}
+    low = sorted(p for p, r in judged.items() if r < DEGENERATE_BELOW)
+    return {"threshold": DEGENERATE_BELOW, "judged": len(judged), "count": len(low),
+            "share": len(low) / len(judged) if judged else None, "prompts": low}
+
+
+def rates_from_histogram(hist: list[int], drafts: int) -> tuple[list[float | None], list[int], list[int]]:
+    """(conditional acceptance of draft 1..drafts, accepted counts, examined counts) from
+    SGLang's correct-drafts histogram (summed over requests)."""
+    h = list(hist) + [0] * max(0, drafts + 1 - len(hist))
+    accepted = [sum(h[i:]) for i in range(1, drafts + 1)]
+    examined = [sum(h[i - 1:]) for i in range(1, drafts + 1)]
+    return [a / e if e else None for a, e in zip(accepted, examined)], accepted, examined
+
+
+def add_histograms(hists: list[list[int]]) -> list[int]:
+    out: list[int] = []
+    for h in hists:
+        out += [0] * max(0, len(h) - len(out))
+        for i, v in enumerate(h):
+            out[i] += int(v)
+    return out
+
+
+def compare_completions(ours: dict, theirs: dict) -> dict:
+    """Where two runs on the same prompts gave different tokens: the count and the token totals."""
+    common = sorted(set(ours) & set(theirs), key=str)
+    differ = [p for p in common if list(ours[p]) != list(theirs[p])]
+    return {"prompts": len(common), "differing_completions": len(differ), "differing_prompts": differ[:50],
+            "tokens": sum(len(ours[p]) for p in common), "tokens_other": sum(len(theirs[p]) for p in common)}

@@ -1,0 +1,28 @@
+"""extract's storage format before a launch: the lints `run` prints (an
+output already holding another format; a hidden size the format cannot
+hold). The spec's lint hook; the formats are ops/hidden_formats.py's. No torch.
+"""
+
+from __future__ import annotations
+
+from ops import hidden_formats
+from ops.extract.sizes import count, state_format
+from ops.formats import DATA_CONFIG
+from ops.spec import EstimateContext, Lint
+
+
+def format_lints(ctx: EstimateContext) -> list[Lint]:
+    fmt = state_format(ctx.params)
+    out: list[Lint] = []
+    hidden = count(ctx.target.get("hidden_size"))
+    problem = hidden_formats.width_problem(fmt, hidden) if hidden else None
+    if problem:
+        out.append(Lint("error", f"stages.{ctx.stage}.params.format: {problem}"))
+    existing = ctx.read_json("output", DATA_CONFIG)
+    if existing is not None:
+        there = existing.get("format", hidden_formats.DEFAULT)
+        if there != fmt:
+            out.append(Lint("error", (
+                f"{ctx.path('output') / DATA_CONFIG}: the output holds format {there!r}, this run would write "
+                f"{fmt!r}; a run keeps one format: set format = {there!r} to resume it, or use another output")))
+    return out

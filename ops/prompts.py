@@ -1,0 +1,137 @@
+"""Prompts files: any of the shapes operators have, read as chat messages.
+
+One JSON object a line, each of them one of:
+- a conversation, ShareGPT (`{"conversations": [{"from", "value"}, ...]}`) or
+  OpenAI (`{"messages": [{"role", "content"}, ...]}`), the rows prepare reads
+  (ops/prepare/reader.py parses both, with the same errors);
+- a bare prompt, `{"prompt": "text"}`: one user turn.
+An `"id"` is kept when a row has one. regenerate answers the user turns of each
+row; bench asks the first user turn (with a system turn before it) as its prompt.
+A malformed line is BadInput naming file:line; a row without a user turn is
+data (PromptRow.users is empty), for the caller to count.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ops.common import BadInput
+
+SHAPES = "'conversations' (ShareGPT), 'messages' (OpenAI) or 'prompt' (text)"
+
+
+@dataclass(frozen=True)
+class PromptRow:
+    line: int                       # 1-based line number in the file
+    index: int                      # 0-based among the file's non-blank lines
+    id: str | None
+    messages: tuple[dict, ...]      # [{"role", "content"}], roles normalised
+
+    @property
+    def system(self) -> dict | None:
+        return self.messages[0] if self.messages and self.messages[0]["role"] == "system" else None
+
+    @property
+    def users(self) -> list[str]:
+        """The user turns, in order (the old assistant turns are not wanted)."""
+        return [m["content"] for m in self.messages if m["role"] == "user"]
+
+    def first_prompt(self) -> list[dict]:
+        """The messages up to the first user turn: what a single-turn prompt asks."""
+        users = self.users
+        if not users:
+            return []
+        return ([self.system] if self.system else []) + [{"role": "user", "content": users[0]}]
+
+
+def parse_prompt_row(row, where: str, line: int, index: int) -> PromptRow:
+    from ops.conversations import parse_row
+
+    if not isinstance(row, dict):
+        raise BadInput(f"{where}: expected a JSON object with {SHAPES}, got {type(row).__name__}")
+    ident = row.get("id")
+    ident = None if ident is None else str(ident)
+    if "conversations" in row or "messages" in row:
+        messages = parse_row(row, where, line).messages
+    elif "prompt" in row:
+        if not isinstance(row["prompt"], str):
+            raise BadInput(f"{where}: 'prompt' must be a string, got {type(row['prompt']).__name__}")
+        messages = [{"role": "user", "content": row["prompt"]}]
+    else:
+        raise BadInput(f"{where}: expected {SHAPES}, found keys {sorted(row)}")
+    return PromptRow(line=line, index=index, id=ident, messages=tuple(messages))
+
+
+def read_prompts(path: Path, limit: int | None = None) -> list[PromptRow]:
+    """The rows of `path` (the first `limit` non-blank ones if given)."""
+    path = Path(path)
+    if not path.is_file():
+        raise BadInput(f"prompts {path}: no such file")
+    out: list[PromptRow] = []
+    with open(path, "rb") as fh:
+        for line_no, raw in enumerate(fh, start=1):
+            if limit is not None and len(out) >= limit:
+                break
+            if not raw.strip():
+                continue
+            where = f"{path}:{line_no}"
+            try:
+                row = json.loads(raw)
+            except UnicodeDecodeError as exc:
+                raise BadInput(f"{where}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+            except ValueError as exc:
+                raise BadInput(f"{where}: not valid JSON ({exc})") from None
+            out.append(parse_prompt_row(row, where, line_no, len(out)))
+    return out
+
+
+def prompt_ids(path: Path, n: int, tokenizer_dir: str | None) -> list[tuple[int, list[int]]]:
+    """(line, token ids) of the first `n` usable rows of a prompts file: a row's
+    `"input_ids"` as they are, any other shape above as its first user turn (after
+    a system turn) rendered with the target's chat template and its generation
+    prompt. ValueError naming file:line for a row that is neither."""
+    path = Path(path)
+    tokenizer = None
+    out: list[tuple[int, list[int]]] = []
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            if len(out) == n:
+                break
+            if not raw.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                row = json.loads(raw)
+            except ValueError as exc:
+                raise ValueError(f"{where}: not valid JSON ({exc})") from None
+            if isinstance(row, dict) and "input_ids" in row:
+                ids = row["input_ids"]
+                if not isinstance(ids, list) or len(ids) < 2 or not all(isinstance(i, int) for i in ids):
+                    raise ValueError(f"{where}: 'input_ids' must be a list of at least 2 integers")
+                out.append((lineno, ids))
+                continue
+            try:
+                messages = parse_prompt_row(row, where, lineno, len(out)).first_prompt()
+            except BadInput as exc:
+                raise ValueError(f"{exc} (or 'input_ids')") from None
+            if not messages:
+                continue                # no user turn: nothing to ask
+            if tokenizer is None:
+                tokenizer = _tokenizer(tokenizer_dir, where)
+            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                return_dict=True)["input_ids"]
+            out.append((lineno, list(ids)))
+    return out
+
+
+def _tokenizer(tokenizer_dir: str | None, where: str):
+    if not tokenizer_dir:
+        raise ValueError(f"{where}: a chat row needs the target's tokenizer and chat template (--target)")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    if not tok.chat_template:
+        raise ValueError(f"{where}: {tokenizer_dir}'s tokenizer has no chat template to render the row with")
+    return tok

@@ -1,0 +1,140 @@
+"""`python -m ops.regenerate`: the target answers the user turns of a prompts file.
+
+Data flow: prompts JSONL (ops/prompts.py: conversations, messages or prompt
+rows) -> each row's user turns answered in turn, the old assistant turns
+dropped (engine.py), through SGLang's /v1/chat/completions at --url
+(server.py, `concurrency` rows at once) or HF generate on --target (hf.py)
+-> the journal (journal.py: resumable) -> <output>/conversations.jsonl in
+input order (prepare's input) and <output>/regenerate.json.
+
+Exit 0 when done (failed rows are counted and named, not dropped silently),
+1 when more than max_failed_fraction of the rows failed or the server stopped
+answering, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from ops.common import BadInput, run_main, write_json_atomic
+from ops.params import build_parser as spec_parser
+from ops.regenerate.spec import RESULT, SPEC, failed_words
+
+FAILED_ROWS_KEPT = 1000         # failed rows named one by one in regenerate.json (all are counted)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return spec_parser(SPEC, description=__doc__.splitlines()[0], target_required=False,
+                       target_help="the target's Hugging Face folder (generates here when no --url is given)")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def main(argv=None) -> int:
+    return run_main(_main, argv, prog="regenerate")
+
+
+def _main(argv=None) -> int:
+    from ops.prompts import read_prompts
+    from ops.regenerate.engine import ConnectionLost
+    from ops.regenerate.journal import Journal, write_conversations
+    from ops.regenerate.run import ServerGone, run_rows
+
+    args = parse_args(argv)
+    t0 = time.time()
+    rows = read_prompts(Path(args.input), args.limit)
+    if not rows:
+        raise BadInput(f"input {args.input}: no rows")
+    out = Path(args.output)
+    engine_name = "sglang" if args.url else "hf"
+    settings = {"input_sha256": sha256_of(Path(args.input)), "engine": engine_name,
+                "model": args.model if args.url else str(Path(args.target or "").resolve()),
+                "temperature": args.temperature, "top_p": args.top_p, "max_tokens": args.max_tokens,
+                "seed": args.seed}
+    journal = Journal(out)
+    done = journal.open(settings)
+    gone = False
+    try:
+        if args.url:
+            from ops.regenerate.server import ChatServer
+            engine = ChatServer(args.url, args.model, args.temperature, args.top_p, args.max_tokens, args.seed,
+                                args.timeout_s)
+            try:
+                engine.wait_ready(args.ready_timeout_s, say)
+            except ConnectionLost as exc:
+                print(f"regenerate: error: {exc}", file=sys.stderr, flush=True)
+                return 1
+            concurrency = args.concurrency
+        else:
+            from ops.regenerate.hf import HFGenerator
+            engine = HFGenerator(args.target, args.device, args.dtype, args.temperature, args.top_p,
+                                 args.max_tokens, args.seed)
+            concurrency = 1
+        answered_before = sum(1 for r in rows if r.index in done and not done[r.index].get("failed"))
+        sampling = "greedy" if args.temperature == 0 else f"temperature {args.temperature:g}, top_p {args.top_p:g}"
+        say(f"regenerate: {len(rows)} rows of {args.input} ({answered_before} answered before, resumed), engine "
+            f"{engine_name}" + (f" {args.url}" + (f" (serve stage {args.server})" if args.server else "")
+                                + f", {concurrency} at once" if args.url else f" on {args.target}")
+            + f", {sampling}, max_tokens {args.max_tokens}")
+        try:
+            progress = run_rows(engine, rows, journal, done, concurrency, say)
+        except ServerGone as exc:
+            print(f"regenerate: error: the server stopped answering: {exc}; the {len(done)} finished rows are "
+                  f"kept in {journal.journal_path}: run again to resume", file=sys.stderr, flush=True)
+            gone = True
+    finally:
+        journal.close()
+    if gone:
+        # The pool's threads are joined at exit: requests still hanging on a hung server
+        # would hold the exit for up to timeout_s after the failure was said.
+        sys.stdout.flush()
+        os._exit(1)
+
+    mine = {r.index: done[r.index] for r in rows if r.index in done}
+    written, nbytes = write_conversations(out, mine)
+    failed = [r for r in mine.values() if r.get("failed")]
+    result = {
+        "status": "complete", "engine": engine_name, "url": args.url, "server": args.server,
+        "input": str(args.input), "output": str(out / "conversations.jsonl"), "rows": len(rows),
+        "answered": written, "answered_before": answered_before,
+        "turns": sum(int(r.get("turns") or 0) for r in mine.values() if not r.get("failed")),
+        "completion_tokens": sum(int(r.get("completion_tokens") or 0) for r in mine.values() if not r.get("failed")),
+        "failed": dict(sorted(Counter(r["failed"] for r in failed).items())),
+        "failed_rows": [{"row": r["row"], "id": r.get("id"), "kind": r["failed"], "turn": r.get("turn"),
+                         "detail": r.get("detail")} for r in sorted(failed, key=lambda r: r["row"])][:FAILED_ROWS_KEPT],
+        "seconds": round(time.time() - t0, 3),
+        "tok_s": progress.tokens / max(time.monotonic() - progress.t0, 1e-9),
+        "bytes": nbytes, **{k: settings[k] for k in ("model", "temperature", "top_p", "max_tokens", "seed")},
+    }
+    write_json_atomic(out / RESULT, result)
+    say(f"regenerate: {written} of {len(rows)} rows answered, {result['completion_tokens']} tokens, "
+        f"{result['tok_s']:.1f} tok/s; {failed_words(result)} -> {out / 'conversations.jsonl'}")
+    if len(failed) > args.max_failed_fraction * len(rows):
+        print(f"regenerate: error: {len(failed)} of {len(rows)} rows failed, more than max_failed_fraction "
+              f"{args.max_failed_fraction:g}: {failed_words(result)}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

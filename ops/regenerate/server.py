@@ -1,0 +1,135 @@
+"""regenerate through an SGLang server: OpenAI-compatible `/v1/chat/completions`.
+
+What the server answers, read from sglang 0.5.23
+(python/sglang/srt/entrypoints/openai/):
+- protocol.py ChatCompletionRequest: `messages`, `model` (default "default"),
+  `temperature` / `top_p` (None: the model's generation defaults, so both are
+  always sent), `max_tokens`, `seed`, `stream`; ChatCompletionResponse:
+  `choices[0].message.content`, `choices[0].finish_reason` ("stop", "length",
+  "abort", ...), `usage.prompt_tokens` / `completion_tokens`;
+- serving_base.py handle_request: a ValueError becomes HTTP 400 with an
+  ErrorResponse `{"object": "error", "message", "type": "BadRequest", "code"}`,
+  any other exception HTTP 500 ("Internal server error: ...");
+- managers/tokenizer_manager.py _validate_one_request: a prompt at or over the
+  context length is "The input (N tokens) is longer than the model's context
+  length (C tokens).", prompt + max_tokens over it "Requested token count
+  exceeds the model's maximum context length of C tokens. ..." (both 400).
+Standard library only (urllib), as bench's client.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+
+from ops.regenerate.engine import Answer, ConnectionLost, RowFailed
+from ops.serve.readiness import HEALTH_ANSWER_S, HEALTH_SLEEP_S, Readiness
+
+CHAT = "/v1/chat/completions"
+CONTEXT_WORDS = ("context length", "context_length")
+PROBE_TIMEOUT_S = 10.0
+READY_POLL_S = 2.0
+
+
+def _status(url: str, path: str, timeout: float) -> int:
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + path, timeout=timeout) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except urllib.error.URLError as exc:
+        raise exc.reason if isinstance(exc.reason, OSError) else OSError(str(exc.reason)) from None
+    except http.client.HTTPException as exc:
+        raise OSError(f"bad HTTP answer: {exc!r}") from None
+
+
+class ChatServer:
+    """One SGLang server's chat endpoint; chat() is safe from many threads."""
+
+    engine = "sglang"
+
+    def __init__(self, url: str, model: str, temperature: float, top_p: float, max_tokens: int,
+                 seed: int | None, timeout_s: float):
+        self.url = url.rstrip("/")
+        self.body = {"model": model, "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens,
+                     "stream": False}
+        if seed is not None:
+            self.body["seed"] = seed
+        self.timeout_s = timeout_s
+
+    def wait_ready(self, ready_timeout_s: float, log) -> str:
+        """Why the server is ready; ConnectionLost when it is not within ready_timeout_s."""
+        t0 = time.monotonic()
+        ready = Readiness(lambda path, t: _status(self.url, path, t), PROBE_TIMEOUT_S)
+        said = None
+        while True:
+            left = t0 + ready_timeout_s - time.monotonic()
+            ready.timeout = max(0.1, min(PROBE_TIMEOUT_S, left))
+            ready.health_timeout = max(HEALTH_SLEEP_S + 1.0, min(HEALTH_ANSWER_S, left))
+            ans = ready.probe()
+            if ans.state in ("ready", "answering"):
+                return ans.reason
+            now = time.monotonic()
+            if now - t0 >= ready_timeout_s:
+                raise ConnectionLost(f"{self.url}: not ready within ready_timeout_s {ready_timeout_s:g} s: "
+                                     f"{ans.reason}")
+            if said is None or now - said >= 10:
+                log(f"regenerate: waiting for {self.url} to be ready: {ans.reason} ({now - t0:.0f} s of "
+                    f"{ready_timeout_s:g} s)")
+                said = now
+            time.sleep(min(READY_POLL_S, max(0.0, t0 + ready_timeout_s - now)))
+
+    def alive(self) -> str | None:
+        """None when the server answers at all, else why not (one short probe)."""
+        ans = Readiness(lambda path, t: _status(self.url, path, t), PROBE_TIMEOUT_S).probe(health=False)
+        return None if ans.state in ("ready", "answering", "not_ready") else ans.reason
+
+    def chat(self, messages: list[dict]) -> Answer:
+        data = json.dumps({**self.body, "messages": messages}).encode()
+        req = urllib.request.Request(self.url + CHAT, data=data, method="POST",
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                code, raw = resp.status, resp.read()
+        except urllib.error.HTTPError as exc:
+            code, raw = exc.code, exc.read()
+        except (TimeoutError, socket.timeout):
+            raise RowFailed("timeout", f"no answer within timeout_s {self.timeout_s:g} s") from None
+        except urllib.error.URLError as exc:
+            if isinstance(exc.reason, (TimeoutError, socket.timeout)):
+                raise RowFailed("timeout", f"no answer within timeout_s {self.timeout_s:g} s") from None
+            raise ConnectionLost(f"{self.url}{CHAT}: {exc.reason}") from None
+        except (OSError, http.client.HTTPException) as exc:
+            raise ConnectionLost(f"{self.url}{CHAT}: {exc!r}") from None
+        return parse_answer(code, raw, self.url + CHAT)
+
+
+def parse_answer(code: int, raw: bytes, where: str) -> Answer:
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        body = None
+    if code != 200:
+        message = body.get("message") if isinstance(body, dict) else None
+        message = str(message if message is not None else raw[:300].decode("utf-8", "replace")).strip()
+        if code == 400 and any(w in message for w in CONTEXT_WORDS):
+            raise RowFailed("context_overflow", message)
+        raise RowFailed("server_error", f"HTTP {code}: {message[:300]}")
+    try:
+        choice = body["choices"][0]
+        text = choice["message"]["content"]
+        usage = body.get("usage") or {}
+        completion = int(usage.get("completion_tokens") or 0)
+        prompt = int(usage.get("prompt_tokens") or 0)
+    except (TypeError, KeyError, IndexError, ValueError) as exc:
+        raise RowFailed("server_error", f"{where}: not a chat completion ({exc!r})") from None
+    if choice.get("finish_reason") == "abort":
+        raise RowFailed("server_error", f"{where}: the server aborted the request")
+    if not isinstance(text, str) or not text.strip():
+        raise RowFailed("empty", f"empty answer (finish_reason {choice.get('finish_reason')!r}, "
+                                 f"{completion} tokens)")
+    return Answer(text, completion, prompt, choice.get("finish_reason"))

@@ -1,0 +1,176 @@
+"""Stages as jobs of a real one-node Slurm (tests/slurm_cluster.py): submitted
+by the supervisor, followed through scontrol, ended from outside (scancel, a
+node set down, a time limit) and each end shown right in the run, status and
+the audit log; stop and kill-workers through scancel; a job that outlives its
+supervisor. Real slurmctld, slurmd, munged, sbatch, srun; no doubles."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from tests.conftest import stage_cmd, wait_for
+
+pytestmark = pytest.mark.usefixtures("slurm")
+
+
+def pipeline(seconds: float = 60, slurm: str = "") -> str:
+    return f"""
+[stages.job]
+argv = {stage_cmd("sleeper.py", "--seconds", "{seconds}")}
+params = {{ seconds = {seconds} }}
+launcher = "slurm"
+slurm = {{ {slurm} }}
+"""
+
+
+def status_json(ws) -> tuple[int, dict]:
+    proc = ws.cli("status", "--json", "--no-gpus")
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def stage_of(snap: dict, name: str = "job") -> dict:
+    return next(s for s in snap["stages"] if s["name"] == name)
+
+
+def running_job(ws, seconds: float = 300, slurm: str = ""):
+    ws.write(pipeline(seconds, slurm))
+    ws.cli("run", "job", check=0)
+    run = ws.wait_status("job", ("running",), timeout=60)
+    assert run.job_id and run.launcher == "slurm"
+    wait_for(lambda: "sleeping" in open(run.log_path).read(), timeout=30)
+    return run
+
+
+def test_a_slurm_stage_runs_as_a_job_and_its_end_is_recorded(ws, slurm, tmp_path):
+    out = tmp_path / "out"
+    ws.write(f"""
+[stages.write]
+argv = {stage_cmd("writer.py", "--output", str(out), "--n", "3")}
+outputs = ["{out}"]
+launcher = "slurm"
+slurm = {{ time_limit = "5", extra_args = ["--cpus-per-task=1"] }}
+""")
+    ws.cli("run", "write", check=0)
+    run = ws.wait_status("write", ("succeeded", "failed", "lost"), timeout=60)
+    assert run.status == "succeeded", (run, open(run.log_path).read())
+    assert run.job_id and run.job_state == "COMPLETED" and run.job_nodes == "e3node" and run.exit_code == 0
+    assert sorted(p.name for p in out.iterdir() if p.suffix == ".bin") == ["f0.bin", "f1.bin", "f2.bin"]
+    # The batch script is the argv shlex-quoted; sbatch got the slurm params as words.
+    log = open(run.log_path).read()
+    assert f"submitted as job {run.job_id}" in log and "'--time=5'" in log and "'--cpus-per-task=1'" in log
+    assert "--time=5" in slurm.job(run.job_id) or "TimeLimit=00:05:00" in slurm.job(run.job_id)
+    assert not (out / ".eagle3-lock").exists()            # the claim was held, then let go
+    code, snap = status_json(ws)
+    st = stage_of(snap, "write")
+    assert code == 0 and st["status"] == "succeeded"
+    assert st["job"]["id"] == run.job_id and st["job"]["state"] == "COMPLETED" and st["job"]["nodes"] == "e3node"
+    # The job's environment is the run's.
+    assert run.argv[0] == "srun"
+
+
+def test_a_job_cancelled_outside_the_console_is_killed_with_a_warning(ws, slurm):
+    run = running_job(ws)
+    slurm.run("scancel", run.job_id)
+    run = ws.wait_status("job", ("killed", "failed", "lost"), timeout=60)
+    assert run.status == "killed" and run.job_state == "CANCELLED"
+    assert "not by the console" in run.reason
+    code, snap = status_json(ws)
+    codes = {a["code"]: a for a in snap["alerts"]}
+    assert code == 1 and codes["job_cancelled"]["level"] == "warning", snap["alerts"]
+
+
+def test_a_node_set_down_fails_the_run_with_node_fail(ws, slurm):
+    run = running_job(ws)
+    try:
+        slurm.run("scontrol", "update", "nodename=e3node", "state=down", "reason=eagle3-test")
+        run = ws.wait_status("job", ("failed", "killed", "lost"), timeout=60)
+    finally:
+        if slurm.node_state() not in ("idle", "mix", "alloc"):
+            slurm.run("scontrol", "update", "nodename=e3node", "state=resume", check=False)
+        slurm.wait_idle()
+    assert run.status == "failed" and run.job_state == "NODE_FAIL", run
+    assert "node failure" in run.reason and "e3node" in run.reason
+    code, snap = status_json(ws)
+    alert = next(a for a in snap["alerts"] if a["code"] == "node_fail")
+    assert code == 2 and alert["level"] == "critical" and "NODE_FAIL" in alert["message"]
+
+
+def test_a_time_limit_hit_fails_the_run_with_timeout(ws, slurm):
+    run = running_job(ws, slurm='time_limit = "1"')       # Slurm's smallest limit: one minute
+    run = ws.wait_status("job", ("failed", "killed", "lost"), timeout=150)
+    assert run.status == "failed" and run.job_state == "TIMEOUT", run
+    assert "time limit hit" in run.reason and "00:01:00" in run.reason
+    code, snap = status_json(ws)
+    assert code == 2 and any(a["code"] == "job_timeout" for a in snap["alerts"]), snap["alerts"]
+    assert "DUE TO TIME LIMIT" in open(run.log_path).read()         # the job's own output is the log
+
+
+def test_stop_is_scancel_and_waits_until_the_job_has_left(ws, slurm):
+    run = running_job(ws)
+    proc = ws.cli("stop", "job", check=0)
+    assert "killed" in proc.stdout
+    run = ws.latest("job")
+    assert run.status == "killed" and run.job_state == "CANCELLED" and "stopped" in run.reason
+    assert "JobState=CANCELLED" in slurm.job(run.job_id)
+    events = json.loads(ws.cli("events", "--json", check=0).stdout)
+    stop = next(e for e in events if e["action"] == "stop")
+    assert stop["targets"] == [run.job_id] and stop["outcome"].startswith("scancel")
+    code, snap = status_json(ws)
+    assert code == 0 and not [a for a in snap["alerts"] if a["code"] == "job_cancelled"]
+    # A second stop has nothing to do (exit 0).
+    assert "nothing to do" in ws.cli("stop", "job", check=0).stdout
+
+
+def test_kill_workers_is_scancel_signal_kill_then_checked(ws, slurm):
+    run = running_job(ws)
+    plan = ws.cli("kill-workers", "job", check=0)
+    assert f"scancel --signal=KILL --full job(s) {run.job_id}" in plan.stdout
+    assert ws.latest("job").status == "running"                    # a plan only, without --yes
+    ws.cli("kill-workers", "job", "--yes", check=0)
+    run = ws.latest("job")
+    assert run.status == "killed" and run.job_state == "CANCELLED"
+    assert "JobState=CANCELLED" in slurm.job(run.job_id)
+
+
+def test_a_job_outlives_its_supervisor_and_its_end_is_still_recorded(ws, slurm):
+    run = running_job(ws, seconds=6)
+    os.kill(run.supervisor_pid, signal.SIGKILL)
+    time.sleep(0.5)
+    code, snap = status_json(ws)
+    assert stage_of(snap)["status"] == "running" and stage_of(snap)["job"]["state"] == "RUNNING"
+    refused = ws.cli("run", "job")
+    assert refused.returncode == 2 and "live run" in refused.stderr       # one live run per stage still
+    wait_for(lambda: "JobState=COMPLETED" in slurm.job(run.job_id), timeout=60, poll=0.5)
+    code, snap = status_json(ws)
+    assert stage_of(snap)["status"] == "succeeded", snap
+    assert ws.latest("job").job_state == "COMPLETED"
+
+
+def test_a_job_unknown_to_slurm_with_no_exit_record_is_lost(ws, slurm):
+    run = running_job(ws)
+    os.kill(run.supervisor_pid, signal.SIGKILL)
+    slurm.run("scancel", run.job_id)
+    with ws.registry() as reg:          # as after the controller forgot it (MinJobAge): an id it never had
+        reg.update(run.id, job_id="999999")
+    code, snap = status_json(ws)
+    st = stage_of(snap)
+    assert st["status"] == "lost" and "unknown to Slurm" in st["job"]["said"]
+    assert code == 2
+
+
+def test_the_batch_scripts_exit_record_ends_a_run_slurm_has_forgotten(ws, slurm):
+    run = running_job(ws, seconds=3)
+    os.kill(run.supervisor_pid, signal.SIGKILL)
+    exit_file = run.log_path.replace(".log", ".job-exit")
+    wait_for(lambda: os.path.exists(exit_file), timeout=60, poll=0.2)
+    assert json.loads(open(exit_file).read())["exit_code"] == 0
+    with ws.registry() as reg:
+        reg.update(run.id, job_id="999998")
+    code, snap = status_json(ws)
+    assert stage_of(snap)["status"] == "succeeded" and "batch script recorded" in stage_of(snap)["job"]["said"]
+
