@@ -137,6 +137,31 @@ class WS:
             assert proc.returncode == check, (proc.returncode, proc.stdout, proc.stderr)
         return proc
 
+    def call(self, *args: str, check: int | None = None, env: dict | None = None,
+             **_ignored) -> subprocess.CompletedProcess:
+        """The CLI in this process (typer's CliRunner streams, cli.run as the console
+        script runs it): for a check or a refusal, where no process is what is tested.
+        An exception the CLI does not turn into an exit propagates (a traceback)."""
+        from typer.testing import CliRunner
+
+        from eagle3_console import cli
+
+        argv = ["-w", str(self.root), *args]
+        cwd = os.getcwd()
+        with CliRunner().isolation(env={"EAGLE3_WORKSPACE": None, **(env or {})}) as (out, err, _mixed):
+            os.chdir(self.root)
+            try:
+                cli.run(argv)
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            finally:
+                os.chdir(cwd)
+            proc = subprocess.CompletedProcess(argv, code, out.getvalue().decode(), err.getvalue().decode())
+        if check is not None:
+            assert proc.returncode == check, (proc.returncode, proc.stdout, proc.stderr)
+        return proc
+
     def registry(self):
         from eagle3_console.registry import Registry
         return Registry(self.root / ".eagle3" / "state.db")
