@@ -11,7 +11,6 @@ import pytest
 pytest.importorskip("torch")
 
 from tests.conftest import WS  # noqa: E402
-from tests.test_op_export import assets, trained  # noqa: E402,F401  (the fixtures)
 
 
 def test_run_export_twice_and_restart_it_through_the_console(tmp_path, assets, trained):  # noqa: F811
