@@ -12,10 +12,11 @@ metrics.jsonl (tok/s of its logged windows after the first, the last record's
 simulated_acceptance_length and its held-out tokens / verify steps).
 
 Usage:
-  python benchmarks/formats_table.py --toy [--out DIR]          # CPU: the toy target, a minute or two
+  python benchmarks/formats_table.py --toy [--out DIR] [--toy-dir DIR]   # CPU: the toy target, a few minutes
   python benchmarks/formats_table.py --target T --prepared P --vocab V --out DIR
       [--formats bf16,fp8,int4] [--seeds 0,1,2] [--holdout 32]
       [--extract-args "--token-budget 16384 --writers 8"] [--train-args "--epochs 10 --ttt-steps 3"]
+      [--bench-args "--draft-tokens 3 --max-new-tokens 256 --num-prompts 32"] [--export-args "--dtype bfloat16"]
 """
 
 from __future__ import annotations
@@ -106,9 +107,21 @@ def train(fmt: str, seed: int, data: str, target: Path, vocab: Path, out: Path, 
     last = records[-1]
     windows = [r["tok_s"] for r in records[1:]] or [records[0]["tok_s"]]     # the first pays the warm-up
     held = last.get("heldout") or {}
-    return {"seed": seed, "train_tok_s": statistics.mean(windows),
+    return {"seed": seed, "run": str(run), "train_tok_s": statistics.mean(windows),
             "heldout_al": last["simulated_acceptance_length"], "heldout_tokens": held.get("tokens"),
             "heldout_verifies": held.get("verifies"), "loss": last["loss"]}
+
+
+def bench(t: dict, target: Path, out: Path, fmt: str, export_args: str, bench_args: str) -> dict:
+    """export then the reference bench (ops.bench: greedy, the target verifying) of one training run."""
+    run = Path(t["run"])
+    _run(["-m", "ops.export", "--checkpoint", str(run), "--output", str(run / "export"), *shlex.split(export_args)],
+         out / fmt / f"export-seed{t['seed']}.log")
+    _run(["-m", "ops.bench", "--drafter", str(run / "export"), "--target", str(target), "--output", str(run / "bench"),
+          *shlex.split(bench_args)], out / fmt / f"bench-seed{t['seed']}.log")
+    result = json.loads((run / "bench" / "bench.json").read_text())
+    return {"bench_al": result["acceptance_length"], "bench_tokens": result.get("completion_tokens"),
+            "bench_verifies": result.get("verify_forwards")}
 
 
 def table(rows: list[dict]) -> list[str]:
@@ -130,6 +143,7 @@ def table(rows: list[dict]) -> list[str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--toy", action="store_true", help="the toy target on CPU (builds target, corpus, vocab)")
+    ap.add_argument("--toy-dir", type=Path, default=None, help="where the toy's inputs are built once (default: OUT/toy)")
     ap.add_argument("--target", type=Path)
     ap.add_argument("--prepared", type=Path, help="prepare's output (samples.safetensors, summary.json)")
     ap.add_argument("--vocab", type=Path, help="vocab's output (vocab.safetensors)")
@@ -139,10 +153,14 @@ def main(argv=None) -> int:
     ap.add_argument("--holdout", type=int, default=None, help="held-out samples (toy: 8; else 32)")
     ap.add_argument("--extract-args", default=None, help="more flags for ops.extract (one string)")
     ap.add_argument("--train-args", default=None, help="more flags for ops.train (one string)")
+    ap.add_argument("--bench-args", default=None,
+                    help="also export each run and measure it with ops.bench (reference engine), e.g. "
+                         "\"--draft-tokens 3 --max-new-tokens 256 --num-prompts 32\"")
+    ap.add_argument("--export-args", default="--dtype bfloat16", help="flags for ops.export (with --bench-args)")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     if a.toy:
-        a.target, a.prepared, a.vocab = toy_inputs(a.out / "toy")
+        a.target, a.prepared, a.vocab = toy_inputs(a.toy_dir or a.out / "toy")
         a.extract_args = TOY_EXTRACT if a.extract_args is None else a.extract_args
         a.train_args = TOY_TRAIN if a.train_args is None else a.train_args
         a.holdout = 8 if a.holdout is None else a.holdout
@@ -159,12 +177,21 @@ def main(argv=None) -> int:
         row["trains"] = []
         for seed in seeds:
             t = train(fmt, seed, row["data"], a.target, a.vocab, a.out, holdout, a.train_args or "")
+            if a.bench_args is not None:
+                t.update(bench(t, a.target, a.out, fmt, a.export_args, a.bench_args))
+                log(f"bench {fmt} seed {seed}: acceptance length {t['bench_al']:.3f} "
+                    f"({t['bench_tokens']} / {t['bench_verifies']})")
             log(f"train {fmt} seed {seed}: {t['train_tok_s']:,.0f} tok/s, held-out simulated AL {t['heldout_al']:.3f} "
                 f"({t['heldout_tokens']} / {t['heldout_verifies']}), loss {t['loss']:.4f}")
             row["trains"].append(t)
         rows.append(row)
     for line in table(rows):
         log(line)
+    for r in rows:
+        als = [t["bench_al"] for t in r["trains"] if "bench_al" in t]
+        if als:
+            log(f"bench {r['format']}: acceptance length per seed {' '.join(f'{x:.3f}' for x in als)}, "
+                f"mean {statistics.mean(als):.3f}")
     (a.out / "formats_table.json").write_text(json.dumps(rows, indent=1))
     log(f"results: {a.out / 'formats_table.json'}")
     return 0

@@ -77,8 +77,13 @@ finish)
 formats)
   # Issue 30 item 3: the same prepared data, seed and training in each storage format.
   left=$((${FORMATS_S:-580} - (SECONDS - T0)))
-  timeout -k 5 $left python3 benchmarks/formats_real.py --ws $WS --out $P/out/formats \
-    --train-pythonpath "$P/src:/tmp/site" 2>&1 | tee $P/out/formats.log
+  # On the image's own torch (as train is in the pipeline): HF extraction, then training, per format.
+  PYTHONPATH=$P/src:/tmp/site timeout -k 5 $left python3 benchmarks/formats_table.py --target $WS/assets/target \
+    --prepared $WS/data/prepared --vocab $WS/data/vocab --out $P/out/formats --formats bf16,fp8,int4 \
+    --seeds ${SEEDS:-0} --holdout 200 \
+    --extract-args "--num-samples ${FORMAT_SAMPLES:-4000} --token-budget 16384 --max-seq-len 1024 --dtype bfloat16" \
+    --train-args "--epochs ${FORMAT_EPOCHS:-3} --lr 1e-3 --ttt-steps 3 --token-budget 16384 --max-len 1024 --device cuda" \
+    2>&1 | tee $P/out/formats.log
   tar czf "$OUT/formats.tgz" -C $P out/formats out/formats.log
   ;;
 esac

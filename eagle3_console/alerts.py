@@ -47,6 +47,14 @@ def derive(snap: Snapshot) -> list[Alert]:
             # exit-code table says; the policies treat it as failed.
             a.append(Alert(CRITICAL, "lost", f"{st.name}: run {st.run_id} lost: its supervisor and its processes "
                                              f"are gone; how it ended was not recorded", st.name))
+        if st.removed:
+            a.append(Alert(WARNING, "stage_removed",
+                           f"{st.name}: removed from the pipeline file while run {st.run_id} lives; it runs on "
+                           f"(`stop {st.name}` or `kill-workers {st.name}` end it)", st.name))
+        if st.vanished:
+            a.append(Alert(CRITICAL, "output_vanished",
+                           f"{st.name}: output {', '.join(st.vanished)} of succeeded run {st.run_id} is gone (moved or "
+                           f"deleted since); its dependents are refused until {st.name} runs again", st.name))
         oom = oom_finding(st)
         if oom is not None:
             a.append(Alert(CRITICAL, "oom", f"{st.name}: out of memory", st.name, oom.line))

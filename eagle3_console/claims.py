@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
-from eagle3_console.vouch import manifest_path, records_files, write_manifest
+from eagle3_console.vouch import manifest_path, record_present, records_files, write_manifest
 from eagle3_console.workspace import Workspace
 from ops.common import CLAIM_FILE
 
@@ -232,7 +232,7 @@ class Claim:
             claim = cls(ws, run, registry, [], False)
             claim.notes.append(f"outputs not claimed: {exc}")
             return claim
-        claim = cls(ws, run, registry, outputs, vouch, reg.stage_history(run.stage) if vouch else [])
+        claim = cls(ws, run, registry, outputs, vouch, reg.stage_history(run.stage))
         if vouch:
             claim._manifest("start")        # the state this run begins from (vouch.Vouch)
         return claim
@@ -351,12 +351,17 @@ class Claim:
     def release(self, succeeded: bool) -> None:
         """Before the end is recorded: a succeeded run's record of its files, and
         its locks removed (still held, so no one else's lock is unlinked)."""
-        if succeeded and self.vouch:
-            self._manifest("end")
-            # Only the latest succeeded run's end and the starts after it are read: the older ones go.
+        if succeeded:
+            try:
+                record_present(self.ws, self.registry, self.run.id, self.outputs)
+            except OSError as exc:
+                self.notes.append(f"record of the outputs present not written: {exc.strerror}")
+            if self.vouch:
+                self._manifest("end")
+            # Only the latest succeeded run's records and the starts after it are read: the older ones go.
             for rid, _status in self.history:
                 if rid < self.run.id:
-                    for kind in ("end", "start"):
+                    for kind in ("end", "start", "outputs"):
                         manifest_path(self.ws, self.registry, rid, kind).unlink(missing_ok=True)
         for out, fd in self.held.items():
             try:

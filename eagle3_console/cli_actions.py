@@ -58,7 +58,7 @@ def kill_workers(ctx: typer.Context, stage: str,
     """Kill every process of STAGE's run and every GPU process tied to it; prove the memory came back."""
     from eagle3_console import actions
     c = ctx_of(ctx)
-    c.stage(stage)
+    c.stage_or_live(stage)
     plan = actions.plan_kill(c.ws, stage, grace_s=grace)
     if not _go_ahead(plan, yes):
         return
@@ -99,13 +99,32 @@ def restart(ctx: typer.Context, stage: str,
     """A new run with the last run's params plus overrides, linked to it."""
     from eagle3_console import actions
     c = ctx_of(ctx)
-    c.stage(stage)
+    if c.stage_or_live(stage) is None:
+        _restart_removed(c, stage, kill, yes)
     plan = actions.plan_restart(c.ws, stage, cfg.parse_overrides(set_), kill=kill, halve_batch=halve, force=force,
                                ignore_disk=ignore_disk)
     if not _go_ahead(plan, yes):
         return
     r = actions.execute_restart(c.ws, plan, progress=say)
     out.print(f"run {r.id} of {stage}: {r.status} (restart of {r.restart_of})", highlight=False)
+
+
+def _restart_removed(c, stage: str, kill: bool, yes: bool) -> None:
+    """restart of a stage removed from the pipeline file while its run lives:
+    with --kill its run is killed (as kill-workers does); it is never started
+    again, since eagle3.toml no longer says how (exit 3)."""
+    from eagle3_console import actions
+    from eagle3_console.refused import Refused
+    gone = f"stage {stage!r} is no longer in {c.ws.config_path}"
+    if not kill:
+        raise Refused(f"{gone}; its run still lives: stop it (`stop {stage}`, or `restart {stage} --kill`)", code=3)
+    plan = actions.plan_kill(c.ws, stage)
+    if not _go_ahead(plan, yes):
+        raise typer.Exit(EXIT_OK)
+    result = actions.execute_kill(c.ws, plan, progress=say)
+    if not result.ok:
+        raise typer.Exit(EXIT_CRITICAL)
+    raise Refused(f"{gone}: its run was killed and is not restarted", code=3)
 
 
 def watch(ctx: typer.Context,

@@ -42,7 +42,8 @@ def run(ctx: typer.Context, stage: str,
     for x in runs.lints(c.ws, pipe, st, params):
         warn(f"lint {x}")
     r = runs.launch(c.ws, pipe, stage, overrides, force=force, ignore_disk=ignore_disk)
-    out.print(f"run {r.id} of {stage}: {r.status}, pid {r.pid}, log {r.log_path}", highlight=False)
+    where = f"slurm job {r.job_id or '(being submitted)'}" if r.launcher == "slurm" else f"pid {r.pid}"
+    out.print(f"run {r.id} of {stage}: {r.status}, {where}, log {r.log_path}", highlight=False)
 
 
 def stop(ctx: typer.Context, stage: str,
@@ -51,7 +52,7 @@ def stop(ctx: typer.Context, stage: str,
     """SIGTERM the stage's process group, SIGKILL after the grace period."""
     from eagle3_console import runs
     c = ctx_of(ctx)
-    c.stage(stage)
+    c.stage_or_live(stage)
     r = runs.stop(c.ws, stage, grace_s=grace)
     out.print(f"run {r.id} of {stage}: {r.status}", highlight=False)
 

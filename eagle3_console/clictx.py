@@ -37,6 +37,22 @@ class Ctx:
         # An unknown stage is a ConfigError: bad input (exit 3), not a crash with a traceback.
         return self.pipeline().stage(name)
 
+    def stage_or_live(self, name: str) -> cfg.Stage | None:
+        """The stage, or None for one removed from the pipeline file while a run
+        of it lives (it stays stoppable by name until it ends); else the
+        ConfigError of an unknown stage."""
+        pipe = self.pipeline()
+        if name in pipe.stages:
+            return pipe.stages[name]
+        from eagle3_console.liveness import stage_alive
+        from eagle3_console.registry import Registry, RunStatus
+        if self.ws.db_path.exists():
+            with Registry(self.ws.db_path) as reg:
+                run = reg.latest(name)
+            if run is not None and (run.live or (run.status == RunStatus.LOST and stage_alive(run))):
+                return None
+        return pipe.stage(name)
+
 
 def ctx_of(typer_ctx: Any) -> Ctx:
     """The Ctx the group's callback put on typer's context."""

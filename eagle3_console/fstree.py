@@ -125,9 +125,10 @@ class Root:
             os.close(fd)
             raise
 
-    def lookup(self, rel: tuple[str, ...]) -> Entry | None:
+    def lookup(self, rel: tuple[str, ...], links: bool = False) -> Entry | None:
         """The file or directory at `rel` reached without following links, or None
-        (missing, or some component on the way is a symlink or not a directory)."""
+        (missing, or some component on the way is a symlink or not a directory);
+        with `links`, a symlink at `rel` itself too (the link, never its target)."""
         if not rel:
             return None
         try:
@@ -140,7 +141,7 @@ class Root:
             return None
         finally:
             os.close(fd)
-        if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode) or (links and stat.S_ISLNK(st.st_mode))):
             return None
         return _entry(rel, st, parents)
 

@@ -290,6 +290,11 @@ class StageStatus:
     # Why a succeeded run is `stale`: a dependency succeeded again after it
     # started, so its outputs no longer follow from its inputs.
     stale: str | None = None
+    # Output folders the latest (succeeded) run left that are gone since: its
+    # dependents would start on nothing, so it no longer counts as done.
+    vanished: list[str] = field(default_factory=list)
+    # Removed from the pipeline file while its run lives: shown, and stoppable by name, until it ends.
+    removed: bool = False
 
     @property
     def done(self) -> bool:
@@ -297,6 +302,8 @@ class StageStatus:
         a serve stage (which never succeeds) once its server is ready."""
         if self.serve is not None and self.serve.state == "ready":
             return True
+        if self.vanished:
+            return False
         return self.status == RunStatus.SUCCEEDED or (self.status == RunStatus.LOST and bool(self.outputs_complete))
 
     def result_is_latest_runs(self) -> bool:

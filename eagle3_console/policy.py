@@ -49,7 +49,9 @@ def decide(pipe: cfg.Pipeline, snap: Snapshot, reg: Registry, now: float) -> lis
             continue
         if st.status == RunStatus.LOST and (st.done or _alive_lost(reg, st.run_id)):
             continue    # a lost run whose stage still runs is not a failure yet; one that completed is none
-        stage = pipe.stages[st.name]
+        stage = pipe.stages.get(st.name)
+        if stage is None:
+            continue    # removed from the pipeline file: nothing says how to run it again
         oom = oom_finding(st) is not None
         chain = list(reg.restart_chain(st.run_id))
         restarts = sum(1 for r in chain if r.restart_of is not None)

@@ -26,6 +26,7 @@ from eagle3_console.outputs import check_outputs_apart, output_paths
 from eagle3_console.plan import Preflight, context, disk_estimate, preflight  # noqa: F401
 from eagle3_console.refused import NothingToDo, Refused  # noqa: F401
 from eagle3_console.registry import Registry, Run, RunStatus
+from eagle3_console.vouch import vanished
 from eagle3_console.workspace import Workspace
 from ops.spec import EstimateContext, read_json_dict, value_type_error
 
@@ -74,23 +75,29 @@ def bind_servers(pipe: Pipeline, stage: Stage, params: dict[str, Any], overrides
     URL its host and port make, each launch (a restart follows the serve
     stage's current port)."""
     for want in stage.spec.server_params:
-        name = params.get(want.name_param)
-        if not name:
+        names = params.get(want.name_param)
+        if not names:
             continue
-        where = f"stages.{stage.name}.params.{want.name_param}"
-        serve = pipe.stages.get(name)
-        if serve is None or serve.spec is None or serve.spec.serves is None:
-            serves = [s.name for s in pipe.stages.values() if s.spec is not None and s.spec.serves is not None]
-            raise Refused(f"{where}: {name!r} is not a serve stage (serve stages: {', '.join(serves) or 'none'})",
-                          code=3)
-        server = serve.spec.serves(serve.spec.effective(serve.params))
-        if server.mode != want.mode:
-            raise Refused(f"{where}: serve stage {name!r} has mode {server.mode!r}; {want.name_param} needs a "
-                          f"{want.mode!r} server", code=3)
-        if want.url_param in overrides:
-            raise Refused(f"{where} names a serve stage and {want.url_param} is set too; set one of them", code=3)
-        from eagle3_console.monitor.serve import server_url    # serve stages only
-        params[want.url_param] = server_url(server.host, server.port)
+        # Several serve stages, comma-separated (bench: one server per speculative setting): URLs alike.
+        urls = [_server_url(pipe, stage, want, name.strip(), overrides) for name in str(names).split(",")]
+        params[want.url_param] = ",".join(urls)
+
+
+def _server_url(pipe: Pipeline, stage: Stage, want, name: str, overrides: dict[str, Any]) -> str:
+    where = f"stages.{stage.name}.params.{want.name_param}"
+    serve = pipe.stages.get(name)
+    if serve is None or serve.spec is None or serve.spec.serves is None:
+        serves = [s.name for s in pipe.stages.values() if s.spec is not None and s.spec.serves is not None]
+        raise Refused(f"{where}: {name!r} is not a serve stage (serve stages: {', '.join(serves) or 'none'})",
+                      code=3)
+    server = serve.spec.serves(serve.spec.effective(serve.params))
+    if server.mode != want.mode:
+        raise Refused(f"{where}: serve stage {name!r} has mode {server.mode!r}; {want.name_param} needs a "
+                      f"{want.mode!r} server", code=3)
+    if want.url_param in overrides:
+        raise Refused(f"{where} names a serve stage and {want.url_param} is set too; set one of them", code=3)
+    from eagle3_console.monitor.serve import server_url    # serve stages only
+    return server_url(server.host, server.port)
 
 
 def estimate_context(ws: Workspace, pipe: Pipeline, params: dict[str, Any]) -> EstimateContext:
@@ -178,6 +185,12 @@ def check_can_start(reg: Registry, pipe: Pipeline, stage: Stage, force: bool, ws
                               f"serve stage means its server is ready: wait for it (`status` shows its state), "
                               f"or pass --force", kind="dependencies")
             continue
+        gone = vanished(ws, reg.registry_id, dep_run.id) \
+            if ws is not None and dep_run is not None and dep_run.status == RunStatus.SUCCEEDED else []
+        if gone:
+            raise Refused(f"stage {stage.name!r} depends on {dep!r}, whose output {', '.join(gone)} (left by its "
+                          f"succeeded run {dep_run.id}) is gone: moved or deleted since; put it back, run {dep!r} "
+                          f"again, or pass --force", kind="dependencies")
         if ws is not None and dep in pipe.stages and dependency_done(ws, pipe.stages[dep], dep_run):
             continue
         if dep_run is None or dep_run.status != RunStatus.SUCCEEDED:
@@ -205,7 +218,7 @@ def missing_inputs(ws: Workspace, stage: Stage, params: dict[str, Any]) -> list[
         if value not in (None, ""):
             path = ws.resolve(str(value))
             if not os.path.lexists(path):
-                out.append(f"{name} {path}")
+                out.append(f"params.{name} {path}")
     return out
 
 
@@ -246,7 +259,7 @@ def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, 
             missing = missing_inputs(ws, stage, params)
             if missing:
                 # Even with --force: the op would only start (N torchrun ranks, a model load) to fail on it.
-                raise Refused(f"stage {stage.name!r}: input {'; '.join(missing)} does not exist", kind="input")
+                raise Refused(f"stage {stage.name!r}: {'; '.join(missing)} does not exist", kind="input")
             pf = preflight(ws, pipe, stage, params)
             if not pf.fits and not ignore_disk:
                 raise Refused(f"stage {stage.name!r} {pf.shortfall()}; free space or pass --ignore-disk", kind="disk",

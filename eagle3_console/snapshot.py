@@ -28,6 +28,7 @@ from eagle3_console.monitor.procs import ProcessTable, RunRef, attach_owners, or
 from eagle3_console.monitor.shards import ShardMonitor
 from eagle3_console.registry import ACTIVE, Registry, Run, RunStatus, id_path
 from eagle3_console.savedmonitors import SavedMonitors
+from eagle3_console.vouch import vanished
 from eagle3_console.workspace import Workspace
 from ops.spec import read_json_dict
 
@@ -42,6 +43,7 @@ class Collector:
             from eagle3_console.monitor.metrics import CurveTracker
             self._curves = CurveTracker()
         self.persist = persist
+        self._registry_id = ""         # the registry of the last pass (where the runs' records are)
         self._nvml = nvml
         self._want_gpus = gpus
         self._shards: dict[tuple[str, str], ShardMonitor] = {}
@@ -108,6 +110,7 @@ class Collector:
         succeeded: dict[str, Run] = {}
         refs: list[RunRef] = []
         strays: dict[str, list[int]] = {}
+        removed: dict[str, Run] = {}     # live runs of stages no longer in the pipeline file
         # A registry once created is always opened (it raises StateError when its
         # database vanished or was replaced); a workspace where none ever ran has none.
         if self.ws.db_path.exists() or id_path(self.ws.db_path).exists():
@@ -119,6 +122,10 @@ class Collector:
                     if ok is not None:
                         succeeded[name] = ok
                 recent = reg.runs(limit=50)
+                self._registry_id = reg.registry_id
+                for r in reg.live_runs() + [r for r in recent if r.status == RunStatus.LOST]:
+                    if r.stage not in pipe.stages and (r.live or runs_mod.stage_alive(r)):
+                        removed[r.stage] = r
                 if reg.has_predecessor:
                     # Only in a registry started over an earlier one's logs: a walk a pass.
                     strays = orphans(self._process_table(), str(self.ws.root), reg.registry_id, reg.run_ids())
@@ -135,6 +142,11 @@ class Collector:
                 live_logs.add(st.run_id)
             snap.stages.append(st)
             snap.disk.extend(disks)
+        for run in removed.values():
+            snap.stages.append(StageStatus(name=run.stage, op=None, status=run.status, run_id=run.id, pid=run.pid,
+                                           started=run.started, params=dict(run.params), removed=True,
+                                           alive=run.status == RunStatus.LOST, log=self._log_follower(run).refresh()))
+            live_logs.add(run.id)
         for rid in list(self._logs):
             if rid not in live_logs:
                 del self._logs[rid]
@@ -228,6 +240,8 @@ class Collector:
         if run:
             st.run_id, st.pid, st.started, st.ended = run.id, run.pid, run.started, run.ended
             st.exit_code, st.signal = run.exit_code, run.signal
+            if run.status == RunStatus.SUCCEEDED:
+                st.vanished = vanished(self.ws, self._registry_id, run.id)
             if run.launcher == "slurm":
                 st.job = JobInfo(run.job_id, run.job_state, run.job_reason, run.job_nodes, run.reason,
                                  bool(run.stop_requested))

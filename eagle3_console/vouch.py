@@ -110,3 +110,22 @@ def load_vouch(ws: Workspace, history: list[tuple[int, str]], registry: str) -> 
     else:
         why = f"temp files and files that the stage's runs wrote or changed since run {later[0]}, its first, started"
     return Vouch(end, [s for s in starts if s is not None], roots, why)
+
+
+def record_present(ws: Workspace, registry: str, run_id: int, outputs: list[str]) -> None:
+    """A succeeded run's output folders that exist at its end (a stage may
+    declare one it never writes): what `vanished` compares with later."""
+    path = manifest_path(ws, registry, run_id, "outputs")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps({"run": run_id, "present": [o for o in outputs if os.path.isdir(o)]}))
+    os.replace(tmp, path)
+
+
+def vanished(ws: Workspace, registry: str, run_id: int) -> list[str]:
+    """The output folders a succeeded run left that are gone now (moved or deleted)."""
+    try:
+        present = json.loads(manifest_path(ws, registry, run_id, "outputs").read_text())["present"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    return [p for p in present if isinstance(p, str) and not os.path.isdir(p)] if isinstance(present, list) else []

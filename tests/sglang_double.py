@@ -32,7 +32,9 @@ Mirrored from the installed sglang 0.5.23:
   (_calculate_spec_decoding_metrics): `spec_accept_rate` = correct drafts /
   (verify_ct x (num_draft_tokens - 1)), `spec_accept_length` =
   completion_tokens / spec_verify_ct, `spec_num_correct_drafts`,
-  `spec_num_proposed_drafts`, `spec_verify_ct`.
+  `spec_num_proposed_drafts`, `spec_verify_ct`, and `spec_correct_drafts_histogram`
+  (entry m = verify steps that accepted m drafts, the bonus excluded;
+  schedule_batch.py Req.update_spec_correct_drafts_histogram, one call a verify step).
 - python/sglang/srt/managers/scheduler_components/internal_state.py: each
   internal state has `last_gen_throughput`, and `avg_spec_accept_length` when
   speculative.
@@ -78,13 +80,15 @@ class Double:
                  step_s: float = 0.001, vocab: int = 32000, tp: int = 1, dp: int = 1,
                  model_path: str = "/models/target", metrics: bool = True, health_sleep_s: float = 1.0,
                  version: str = VERSION, ready_route: bool = True, first_forward_s: float = 0.0,
-                 health_route: bool = True):
+                 health_route: bool = True, loop_after: int | None = None):
         self.speculative, self.accept_length = speculative, float(accept_length)
         self.num_steps, self.num_draft_tokens = num_steps, num_draft_tokens
         self.step_s, self.vocab, self.tp, self.dp = step_s, vocab, tp, dp
         self.model_path, self.metrics, self.health_sleep_s = model_path, metrics, health_sleep_s
         self.version, self.ready_route, self.first_forward_s = version, ready_route, first_forward_s
         self.health_route = health_route    # False: neither /ready nor /health_generate (only /model_info)
+        # Prompts whose first id is this repeat a two-token loop (a degenerate completion).
+        self.loop_after = loop_after
         self.paths: list[str] = []          # every request's path, in order
         self.forwarded = False              # whether the first forward (kernel compile) ran
         self.compiling = False              # the first forward is running: the scheduler answers nothing else
@@ -188,6 +192,7 @@ class Double:
             "speculative_algorithm": "EAGLE3" if self.speculative else None,
             "speculative_num_steps": self.num_steps if self.speculative else None,
             "speculative_num_draft_tokens": self.num_draft_tokens if self.speculative else None,
+            "speculative_eagle_topk": 1 if self.speculative else None,
             "launch_command": None, "max_total_num_tokens": 61440, "startup_time": self.startup_time,
             "internal_states": [dict(state) for _ in range(self.dp)],
             "version": self.version, "frontend": "python",
@@ -213,6 +218,8 @@ class Double:
     def _one(self, ids: list[int], sp: dict) -> dict:
         n = int(sp.get("max_new_tokens", 128))
         out = [(sum(ids) + 7 * i) % self.vocab for i in range(n)]
+        if self.loop_after is not None and ids and ids[0] == self.loop_after:
+            out = [(sum(ids) + 7 * (i % 2)) % self.vocab for i in range(n)]
         t0 = time.time()
         steps = math.ceil(n / self.accept_length) if self.speculative else n
         with self.lock:
@@ -239,8 +246,19 @@ class Double:
             proposed = steps * (self.num_draft_tokens - 1)
             meta.update({"spec_accept_rate": correct / proposed, "spec_accept_length": n / steps,
                          "spec_num_correct_drafts": correct, "spec_num_proposed_drafts": proposed,
-                         "spec_verify_ct": steps})
+                         "spec_verify_ct": steps, "spec_correct_drafts_histogram": self.histogram(steps, correct)})
         return {"text": " ".join(f"t{t}" for t in out), "output_ids": out, "meta_info": meta}
+
+    def histogram(self, steps: int, correct: int) -> list[int]:
+        """`correct` accepted drafts spread over `steps` verify steps as evenly as they go
+        (modelled: at most num_draft_tokens - 1 a step)."""
+        hist = [0] * self.num_draft_tokens
+        for i in range(steps):
+            m = min(self.num_draft_tokens - 1, correct // steps + (1 if i < correct % steps else 0))
+            hist[m] += 1
+        while len(hist) > 1 and hist[-1] == 0:
+            hist.pop()              # SGLang's list grows only as far as the largest count seen
+        return hist
 
     def generate(self, req: dict):
         self.requests.append(req)

@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from ops.bench.figures import distinct_bigram_ratio  # noqa: E402
-from tests.test_op_bench import bench, drafters  # noqa: E402,F401
+from tests.test_op_bench import bench, drafters  # noqa: E402,F401  (assets: tests/conftest.py)
 
 SETTINGS = "3/1/4,5/1/6,7/1/8"
 

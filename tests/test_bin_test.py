@@ -2,15 +2,13 @@
 it changed (pyproject.toml, bin/test itself, the interpreter); `--fast` runs the
 fast tier; the suite runs on xdist workers; `bin/test -q` keeps pytest's counts.
 
-Two stand-ins for the venv's interpreter. For the install decisions, a shell
-script that records its argv (the script under test is bin/test's shell logic,
-and a real install would pull torch and SGLang for each case): it answers
-`-c ...` (bin/test asks the version) with $FAKE_PY_VERSION, as `python -c
-'import sys; print(sys.version)'` does, and fails `pip install` when
-$FAKE_PIP_FAILS is set. For the counts, bin/test runs pytest for real with VENV
-pointing at a folder whose python is this interpreter, except that its `-m pip
-install` is skipped: the packages are installed already, and installing would
-re-point the shared environment at this checkout."""
+The venv's interpreter is a stand-in (a shell script that records its argv):
+the script under test is bin/test's shell logic, and a real install would pull
+torch and SGLang for each case. It answers `-c ...` (bin/test asks the version)
+with $FAKE_PY_VERSION, as `python -c 'import sys; print(sys.version)'` does, and
+fails `pip install` when $FAKE_PIP_FAILS is set.
+`bin/test -q` keeps pytest's counts (it must not become `-q -q`): that case runs bin/test for real
+with VENV at a folder whose python is this interpreter, its `-m pip install` skipped."""
 
 from __future__ import annotations
 
@@ -108,6 +106,7 @@ def test_a_test_using_a_slow_fixture_is_in_the_full_tier_only():
     assert sorted(t.split("::")[1] for t in fast) == ["test_missing_checkpoint_is_a_clear_error",
                                                       "test_sglang_ids_for_a_deepseek_family_target"]
     assert len(every) == 6
+
 
 PASSING = "def test_one():\n    assert True\n\ndef test_two():\n    assert True\n"
 

@@ -428,3 +428,22 @@ def test_the_context_length_is_capped_at_the_models_positions(tmp_path):
     assert context_length(4096, tmp_path) == 2048
     (tmp_path / "config.json").write_text("{}")
     assert context_length(4096, tmp_path) == 4096
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "int4"])
+def test_both_engines_write_each_format_the_same(hf_run, doubled, tmp_path, capsys, fmt):
+    """The format is encoded in the loop both engines share: SGLang's fp8 / int4
+    files are the HF engine's byte for byte, and their header says the format."""
+    from safetensors import safe_open
+
+    target, prepared, _hf_out = hf_run
+    outs = {}
+    for engine in ("hf", "sglang"):
+        outs[engine] = tmp_path / engine
+        argv = extract_argv(target, prepared, outs[engine], "--token-budget", "120", "--format", fmt,
+                            "--engine", engine)
+        assert run_main(extract_main, argv) == 0, capsys.readouterr().out
+    assert _files(outs["sglang"]) == _files(outs["hf"])
+    assert json.loads((outs["sglang"] / DATA_CONFIG).read_text())["format"] == fmt
+    with safe_open(str(sample_path(outs["sglang"], 0)), framework="pt") as fh:
+        assert fh.metadata() == {"format": fmt}

@@ -246,6 +246,7 @@ def test_watch_policy_halves_a_memory_share_after_an_oom(ws):
     (the policy's own check wanted > 1) and no restart at all."""
     ws.write(SHARE_PIPELINE)
     params = {"input": "data/prepared", "output": "data/hs", "engine": "sglang", "mem_fraction_static": 0.9}
+    (ws.root / "data" / "prepared").mkdir(parents=True)     # the input the restart is checked for
     run = ws.record_finished_run("extract", params)
     Path(run.log_path).write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB\n")
     proc = ws.cli("watch", "--once", "--no-gpus", check=0)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -14,7 +15,7 @@ import time
 import pytest
 
 from ops import KNOWN_OPS, get_spec
-from tests.conftest import PY, TINY_TARGET, WS, wait_for
+from tests.conftest import PY, TINY_TARGET, WS, stage_cmd, wait_for
 from tests.test_faults_clean import LOCK, _env, writer_stage
 
 # Ints that are not counts: any value is a seed.
@@ -195,3 +196,186 @@ def test_an_output_re_pointed_while_its_run_lives_leaves_the_new_folder_alone(ws
     assert done.returncode == 0 and "cleaned 8 file(s)" in done.stdout, done.stdout
     assert sorted(p.name for p in important.iterdir()) == [f"keep{i}.bin" for i in range(5)]
     assert not list((ws.root / "out" / "w").glob("*.bin"))
+
+
+# ------------------------------------------------------------------ item 29: a sample replaced by a symlink
+def test_clean_honours_verifys_report_of_a_sample_replaced_by_a_symlink(tmp_path):
+    """Before: verify named the link bad ("header length ... is not plausible"),
+    but `clean extract` refused ("outputs are complete and are never cleaned"),
+    though it honoured the same report for a truncated regular file."""
+    pytest.importorskip("torch")
+    from tests.test_faults_ops import N
+    from tests.test_op_extract import extract_argv, make_prepared, make_target
+
+    from ops.common import run_main
+    from ops.extract.__main__ import main as extract_main
+    from ops.formats import sample_path
+
+    ws = WS(tmp_path / "ws")
+    ws.root.mkdir()
+    target = make_target(tmp_path / "target")
+    prepared = make_prepared(tmp_path / "prep", n=N, seed=4)
+    hs = ws.root / "data" / "hs"
+    assert run_main(extract_main, extract_argv(target, prepared, hs, "--token-budget", "150")) == 0
+    ws.write(f"""
+[stages.extract]
+op = "extract"
+params = {{ input = "{prepared}", output = "data/hs" }}
+
+[stages.verify]
+op = "verify"
+depends_on = ["extract"]
+params = {{ input = "data/hs", report = "runs/verify.json" }}
+""")
+    ws.record_finished_run("extract", {"input": str(prepared), "output": "data/hs"}, status="succeeded")
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"not a sample, not the workspace's" * 10)
+    link = sample_path(hs, 3)
+    link.unlink()
+    os.symlink(outside, link)
+    ws.cli("run", "verify", check=0)
+    ws.wait_status("verify", ("failed",), timeout=120)
+    report = json.loads((ws.root / "runs" / "verify.json").read_text())
+    assert any(b["path"].endswith(link.name) for b in report["bad_files"]), report["bad_files"]
+    plan = ws.cli("clean", "extract")
+    assert plan.returncode == 0 and str(link) in plan.stdout and "verify" in plan.stdout, plan.stdout + plan.stderr
+    done = ws.cli("clean", "extract", "--yes")
+    assert done.returncode == 0 and "cleaned 1 file(s)" in done.stdout, done.stdout + done.stderr
+    assert not os.path.lexists(link)
+    assert outside.read_bytes() == b"not a sample, not the workspace's" * 10      # the target never touched
+    moved = list((ws.root / ".eagle3" / "trash").rglob(link.name))
+    assert len(moved) == 1 and moved[0].is_symlink()
+
+
+# ------------------------------------------------------------------ item 25: a succeeded stage's output vanished
+def test_a_vanished_output_of_a_succeeded_stage_is_an_alert_and_refuses_its_dependents(ws):
+    """Before: the output of a succeeded stage moved away: status "succeeded",
+    health OK, exit 0; a dependent stage was allowed to start and failed on the
+    missing input."""
+    ws.write(writer_stage("out/w", n=3) + f"""
+[stages.use]
+argv = {stage_cmd("writer.py", "--output", "out/use", "--n", "1")}
+depends_on = ["w"]
+outputs = ["out/use"]
+
+[stages.never_writes]
+argv = ["true"]
+outputs = ["out/nothing"]
+""")
+    for name in ("w", "never_writes"):
+        ws.cli("run", name, "--force", check=0)
+        ws.wait_status(name, ("succeeded",))
+    assert ws.cli("status", "--no-gpus").returncode == 0     # an output declared and never written: no alert
+    (ws.root / "out" / "w").rename(ws.root / "out" / "w.moved")
+    status = ws.cli("status", "--no-gpus")
+    assert status.returncode == 2 and "gone" in status.stdout and str(ws.root / "out" / "w") in status.stdout, \
+        status.stdout
+    snap = json.loads(ws.cli("status", "--json", "--no-gpus").stdout)
+    w = next(s for s in snap["stages"] if s["name"] == "w")
+    assert w["vanished"] == [str(ws.root / "out" / "w")]
+    assert [a["code"] for a in snap["alerts"]] == ["output_vanished"], snap["alerts"]
+    run = ws.cli("run", "use")
+    assert run.returncode == 2 and "gone" in run.stdout + run.stderr and "out/w" in run.stdout + run.stderr, \
+        run.stdout + run.stderr
+    watch = ws.cli("watch", "--once", "--advance", "--no-gpus")
+    assert "Traceback" not in watch.stderr
+    assert ws.latest("use") is None                 # neither run nor watch started it
+    (ws.root / "out" / "w.moved").rename(ws.root / "out" / "w")
+    assert ws.cli("status", "--no-gpus").returncode == 0
+
+
+# ------------------------------------------------------------------ item 5: a stage removed while its run lives
+OTHER = '[stages.other]\nargv = ["true"]\noutputs = ["out/other"]\n'
+
+
+@pytest.mark.parametrize("command", [("stop", "w"), ("kill-workers", "w", "--yes"), ("restart", "w", "--kill", "--yes")],
+                         ids=["stop", "kill-workers", "restart-kill"])
+def test_a_stage_removed_while_its_run_lives_stays_visible_and_stoppable(ws, command):
+    """Before: with w's run live and [stages.w] deleted from eagle3.toml, status
+    said OK (exit 0, no alert) and `stop w`, `kill-workers w --yes`, `restart w
+    --kill --yes` said "no such stage", exit 3: the run was unreachable."""
+    ws.write(writer_stage("out/w", n=600, every=0.1) + OTHER)
+    ws.cli("run", "w", check=0)
+    run = ws.wait_status("w", ("running",))
+    try:
+        _removed_and_stopped(ws, run, command)
+    finally:
+        try:
+            os.killpg(run.pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _removed_and_stopped(ws, run, command):
+    ws.write(OTHER)
+    status = ws.cli("status", "--no-gpus")
+    assert status.returncode == 1 and "removed from the pipeline file" in status.stdout, status.stdout
+    snap = json.loads(ws.cli("status", "--json", "--no-gpus").stdout)
+    w = [s for s in snap["stages"] if s["name"] == "w"]
+    assert w and w[0]["removed"] is True and w[0]["run_id"] == run.id and w[0]["status"] == "running", w
+    assert "stage_removed" in [a["code"] for a in snap["alerts"]]
+    proc = ws.cli(*command, timeout=120)
+    said = proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and "no such stage" not in said, said
+    if command[0] == "restart":
+        assert proc.returncode == 3 and "not restarted" in said, said
+    else:
+        assert proc.returncode == 0, said
+    ended = ws.wait_status("w", ("killed", "failed"), timeout=30)
+    assert ended.id == run.id and not os.path.exists(f"/proc/{run.pid}/stat") or \
+        open(f"/proc/{run.pid}/stat").read().split()[2] == "Z"
+    with ws.registry() as reg:
+        assert [r.id for r in reg.runs("w")] == [run.id]          # nothing restarted it
+    # Once it has ended it is gone from the screen, and its name is unknown again.
+    snap = json.loads(ws.cli("status", "--json", "--no-gpus").stdout)
+    assert [s["name"] for s in snap["stages"]] == ["other"]
+    assert ws.cli("stop", "w").returncode == 3
+
+
+# ------------------------------------------------------------------ the supervisor's own check (past launch's)
+def _supervised(ws: WS, argv: list[str]):
+    """A run created as launch creates it, its supervisor started directly:
+    what a launch that passed its checks an instant before a hold or a claim
+    was taken meets."""
+    from eagle3_console.workspace import Workspace
+    w = Workspace(ws.root)
+    w.ensure_state()
+    with ws.registry() as reg:
+        run = reg.create_run("w", argv, {}, {}, str(ws.root), lambda rid: w.log_path(rid, "w"))
+    subprocess.run([PY, "-m", "eagle3_console.supervise", str(ws.root), str(run.id)], check=True, timeout=60,
+                   env=_env(), cwd=str(ws.root))
+    return ws.wait_status("w", ("failed", "succeeded"), timeout=60)
+
+
+def test_a_supervisor_never_starts_its_stage_into_an_output_clean_holds(ws):
+    from eagle3_console.actions.hold import holding
+    from eagle3_console.workspace import Workspace
+
+    ws.write(writer_stage("out/w", n=1))
+    out = ws.root / "out" / "w"
+    out.mkdir(parents=True)
+    marker = ws.root / "ran"
+    with holding(Workspace(ws.root), "x", "w", 0, [out]):
+        run = _supervised(ws, ["sh", "-c", f"touch {marker}"])
+    assert run.status == "failed" and "moving files" in (run.reason or ""), run.reason
+    assert not marker.exists() and not (out / LOCK).exists()
+
+
+def test_a_supervisor_never_starts_its_stage_into_a_folder_under_a_live_claim(tmp_path):
+    sh = tmp_path / "shared"
+    a, b = WS(tmp_path / "A"), WS(tmp_path / "B")
+    a.root.mkdir()
+    b.root.mkdir()
+    a.write(writer_stage(str(sh / "out"), n=200, prefix="A_", every=0.1))
+    b.write(writer_stage(str(sh / "out" / "sub"), n=1))
+    a.cli("run", "w", check=0)
+    run_a = a.wait_status("w", ("running",))
+    try:
+        wait_for(lambda: (sh / "out" / LOCK).exists())
+        (sh / "out" / "sub").mkdir()
+        marker = tmp_path / "ran"
+        run = _supervised(b, ["sh", "-c", f"touch {marker}"])
+        assert run.status == "failed" and "overlaps" in (run.reason or "") and str(a.root) in run.reason, run.reason
+        assert not marker.exists()
+    finally:
+        os.killpg(run_a.pgid, signal.SIGKILL)

@@ -90,3 +90,24 @@ def test_an_output_without_a_format_holds_bf16(kimi):  # noqa: F811
     _output(kimi, None)
     snap = json.loads(kimi.cli("status", "--json", "--no-gpus").stdout)
     assert next(s for s in snap["stages"] if s["name"] == "extract")["shards"]["format"] == "bf16"
+
+
+def test_the_progress_pane_names_the_format_and_the_bytes_a_token():
+    from eagle3_console.model import ShardProgress, StageStatus
+    from widgets.progress import summary
+
+    st = StageStatus(name="extract", op="extract", status="running")
+    st.shards = ShardProgress(root="/data/hs", layout="eagle3", samples_done=972, samples_expected=1000,
+                              tokens_done=488_000, format="fp8", bytes_per_token=28_688.0)
+    text = summary(st, 0.0).plain
+    assert "format fp8" in text and "28.0K/token" in text
+
+
+def test_int4_on_a_hidden_size_it_cannot_group_is_a_lint_error(ws):
+    from tests.conftest import extract_pipeline
+
+    ws.write(extract_pipeline(', format = "int4"', extra='depends_on = []\n'))
+    proc = ws.cli("run", "extract", "--ignore-disk", check=3)
+    assert "stages.extract.params.format: int4 needs a hidden_size divisible by 32, the target's is 16" in \
+        proc.stdout + proc.stderr
+    assert ws.latest("extract") is None

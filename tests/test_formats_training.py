@@ -11,7 +11,9 @@ margins are the issue's goals for the real model widened by that spread
 
 from __future__ import annotations
 
+import hashlib
 import json
+from pathlib import Path
 
 import pytest
 
@@ -22,9 +24,16 @@ INT4_MARGIN = 0.15
 
 
 @pytest.mark.slow
-def test_train_from_fp8_and_int4_keeps_the_held_out_acceptance_of_bf16(tmp_path):
+@pytest.mark.timeout(900)
+def test_train_from_fp8_and_int4_keeps_the_held_out_acceptance_of_bf16(tmp_path, request):
     pytest.importorskip("torch")
-    out = run_benchmark("formats_table.py", "--toy", "--out", str(tmp_path), "--seeds", "0", timeout=900)
+    from ops.drafter import toy
+
+    # The toy target, corpus and vocab are built once (the pytest cache), as tests/test_sim_acceptance.py's.
+    digest = hashlib.sha1(Path(toy.__file__).read_bytes()).hexdigest()[:12]
+    toy_dir = request.config.cache.mkdir(f"eagle3-formats-toy-{digest}")
+    out = run_benchmark("formats_table.py", "--toy", "--out", str(tmp_path), "--toy-dir", str(toy_dir),
+                        "--seeds", "0", timeout=900)
     rows = {r["format"]: r for r in json.loads((tmp_path / "formats_table.json").read_text())}
     assert set(rows) == {"bf16", "fp8", "int4"}
     al = {fmt: r["trains"][0]["heldout_al"] for fmt, r in rows.items()}

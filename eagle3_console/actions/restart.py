@@ -99,6 +99,8 @@ def can_halve(value: Any, share: bool = False) -> bool:
 def oom_line(run: Run | None) -> str | None:
     if run is None:
         return None
+    if run.job_state == "OUT_OF_MEMORY":       # Slurm's word (a slurm run): its cgroup's OOM killer ended the job
+        return f"slurm: job {run.job_id} OUT_OF_MEMORY"
     from eagle3_console.monitor.logs import scan_for_oom
     return scan_for_oom(Path(run.log_path))
 

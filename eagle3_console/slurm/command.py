@@ -62,14 +62,10 @@ def job_argv(stage: Any, params: dict[str, Any], command: Callable[[dict[str, An
                    "--rdzv-endpoint", f"{HEAD}:{sp.rdzv_port}", "--rdzv-id", JOB_ID]
         else:
             run = ["--standalone", "--nproc-per-node", per_node]
-        argv = [argv[0], "-m", "torch.distributed.run", *run, *_as_module(argv[1:])]
+        # torchrun takes the op's `-m ops.<op> ...` as python does.
+        argv = [argv[0], "-m", "torch.distributed.run", *run, *argv[1:]]
         return srun + (_node_exec(argv) if sp.nodes > 1 else argv)
     return srun + argv
-
-
-def _as_module(rest: list[str]) -> list[str]:
-    """torchrun takes `-m module args` as python does: the op's `-m ops.x ...` as it is."""
-    return rest
 
 
 def _node_exec(argv: list[str]) -> list[str]:

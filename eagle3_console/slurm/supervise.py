@@ -11,7 +11,6 @@ the TUI read them from there, never from the controller.
 
 from __future__ import annotations
 
-import os
 import signal
 import sqlite3
 import time

@@ -102,8 +102,12 @@ def main_sglang(args) -> int:
               + (f" (serve stage {args.server})" if args.server else "")
               + (f" vs baseline {args.baseline_url}" if args.baseline_url else "")
               + (f" (serve stage {args.baseline_server})" if args.baseline_server else ""), flush=True)
-        result = run_bench(args.url, prompts, args.max_new_tokens, args.baseline_url, args.timeout_s,
-                           log=lambda m: print(m, flush=True), ready_timeout_s=args.ready_timeout_s)
+        urls = [u.strip() for u in args.url.split(",") if u.strip()]
+        log = lambda m: print(m, flush=True)  # noqa: E731
+        result = run_bench(urls[0], prompts, args.max_new_tokens, args.baseline_url, args.timeout_s,
+                           log=log, ready_timeout_s=args.ready_timeout_s, more_urls=tuple(urls[1:]))
+        from ops.bench.report import sglang_table
+        sglang_table(result, urls, args.baseline_url, prompts, args.max_new_tokens, args.timeout_s, args, log)
     except (ValueError, OSError, ServerError) as exc:
         raise BadInput(str(exc)) from None
     result["serve_stages"] = {"server": args.server, "baseline_server": args.baseline_server}

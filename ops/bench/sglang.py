@@ -48,6 +48,8 @@ class Answer:
     completion_tokens: int
     verify_ct: int | None
     seconds: float
+    # meta_info.spec_correct_drafts_histogram: entry m = verify steps that accepted m drafts
+    histogram: list[int] | None = None
 
 
 def _http(url: str, path: str, body: dict | None, timeout: float) -> tuple[int, bytes]:
@@ -135,16 +137,19 @@ def generate(url: str, input_ids: list[int], max_new_tokens: int, timeout: float
     except (ValueError, KeyError, TypeError) as exc:
         raise ServerError(f"{url}/generate: not SGLang's answer (meta_info.completion_tokens: {exc})") from None
     verify = meta.get("spec_verify_ct")
-    return Answer(list(ids), completion, int(verify) if verify is not None else None, seconds)
+    hist = meta.get("spec_correct_drafts_histogram")
+    hist = [int(v) for v in hist] if isinstance(hist, list) and all(isinstance(v, int) for v in hist) else None
+    return Answer(list(ids), completion, int(verify) if verify is not None else None, seconds, hist)
 
 
 def run_bench(url: str, prompts: list[tuple[int, list[int]]], max_new_tokens: int,
               baseline_url: str | None = None, timeout: float = 600.0, log=print,
-              ready_timeout_s: float = 600.0) -> dict:
-    """The bench on live servers; raises ServerError with the reason when a server fails."""
+              ready_timeout_s: float = 600.0, more_urls: tuple[str, ...] = ()) -> dict:
+    """The bench on live servers; raises ServerError with the reason when a server fails.
+    `more_urls`: speculative servers of the other settings, for the table only."""
     t0 = time.monotonic()
-    for u in [url] + ([baseline_url] if baseline_url else []):
-        wait_ready(u, ready_timeout_s, log, t0)       # one deadline for both
+    for u in [url, *more_urls] + ([baseline_url] if baseline_url else []):
+        wait_ready(u, ready_timeout_s, log, t0)       # one deadline for all
     probe = min(timeout, PROBE_TIMEOUT_S)
     info = server_info(url, probe)
     if not info.get("speculative_algorithm"):
@@ -187,6 +192,12 @@ def run_bench(url: str, prompts: list[tuple[int, list[int]]], max_new_tokens: in
         "time_speculative_s": seconds, "tok_s_speculative": tokens / max(seconds, 1e-9),
         "per_prompt": per_prompt, "speedup": None, "outputs_match": None, "mismatches": [],
     }
+    if all(a.histogram is not None for a in spec):
+        from ops.bench.figures import add_histograms, rates_from_histogram
+        hist = add_histograms([a.histogram for a in spec])
+        drafts = result["draft_tokens"] if result["draft_tokens"] is not None else len(hist) - 1
+        result["spec_correct_drafts_histogram"] = hist
+        result["accept_rate_per_position"] = rates_from_histogram(hist, drafts)[0]
     if baseline_url:
         base = results["base"]
         b_tokens, b_seconds = sum(a.completion_tokens for a in base), sum(a.seconds for a in base)

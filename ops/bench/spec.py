@@ -31,7 +31,19 @@ def result_line(r: dict) -> str | None:
     ratio = (f"{r['completion_tokens']} completion tokens / {r['verify_forwards']} verify steps; "
              if isinstance(r.get("completion_tokens"), int) and isinstance(r.get("verify_forwards"), int) else "")
     return (f"acceptance length {r['acceptance_length']:.2f} ({ratio}K={r.get('draft_tokens', '?')}; "
-            f"per position {per_pos}){speed}; {match}")
+            f"per position {per_pos}){speed}; {match}{_extras(r)}")
+
+
+def _extras(r: dict) -> str:
+    """The degenerate share and the comparison with the other engine, where bench.json has them."""
+    out = ""
+    d = r.get("degenerate")
+    if isinstance(d, dict) and d.get("count"):
+        out += f"; DEGENERATE {d['count']}/{d.get('judged')} completions"
+    c = r.get("compared")
+    if isinstance(c, dict) and isinstance(c.get("differing_completions"), int):
+        out += f"; {c['differing_completions']}/{c.get('prompts')} completions differ from {c.get('engine_other')}'s"
+    return out
 
 
 def sglang_line(r: dict) -> str:
@@ -47,7 +59,7 @@ def sglang_line(r: dict) -> str:
         out += "; OUTPUT DIFFERS FROM BASELINE GREEDY"
     elif r.get("outputs_match") is None:
         out += "; no baseline"
-    return out
+    return out + _extras(r)
 
 
 def lint(ctx: EstimateContext, _gpus) -> list[Lint]:

@@ -27,8 +27,8 @@ class Decoded:
     examined: list[int] = field(default_factory=list)     # [drafts]: steps where draft i was examined
 
 
-def run_row(decode: Callable[[list[int]], Decoded], prompts: list[tuple[int, list[int]]], setting: Setting,
-            concurrency: int) -> tuple[dict, dict]:
+def run_row(decode: Callable[[list[int]], Decoded], prompts: list[tuple[int, list[int]]],
+            setting: Setting | None, concurrency: int) -> tuple[dict, dict]:
     """(the row, {prompt: tokens}) of decoding every prompt at `setting`."""
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
@@ -37,16 +37,18 @@ def run_row(decode: Callable[[list[int]], Decoded], prompts: list[tuple[int, lis
     return row(setting, concurrency, prompts, done, seconds), {idx: d.tokens for (idx, _), d in zip(prompts, done)}
 
 
-def row(setting: Setting, concurrency: int, prompts, done: list[Decoded], seconds: float) -> dict:
-    drafts = setting.steps
+def row(setting: Setting | None, concurrency: int, prompts, done: list[Decoded], seconds: float) -> dict:
+    """A row's figures; setting None: the baseline server (no speculation)."""
+    drafts = setting.steps if setting is not None else 0
     accepted = [sum(d.accepted[i] for d in done if i < len(d.accepted)) for i in range(drafts)]
     examined = [sum(d.examined[i] for d in done if i < len(d.examined)) for i in range(drafts)]
     tokens = sum(len(d.tokens) for d in done)
     steps = sum(d.verify_steps for d in done)
     return {
-        "setting": setting.as_json(), "label": setting.label(), "concurrency": concurrency,
+        "setting": setting.as_json() if setting is not None else None,
+        "label": setting.label() if setting is not None else "baseline", "concurrency": concurrency,
         "prompts": len(done), "completion_tokens": tokens, "verify_steps": steps,
-        "acceptance_length": tokens / steps if steps else None,
+        "acceptance_length": tokens / steps if steps and setting is not None else None,
         "seconds": seconds, "tok_s": tokens / max(seconds, 1e-9),
         "accept_rate_per_position": [a / e if e else None for a, e in zip(accepted, examined)],
         "accepted_per_position": accepted, "examined_per_position": examined,

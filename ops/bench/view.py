@@ -70,7 +70,47 @@ def details(r: dict) -> list[str]:
         lines.append("accept @k: share of draft k accepted when drafts 1..k-1 were")
     if r.get("drafter"):
         lines.append(f"drafter {r['drafter']}" + (f" ({r['format']})" if r.get("format") else ""))
+    lines += table_lines(r)
     return lines
+
+
+def table_lines(r: dict) -> list[str]:
+    """bench.json's table, a row per (setting, concurrency); the degenerate share and the comparison."""
+    rows = [x for x in r.get("table") or [] if isinstance(x, dict)]
+    out = []
+    if rows:
+        # Narrow enough for the side pane (about 58 columns): rates in percent, "/"-joined.
+        out.append("setting  conc    AL   tok/s  speed degen accept@1..k %")
+        for x in rows:
+            al, tok_s, speed = _num(x.get("acceptance_length")), _num(x.get("tok_s")), _num(x.get("speedup"))
+            rates = "/".join("-" if _num(a) is None else f"{100 * a:.0f}" for a in x.get("accept_rate_per_position") or [])
+            d = x.get("degenerate") or {}
+            out.append(f"{str(x.get('label')):<8} x{x.get('concurrency')!s:<3} "
+                       f"{'-' if al is None else f'{al:.2f}':>5} {'-' if tok_s is None else f'{tok_s:.1f}':>7} "
+                       f"{'-' if speed is None else f'{speed:.2f}x':>6} {str(d.get('count', '-')) + '/' + str(d.get('judged', '-')):>5} "
+                       f"{rates}")
+    line = degenerate_line(r)
+    if line:
+        out.append(line)
+    c = r.get("compared")
+    if isinstance(c, dict):
+        out.append(f"vs {c.get('engine_other')} ({c.get('with')}): {c.get('differing_completions')} of "
+                   f"{c.get('prompts')} completions differ, {c.get('tokens')} vs {c.get('tokens_other')} tokens, "
+                   f"AL {_fmt(c.get('acceptance_length'))} vs {_fmt(c.get('acceptance_length_other'))}")
+    return out
+
+
+def degenerate_line(r: dict) -> str | None:
+    d = r.get("degenerate")
+    if not isinstance(d, dict) or not d.get("count"):
+        return None
+    return (f"degenerate completions {d['count']}/{d.get('judged')} (distinct bigrams < {d.get('threshold')}): "
+            f"repetition inflates acceptance")
+
+
+def _fmt(v) -> str:
+    n = _num(v)
+    return "-" if n is None else f"{n:.2f}"
 
 
 def gauges(r: dict) -> list[Gauge]:
@@ -88,4 +128,16 @@ def gauges(r: dict) -> list[Gauge]:
     if isinstance(rates, list):
         out += [Gauge("eagle3_bench_accept_rate_ratio", "Share of draft k accepted when drafts 1..k-1 were.", v,
                       (("position", str(k)),)) for k, v in enumerate(rates, 1)]
+    d = r.get("degenerate")
+    if isinstance(d, dict):
+        out.append(Gauge("eagle3_bench_degenerate_ratio", "Share of completions whose distinct-bigram ratio is "
+                         "below the threshold (repetition loops).", _num(d.get("share"))))
+    for x in r.get("table") or []:
+        if not isinstance(x, dict):
+            continue
+        labels = (("setting", str(x.get("label"))), ("concurrency", str(x.get("concurrency"))))
+        out += [Gauge("eagle3_bench_table_acceptance_length", "Acceptance length of a (steps,topk,draft tokens) "
+                      "setting at a concurrency.", _num(x.get("acceptance_length")), labels),
+                Gauge("eagle3_bench_table_output_tokens_per_second", "Completion tokens / wall time of the row.",
+                      _num(x.get("tok_s")), labels)]
     return out

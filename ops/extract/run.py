@@ -225,7 +225,8 @@ def _preflight(run: _Run, rewrite: dict[int, str]) -> bool:
     if run.rank == 0:
         log(f"extract: {total_samples} samples, {total_tokens} tokens; aux layers {run.layer_ids} "
             f"(HF hidden_states {config['hf_hidden_states_indices']}, SGLang capture "
-            f"{config['sglang_layers_to_capture']}) + final post-norm; {len(run.done)} already on disk")
+            f"{config['sglang_layers_to_capture']}) + final post-norm; {len(run.done)} already on disk; format "
+            f"{hidden_formats.describe(config['format'], run.dtype)}")
         if rewrite:
             shown = "; ".join(f"{sample_path(out_dir, i).name}: {why}" for i, why in list(rewrite.items())[:10])
             log(f"extract: resume: rewriting {len(rewrite)} sample file(s) on disk that fail verify's header "

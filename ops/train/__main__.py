@@ -173,9 +173,6 @@ def train(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
         raise BadInput(f"{len(batches)} batches cannot feed {world} rank(s) x {args.grad_accum} "
                        f"accumulation; lower --token-budget or --grad-accum")
     total = args.max_steps or args.epochs * steps_per_epoch
-    if total < 1:
-        # --replace-checkpoints deletes before the first step: a run of no steps would only delete.
-        raise BadInput(f"{total} steps planned (epochs {args.epochs}, max_steps {args.max_steps}): nothing to train")
     warmup = math.ceil(total * args.warmup_ratio)
 
     decay, no_decay = [], []

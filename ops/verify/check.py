@@ -81,7 +81,7 @@ class Report:
                 return
         entry = {"path": str(path), "reason": reason, "sample": sample}
         try:
-            st = os.stat(path)
+            st = os.lstat(path)      # a symlink is judged as the link: clean removes the link, not its target
             entry.update(size=st.st_size, mtime_ns=st.st_mtime_ns)
         except OSError:
             pass

@@ -4,7 +4,8 @@ Sits after verify (its --report JSON, e.g. runs/verify.json; check.py's
 Report.as_json) and before the console's clean action, which can offer them
 even under a succeeded extract run. A report is an old file that anyone can
 edit, so an entry is only returned when its path lies inside the output the
-report is about (no `..`, no symlink out of it) and the file is still the
+report is about (no `..`, no folder linked out of it; a sample replaced by a
+symlink is the link itself, never its target) and the file is still the
 one verify judged (same size and mtime, where the report recorded them): a
 file resume rewrote since, or a stray path, is never offered. No torch.
 """
@@ -50,6 +51,11 @@ def reported_bad_files(report_path: str | os.PathLike, output: str | os.PathLike
     def real(p: str) -> Path:
         return Path(os.path.realpath(os.path.join(base, p) if base is not None else p))
 
+    def real_parent(p: str) -> Path:
+        # The entry itself is not resolved: a sample replaced by a symlink is the link (inside the output).
+        joined = Path(os.path.join(base, p) if base is not None else p)
+        return real(str(joined.parent)) / joined.name
+
     root = real(data["output"])
     if output is not None and Path(os.path.realpath(output)) != root:
         raise ReportError(f"{report_path}: reports on {data['output']}, not on {output}")
@@ -57,14 +63,14 @@ def reported_bad_files(report_path: str | os.PathLike, output: str | os.PathLike
     for entry in data["bad_files"]:
         if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
             continue
-        path = real(entry["path"])
+        path = real_parent(entry["path"])
         if root not in path.parents:
             continue
         try:
             st = os.lstat(path)
         except OSError:
             continue        # gone already (cleaned, or rewritten under another name)
-        if not os.path.isfile(path):
+        if not (os.path.isfile(path) or os.path.islink(path)):
             continue
         if ("size" in entry and entry["size"] != st.st_size) or \
                 ("mtime_ns" in entry and entry["mtime_ns"] != st.st_mtime_ns):
