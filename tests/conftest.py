@@ -157,6 +157,8 @@ class WS:
                 code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
             finally:
                 os.chdir(cwd)
+                sys.stdout.flush()      # print() writes through a buffer into the streams read below
+                sys.stderr.flush()
             proc = subprocess.CompletedProcess(argv, code, out.getvalue().decode(), err.getvalue().decode())
         if check is not None:
             assert proc.returncode == check, (proc.returncode, proc.stdout, proc.stderr)
