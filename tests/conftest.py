@@ -27,20 +27,21 @@ STAGES = Path(__file__).resolve().parent / "stages"
 PY = sys.executable
 
 
-SLOW_FIXTURES: set[str] = set()
-
-
 def slow_fixture(*args, **kwargs):
     """pytest.fixture, and every test using it (however indirectly) is in the full tier only."""
     def wrap(fn):
-        SLOW_FIXTURES.add(fn.__name__)
+        fn.full_tier = True
         return pytest.fixture(*args, **kwargs)(fn)
     return wrap
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        info = getattr(item, "_fixtureinfo", None)
+        # The definition each name resolves to for this test (a module's own
+        # fixture of the same name overrides the shared one).
+        used = [defs[-1].func for defs in (info.name2fixturedefs.values() if info else ()) if defs]
+        if any(getattr(func, "full_tier", False) for func in used):
             item.add_marker(pytest.mark.slow)
 
 
@@ -132,6 +133,33 @@ class WS:
         e.update(env or {})
         proc = subprocess.run([PY, "-m", "eagle3_console.cli", "-w", str(self.root), *args],
                               capture_output=True, text=True, timeout=timeout, env=e, cwd=str(self.root), **kw)
+        if check is not None:
+            assert proc.returncode == check, (proc.returncode, proc.stdout, proc.stderr)
+        return proc
+
+    def call(self, *args: str, check: int | None = None, env: dict | None = None,
+             **_ignored) -> subprocess.CompletedProcess:
+        """The CLI in this process (typer's CliRunner streams, cli.run as the console
+        script runs it): for a check or a refusal, where no process is what is tested.
+        An exception the CLI does not turn into an exit propagates (a traceback)."""
+        from typer.testing import CliRunner
+
+        from eagle3_console import cli
+
+        argv = ["-w", str(self.root), *args]
+        cwd = os.getcwd()
+        with CliRunner().isolation(env={"EAGLE3_WORKSPACE": None, **(env or {})}) as (out, err, _mixed):
+            os.chdir(self.root)
+            try:
+                cli.run(argv)
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            finally:
+                os.chdir(cwd)
+                sys.stdout.flush()      # print() writes through a buffer into the streams read below
+                sys.stderr.flush()
+            proc = subprocess.CompletedProcess(argv, code, out.getvalue().decode(), err.getvalue().decode())
         if check is not None:
             assert proc.returncode == check, (proc.returncode, proc.stdout, proc.stderr)
         return proc

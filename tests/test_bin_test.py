@@ -1,6 +1,6 @@
 """bin/test: the install runs on a fresh checkout and again only when what decides
 it changed (pyproject.toml, bin/test itself, the interpreter); `--fast` runs the
-fast tier; the suite runs on xdist workers.
+fast tier; the suite runs on xdist workers; `bin/test -q` keeps pytest's counts.
 
 The venv's interpreter is a stand-in (a shell script that records its argv):
 the script under test is bin/test's shell logic, and a real install would pull
@@ -129,3 +129,9 @@ def test_bin_test_reports_the_counts(venv, extra):
                            str(venv / "test_tiny.py")], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "2 passed" in proc.stdout, proc.stdout
+
+
+def test_a_module_fixture_named_like_a_slow_one_is_its_own():
+    """test_extract_engine's `assets` is its own (a tiny target), not the toy's: fast."""
+    every = collected("tests/test_extract_engine.py")
+    assert every and collected("-m", "not slow", "tests/test_extract_engine.py") == every

@@ -72,16 +72,16 @@ def test_bad_pipeline_names_file_and_key(ws, text, key, words):
 
 def test_bad_pipeline_exits_3_and_writes_nothing(ws):
     ws.write(BAD[0][0])
-    proc = ws.cli("run", "a")
+    proc = ws.call("run", "a")
     assert proc.returncode == 3
     assert "stages.a.bogus" in proc.stderr
     assert not (ws.root / ".eagle3" / "state.db").exists()
-    proc = ws.cli("status", "--json")
+    proc = ws.call("status", "--json")
     assert proc.returncode == 3
 
 
 def test_missing_pipeline_file_is_a_clear_error(ws):
-    proc = ws.cli("status")
+    proc = ws.call("status")
     assert proc.returncode == 3 and "eagle3-console init" in proc.stderr
 
 

@@ -25,11 +25,11 @@ def test_events_lists_the_audit_log_newest_first(ws):
 
 def test_events_of_an_unknown_stage_is_bad_input_and_none_yet_is_empty(ws):
     ws.write('[stages.a]\nargv = ["true"]\n')
-    assert json.loads(ws.cli("events", "--json", check=0).stdout) == []
+    assert json.loads(ws.call("events", "--json", check=0).stdout) == []
     assert not (ws.root / ".eagle3" / "state.db").exists()
-    proc = ws.cli("events", "--stage", "nope", check=3)
+    proc = ws.call("events", "--stage", "nope", check=3)
     assert "nope" in proc.stderr and "Traceback" not in proc.stderr
-    assert ws.cli("events", "--limit", "0", check=3).returncode == 3
+    assert ws.call("events", "--limit", "0", check=3).returncode == 3
 
 
 def test_a_run_refused_for_its_dependency_or_a_live_run_is_in_the_audit_log(ws):

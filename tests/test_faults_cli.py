@@ -54,7 +54,7 @@ def test_every_numeric_option_is_checked_at_parse_exit_3(ws, args, option):
     accepted (a busy sampler), inf killed the sampler thread; watch
     --interval -1 / nan a ValueError traceback; -n -1 silently accepted."""
     ws.write(SLEEPER)
-    proc = ws.cli(*args, timeout=20)
+    proc = ws.call(*args, timeout=20)
     assert proc.returncode == 3, (proc.returncode, proc.stdout, proc.stderr)
     _one_clear_line(proc, option)
     assert "Traceback" not in proc.stderr
@@ -71,14 +71,14 @@ def test_watch_and_exporter_still_take_a_fractional_interval(ws):
 def test_click_usage_errors_exit_3_not_2(ws, args):
     """Before: exit 2, which the README's table calls CRITICAL (a stage failed)."""
     ws.write(SLEEPER)
-    proc = ws.cli(*args)
+    proc = ws.call(*args)
     assert proc.returncode == 3, (proc.returncode, proc.stderr)
     assert "Error" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_help_is_still_exit_0(ws):
     ws.write(SLEEPER)
-    assert "Usage" in ws.cli("run", "--help", check=0).stdout
+    assert "Usage" in ws.call("run", "--help", check=0).stdout
 
 
 # ------------------------------------------------------------------ 11. deep nesting
@@ -91,7 +91,7 @@ argv = ["python", "-c", "pass"]
 params = {{ x = {deep} }}
 """)
     for args in (("status", "--no-gpus"), ("status", "--json", "--no-gpus"), ("run", "s")):
-        proc = ws.cli(*args)
+        proc = ws.call(*args)
         assert proc.returncode == 3, (args, proc.returncode, proc.stderr[-500:])
         assert "Traceback" not in proc.stderr and "RecursionError" not in proc.stderr
         assert len(proc.stderr.splitlines()) == 1 and "eagle3.toml" in proc.stderr and "nested" in proc.stderr
@@ -104,13 +104,13 @@ def test_nesting_that_tomllib_parses_but_is_absurd_is_refused_with_its_key(ws):
 argv = ["python", "-c", "pass"]
 params = {{ x = {deep} }}
 """)
-    proc = ws.cli("status", "--no-gpus")
+    proc = ws.call("status", "--no-gpus")
     assert proc.returncode == 3 and "stages.s.params.x" in proc.stderr and "nested" in proc.stderr, proc.stderr
 
 
 def test_a_deep_set_value_is_one_line_exit_3(ws):
     ws.write(SLEEPER)
-    proc = ws.cli("run", "sleeper", "--set", "seconds=" + "[" * 600 + "]" * 600)
+    proc = ws.call("run", "sleeper", "--set", "seconds=" + "[" * 600 + "]" * 600)
     assert proc.returncode == 3 and "Traceback" not in proc.stderr and "--set" in proc.stderr, proc.stderr[-300:]
     assert ws.latest("sleeper") is None
 
@@ -159,7 +159,7 @@ def test_a_batch_param_below_1_is_refused_exit_3(ws, value):
     """Before: `--set bs=0` accepted; then "0 -> 1 (halved)"."""
     ws.write(OOM_STAGE.replace("bs = 1", "bs = 2.0" if value in ("0.5", "nan") else "bs = 2"))
     for args in (("run", "oom", "--set", f"bs={value}"), ("restart", "oom", "--set", f"bs={value}", "--yes")):
-        proc = ws.cli(*args)
+        proc = ws.call(*args)
         assert proc.returncode == 3, (args, proc.returncode, proc.stderr)
         assert "bs" in proc.stderr and "at least 1" in proc.stderr and "Traceback" not in proc.stderr
     assert ws.latest("oom") is None

@@ -14,20 +14,20 @@ def test_custom_param_takes_the_type_of_its_default(ws):
 argv = {stage_cmd("progress.py", "--n", "{{n}}", "--sleep", "0")}
 params = {{ n = 200 }}
 """)
-    proc = ws.cli("run", "count", "--set", "n=abc")
+    proc = ws.call("run", "count", "--set", "n=abc")
     assert proc.returncode == 3 and "param n" in proc.stderr and "integer" in proc.stderr, proc.stderr
     assert ws.latest("count") is None
 
 
 def test_runs_of_an_unknown_stage_is_bad_input(ws):
     ws.write('[stages.a]\nargv = ["true"]\n')
-    proc = ws.cli("runs", "nosuch")
+    proc = ws.call("runs", "nosuch")
     assert proc.returncode == 3 and "nosuch" in proc.stderr
 
 
 def test_unknown_dtype_is_refused(ws):
     ws.write('[target]\ndtype = "fp33"\n[stages.a]\nargv = ["true"]\n')
-    proc = ws.cli("status", "--no-gpus")
+    proc = ws.call("status", "--no-gpus")
     assert proc.returncode == 3 and "target.dtype" in proc.stderr and "fp33" in proc.stderr
 
 
@@ -49,7 +49,7 @@ def test_literal_braces_in_argv(ws):
 
 def test_unknown_op_lists_the_ops_once(ws):
     ws.write('[stages.a]\nop = "nosuch"\n')
-    proc = ws.cli("status", "--no-gpus")
+    proc = ws.call("status", "--no-gpus")
     assert proc.returncode == 3 and proc.stderr.count("prepare") == 1, proc.stderr
 
 

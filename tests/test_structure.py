@@ -23,7 +23,8 @@ MAX_LINES = 400
 
 
 def import_circles(packages: tuple[str, ...] = PACKAGES) -> list[list[str]]:
-    graph = grimp.build_graph(*packages, exclude_type_checking_imports=True)
+    # No cache: the xdist workers would write one cache folder at once.
+    graph = grimp.build_graph(*packages, exclude_type_checking_imports=True, cache_dir=None)
     edges = {m: [x for x in graph.find_modules_directly_imported_by(m) if x in graph.modules and x != m]
              for m in graph.modules}
     # Strongly connected components (Tarjan, iterative): each one of several modules is a circle.
