@@ -62,10 +62,10 @@ def _prepared(root: Path, model_dir: Path) -> Path:
     return root
 
 
-def _extract(model_dir: Path, prepared: Path, out: Path, dtype: str) -> Path:
+def _extract(model_dir: Path, prepared: Path, out: Path, dtype: str, *extra: str) -> Path:
     # A budget of 160 padded tokens puts two samples in a batch: padding is part of the numerics.
     argv = ["--target", str(model_dir), "--input", str(prepared), "--output", str(out), "--device", "cpu",
-            "--dtype", dtype, "--token-budget", "160", "--progress-interval", "5"]
+            "--dtype", dtype, "--token-budget", "160", "--progress-interval", "5", *extra]
     assert run_main(extract_main, argv) == 0
     return out
 
@@ -76,7 +76,7 @@ def extracted(smollm2_dir, tmp_path_factory):
     prepared = _prepared(root / "prep", smollm2_dir)
     bf16 = _extract(smollm2_dir, prepared, root / "bf16", "bfloat16")
     f32 = _extract(smollm2_dir, prepared, root / "f32", "float32")
-    return smollm2_dir, bf16, f32
+    return smollm2_dir, bf16, f32, prepared
 
 
 @pytest.fixture
@@ -115,7 +115,7 @@ def test_bf16_output_of_two_engines_passes(extracted, tmp_path, capsys):
     recompute it differs by 0.5-2.8 % per layer, about what SGLang's bf16
     kernels differ from HF's on this model (RMS 1.1 % aux / 3.0 % final, cosine
     >= 0.9995): another accumulation order and rounding at every layer."""
-    model_dir, bf16, f32 = extracted
+    model_dir, bf16, f32, _prepared = extracted
     code, report, text = verify(model_dir, bf16, tmp_path, capsys)
     assert code == 0, text
 
@@ -257,3 +257,26 @@ def test_the_wrong_dtype_is_caught(extracted, out, tmp_path, capsys):
     else:
         assert all({"rms", "row"} <= set(b["failed"]) for b in rec["blocks"]), rec["blocks"]
         assert "aux block 0 (layer_ids[0]=1): rows' RMS relative error" in why
+
+
+def test_an_fp8_output_passes_within_its_format_error_and_a_zeroed_row_is_still_caught(extracted, tmp_path,
+                                                                                       capsys):
+    """The stored format's own error is an input of the bound (ops/hidden_formats.py: fp8 0.04)."""
+    model_dir, _bf16, _f32, prepared = extracted
+    out = _extract(model_dir, prepared, tmp_path / "fp8", "bfloat16", "--format", "fp8")
+    code, report, text = verify(model_dir, out, tmp_path, capsys)
+    assert code == 0, text
+    blocks = [b for r in report["deep"]["recomputed"] for b in r["blocks"] + [r["final"]]]
+    assert all(b["bound"]["rms"] > 0.04 and "stored 0.0439" in b["bound"]["basis"] for b in blocks)
+    assert max(b["rms_rel"] for b in blocks) > 0.005          # fp8 adds its rounding to bf16's
+    from ops.verify.deep import load_sample
+    cfg = json.loads((out / DATA_CONFIG).read_text())
+    path = sample_path(out, 2)
+    data = load_file(str(path))
+    key = next(k for k in data if k.startswith("aux_hidden_states") and not k.endswith("_scale"))
+    data[key][7] = 0                        # one token row of every aux layer, as stored
+    save_file(data, str(path), metadata={"format": "fp8"})
+    assert float(load_sample(str(path), cfg)["aux_hidden_states"][7].abs().max()) == 0.0
+    code, report, _ = verify(model_dir, out, tmp_path, capsys)
+    assert code == 1 and [b["sample"] for b in report["bad_files"]] == [2]
+    assert "row" in records(report)[2]["blocks"][1]["failed"]
