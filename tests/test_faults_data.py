@@ -379,3 +379,33 @@ def test_a_supervisor_never_starts_its_stage_into_a_folder_under_a_live_claim(tm
         assert not marker.exists()
     finally:
         os.killpg(run_a.pgid, signal.SIGKILL)
+
+
+def test_clean_and_run_started_together_never_both_act(ws):
+    """The race itself, repeated: `clean w --yes` and `run w` started together
+    (the run an instant later each round). Either clean moved the files and no
+    run started while it did, or the run started and clean refused: never both
+    (on main: both acted in the rounds where the run met clean's move)."""
+    ws.write(writer_stage("out/w", n=2, every=2.0, code=1))
+    ws.cli("run", "w", check=0)
+    ws.wait_status("w", ("failed",), timeout=60)
+    out = ws.root / "out" / "w"
+    both = []
+    for round_, delay in enumerate((0.3, 0.6, 0.9, 1.2)):
+        for i in range(6000):
+            (out / f"r{round_}_{i}.bin").write_bytes(b"partial")
+        before = ws.latest("w").id
+        clean = subprocess.Popen([PY, "-m", "eagle3_console.cli", "-w", str(ws.root), "clean", "w", "--yes"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+                                 cwd=str(ws.root))
+        time.sleep(delay)
+        run = ws.cli("run", "w")
+        said, err = clean.communicate(timeout=300)
+        assert "Traceback" not in err + run.stderr, err + run.stderr
+        started = ws.latest("w").id != before and run.returncode == 0
+        cleaned = clean.returncode == 0 and "cleaned" in said
+        if started and cleaned:
+            both.append(round_)
+        ws.wait_status("w", ("failed",), timeout=60)
+        ws.cli("clean", "w", "--yes")       # the next round starts from no partial files
+    assert both == []
