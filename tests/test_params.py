@@ -136,7 +136,16 @@ def sample_value(param: Param):
     if param.choices is not None:
         return next(c for c in param.choices if c != param.default)
     if param.convert is not None:
-        return "64"
+        # The first of a few spellings that this param's own converter takes (a size, a
+        # setting list, a concurrency list), so every converter is exercised.
+        for text in ("64", "3/1/4,5/1/6", "1,8"):
+            try:
+                param.convert(text)
+            except (ValueError, TypeError):
+                continue
+            if text != param.default:
+                return text
+        raise AssertionError(f"no sample value for {param.name}")
     kind = param.kind
     if kind is bool:
         return not param.default
