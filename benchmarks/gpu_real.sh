@@ -84,6 +84,7 @@ formats)
     --extract-args "--num-samples ${FORMAT_SAMPLES:-4000} --token-budget 16384 --max-seq-len 1024 --dtype bfloat16" \
     --train-args "--epochs ${FORMAT_EPOCHS:-3} --lr 1e-3 --ttt-steps 3 --token-budget 16384 --max-len 1024 --device cuda" \
     2>&1 | tee $P/out/formats.log
-  tar czf "$OUT/formats.tgz" -C $P out/formats out/formats.log
+  # The table and logs only: the extracted states stay behind (gigabytes; a call returns 16 MiB a file).
+  tar czf "$OUT/formats.tgz" --exclude="*.safetensors" --exclude="*.pt" -C $P out/formats out/formats.log
   ;;
 esac
