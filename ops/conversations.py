@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Iterator
 
 from ops.common import BadInput
 
@@ -73,23 +74,32 @@ def parse_row(row, where: str, line: int) -> Conversation:
     return conv
 
 
-def read_conversations(path: Path, limit: int | None = None) -> list[Conversation]:
-    """All rows of `path` (the first `limit` non-blank ones if given)."""
+def jsonl_rows(path: Path, what: str) -> Iterator[tuple[int, str, Any]]:
+    """(line number, "file:line", row) of each non-blank line of a JSONL file: the one
+    reader of the conversation and prompt files. BadInput naming the file ("<what> PATH:
+    no such file") or the line (not UTF-8, not JSON)."""
+    path = Path(path)
     if not path.is_file():
-        raise BadInput(f"input {path}: no such file")
-    out: list[Conversation] = []
+        raise BadInput(f"{what} {path}: no such file")
     with open(path, "rb") as fh:
         for line_no, raw in enumerate(fh, start=1):
-            if limit is not None and len(out) >= limit:
-                break
             if not raw.strip():
                 continue
             where = f"{path}:{line_no}"
             try:
                 row = json.loads(raw)
             except UnicodeDecodeError as exc:
-                raise BadInput(f"{where}: not UTF-8 ({exc.reason} at byte {exc.start})") from exc
+                raise BadInput(f"{where}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
             except ValueError as exc:
-                raise BadInput(f"{where}: not valid JSON ({exc})") from exc
-            out.append(parse_row(row, where, line_no))
+                raise BadInput(f"{where}: not valid JSON ({exc})") from None
+            yield line_no, where, row
+
+
+def read_conversations(path: Path, limit: int | None = None) -> list[Conversation]:
+    """All rows of `path` (the first `limit` non-blank ones if given)."""
+    out: list[Conversation] = []
+    for line_no, where, row in jsonl_rows(path, "input"):
+        if limit is not None and len(out) >= limit:
+            break
+        out.append(parse_row(row, where, line_no))
     return out

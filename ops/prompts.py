@@ -66,24 +66,13 @@ def parse_prompt_row(row, where: str, line: int, index: int) -> PromptRow:
 
 def read_prompts(path: Path, limit: int | None = None) -> list[PromptRow]:
     """The rows of `path` (the first `limit` non-blank ones if given)."""
-    path = Path(path)
-    if not path.is_file():
-        raise BadInput(f"prompts {path}: no such file")
+    from ops.conversations import jsonl_rows
+
     out: list[PromptRow] = []
-    with open(path, "rb") as fh:
-        for line_no, raw in enumerate(fh, start=1):
-            if limit is not None and len(out) >= limit:
-                break
-            if not raw.strip():
-                continue
-            where = f"{path}:{line_no}"
-            try:
-                row = json.loads(raw)
-            except UnicodeDecodeError as exc:
-                raise BadInput(f"{where}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
-            except ValueError as exc:
-                raise BadInput(f"{where}: not valid JSON ({exc})") from None
-            out.append(parse_prompt_row(row, where, line_no, len(out)))
+    for line_no, where, row in jsonl_rows(path, "prompts"):
+        if limit is not None and len(out) >= limit:
+            break
+        out.append(parse_prompt_row(row, where, line_no, len(out)))
     return out
 
 
