@@ -130,6 +130,10 @@ class WS:
             **kw) -> subprocess.CompletedProcess:
         e = dict(os.environ)
         e.pop("EAGLE3_WORKSPACE", None)
+        # A pipe's width, as cron and scripts see it: a COLUMNS left in this process by a
+        # terminal test (Textual's headless runs set it) would squeeze the tables.
+        e.pop("COLUMNS", None)
+        e.pop("LINES", None)
         e.update(env or {})
         proc = subprocess.run([PY, "-m", "eagle3_console.cli", "-w", str(self.root), *args],
                               capture_output=True, text=True, timeout=timeout, env=e, cwd=str(self.root), **kw)

@@ -229,7 +229,7 @@ def test_clean_asks_for_the_stage_name_then_moves_partial_files_to_trash(ws):
 
     async def main():
         app = make_app(ws.root, refresh_s=0.2)
-        async with app.run_test(size=(120, 40)) as pilot:
+        async with app.run_test(size=(160, 48)) as pilot:
             await select(pilot, app, "extract")
             dialog = await open_dialog(pilot, app, "c")
             assert "partial file(s)" in plan_text(dialog) and tmp[0].name in plan_text(dialog)

@@ -62,9 +62,10 @@ class CleanPlan:
         if self.refusal:
             head = [f"{'nothing to do' if self.nothing_to_do else 'refused'}: {self.refusal}"]
             return head + [f"  kept: {s}" for s in self.skipped[:10]]
-        verb = "DELETE" if self.purge else f"move to {self.trash}"
-        out = [f"{verb}: {len(self.files)} partial file(s), {human_bytes(self.total_bytes, '?')} "
-               f"under {', '.join(map(str, self.roots))} ({self.why})"]
+        # What and how much first, where second: a narrow dialog cuts a long line's end.
+        verb = "DELETE them" if self.purge else f"move them to {self.trash}"
+        out = [f"{len(self.files)} partial file(s), {human_bytes(self.total_bytes, '?')} "
+               f"under {', '.join(map(str, self.roots))} ({self.why}): {verb}"]
         for path, size in self.files[:limit]:
             out.append(f"  {human_bytes(size, '?'):>10}  {path}")
         if len(self.files) > limit:
