@@ -33,7 +33,7 @@ params = {{ data = "data/hs", vocab = "data/vocab", output = "runs/train", ttt_s
         # A short pane (80x24) says every step's accuracy on one line (issue 20: acc@2 was left out).
         accs = ("acc@1", f"acc@{K}") if size[1] >= 40 else (f"acc@1-{K}",)
         screen = tmux.wait_screen("Progress: train", "sim AL", f"{last['simulated_acceptance_length']:.2f}",
-                                  f"{last['acc'][0]:.2f}", *accs)
+                                  f"{last['acc'][0]:.2f}", *accs, timeout=90)   # the app's start, on a loaded machine
         assert "▁" in screen or "▂" in screen          # the sparklines' glyphs
         if size[1] >= 40:
             # Every step's sparkline; the loss chart (with its step range) only where the pane has

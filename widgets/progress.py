@@ -48,7 +48,7 @@ def summary(st: StageStatus, now: float) -> Text:
         # The storage on a line of its own: the counts above stay whole in a narrow pane
         # (Rich wraps at any space, no-break ones included).
         if sp.format or sp.bytes_per_token:
-            t.append("\nformat ", "dim")
+            t.append("  format ", "dim")
             t.append(sp.format or "?")
             if sp.bytes_per_token:
                 t.append(f"  {fmt.nbytes(sp.bytes_per_token)}/token")
