@@ -42,7 +42,9 @@ class Tmux:
         return subprocess.run(["tmux", "-S", self.sock, *args], capture_output=True, text=True, check=check)
 
     def start(self, command: str, size: tuple[int, int]) -> None:
-        env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "TEXTUAL")}
+        # COLUMNS/LINES left in this process by a Textual test on the same xdist worker would size
+        # the console (shutil.get_terminal_size reads them before the tty): the pane's size decides.
+        env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "TEXTUAL", "COLUMNS", "LINES")}
         env["TERM"] = "xterm-256color"
         subprocess.run(["tmux", "-S", self.sock, "new-session", "-d", "-s", self.name, "-x", str(size[0]),
                         "-y", str(size[1]), command], check=True, env=env)
