@@ -11,12 +11,22 @@ it), the sample files' bytes over data_config.json's total_tokens, train's
 metrics.jsonl (tok/s of its logged windows after the first, the last record's
 simulated_acceptance_length and its held-out tokens / verify steps).
 
+Two more figures in the same invocation, each optional:
+  --floors      the target's bare forward (no capture, no copies, no writes; random ids at the
+                extraction's batch shape) and the writers' own rate on the output's filesystem
+                (benchmarks/extract_throughput.py's probes), so each format's extraction tok/s
+                stands against the forward it runs and the write floor of its bytes a token;
+  --sweep N,..  acceptance against the number of training samples: the first format extracted
+                with --num-samples N and trained (first seed) for each N, the held-out samples
+                (--holdout) taken from those N.
+
 Usage:
   python benchmarks/formats_table.py --toy [--out DIR] [--toy-dir DIR]   # CPU: the toy target, a few minutes
   python benchmarks/formats_table.py --target T --prepared P --vocab V --out DIR
       [--formats bf16,fp8,int4] [--seeds 0,1,2] [--holdout 32]
       [--extract-args "--token-budget 16384 --writers 8"] [--train-args "--epochs 10 --ttt-steps 3"]
       [--bench-args "--draft-tokens 3 --max-new-tokens 256 --num-prompts 32"] [--export-args "--dtype bfloat16"]
+      [--floors] [--sweep 1000,2000,4000]
 """
 
 from __future__ import annotations
@@ -78,14 +88,14 @@ def _run(argv: list[str], log_path: Path) -> str:
     return text
 
 
-def extract(fmt: str, target: Path, prepared: Path, out: Path, extra: str) -> dict:
-    hs = out / fmt / "hidden_states"
+def extract(fmt: str, target: Path, prepared: Path, out: Path, extra: str, name: str | None = None) -> dict:
+    hs = out / (name or fmt) / "hidden_states"
     if hs.exists():
         import shutil
         shutil.rmtree(hs)
     t0 = time.perf_counter()
     text = _run(["-m", "ops.extract", "--target", str(target), "--input", str(prepared), "--output", str(hs),
-                 "--format", fmt, *shlex.split(extra)], out / fmt / "extract.log")
+                 "--format", fmt, *shlex.split(extra)], out / (name or fmt) / "extract.log")
     wall = time.perf_counter() - t0
     config = json.loads((hs / "data_config.json").read_text())
     files = sum(p.stat().st_size for p in hs.rglob("data_*.safetensors"))
@@ -97,6 +107,7 @@ def extract(fmt: str, target: Path, prepared: Path, out: Path, extra: str) -> di
 
 
 def train(fmt: str, seed: int, data: str, target: Path, vocab: Path, out: Path, holdout: int, extra: str) -> dict:
+    """`fmt` names the folder under `out` (a format, or a sweep point's folder)."""
     run = out / fmt / f"train-seed{seed}"
     if run.exists():
         import shutil
@@ -122,6 +133,53 @@ def bench(t: dict, target: Path, out: Path, fmt: str, export_args: str, bench_ar
     result = json.loads((run / "bench" / "bench.json").read_text())
     return {"bench_al": result["acceptance_length"], "bench_tokens": result.get("completion_tokens"),
             "bench_verifies": result.get("verify_forwards")}
+
+
+def floors(target: Path, out: Path, extract_args: str) -> dict:
+    """The bare forward of the target (tok/s) at the extraction's batch shape and the writers'
+    rate in bytes/s on `out`'s filesystem (direct writes, as extract's default durability)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from benchmarks.extract_throughput import bare_forward, writer_rate
+
+    args = shlex.split(extract_args)
+
+    def flag(name: str, default: int) -> int:
+        return int(args[args.index(name) + 1]) if name in args else default
+
+    budget, seq = flag("--token-budget", 16384), flag("--max-seq-len", 1024)
+    writers = flag("--writers", 4)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg = AutoConfig.from_pretrained(str(target))
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(str(target), dtype=dtype).to(device).eval()
+    batch = max(1, budget // seq)
+    bare = bare_forward(model, batch, seq, cfg.vocab_size, device, reps=20, with_mask=False)
+    del model
+    n_aux = 3
+    hidden = cfg.hidden_size
+    probe = out / "write-probe"
+    samples = 256
+    tok_s = writer_rate(probe, samples, seq, n_aux * hidden, hidden, writers, "direct")
+    # The probe's file image: bf16 aux + final, int64 ids, uint8 mask (sample_image's layout).
+    image_bytes = seq * ((n_aux + 1) * hidden * 2 + 8 + 1)
+    return {"bare_tok_s": bare, "bare_shape": f"{batch} x {seq}", "device": device,
+            "write_bytes_s": tok_s * image_bytes / seq, "writers": writers}
+
+
+def sweep(points: list[int], fmt: str, seed: int, a, holdout: int) -> list[dict]:
+    rows = []
+    for n in points:
+        name = f"sweep-{n}"
+        (a.out / name).mkdir(parents=True, exist_ok=True)
+        ext = extract(fmt, a.target, a.prepared, a.out, f"{a.extract_args or ''} --num-samples {n}", name)
+        t = train(name, seed, ext["data"], a.target, a.vocab, a.out, holdout, a.train_args or "")
+        row = {"samples": n, "trained": n - holdout, "tokens": ext["tokens"], **t}
+        log(f"sweep {n} samples ({row['trained']} trained, {ext['tokens']:,} tokens): held-out simulated AL "
+            f"{t['heldout_al']:.3f} ({t['heldout_tokens']} / {t['heldout_verifies']}), {t['train_tok_s']:,.0f} tok/s")
+        rows.append(row)
+    return rows
 
 
 def table(rows: list[dict]) -> list[str]:
@@ -157,6 +215,8 @@ def main(argv=None) -> int:
                     help="also export each run and measure it with ops.bench (reference engine), e.g. "
                          "\"--draft-tokens 3 --max-new-tokens 256 --num-prompts 32\"")
     ap.add_argument("--export-args", default="--dtype bfloat16", help="flags for ops.export (with --bench-args)")
+    ap.add_argument("--floors", action="store_true", help="also the bare forward and the write floor")
+    ap.add_argument("--sweep", default="", help="sample counts: the first format trained on each (first seed)")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     if a.toy:
@@ -168,8 +228,14 @@ def main(argv=None) -> int:
         ap.error("--target, --prepared and --vocab are needed (or --toy)")
     holdout = 32 if a.holdout is None else a.holdout
     seeds = [int(s) for s in a.seeds.split(",") if s.strip()]
+    formats = [f for f in a.formats.split(",") if f.strip()]
+    result: dict = {}
+    if a.floors:
+        result["floors"] = fl = floors(a.target, a.out, a.extract_args or "")
+        log(f"floors: bare forward {fl['bare_tok_s']:,.0f} tok/s ({fl['bare_shape']}, {fl['device']}); writers "
+            f"({fl['writers']}, direct) {fl['write_bytes_s'] / 1e9:.2f} GB/s")
     rows = []
-    for fmt in [f for f in a.formats.split(",") if f.strip()]:
+    for fmt in formats:
         (a.out / fmt).mkdir(parents=True, exist_ok=True)
         row = {"format": fmt, **extract(fmt, a.target, a.prepared, a.out, a.extract_args or "")}
         log(f"extract {fmt}: {row['bytes_per_token']:,.0f} B a token, {row['extract_tok_s']} tok/s; "
@@ -187,12 +253,26 @@ def main(argv=None) -> int:
         rows.append(row)
     for line in table(rows):
         log(line)
+    if a.floors:
+        fl = result["floors"]
+        for r in rows:
+            r["write_floor_tok_s"] = fl["write_bytes_s"] / r["bytes_per_token"]
+            ext = r["extract_tok_s"] or 0
+            log(f"{r['format']}: extraction {ext:,.0f} tok/s = {ext / fl['bare_tok_s']:.2f} of the bare forward, "
+                f"{ext / r['write_floor_tok_s']:.2f} of its write floor ({r['write_floor_tok_s']:,.0f} tok/s at "
+                f"{r['bytes_per_token']:,.0f} B a token)")
+    if a.sweep:
+        result["sweep"] = sweep([int(n) for n in a.sweep.split(",") if n.strip()], formats[0], seeds[0], a, holdout)
+        log(f"acceptance against training samples ({formats[0]}, seed {seeds[0]}, {holdout} held out of each):")
+        for r in result["sweep"]:
+            log(f"  {r['trained']:>6} trained  {r['tokens']:>10,} tokens  held-out sim. AL {r['heldout_al']:.3f}")
     for r in rows:
         als = [t["bench_al"] for t in r["trains"] if "bench_al" in t]
         if als:
             log(f"bench {r['format']}: acceptance length per seed {' '.join(f'{x:.3f}' for x in als)}, "
                 f"mean {statistics.mean(als):.3f}")
-    (a.out / "formats_table.json").write_text(json.dumps(rows, indent=1))
+    result["formats"] = rows
+    (a.out / "formats_table.json").write_text(json.dumps(result, indent=1))
     log(f"results: {a.out / 'formats_table.json'}")
     return 0
 

@@ -34,7 +34,8 @@ def test_train_from_fp8_and_int4_keeps_the_held_out_acceptance_of_bf16(tmp_path,
     toy_dir = request.config.cache.mkdir(f"eagle3-formats-toy-{digest}")
     out = run_benchmark("formats_table.py", "--toy", "--out", str(tmp_path), "--toy-dir", str(toy_dir),
                         "--seeds", "0", timeout=900)
-    rows = {r["format"]: r for r in json.loads((tmp_path / "formats_table.json").read_text())}
+    result = json.loads((tmp_path / "formats_table.json").read_text())
+    rows = {r["format"]: r for r in result["formats"]}
     assert set(rows) == {"bf16", "fp8", "int4"}
     al = {fmt: r["trains"][0]["heldout_al"] for fmt, r in rows.items()}
     assert all(r["trains"][0]["heldout_tokens"] > 0 for r in rows.values())

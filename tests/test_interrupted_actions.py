@@ -108,8 +108,6 @@ def test_every_started_clean_has_its_end_when_parallel_cleans_race(ws, tmp_path)
 
 
 def _moving(trash) -> bool:
-    """A file has landed in clean's trash folder (the folder may exist a moment before its first file)."""
-    try:
-        return any(any(os.scandir(d.path)) for d in os.scandir(trash) if d.is_dir())
-    except FileNotFoundError:
-        return False
+    """A file has landed in clean's trash folder: the folder, and the output's path under it
+    (`out/w/`), exist a moment before the first file does."""
+    return any(files for _d, _s, files in os.walk(trash))
