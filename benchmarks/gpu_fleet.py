@@ -249,7 +249,7 @@ class Tui:
     def _run_test(self, ws: Path, sizes) -> dict[str, str]:
         import asyncio
 
-        from eagle3_console.app import ConsoleApp
+        from eagle3_console.tui.app import ConsoleApp
         from eagle3_console.workspace import Workspace
 
         texts = {}

@@ -36,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from eagle3_console.registry import Registry  # noqa: E402
-from eagle3_console.snapshot import Collector  # noqa: E402
+from eagle3_console.observe.snapshot import Collector  # noqa: E402
 from eagle3_console.workspace import Workspace  # noqa: E402
 
 

@@ -45,9 +45,10 @@ def patch(obj, name: str, phase: str) -> None:
 def main() -> int:
     root, no_gpus = sys.argv[1], "--no-gpus" in sys.argv[2:]
     import eagle3_console.cli as cli
-    import eagle3_console.snapshot as snapshot     # imported by the first collect
+    import eagle3_console.observe.snapshot as snapshot     # imported by the first collect
     TOTALS["imports"] = time.perf_counter() - T0
-    from eagle3_console import alerts, config, registry, runs
+    from eagle3_console.observe import alerts
+    from eagle3_console import config, registry, runs
     from eagle3_console.model import Snapshot
     from eagle3_console.monitor import procs
 

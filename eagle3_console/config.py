@@ -17,7 +17,7 @@ from typing import Any
 from eagle3_console import configchecks, hosts
 from eagle3_console.configchecks import MAX_DEPTH, too_deep
 from eagle3_console.entry import EntryError
-from eagle3_console.slurm import params as slurm_params
+from eagle3_console import slurmparams as slurm_params
 from eagle3_console.workspace import Workspace
 from ops import KNOWN_OPS, get_spec
 from ops.spec import DTYPE_BYTES, OpSpec

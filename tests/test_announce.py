@@ -3,7 +3,7 @@ snapshots (no console, no Textual)."""
 
 from __future__ import annotations
 
-from eagle3_console import announce
+from eagle3_console.tui import announce
 from eagle3_console.model import CRITICAL, WARNING, Alert, Snapshot
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_console.cliexit import CommandError, Failure, Unreadable, failure
+from eagle3_console.cli.cliexit import CommandError, Failure, Unreadable, failure
 from eagle3_console.config import ConfigError
-from eagle3_console.policy import LockHeld
+from eagle3_console.actions.policy import LockHeld
 from eagle3_console.registry import StateError
 from eagle3_console.runs import NothingToDo, Refused
 

@@ -218,9 +218,9 @@ argv = {stage_cmd("sleeper.py", "--seconds", "60")}
     probe = textwrap.dedent(f"""
         import sys
         from tests.fake_pynvml import FakeGpu, FakeNvml
-        from eagle3_console import exporter
+        from eagle3_console.observe import exporter
         from eagle3_console.monitor.gpus import Nvml
-        from eagle3_console.snapshot import Collector
+        from eagle3_console.observe.snapshot import Collector
         from eagle3_console.workspace import Workspace
         gpus = [FakeGpu(mem_used=40 * 2**30, util=93, temp=61, power_mw=412_000, compute={{{run.pid}: 39 * 2**30}}),
                 FakeGpu()]

@@ -206,8 +206,9 @@ depends_on = ["first"]
 def test_a_lost_op_run_with_complete_outputs_counts_as_done_for_dependents(ws):
     """Its processes ended; its record (written once at its end, after its start)
     says complete: dependents may start, and the policies do not restart it."""
-    from eagle3_console import config as cfg, policy, runs
-    from eagle3_console.snapshot import Collector
+    from eagle3_console import config as cfg, runs
+    from eagle3_console.actions import policy
+    from eagle3_console.observe.snapshot import Collector
     from eagle3_console.workspace import Workspace
     ws.write(EXPORT_PIPELINE + """
 [stages.after]

@@ -126,7 +126,7 @@ def test_a_share_is_not_halved_below_its_floor(ws):
 def test_oom_restarts_without_a_policy_stop_at_a_default_maximum(ws):
     """A chain of out-of-memory restarts (no `restart` table: the halving alone
     restarts) ends after policy.OOM_RESTARTS, whatever the batch left."""
-    from eagle3_console.policy import OOM_RESTARTS
+    from eagle3_console.actions.policy import OOM_RESTARTS
     from eagle3_console.workspace import Workspace
     ws.write(f"""
 [stages.w]

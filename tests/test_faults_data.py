@@ -342,7 +342,7 @@ def _supervised(ws: WS, argv: list[str]):
     w.ensure_state()
     with ws.registry() as reg:
         run = reg.create_run("w", argv, {}, {}, str(ws.root), lambda rid: w.log_path(rid, "w"))
-    subprocess.run([PY, "-m", "eagle3_console.supervise", str(ws.root), str(run.id)], check=True, timeout=60,
+    subprocess.run([PY, "-m", "eagle3_console.runs.supervise", str(ws.root), str(run.id)], check=True, timeout=60,
                    env=_env(), cwd=str(ws.root))
     return ws.wait_status("w", ("failed", "succeeded"), timeout=60)
 

@@ -24,9 +24,9 @@ def node(ws: WS, gib: int, pid_of_run: bool):
     probe = textwrap.dedent(f"""
         import sys
         from tests.fake_pynvml import FakeGpu, FakeNvml
-        from eagle3_console import exporter
+        from eagle3_console.observe import exporter
         from eagle3_console.monitor.gpus import Nvml
-        from eagle3_console.snapshot import Collector
+        from eagle3_console.observe.snapshot import Collector
         from eagle3_console.workspace import Workspace
         gpus = [FakeGpu(mem_used={gib} * 2**30, util=77, compute={compute}), FakeGpu()]
         col = Collector(Workspace.at({str(ws.root)!r}), nvml=Nvml(module=FakeNvml(gpus=gpus)))

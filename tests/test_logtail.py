@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from eagle3_console import logtail
+from eagle3_console.cli import logtail
 from tests.conftest import stage_cmd
 
 GIB = 1 << 30

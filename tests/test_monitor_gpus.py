@@ -264,7 +264,7 @@ def test_wait_memory_released_cannot_prove_on_a_lost_gpu(procs):
 def test_gpu_memory_no_visible_process_explains_is_one_warning(ws, procs):
     # A container sees no host pid (nothing listed, or pids it does not have):
     # kill-workers cannot reach that memory, and the snapshot says so once.
-    from eagle3_console.snapshot import collect
+    from eagle3_console.observe.snapshot import collect
     from eagle3_console.workspace import Workspace
 
     ws.write('[stages.noop]\nargv = ["true"]\n')

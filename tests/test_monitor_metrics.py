@@ -68,7 +68,7 @@ def test_series_stay_bounded_and_keep_the_newest(tmp_path):
 
 
 def test_collector_curves_in_the_tui_never_in_status_json(ws):
-    from eagle3_console.snapshot import Collector
+    from eagle3_console.observe.snapshot import Collector
     from eagle3_console.workspace import Workspace
 
     ws.write("""

@@ -438,7 +438,7 @@ WORKER_STAGE = ("import subprocess, sys, time; "
 
 def _collector(ws, gpu_pids: dict[int, int]):
     from eagle3_console.monitor.gpus import Nvml
-    from eagle3_console.snapshot import Collector
+    from eagle3_console.observe.snapshot import Collector
     from eagle3_console.workspace import Workspace
     from tests.fake_pynvml import FakeGpu, FakeNvml
     return Collector(Workspace.at(ws.root), nvml=Nvml(module=FakeNvml(gpus=[FakeGpu(compute=gpu_pids)])))

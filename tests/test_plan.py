@@ -164,7 +164,7 @@ params = { input = "data/prepared", output = "data/hs" }
         (out / "data_config.json").write_text(json.dumps(config))
     if lengths is not None:
         (out / "sample_lengths.json").write_text(json.dumps(lengths))
-    from eagle3_console import plan
+    from eagle3_console.runs import plan
     ws = Workspace(root)
     pipe = cfg.load(ws.config_path)
     st = pipe.stages["extract"]

@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from eagle3_console import config
-from eagle3_console.slurm import command
+from eagle3_console.runs.slurm import command
 from tests.conftest import PY, TINY_TARGET
 
 needs_slurm_clients = pytest.mark.skipif(shutil.which("sbatch") is None, reason="the Slurm client commands are absent")
@@ -108,7 +108,7 @@ params = { data = "data/hs", vocab = "data/vocab", output = "runs/train" }
     params = st.spec.effective(st.params)
     argv = command.job_argv(st, params, lambda p: st.command(p, {"path": "models/target"}))
     assert argv[:6] == ["srun", "--nodes", "2", "--ntasks-per-node", "1", "--kill-on-bad-exit=1"]
-    assert argv[6:10] == [sys.executable, "-m", "eagle3_console.slurm.node_exec", "--"]
+    assert argv[6:10] == [sys.executable, "-m", "eagle3_console.runs.slurm.node_exec", "--"]
     assert argv[10:13] == [sys.executable, "-m", "torch.distributed.run"]
     i = argv.index("torch.distributed.run")
     run = argv[i + 1:argv.index("ops.train")]
@@ -117,7 +117,7 @@ params = { data = "data/hs", vocab = "data/vocab", output = "runs/train" }
     # One node: torchrun --standalone, no placeholders to fill, no node_exec.
     st.slurm.nodes = 1
     one = command.job_argv(st, params, lambda p: st.command(p, {"path": "models/target"}))
-    assert "--standalone" in one and "eagle3_console.slurm.node_exec" not in one
+    assert "--standalone" in one and "eagle3_console.runs.slurm.node_exec" not in one
     # One process: the op's argv as it is, under srun.
     st.slurm.gpus_per_node = 1
     plain = command.job_argv(st, params, lambda p: st.command(p, {"path": "models/target"}))
@@ -166,11 +166,11 @@ def test_node_exec_fills_the_placeholders_from_the_job_step(tmp_path):
     (fake_bin / "scontrol").chmod(0o755)
     env = dict(os.environ, PATH=f"{fake_bin}:{os.environ['PATH']}", SLURM_JOB_NODELIST="gpu-node-[07-08]",
                SLURM_NODEID="1", SLURM_JOB_ID="4242")
-    out = subprocess.run([PY, "-m", "eagle3_console.slurm.node_exec", "--", PY, "-c", "import sys; print(sys.argv[1:])",
+    out = subprocess.run([PY, "-m", "eagle3_console.runs.slurm.node_exec", "--", PY, "-c", "import sys; print(sys.argv[1:])",
                           f"{command.HEAD}:29500", f'["--node-rank", "{command.NODE_RANK}"]', command.JOB_ID],
                          capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == str(["gpu-node-07:29500", '["--node-rank", "1"]', "4242"])
-    bare = subprocess.run([PY, "-m", "eagle3_console.slurm.node_exec", "--", "true"], capture_output=True, text=True,
+    bare = subprocess.run([PY, "-m", "eagle3_console.runs.slurm.node_exec", "--", "true"], capture_output=True, text=True,
                           env={k: v for k, v in env.items() if k != "SLURM_NODEID"})
     assert bare.returncode == 2 and "SLURM_NODEID is not set" in bare.stderr
 

@@ -181,7 +181,7 @@ def test_an_out_of_memory_job_is_the_oom_that_watch_restarts_with_the_batch_halv
     """OUT_OF_MEMORY needs cgroup memory enforcement, which this test Slurm has not: the run is
     recorded as its supervisor records that state (jobs.end_of on scontrol's JobState), and the
     restart that follows is a real job."""
-    from eagle3_console.slurm.jobs import JobView, end_of
+    from eagle3_console.runs.slurm.jobs import JobView, end_of
     ws.write(f"""
 [stages.job]
 argv = {stage_cmd("sleeper.py", "--seconds", "{seconds}")}
@@ -211,8 +211,8 @@ def test_a_queued_job_shows_pending_with_slurms_reason_everywhere_and_stops(ws, 
     st = stage_of(snap)
     assert st["status"] == "pending" and st["job"]["state"] == "PENDING" and st["job"]["reason"] == "BeginTime"
     assert f"job: slurm job {st['job']['id']} PENDING (BeginTime)" in ws.cli("status", "--no-gpus").stdout
-    from eagle3_console.exporter import families
-    from eagle3_console.snapshot import Collector
+    from eagle3_console.observe.exporter import families
+    from eagle3_console.observe.snapshot import Collector
     from eagle3_console.workspace import Workspace
     fams = {f.name: f for f in families(Collector(Workspace.at(ws.root), gpus=False).collect())}
     sample = fams["eagle3_stage_job"].samples[0]

@@ -41,7 +41,7 @@ VOCAB = '[stages.vocab]\nop = "vocab"\nparams = { input = "runs/prep", output = 
 
 
 def test_a_specs_gauges_reach_the_exporter(hook):
-    from eagle3_console.exporter import families
+    from eagle3_console.observe.exporter import families
     hook("vocab", gauges=lambda r: [Gauge("eagle3_vocab_coverage_ratio", "Coverage.", r.get("coverage"),
                                           (("kind", "masked"),))])
     snap = Snapshot(workspace="/w", host="h", time=0.0,
@@ -103,7 +103,8 @@ def test_a_specs_server_is_what_a_server_param_binds(hook, tmp_path):
 
 
 def test_a_specs_lint_estimate_and_plan_lines_are_the_plans(hook, tmp_path):
-    from eagle3_console import plan, runs
+    from eagle3_console.runs import plan
+    from eagle3_console import runs
     hook("vocab", lint=lambda ctx, gpus: [Lint("error", f"{ctx.stage}: {ctx.params['input']}")],
          estimate=lambda ctx: Estimate(1000, "exact", f"from {ctx.upstream('input').name}"),
          plan_lines=lambda ctx: [f"plan of {ctx.stage}"])
@@ -118,7 +119,7 @@ def test_a_specs_lint_estimate_and_plan_lines_are_the_plans(hook, tmp_path):
 
 
 def test_estimate_rule_labels_an_ops_estimate(hook, tmp_path):
-    from eagle3_console import plan
+    from eagle3_console.runs import plan
     hook("vocab", estimate_rule="a rule of its own")
     ws, pipe = pipeline(tmp_path, VOCAB)
     est = plan.disk_estimate(ws, pipe, pipe.stage("vocab"), dict(pipe.stage("vocab").params))

@@ -66,7 +66,7 @@ def test_a_failed_rerun_upstream_does_not_make_dependents_stale(ws):
     from types import SimpleNamespace
 
     from eagle3_console.model import StageStatus
-    from eagle3_console.snapshot import mark_stale
+    from eagle3_console.observe.snapshot import mark_stale
 
     def run(stage, rid, ended):       # the two fields of a registry Run that staleness reads
         return SimpleNamespace(id=rid, stage=stage, status="succeeded", ended=ended)

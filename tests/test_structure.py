@@ -16,6 +16,7 @@ import textwrap
 from pathlib import Path
 
 import grimp
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("eagle3_console", "ops", "widgets")
@@ -138,3 +139,63 @@ def test_no_op_comparison_outside_ops():
             for p in sources() if not p.relative_to(ROOT).parts[0] == "ops"
             for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
     assert hits == []
+
+
+MAX_LAYERS = 8
+
+
+def top_level_graph(package: str = "eagle3_console") -> dict[str, set[str]]:
+    """The imports among `package`'s own modules and packages (its children), each
+    package standing for everything under it."""
+    graph = grimp.build_graph(package, exclude_type_checking_imports=True, cache_dir=None)
+
+    def child(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[1] if parts[0] == package and len(parts) > 1 else None
+
+    edges: dict[str, set[str]] = {}
+    for module in graph.modules:
+        if (src := child(module)) is None:
+            continue
+        edges.setdefault(src, set())
+        for imported in graph.find_modules_directly_imported_by(module):
+            if (dst := child(imported)) is not None and dst != src:
+                edges[src].add(dst)
+    return edges
+
+
+def layers_deep(edges: dict[str, set[str]]) -> dict[str, int]:
+    """Each node's layer: 1 + the deepest layer it imports (1 for a node that imports
+    none of the others). A circle has no layering: ValueError naming it."""
+    layer: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(node: str) -> int:
+        if node in layer:
+            return layer[node]
+        if node in path:
+            raise ValueError("import circle: " + " -> ".join(path[path.index(node):] + [node]))
+        path.append(node)
+        layer[node] = 1 + max((visit(d) for d in sorted(edges.get(node, ()))), default=0)
+        path.pop()
+        return layer[node]
+
+    for node in sorted(edges):
+        visit(node)
+    return layer
+
+
+def test_the_depth_counter_counts_a_chain_and_refuses_a_circle():
+    assert layers_deep({"a": {"b"}, "b": {"c"}, "c": set(), "d": {"c"}}) == {"a": 3, "b": 2, "c": 1, "d": 2}
+    with pytest.raises(ValueError, match="a -> b -> a"):
+        layers_deep({"a": {"b"}, "b": {"a"}})
+
+
+def test_eagle3_console_is_at_most_8_layers_deep():
+    """The longest chain of imports among eagle3_console's modules and packages
+    (cli > tui > actions, observe > runs > monitor > the kernel), no circle among them."""
+    layer = layers_deep(top_level_graph())
+    deepest = max(layer.values())
+    assert deepest <= MAX_LAYERS, sorted(layer.items(), key=lambda kv: -kv[1])
+    for wing in ("cli", "tui", "actions", "observe", "runs", "monitor"):
+        assert wing in layer, f"eagle3_console.{wing} is gone"

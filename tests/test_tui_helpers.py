@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from eagle3_console.app import ConsoleApp, Frozen
+from eagle3_console.tui.app import ConsoleApp, Frozen
 from eagle3_console.monitor.gpus import Nvml
 from eagle3_console.registry import Registry
-from eagle3_console.snapshot import Collector
+from eagle3_console.observe.snapshot import Collector
 from eagle3_console.workspace import Workspace
 from tests import fake_pynvml
 from tests.conftest import stage_cmd

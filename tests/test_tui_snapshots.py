@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from eagle3_console.app import ConsoleApp
+from eagle3_console.tui.app import ConsoleApp
 from eagle3_console.monitor.gpus import Nvml
-from eagle3_console.snapshot import Collector
+from eagle3_console.observe.snapshot import Collector
 from eagle3_console.workspace import Workspace
 from tests import fake_pynvml
 from widgets.body import Body

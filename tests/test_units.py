@@ -7,9 +7,9 @@ import io
 
 from rich.console import Console
 
-from eagle3_console import alerts
+from eagle3_console.observe import alerts
 from eagle3_console.model import DiskUsage, Snapshot
-from eagle3_console.report import print_status
+from eagle3_console.observe.report import print_status
 from ops.units import human_bytes, human_duration
 from widgets import fmt
 

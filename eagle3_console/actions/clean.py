@@ -26,9 +26,10 @@ from typing import Iterator
 
 import psutil
 
-from eagle3_console import claims
+from eagle3_console.runs import claims
 from eagle3_console import config as cfg
-from eagle3_console import runs, vouch
+from eagle3_console import runs
+from eagle3_console.runs import vouch
 from eagle3_console.actions import hold
 from eagle3_console.fstree import Changed, Dest, Entry, Root, ident
 from eagle3_console.monitor.procs import ProcessTable, RunRef

@@ -23,7 +23,7 @@ from typing import Iterator
 
 import psutil
 
-from eagle3_console import claims
+from eagle3_console.runs import claims
 from eagle3_console.refused import Refused
 from eagle3_console.workspace import Workspace
 

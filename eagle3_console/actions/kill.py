@@ -19,7 +19,7 @@ from eagle3_console import runs
 from eagle3_console.model import GpuReport
 from eagle3_console.monitor.procs import ProcessTable, ProcInfo, RunRef
 from eagle3_console.registry import EXITED, MAY_BE_ALIVE, Registry
-from eagle3_console.stopper import end_run_record
+from eagle3_console.runs.stopper import end_run_record
 from eagle3_console.units import human_bytes
 from eagle3_console.workspace import Workspace
 
@@ -115,7 +115,7 @@ def _stage_refs(reg: Registry, stage: str) -> list[RunRef]:
 def plan_kill(ws: Workspace, stage: str, grace_s: float = 10.0, nvml: Any = None) -> KillPlan:
     with Registry(ws.db_path) as reg:
         refs = _stage_refs(reg, stage)
-        from eagle3_console.slurm.control import live_job_runs
+        from eagle3_console.runs.slurm.control import live_job_runs
         job_runs = live_job_runs(reg, stage)
         if job_runs:        # its processes are on the job's nodes: Slurm kills them
             return KillPlan(stage=stage, run_ids=[r.id for r in job_runs], procs=[], gpu_holds=[],
@@ -238,7 +238,7 @@ def execute_kill(ws: Workspace, plan: KillPlan, progress: Callable[[str], None] 
 
 
 def _kill_jobs(ws: Workspace, plan: KillPlan, say: Callable[[str], None]) -> KillResult:
-    from eagle3_console.slurm.control import kill_jobs
+    from eagle3_console.runs.slurm.control import kill_jobs
     t0 = time.time()
     with Registry(ws.db_path) as reg:
         killed, left = kill_jobs(reg, [reg.get(rid) for rid in plan.run_ids])

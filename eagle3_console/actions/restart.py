@@ -15,7 +15,7 @@ from eagle3_console import config as cfg
 from eagle3_console import runs
 from eagle3_console.actions.kill import KillPlan, execute_kill, plan_kill
 from eagle3_console.monitor.procs import ProcessTable, RunRef
-from eagle3_console.plan import disk_line
+from eagle3_console.runs.plan import disk_line
 from eagle3_console.registry import Registry, Run, RunStatus
 from eagle3_console.workspace import Workspace
 

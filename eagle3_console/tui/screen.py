@@ -30,7 +30,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer
 
-from eagle3_console import announce
+from eagle3_console.tui import announce
 from eagle3_console import config as cfg
 from eagle3_console import runs
 from eagle3_console.model import Snapshot, StageStatus

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from eagle3_console.monitor.procs import RunRef, attach_owners
-from eagle3_console.alerts import unaccounted_gpu_memory as _unaccounted_gpu_memory
+from eagle3_console.observe.alerts import unaccounted_gpu_memory as _unaccounted_gpu_memory
 from eagle3_console.workspace import ENV_RUN_ID, ENV_WORKSPACE
 
 GiB = 1 << 30

@@ -37,7 +37,7 @@ import pytest
 
 from eagle3_console import config as cfg
 from eagle3_console import runs
-from eagle3_console.app import ConsoleApp
+from eagle3_console.tui.app import ConsoleApp
 from eagle3_console.workspace import Workspace
 from tests.conftest import STAGES
 from tests.test_tui import confirm, open_dialog, plan_text, progress_text

@@ -23,11 +23,11 @@ import time
 
 import psutil
 
-from eagle3_console.liveness import reconcile, stage_alive
+from eagle3_console.runs.liveness import reconcile, stage_alive
 from eagle3_console.monitor.procs import LEADER, PGID, TREE, ProcessTable, RunRef, process_alive, run_processes
 from eagle3_console.refused import NothingToDo, Refused
 from eagle3_console.registry import Registry, Run, RunStatus
-from eagle3_console.slurm import SLURM
+from eagle3_console.slurmparams import SLURM
 from eagle3_console.workspace import Workspace
 
 POLL_S = 0.1
@@ -105,7 +105,7 @@ def stop(ws: Workspace, stage_name: str, grace_s: float = 10.0) -> Run:
         reconcile(reg)
         run = reg.latest(stage_name)
         if run is not None and run.launcher == SLURM:
-            from eagle3_console.slurm.control import stop_job
+            from eagle3_console.runs.slurm.control import stop_job
             return stop_job(reg, run, grace_s)
         if run is None or not (run.live or stage_alive(run) or group_members(run)):
             raise NothingToDo(f"stage {stage_name!r} has no live run to stop")

@@ -19,10 +19,10 @@ from typing import Optional
 
 import typer
 
-from eagle3_console import cli_actions, cli_runs, cliargs, cliopts
-from eagle3_console.cliexit import EXIT_CRITICAL, CommandError
-from eagle3_console.clictx import Ctx, collect, ctx_of, status_json
-from eagle3_console.cliout import closed_pipe, out, reader_gone, say
+from eagle3_console.cli import cli_actions, cli_runs, cliargs, cliopts
+from eagle3_console.cli.cliexit import EXIT_CRITICAL, CommandError
+from eagle3_console.cli.clictx import Ctx, collect, ctx_of, status_json
+from eagle3_console.cli.cliout import closed_pipe, out, reader_gone, say
 from eagle3_console.workspace import ENV_WORKSPACE, Workspace
 
 app = typer.Typer(cls=cliopts.ExitCodeGroup, add_completion=False, no_args_is_help=False, rich_markup_mode=None,
@@ -48,7 +48,7 @@ def main_callback(
 def _open_tui(c: Ctx, readonly: bool) -> None:
     c.pipeline()
     try:
-        from eagle3_console.app import run_app
+        from eagle3_console.tui.app import run_app
     except ImportError as exc:
         raise CommandError(f"the console (TUI) is not available: {exc}") from None
     raise typer.Exit(run_app(c.ws, readonly=readonly))
@@ -66,7 +66,7 @@ def init(ctx: typer.Context, directory: Optional[Path] = typer.Argument(None, he
     ws.root.mkdir(parents=True, exist_ok=True)
     if ws.config_path.exists():
         raise CommandError(f"{ws.config_path} exists; not overwriting it", EXIT_CRITICAL)
-    template = (Path(__file__).parent / "template.toml").read_text()
+    template = (Path(__file__).parents[1] / "template.toml").read_text()
     ws.config_path.write_text(template)
     ws.ensure_state()
     out.print(f"wrote {ws.config_path}\nedit it, then: eagle3-console -w {ws.root} status")
@@ -78,7 +78,7 @@ def demo(ctx: typer.Context, directory: Path = typer.Argument(Path("demo-workspa
          model: str = typer.Option("tiny", "--model", help="The target: tiny (trained here in seconds) or smollm2 "
                                    "(SmolLM2-135M-Instruct, the smollm2 extra; converted once, cached).")) -> None:
     """Build the demo workspace (synthetic corpus, tiny target; cached) and open the console on it."""
-    from eagle3_console.demo import MODELS, write_demo_workspace
+    from eagle3_console.cli.demo import MODELS, write_demo_workspace
     from ops.demo.realmodel import MissingExtra
     if model not in MODELS:
         raise CommandError(f"--model {model!r}: expected one of {', '.join(MODELS)}")
@@ -94,7 +94,7 @@ def demo(ctx: typer.Context, directory: Path = typer.Argument(Path("demo-workspa
     out.print(f"demo workspace {ws.root} ({how}); pipeline: {config}", highlight=False)
     ws.ensure_state()
     if run_all:
-        from eagle3_console.policy import start_driver
+        from eagle3_console.actions.policy import start_driver
         pid = start_driver(ws)
         out.print(f"pipeline driver started (pid {pid}): stages start as their dependencies succeed", highlight=False)
     if no_open:
@@ -111,7 +111,7 @@ def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", hel
         # cli.py answers most of these calls without typer, through the same function.
         raise typer.Exit(status_json(ctx_of(ctx), no_gpus))
     snap = collect(ctx_of(ctx), no_gpus)
-    from eagle3_console.report import print_status
+    from eagle3_console.observe.report import print_status
     try:
         print_status(out, snap)
         sys.stdout.flush()

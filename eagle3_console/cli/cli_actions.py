@@ -15,11 +15,11 @@ from typing import Iterator
 
 import typer
 
-from eagle3_console import cliopts
+from eagle3_console.cli import cliopts
 from eagle3_console import config as cfg
-from eagle3_console.cliexit import EXIT_CRITICAL, EXIT_OK, CommandError
-from eagle3_console.clictx import ctx_of
-from eagle3_console.cliout import Unwritable, out, say, warn
+from eagle3_console.cli.cliexit import EXIT_CRITICAL, EXIT_OK, CommandError
+from eagle3_console.cli.clictx import ctx_of
+from eagle3_console.cli.cliout import Unwritable, out, say, warn
 
 
 def _show(lines: list[str]) -> None:
@@ -137,7 +137,7 @@ def watch(ctx: typer.Context,
     """Apply the policies (restart with backoff, halve the batch after an OOM) under an exclusive lock.
 
     Exit (with --once): the status code, 0-3; 75 when another watch holds .eagle3/watch.lock."""
-    from eagle3_console import watchloop
+    from eagle3_console.cli import watchloop
     c = ctx_of(ctx)
     c.pipeline()        # a pipeline file bad from the start is said at once (exit 3); later, passes retry
     lost: list[Unwritable] = []
@@ -170,8 +170,8 @@ def exporter(ctx: typer.Context,
                                            callback=cliopts.seconds(cliopts.MIN_INTERVAL_S)),
              no_gpus: bool = typer.Option(False, "--no-gpus", help="Skip NVML.")) -> None:
     """Serve the snapshot as Prometheus metrics on http://HOST:PORT/metrics."""
-    from eagle3_console import exporter as exp
-    from eagle3_console.snapshot import Collector
+    from eagle3_console.observe import exporter as exp
+    from eagle3_console.observe.snapshot import Collector
     c = ctx_of(ctx)
     c.pipeline()
     col = Collector(c.ws, gpus=not no_gpus, curves=False)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from eagle3_console.cliout import Unwritable, out, warn, write_failed
+from eagle3_console.cli.cliout import Unwritable, out, warn, write_failed
 from eagle3_console.config import ConfigError
 from eagle3_console.registry import StateError
 
@@ -75,7 +75,7 @@ def failure(exc: BaseException, db_path: Optional[Path] = None) -> Failure | Non
         # exit 0 is "nothing to do" (what was asked for already holds).
         word = {EXIT_UNKNOWN: "error", EXIT_OK: "nothing to do"}.get(exc.code, "refused")
         return Failure(exc.code, f"{word}: {exc}", stdout=exc.code == EXIT_OK)
-    from eagle3_console.policy import LockHeld
+    from eagle3_console.actions.policy import LockHeld
     if isinstance(exc, LockHeld):
         return Failure(EXIT_LOCKED, str(exc))
     return None

@@ -1,4 +1,4 @@
-"""The detached supervisor of one run: `python -m eagle3_console.supervise ROOT RUN_ID`.
+"""The detached supervisor of one run: `python -m eagle3_console.runs.supervise ROOT RUN_ID`.
 
 Data flow: runs.launch starts this in a new session; it starts the stage in
 its own process group, logs to .eagle3/logs/, and records pid, pgid,
@@ -20,11 +20,11 @@ from pathlib import Path
 
 import psutil
 
-from eagle3_console.claims import Claim
+from eagle3_console.runs.claims import Claim
 from eagle3_console.endclock import mark_end, stamp
 from eagle3_console.exitrecord import ExitRecord
 from eagle3_console.registry import Registry, RunStatus
-from eagle3_console.slurm import SLURM
+from eagle3_console.slurmparams import SLURM
 from eagle3_console.workspace import ENV_REGISTRY, ENV_RUN_ID, ENV_STAGE, ENV_WORKSPACE, Workspace
 
 
@@ -84,7 +84,7 @@ def supervise(ws: Workspace, run_id: int) -> int:
     env[ENV_STAGE] = run.stage
     env.setdefault("PYTHONUNBUFFERED", "1")
     if run.launcher == SLURM:
-        from eagle3_console.slurm.supervise import supervise_job
+        from eagle3_console.runs.slurm.supervise import supervise_job
         return supervise_job(ws, reg, run, log, record, claim, env, record_end)
     try:
         proc = subprocess.Popen(run.argv, cwd=run.cwd, env=env, stdin=subprocess.DEVNULL,
@@ -187,7 +187,7 @@ def record_end(reg: Registry, record: ExitRecord, run_id: int, status: str, valu
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        print("usage: python -m eagle3_console.supervise WORKSPACE RUN_ID", file=sys.stderr)
+        print("usage: python -m eagle3_console.runs.supervise WORKSPACE RUN_ID", file=sys.stderr)
         return 2
     ws, run_id = Workspace(Path(args[0])), int(args[1])
     _daemonize()

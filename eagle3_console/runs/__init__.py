@@ -17,16 +17,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from eagle3_console import claims
+from eagle3_console.runs import claims
 from eagle3_console.config import Pipeline, Stage
 # The names callers know runs by: each lives in the module of its own job.
-from eagle3_console.liveness import PENDING_GRACE_S, apply_exit_record, reconcile, stage_alive  # noqa: F401
+from eagle3_console.runs.liveness import PENDING_GRACE_S, apply_exit_record, reconcile, stage_alive  # noqa: F401
 from eagle3_console.monitor.procs import ProcessTable, orphans
-from eagle3_console.outputs import check_outputs_apart, output_paths
-from eagle3_console.plan import Preflight, context, disk_estimate, preflight  # noqa: F401
+from eagle3_console.runs.outputs import check_outputs_apart, output_paths
+from eagle3_console.runs.plan import Preflight, context, disk_estimate, preflight  # noqa: F401
 from eagle3_console.refused import NothingToDo, Refused  # noqa: F401
 from eagle3_console.registry import Registry, Run, RunStatus
-from eagle3_console.vouch import vanished
+from eagle3_console.runs.vouch import vanished
 from eagle3_console.workspace import Workspace
 from ops.spec import EstimateContext, read_json_dict, value_type_error
 
@@ -178,7 +178,7 @@ def check_can_start(reg: Registry, pipe: Pipeline, stage: Stage, force: bool, ws
         dep_run = reg.latest(dep)
         if serves(pipe.stages.get(dep)):
             # A server never succeeds: depending on one means "its server is ready".
-            from eagle3_console.serve_deps import not_ready
+            from eagle3_console.runs.serve_deps import not_ready
             problem = not_ready(pipe.stages[dep], dep_run, dep_run is not None and stage_alive(dep_run))
             if problem:
                 raise Refused(f"stage {stage.name!r} depends on serve stage {dep!r}, {problem}; a dependency on a "
@@ -232,7 +232,7 @@ def launch_argv(stage: Stage, params: dict[str, Any], pipe: Pipeline, force: boo
     if stage.slurm is None:
         return stage.command(params, pipe.target)
     # A slurm stage runs the same command inside the job (under srun).
-    from eagle3_console.slurm.command import job_argv
+    from eagle3_console.runs.slurm.command import job_argv
     return job_argv(stage, params, lambda p: stage.command(p, pipe.target))
 
 
@@ -285,7 +285,7 @@ def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, 
         # The launcher returns as soon as the supervisor has daemonized.
         import subprocess       # here only: status imports this module and never launches
         try:
-            subprocess.run([sys.executable, "-m", "eagle3_console.supervise", str(ws.root), str(run.id)],
+            subprocess.run([sys.executable, "-m", "eagle3_console.runs.supervise", str(ws.root), str(run.id)],
                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                            start_new_session=True, check=True, cwd=str(ws.root))
         except (OSError, subprocess.CalledProcessError) as exc:
@@ -306,5 +306,5 @@ def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, 
 def stop(ws: Workspace, stage_name: str, grace_s: float = 10.0) -> Run:
     """SIGTERM the run's process group, SIGKILL after the grace; the whole group
     verified gone (stopper.py; Refused, exit 2, names what outlived SIGKILL)."""
-    from eagle3_console.stopper import stop as stop_group
+    from eagle3_console.runs.stopper import stop as stop_group
     return stop_group(ws, stage_name, grace_s)

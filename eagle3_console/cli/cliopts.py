@@ -19,8 +19,8 @@ from typing import Any, Callable
 import click
 from typer.core import TyperGroup
 
-from eagle3_console import cliexit
-from eagle3_console.clictx import Ctx
+from eagle3_console.cli import cliexit
+from eagle3_console.cli.clictx import Ctx
 
 EXIT_BAD_INPUT = cliexit.EXIT_BAD_INPUT
 

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from eagle3_console import config as cfg
-from eagle3_console import policy
-from eagle3_console.cliexit import Unreadable
-from eagle3_console.clictx import Ctx, collect
+from eagle3_console.actions import policy
+from eagle3_console.cli.cliexit import Unreadable
+from eagle3_console.cli.clictx import Ctx, collect
 from eagle3_console.registry import StateError
 
 

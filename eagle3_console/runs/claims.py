@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
-from eagle3_console.vouch import manifest_path, record_present, records_files, write_manifest
+from eagle3_console.runs.vouch import manifest_path, record_present, records_files, write_manifest
 from eagle3_console.workspace import Workspace
 from ops.common import CLAIM_FILE
 
@@ -224,7 +224,7 @@ class Claim:
         registry = reg.registry_id
         try:
             from eagle3_console import config as cfg
-            from eagle3_console.outputs import output_paths
+            from eagle3_console.runs.outputs import output_paths
             stage = cfg.load(ws.config_path).stage(run.stage)
             outputs = output_paths(ws, stage, run.params)
             vouch = records_files(stage)

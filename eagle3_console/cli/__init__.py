@@ -25,9 +25,9 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from eagle3_console import cliexit
-from eagle3_console.cliargs import status_json_args
-from eagle3_console.clictx import Ctx, status_json
+from eagle3_console.cli import cliexit
+from eagle3_console.cli.cliargs import status_json_args
+from eagle3_console.cli.clictx import Ctx, status_json
 
 __all__ = ["main", "run", "status_json_args"]
 
@@ -127,12 +127,13 @@ def _exit_now(code: Any) -> None:
 def run(argv: list[str], fast: bool = True) -> None:
     """The command line; fast=False sends `status --json` through typer too (tests compare the two)."""
     args = status_json_args(argv) if fast else None
-    from eagle3_console import cliout, registrybusy
+    from eagle3_console.cli import cliout
+    from eagle3_console import registrybusy
     registrybusy.notice = cliout.warn       # a busy state database is said while it is waited for
     try:
         if args is not None:
             _status_without_typer(args)
-        from eagle3_console.commands import app, hoist_workspace
+        from eagle3_console.cli.commands import app, hoist_workspace
         app(args=hoist_workspace(argv))
     except Exception as exc:
         # What fails outside a command (the workspace itself): the typer group says a command's.
@@ -142,7 +143,7 @@ def run(argv: list[str], fast: bool = True) -> None:
 def __getattr__(name: str) -> Any:
     # `cli.app`, `cli.hoist_workspace`: the typer app, imported when asked for.
     if name in ("app", "hoist_workspace", "WORKSPACE_FLAGS"):
-        from eagle3_console import commands
+        from eagle3_console.cli import commands
         return getattr(commands, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

@@ -30,7 +30,7 @@ STOP_GRACE_S = 10.0
 
 class ConsoleApp(App[int]):
     TITLE = "eagle3-console"
-    CSS_PATH = "tui/console.tcss"
+    CSS_PATH = "console.tcss"
     # Every key is listed in the footer and in `?`; the palette would only
     # take footer room at 80 columns.
     ENABLE_COMMAND_PALETTE = False
@@ -49,7 +49,7 @@ class ConsoleApp(App[int]):
         # One NVML session for sampling and for the kill action's release check.
         self.nvml = nvml
         if collector is None:
-            from eagle3_console.snapshot import Collector
+            from eagle3_console.observe.snapshot import Collector
             collector = Collector(ws, nvml=nvml)
         self.collector = collector
         self.exit_note: str | None = None

@@ -15,7 +15,7 @@ from eagle3_console import exitrecord
 from eagle3_console.endclock import mark_end
 from eagle3_console.monitor.procs import process_alive
 from eagle3_console.registry import Registry, Run, RunStatus
-from eagle3_console.slurm import SLURM
+from eagle3_console.slurmparams import SLURM
 
 PENDING_GRACE_S = 30.0
 
@@ -36,7 +36,7 @@ def reconcile(reg: Registry) -> list[Run]:
         if not process_alive(run.supervisor_pid, run.supervisor_create_time):
             if run.launcher == SLURM and run.job_id:
                 # The job lives on without its supervisor: Slurm says how it is or how it ended.
-                from eagle3_console.slurm.control import reconcile_job
+                from eagle3_console.runs.slurm.control import reconcile_job
                 if reconcile_job(reg, run):
                     changed.append(run)
                 continue

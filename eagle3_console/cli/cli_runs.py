@@ -15,11 +15,11 @@ from typing import Callable, Optional
 
 import typer
 
-from eagle3_console import cliopts
+from eagle3_console.cli import cliopts
 from eagle3_console import config as cfg
-from eagle3_console.cliexit import EXIT_CRITICAL, EXIT_OK, CommandError
-from eagle3_console.clictx import Ctx, ctx_of
-from eagle3_console.cliout import out, say, warn
+from eagle3_console.cli.cliexit import EXIT_CRITICAL, EXIT_OK, CommandError
+from eagle3_console.cli.clictx import Ctx, ctx_of
+from eagle3_console.cli.cliout import out, say, warn
 from eagle3_console.registry import Registry, RunStatus, id_path
 
 
@@ -28,7 +28,8 @@ def run(ctx: typer.Context, stage: str,
         force: bool = typer.Option(False, "--force", help="Start even if dependencies are not done (or the op's lint finds errors)."),
         ignore_disk: bool = typer.Option(False, "--ignore-disk", help="Start even if the disk estimate exceeds the free space.")) -> None:
     """Start STAGE as a supervised run that survives this terminal."""
-    from eagle3_console import plan, runs
+    from eagle3_console.runs import plan
+    from eagle3_console import runs
     c = ctx_of(ctx)
     pipe = c.pipeline()
     overrides = cfg.parse_overrides(set_)
@@ -148,7 +149,7 @@ def logs(ctx: typer.Context, stage: str,
          run_id: Optional[int] = typer.Option(None, "--run", help="A run id (default: the latest).",
                                                callback=cliopts.integer(1, cliopts.MAX_ID, "a run id"))) -> None:
     """Print the tail of a stage's log."""
-    from eagle3_console.logtail import follow as follow_log, gone_message, open_log, run_ended, tail
+    from eagle3_console.cli.logtail import follow as follow_log, gone_message, open_log, run_ended, tail
     c = ctx_of(ctx)
     with Registry(c.ws.db_path) as reg:
         try:

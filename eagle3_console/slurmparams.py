@@ -19,8 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eagle3_console.entry import EntryError, expect, str_list
-from eagle3_console.slurm import LAUNCHERS, SLURM, TOOLS
 from ops.params import Param
+
+SLURM = "slurm"
+LAUNCHERS = ("local", SLURM)
+# The client commands the console runs on the login node.
+TOOLS = ("sbatch", "scontrol", "scancel", "squeue")
 
 PARAMS = (
     Param("partition", "", "the partition (sbatch --partition); empty: the cluster's default"),
@@ -101,7 +105,6 @@ def parse(where: str, body: dict[str, Any], stage: Any) -> tuple[str, SlurmParam
         raise EntryError(f"{where}.launcher", f"\"slurm\" needs the Slurm client commands, and "
                           f"{', '.join(missing)} not found on PATH; expected a login node of a Slurm cluster")
     stage.slurm = SlurmParams(**values)
-    from eagle3_console.slurm.command import check
     why = check(stage, stage.spec.effective(stage.params) if stage.spec else stage.params)
     if why:
         raise EntryError(f"{where}.slurm.nodes", why)
@@ -122,3 +125,17 @@ def _flags(key: str, value: Any) -> list[str]:
             raise EntryError(f"{key}[{i}]", f"{flag} is set by {MANAGED[flag]}"
                               + (f": set slurm.{MANAGED[flag]} instead" if MANAGED[flag] in DECLARED else ""))
     return words
+
+
+def how_it_spreads(stage: Any, params: dict[str, Any]) -> str | None:
+    spec = stage.spec
+    return spec.spreads(params) if spec is not None and spec.spreads is not None else None
+
+
+def check(stage: Any, params: dict[str, Any]) -> str | None:
+    """Why these slurm params cannot run this stage, or None."""
+    sp = stage.slurm
+    if sp.nodes > 1 and stage.spec is not None and how_it_spreads(stage, params) is None:
+        return (f"op {stage.op!r} runs as one process on one node; expected slurm.nodes = 1 "
+                f"(got {sp.nodes})")
+    return None

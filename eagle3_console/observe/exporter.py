@@ -275,7 +275,7 @@ def serve(sample: Callable[[], Snapshot], host: str, port: int, interval_s: floa
     Raises OSError when the address cannot be bound."""
     from prometheus_client import make_wsgi_app
 
-    from eagle3_console.exporter_http import start_server
+    from eagle3_console.observe.exporter_http import start_server
 
     exporter = SnapshotExporter(sample)
     exporter.refresh()          # the first scrape already has a snapshot

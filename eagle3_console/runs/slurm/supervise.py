@@ -1,6 +1,6 @@
 """The supervisor's part for a slurm run: submit the job, follow it, record its end.
 
-Called by eagle3_console.supervise once the run's claims and exit record are
+Called by eagle3_console.runs.supervise once the run's claims and exit record are
 in place, so the guarantees of a local run hold for a job: one live run per
 stage (the registry), the outputs' lock files (held here, on the login node,
 while the job lives), the end in the exit record before state.db. A SIGTERM
@@ -16,7 +16,7 @@ import sqlite3
 import time
 
 from eagle3_console.registry import Registry, RunStatus
-from eagle3_console.slurm import jobs, script
+from eagle3_console.runs.slurm import jobs, script
 
 POLL_S = 2.0
 

@@ -1,4 +1,4 @@
-"""`python -m eagle3_console.slurm.node_exec -- ARGV...`: run on each node by srun inside a job.
+"""`python -m eagle3_console.runs.slurm.node_exec -- ARGV...`: run on each node by srun inside a job.
 
 Replaces command.py's placeholders in every word (also inside a JSON word,
 SGLang's extra_args) with what only the node knows: the allocation's first
@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 
-from eagle3_console.slurm.command import HEAD, JOB_ID, NODE_RANK
+from eagle3_console.runs.slurm.command import HEAD, JOB_ID, NODE_RANK
 
 
 def first_node(nodelist: str) -> str:
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     if args[:1] == ["--"]:
         args = args[1:]
     if not args:
-        print("usage: python -m eagle3_console.slurm.node_exec -- ARGV...", file=sys.stderr)
+        print("usage: python -m eagle3_console.runs.slurm.node_exec -- ARGV...", file=sys.stderr)
         return 2
     try:
         values = {HEAD: first_node(os.environ["SLURM_JOB_NODELIST"]), NODE_RANK: os.environ["SLURM_NODEID"],

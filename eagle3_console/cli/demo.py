@@ -77,7 +77,7 @@ def write_demo_workspace(root: Path, log: Callable[[str], None] | None = None, s
     tiny (the trained toy target) or smollm2 (ops.demo.realmodel.MissingExtra
     without its extra)."""
     if model == "smollm2":
-        from eagle3_console.demo_smollm2 import write_smollm2_workspace
+        from eagle3_console.cli.demo_smollm2 import write_smollm2_workspace
         return write_smollm2_workspace(root, log=log, seed=seed)
     from ops.demo import build_demo_assets
 

@@ -16,19 +16,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eagle3_console import alerts
+from eagle3_console.observe import alerts
 from eagle3_console import config as cfg
-from eagle3_console import plan
+from eagle3_console.runs import plan
 from eagle3_console import runs as runs_mod
-from eagle3_console.liveness import as_recorded
+from eagle3_console.runs.liveness import as_recorded
 from eagle3_console.model import DiskUsage, GpuReport, JobInfo, Snapshot, StageStatus
 from eagle3_console.monitor.disk import DiskMonitor
 from eagle3_console.monitor.logs import LogFollower
 from eagle3_console.monitor.procs import ProcessTable, RunRef, attach_owners, orphans, process_alive
 from eagle3_console.monitor.shards import ShardMonitor
 from eagle3_console.registry import ACTIVE, Registry, Run, RunStatus, id_path
-from eagle3_console.savedmonitors import SavedMonitors
-from eagle3_console.vouch import vanished
+from eagle3_console.observe.savedmonitors import SavedMonitors
+from eagle3_console.runs.vouch import vanished
 from eagle3_console.workspace import Workspace
 from ops.spec import read_json_dict
 

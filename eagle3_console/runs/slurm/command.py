@@ -21,24 +21,13 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
+from eagle3_console.slurmparams import check, how_it_spreads
+
 HEAD = "%EAGLE3_HEAD%"             # the allocation's first node
 NODE_RANK = "%EAGLE3_NODE_RANK%"   # this node's SLURM_NODEID
 JOB_ID = "%EAGLE3_JOB_ID%"         # SLURM_JOB_ID
 PLACEHOLDERS = (HEAD, NODE_RANK, JOB_ID)
 
-
-def how_it_spreads(stage: Any, params: dict[str, Any]) -> str | None:
-    spec = stage.spec
-    return spec.spreads(params) if spec is not None and spec.spreads is not None else None
-
-
-def check(stage: Any, params: dict[str, Any]) -> str | None:
-    """Why these slurm params cannot run this stage, or None."""
-    sp = stage.slurm
-    if sp.nodes > 1 and stage.spec is not None and how_it_spreads(stage, params) is None:
-        return (f"op {stage.op!r} runs as one process on one node; expected slurm.nodes = 1 "
-                f"(got {sp.nodes})")
-    return None
 
 
 def job_argv(stage: Any, params: dict[str, Any], command: Callable[[dict[str, Any]], list[str]]) -> list[str]:
@@ -69,4 +58,4 @@ def job_argv(stage: Any, params: dict[str, Any], command: Callable[[dict[str, An
 
 
 def _node_exec(argv: list[str]) -> list[str]:
-    return [sys.executable, "-m", "eagle3_console.slurm.node_exec", "--", *argv]
+    return [sys.executable, "-m", "eagle3_console.runs.slurm.node_exec", "--", *argv]

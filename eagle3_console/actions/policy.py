@@ -20,7 +20,7 @@ from eagle3_console.actions.restart import can_halve
 from eagle3_console.endclock import seconds_since_end
 from eagle3_console.model import Snapshot, oom_finding
 from eagle3_console.registry import ACTIVE, Registry, RunStatus
-from eagle3_console.watchlock import LockHeld, WatchLock
+from eagle3_console.actions.watchlock import LockHeld, WatchLock
 from eagle3_console.workspace import Workspace
 
 __all__ = ["LockHeld", "WatchLock", "apply", "advance", "decide", "ready", "restart_pending", "settled",

@@ -20,7 +20,7 @@ from eagle3_console.config import Pipeline, Stage
 from eagle3_console.model import DiskUsage
 from eagle3_console.monitor.disk import free_space, room_for
 from eagle3_console.monitor.tree import TreeIndex
-from eagle3_console.outputs import output_paths
+from eagle3_console.runs.outputs import output_paths
 from eagle3_console.refused import Refused
 from eagle3_console.units import human_bytes
 from eagle3_console.workspace import Workspace

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from eagle3_console import config as cfg
-from eagle3_console import cliexit
-from eagle3_console.cliexit import Unreadable
-from eagle3_console.cliout import closed_pipe, reader_gone
+from eagle3_console.cli import cliexit
+from eagle3_console.cli.cliexit import Unreadable
+from eagle3_console.cli.cliout import closed_pipe, reader_gone
 from eagle3_console.registry import StateError
 from eagle3_console.workspace import Workspace
 
@@ -44,7 +44,7 @@ class Ctx:
         pipe = self.pipeline()
         if name in pipe.stages:
             return pipe.stages[name]
-        from eagle3_console.liveness import stage_alive
+        from eagle3_console.runs.liveness import stage_alive
         from eagle3_console.registry import Registry, RunStatus
         if self.ws.db_path.exists():
             with Registry(self.ws.db_path) as reg:
@@ -60,7 +60,7 @@ def ctx_of(typer_ctx: Any) -> Ctx:
 
 
 def _collect(c: Ctx, no_gpus: bool, pipe: Optional[cfg.Pipeline] = None):
-    from eagle3_console.snapshot import Collector
+    from eagle3_console.observe.snapshot import Collector
     try:
         col = Collector(c.ws, persist=True, gpus=not no_gpus)
         try:
