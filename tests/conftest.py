@@ -176,6 +176,16 @@ class WS:
         with self.registry() as reg:
             return reg.latest(stage)
 
+    def seen(self, stage: str):
+        """The stage as a snapshot sees it (what the commands hand to actions.plan_restart)."""
+        from eagle3_console.observe.snapshot import Collector
+        from eagle3_console.workspace import Workspace
+        col = Collector(Workspace.at(self.root), gpus=False)
+        try:
+            return col.collect().stage(stage)
+        finally:
+            col.close()
+
     def record_finished_run(self, stage: str, params: dict, status: str = "failed", ended_ago_s: float = 0.0):
         """A run in the registry as if a supervisor had recorded it (no process ran)."""
         from eagle3_console.workspace import Workspace

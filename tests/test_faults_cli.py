@@ -234,7 +234,7 @@ def test_halve_batch_halves_a_memory_share(ws):
     run = ws.record_finished_run("extract", {"input": "data/prepared", "output": "data/hs", "engine": "sglang",
                                              "mem_fraction_static": 0.9})
     Path(run.log_path).write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB\n")
-    plan = plan_restart(Workspace.at(ws.root), "extract", halve_batch=True, ignore_disk=True)
+    plan = plan_restart(Workspace.at(ws.root), "extract", ws.seen("extract"), halve_batch=True, ignore_disk=True)
     assert plan.refusal is None, plan.refusal
     assert plan.halved == ("mem_fraction_static", 0.9, 0.45), plan
     assert plan.argv[plan.argv.index("--mem-fraction-static") + 1] == "0.45"
@@ -266,9 +266,26 @@ def test_halve_batch_halves_an_op_stages_default_batch(ws):
     run = ws.record_finished_run("extract", {"input": "data/prepared", "output": "data/hs"})
     Path(run.log_path).write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
     default = SPEC.params["token_budget"]
-    plan = plan_restart(Workspace.at(ws.root), "extract", halve_batch=True, ignore_disk=True)
+    plan = plan_restart(Workspace.at(ws.root), "extract", ws.seen("extract"), halve_batch=True, ignore_disk=True)
     assert plan.oom_line and plan.refusal is None, plan
     assert plan.halved == ("token_budget", default, default // 2), plan
     assert plan.params["token_budget"] == default // 2
     i = plan.argv.index("--token-budget")
     assert plan.argv[i + 1] == str(default // 2)
+
+
+def test_restart_and_watch_decide_out_of_memory_alike(ws):
+    """Out of memory is decided once, by the snapshot: an OOM line 20 MiB before a
+    log's end lies outside what the snapshot scans for signatures (16 MiB), so
+    status raises no oom alert and watch halves nothing, and restart --halve-batch
+    must not halve on a deeper read of its own (before, it read 64 MiB and halved)."""
+    ws.write(extract_pipeline(""))
+    run = ws.record_finished_run("extract", {"input": "data/prepared", "output": "data/hs"})
+    with open(run.log_path, "w") as log:
+        log.write("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
+        log.write(("step ok, nothing to see here\n" * 1000) * 720)      # ~20 MiB after it
+    status = json.loads(ws.cli("status", "--json", "--no-gpus").stdout)
+    assert not any(a["code"] == "oom" for a in status["alerts"]), status["alerts"]
+    proc = ws.cli("restart", "extract", "--halve-batch", "--ignore-disk")
+    assert "halved after the OOM" not in proc.stdout, proc.stdout
+    assert "did not run out of memory" in proc.stdout + proc.stderr, (proc.stdout, proc.stderr)

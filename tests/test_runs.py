@@ -240,7 +240,7 @@ params = { input = "in.jsonl", output = "out/prep", tokenizer = "tok" }
     # leave the stage dead and not restarted).
     from eagle3_console.actions import plan_restart
     from eagle3_console.workspace import Workspace
-    plan = plan_restart(Workspace.at(ws.root), "prep", overrides={"output": "out/keep/sub"}, kill=True)
+    plan = plan_restart(Workspace.at(ws.root), "prep", None, overrides={"output": "out/keep/sub"}, kill=True)
     assert plan.refusal and "overlaps stage 'keeper'" in plan.refusal and plan.kill is None
 
 

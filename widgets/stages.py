@@ -25,10 +25,6 @@ STATUS_STYLE = {"running": "bold green", "pending": "cyan", "succeeded": "green"
                 "killed": "bold yellow", "lost": "bold magenta", "never": "dim", "stale": "yellow"}
 
 
-def is_oom(st: StageStatus) -> bool:
-    return oom_finding(st) is not None or any(a.code == "oom" for a in st.alerts)
-
-
 SERVE_STYLE = {"loading": "cyan", "warming_up": "cyan", "ready": "bold green", "unhealthy": "bold red"}
 
 
@@ -40,9 +36,9 @@ def status_text(st: StageStatus) -> Text:
         label, style = st.serve.state.replace("_", " "), SERVE_STYLE[st.serve.state]
     if st.job is not None and st.status == "pending" and st.job.reason:
         label = f"pending ({st.job.reason})"       # waiting in Slurm's queue, and why
-    if is_oom(st) and st.status != "running":
+    if oom_finding(st) and st.status != "running":
         label, style = f"{st.status} OOM", "bold white on red"
-    elif is_oom(st):
+    elif oom_finding(st):
         label, style = "running OOM?", "bold red"
     return Text(label, style)
 

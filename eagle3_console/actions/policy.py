@@ -98,7 +98,7 @@ def apply(ws: Workspace, snap: Snapshot, say: Callable[[str], None], nvml: Any =
         # A refusal (params the op no longer takes, a run started meanwhile) is said and
         # recorded; raised, it would end every cron pass with a traceback and skip other stages.
         try:
-            plan = actions.plan_restart(ws, d.stage, halve_batch=d.halve, force=True, nvml=nvml, pipe=pipe)
+            plan = actions.plan_restart(ws, d.stage, snap.stage(d.stage), halve_batch=d.halve, force=True, nvml=nvml, pipe=pipe)
             if plan.refusal:
                 raise runs.Refused(plan.refusal, kind=plan.refusal_kind)
             run = actions.execute_restart(ws, plan, nvml=nvml, pipe=pipe)

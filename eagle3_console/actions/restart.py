@@ -8,7 +8,6 @@ Data flow: config + registry + the last run's log (OOM?) -> RestartPlan ->
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
 from eagle3_console import config as cfg
@@ -16,6 +15,7 @@ from eagle3_console import runs
 from eagle3_console.actions.kill import KillPlan, execute_kill, plan_kill
 from eagle3_console.monitor.procs import ProcessTable, RunRef
 from eagle3_console.runs.plan import disk_line
+from eagle3_console.model import StageStatus, oom_finding
 from eagle3_console.registry import Registry, Run, RunStatus
 from eagle3_console.workspace import Workspace
 
@@ -96,18 +96,20 @@ def can_halve(value: Any, share: bool = False) -> bool:
     return True
 
 
-def oom_line(run: Run | None) -> str | None:
-    if run is None:
+def oom_line(seen: StageStatus | None, run: Run | None) -> str | None:
+    """The out-of-memory line of `run` as the snapshot found it (model.oom_finding: the one
+    decision that the alert, watch's halving, the TUI and this restart share), or None when
+    the snapshot is of another run (a run started since it was taken)."""
+    if seen is None or run is None or seen.run_id != run.id:
         return None
-    if run.job_state == "OUT_OF_MEMORY":       # Slurm's word (a slurm run): its cgroup's OOM killer ended the job
-        return f"slurm: job {run.job_id} OUT_OF_MEMORY"
-    from eagle3_console.monitor.logs import scan_for_oom
-    return scan_for_oom(Path(run.log_path))
+    found = oom_finding(seen)
+    return found.line if found else None
 
 
-def plan_restart(ws: Workspace, stage_name: str, overrides: dict[str, Any] | None = None,
+def plan_restart(ws: Workspace, stage_name: str, seen: StageStatus | None, overrides: dict[str, Any] | None = None,
                  kill: bool = False, halve_batch: bool = False, force: bool = False, nvml: Any = None,
                  ignore_disk: bool = False, pipe: cfg.Pipeline | None = None) -> RestartPlan:
+    """`seen`: the stage in the caller's snapshot, whose out-of-memory finding decides the halving."""
     pipe = pipe or cfg.load(ws.config_path)
     stage = pipe.stage(stage_name)
     with Registry(ws.db_path) as reg:
@@ -120,7 +122,7 @@ def plan_restart(ws: Workspace, stage_name: str, overrides: dict[str, Any] | Non
     plan = RestartPlan(stage=stage_name, last=last, params=params, argv=[], kill=None, force=force,
                        ignore_disk=ignore_disk)
     if last and last.status in (RunStatus.FAILED, RunStatus.KILLED, RunStatus.LOST):
-        plan.oom_line = oom_line(last)
+        plan.oom_line = oom_line(seen, last)
     if plan.oom_line and stage.batch_param and stage.batch_param not in params and stage.spec \
             and stage.spec.params.get(stage.batch_param) is not None:
         # Left at the op's default (its Param): that default is what ran out of memory.

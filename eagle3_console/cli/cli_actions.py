@@ -18,7 +18,7 @@ import typer
 from eagle3_console.cli import cliopts
 from eagle3_console import config as cfg
 from eagle3_console.cli.cliexit import EXIT_CRITICAL, EXIT_OK, CommandError
-from eagle3_console.cli.clictx import ctx_of
+from eagle3_console.cli.clictx import collect, ctx_of
 from eagle3_console.cli.cliout import Unwritable, out, say, warn
 
 
@@ -101,8 +101,11 @@ def restart(ctx: typer.Context, stage: str,
     c = ctx_of(ctx)
     if c.stage_or_live(stage) is None:
         _restart_removed(c, stage, kill, yes)
-    plan = actions.plan_restart(c.ws, stage, cfg.parse_overrides(set_), kill=kill, halve_batch=halve, force=force,
-                               ignore_disk=ignore_disk)
+    pipe = c.pipeline()
+    # The snapshot's out-of-memory finding decides the halving, as it does for watch and the TUI.
+    seen = collect(c, no_gpus=True, pipe=pipe).stage(stage)
+    plan = actions.plan_restart(c.ws, stage, seen, cfg.parse_overrides(set_), kill=kill, halve_batch=halve,
+                               force=force, ignore_disk=ignore_disk, pipe=pipe)
     if not _go_ahead(plan, yes):
         return
     r = actions.execute_restart(c.ws, plan, progress=say)

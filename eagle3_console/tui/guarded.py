@@ -23,11 +23,10 @@ from typing import Any, Callable
 from eagle3_console import actions
 from eagle3_console import config as cfg
 from eagle3_console import runs
-from eagle3_console.model import Snapshot, StageStatus
+from eagle3_console.model import Snapshot, StageStatus, oom_finding
 from eagle3_console.registry import EXITED, MAY_BE_ALIVE, Registry, RunStatus
 from eagle3_console.workspace import Workspace
 from widgets.dialogs import DialogSpec, Option
-from widgets.stages import is_oom
 
 COMPLETE = (RunStatus.SUCCEEDED, "stale")      # the stage's outputs exist and are whole ("stale": a stage's, no run's)
 
@@ -156,7 +155,7 @@ def plan_kill(ctx: Context, st: StageStatus) -> DialogSpec:
                                          f"sessions) is alive", gpus], p.refusal,
                         refusal_label="NOTHING TO KILL")
         notes = (["Next after an OOM: c cleans the partial output, r restarts with a halved batch."]
-                 if is_oom(st) else [])
+                 if oom_finding(st) else [])
     else:
         option = Option("kill", "kill", p.lines(), p.refusal, plan=p)
         notes = ["After the signals, the dialog waits until NVML shows the GPU memory released, or says "
@@ -191,10 +190,10 @@ def execute_clean(ctx: Context, st: StageStatus, option: Option, progress: Progr
 def plan_restart(ctx: Context, st: StageStatus) -> DialogSpec:
     # Always plan the kill: a live run, or workers that outlived a failed one, are listed in the
     # plan (pid, GPU, memory) and killed before the restart; nothing alive -> no kill.
-    base = actions.plan_restart(ctx.ws, st.name, kill=True, nvml=ctx.nvml)
+    base = actions.plan_restart(ctx.ws, st.name, st, kill=True, nvml=ctx.nvml)
     options = [Option("same", "same parameters", base.lines(), base.refusal, plan=base)]
     if base.suggestion:
-        halved = actions.plan_restart(ctx.ws, st.name, kill=True, halve_batch=True, nvml=ctx.nvml)
+        halved = actions.plan_restart(ctx.ws, st.name, st, kill=True, halve_batch=True, nvml=ctx.nvml)
         name, old, new = base.suggestion
         options.insert(0, Option("halved", f"{name} {old} -> {new} (halved after the OOM)",
                                  halved.lines(), halved.refusal, plan=halved))
