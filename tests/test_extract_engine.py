@@ -43,7 +43,7 @@ class PackedTarget:
         ids = torch.cat([torch.from_numpy(t.astype("int64")) for t in tokens]).float()
         final = ids[:, None].expand(-1, self.hidden).contiguous()
         aux = torch.cat([final + k + 1 for k in range(self.n_aux)], dim=-1)
-        return aux, final, engine_mod.per_sample(aux, final, [len(t) for t in tokens])
+        return engine_mod.TargetOutput.packed(aux, final, [len(t) for t in tokens])
 
     def close(self) -> None:
         self.closed += 1

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -32,26 +33,34 @@ def torchrun_coords() -> Coords:
     return rank, world, int(os.environ.get("LOCAL_RANK", str(rank)))
 
 
+@dataclass(frozen=True)
+class TargetOutput:
+    """One planned batch through the target."""
+
+    aux: Any                            # the batch's aux-layer states, [.., n_aux * hidden]
+    final: Any                          # the batch's final post-norm states, [.., hidden]
+    samples: list[tuple[Any, Any]]      # each sample's own (aux, final) rows, in batch order, no padding
+
+    @classmethod
+    def packed(cls, aux: Any, final: Any, lengths: Sequence[int]) -> "TargetOutput":
+        """A packed batch (its samples' tokens back to back, in batch order,
+        no padding), cut back into samples by their lengths."""
+        samples, start = [], 0
+        for n in lengths:
+            samples.append((aux[start:start + n], final[start:start + n]))
+            start += n
+        return cls(aux, final, samples)
+
+
 class Target(Protocol):
     """A loaded target: one planned batch's token ids in, its states out."""
 
-    def forward(self, tokens: Sequence["np.ndarray"]) -> tuple[Any, Any, list[tuple[Any, Any]]]:
-        """(aux, final, [(aux, final) of each sample, in batch order]): the
-        batch's two state tensors (what the loop sizes its host slabs by and
-        copies from) and each sample's own rows of them, without padding."""
+    def forward(self, tokens: Sequence["np.ndarray"]) -> TargetOutput:
+        """The batch's two state tensors (what the loop sizes its host slabs
+        by and copies from) and each sample's own rows of them."""
 
     def close(self) -> None:
         """The loop is done with the target (the forward hooks go, the followers are let go)."""
-
-
-def per_sample(aux: Any, final: Any, lengths: Sequence[int]) -> list[tuple[Any, Any]]:
-    """Each sample's own rows of a packed batch (its samples' tokens back to back,
-    in batch order, no padding): Target.forward's third value."""
-    states, start = [], 0
-    for n in lengths:
-        states.append((aux[start:start + n], final[start:start + n]))
-        start += n
-    return states
 
 
 class Engine(Protocol):

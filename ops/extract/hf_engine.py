@@ -16,7 +16,7 @@ import torch
 
 from ops.extract import target as target_mod
 from ops.extract.capture import HiddenStateCapture
-from ops.extract.engine import Coords, torchrun_coords
+from ops.extract.engine import Coords, TargetOutput, torchrun_coords
 from ops.extract.loop import log
 from ops.units import human_bytes
 
@@ -63,7 +63,7 @@ class HFTarget:
         self.capture = HiddenStateCapture(model, layer_ids)
         self.input_device = self.capture.base.get_input_embeddings().weight.device
 
-    def forward(self, tokens):
+    def forward(self, tokens) -> TargetOutput:
         longest = max(len(tok) for tok in tokens)
         cuda = self.input_device.type == "cuda"
         # Pinned inputs: a copy from pageable memory makes the host wait for
@@ -82,7 +82,8 @@ class HFTarget:
                 mask[row, :len(tok)] = 1
             mask = mask.to(self.input_device, non_blocking=True)
         aux, final = self.capture(ids.to(self.input_device, non_blocking=True), mask)
-        return aux, final, [(aux[row, :len(tok)], final[row, :len(tok)]) for row, tok in enumerate(tokens)]
+        return TargetOutput(aux, final, [(aux[row, :len(tok)], final[row, :len(tok)])
+                                         for row, tok in enumerate(tokens)])
 
     def close(self) -> None:
         self.capture.close()

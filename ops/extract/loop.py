@@ -105,11 +105,11 @@ class Loop:
     def _forward(self, batch: list[int]) -> None:
         rows = [(idx, *self.samples.get(idx)) for idx in batch]
         t0 = time.perf_counter()
-        aux, final, states = self.target.forward([tok for _idx, tok, _loss in rows])
+        out = self.target.forward([tok for _idx, tok, _loss in rows])
         self.forward_s += time.perf_counter() - t0
         # Samples already on disk ran only to keep the batch's planned shapes.
-        self._submit(aux, final, [(idx, tok, loss, *state) for (idx, tok, loss), state in zip(rows, states)
-                                  if idx not in self.done])
+        self._submit(out.aux, out.final, [(idx, tok, loss, *state) for (idx, tok, loss), state
+                                          in zip(rows, out.samples) if idx not in self.done])
 
     def _submit(self, aux, final, pieces) -> None:
         """Each sample's (idx, ids, loss mask, aux states, final states) into

@@ -38,7 +38,7 @@ import torch
 from ops.common import BadInput
 from ops.extract import sglang_args, sglang_capture
 from ops.extract import target as target_mod
-from ops.extract.engine import Coords, per_sample, torchrun_coords
+from ops.extract.engine import Coords, TargetOutput, torchrun_coords
 from ops.extract.loop import log
 from ops.layers import engine_ids, parse_layer_ids
 
@@ -201,14 +201,14 @@ class LeaderTarget:
     def __init__(self, target, group) -> None:
         self.target, self.group = target, group
 
-    def forward(self, tokens):
+    def forward(self, tokens) -> TargetOutput:
         token_lists = [tok.tolist() for tok in tokens]
         if self.group is not None:
             import torch.distributed as dist
 
             dist.broadcast_object_list([token_lists], src=0, group=self.group)
         aux, final = self.target.forward(token_lists)
-        return aux, final, per_sample(aux, final, [len(tok) for tok in token_lists])
+        return TargetOutput.packed(aux, final, [len(tok) for tok in token_lists])
 
     def close(self) -> None:
         if self.group is not None:
