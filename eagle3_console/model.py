@@ -27,6 +27,14 @@ class RunStatus(StrEnum):
     LOST = "lost"
 
 
+class StageOnly(StrEnum):
+    """A stage's status that is no run's: NEVER, no run yet; STALE, its latest run
+    succeeded but a stage it depends on has run again since (StageStatus.stale says which)."""
+
+    NEVER = "never"
+    STALE = "stale"
+
+
 # No end recorded yet: its supervisor still watches it (the registry's
 # "first writer wins" on the end, one live run per stage).
 ACTIVE = (RunStatus.PENDING, RunStatus.RUNNING)
@@ -258,7 +266,7 @@ class Curves:
 class StageStatus:
     name: str
     op: str | None
-    status: str                     # never | pending | running | succeeded | stale | failed | killed | lost
+    status: str                     # a RunStatus, or a StageOnly (never, stale)
     run_id: int | None = None
     pid: int | None = None
     started: float | None = None
@@ -314,13 +322,13 @@ class StageStatus:
 
     def result_whose(self) -> str:
         """Whose the record is, as a prefix ("" for the latest, succeeded run's)."""
-        if self.status == "never":
+        if self.status == StageOnly.NEVER:
             return "no run recorded here; found on disk: "
         if not self.result_is_latest_runs():
             return f"an earlier run's result (latest run {self.run_id}: {self.status}): "
         if self.status in MAY_BE_ALIVE:
             return "so far: "
-        if self.status == "stale":
+        if self.status == StageOnly.STALE:
             return f"stale ({self.stale}): "
         return "" if self.status == RunStatus.SUCCEEDED else f"run {self.run_id} {self.status}: "
 

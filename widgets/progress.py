@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.containers import VerticalScroll
 
-from eagle3_console.model import StageStatus
+from eagle3_console.model import StageOnly, StageStatus
 from ops import spec_of
 from ops.spec import ResultView
 from widgets import fmt
@@ -77,7 +77,7 @@ def summary(st: StageStatus, now: float) -> Text:
     else:
         cause = failure_cause(st)
         if cause is None:
-            t.append("not run yet" if st.status == "never" else st.status, "dim")
+            t.append("not run yet" if st.status == StageOnly.NEVER else st.status, "dim")
         else:
             message, line = cause
             t.append(message, "bold red")
@@ -284,7 +284,7 @@ class ProgressPane(VerticalScroll, can_focus=False):
                 # no counter, or train's "done 72/72") say less than the result line.
                 first = counts.split("\n")[0]
                 counts = Text() if first.plain.startswith(("no progress", "done ")) else first
-            elif st.status == "never" and counts.plain.startswith("no progress"):
+            elif st.status == StageOnly.NEVER and counts.plain.startswith("no progress"):
                 counts = Text()     # "not run yet": the result line says so ("no run recorded here")
             line = Text(st.result_said(), "green" if st.status == "succeeded" else "yellow")
             text = Text.assemble(counts, "\n", line) if counts.plain else line

@@ -15,7 +15,7 @@ from rich.text import Text
 from textual.message import Message
 from textual.widgets import DataTable
 
-from eagle3_console.model import StageStatus, oom_finding
+from eagle3_console.model import StageOnly, StageStatus, oom_finding
 from widgets import fmt
 from widgets.body import retitle
 from widgets.progress import result_view
@@ -51,7 +51,7 @@ def result_text(st: StageStatus) -> Text:
     view = result_view(st)
     if view is None or view.cell is None:
         return Text("-")
-    if st.status != "never" and not st.result_is_latest_runs():
+    if st.status != StageOnly.NEVER and not st.result_is_latest_runs():
         # An earlier run's figure next to a killed or failed run reads as its own (the Progress
         # pane says whose it is: "an earlier run's result (latest run N: killed)").
         return Text("-")

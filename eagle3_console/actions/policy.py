@@ -18,7 +18,7 @@ from eagle3_console import config as cfg
 from eagle3_console import runs
 from eagle3_console.actions.restart import can_halve
 from eagle3_console.endclock import seconds_since_end
-from eagle3_console.model import Snapshot, oom_finding
+from eagle3_console.model import Snapshot, StageOnly, oom_finding
 from eagle3_console.registry import ACTIVE, Registry, RunStatus
 from eagle3_console.actions.watchlock import LockHeld, WatchLock
 from eagle3_console.workspace import Workspace
@@ -124,7 +124,7 @@ def ready(pipe: cfg.Pipeline, snap: Snapshot) -> list[str]:
     status = {s.name: s.status for s in snap.stages}
     done = {s.name for s in snap.stages if s.done}
     return [name for name in pipe.order()
-            if status.get(name) in ("never", "stale")      # stale: its outputs no longer follow its inputs
+            if status.get(name) in tuple(StageOnly)      # stale: its outputs no longer follow its inputs
             and all(dep in done for dep in pipe.stages[name].depends_on)]
 
 
@@ -165,7 +165,7 @@ def settled(snap: Snapshot) -> bool:
     if all(s.done for s in snap.stages):
         return True
     done = {s.name for s in snap.stages if s.done}
-    startable = [s for s in snap.stages if s.status in ("never", "stale") and all(d in done for d in s.depends_on)]
+    startable = [s for s in snap.stages if s.status in tuple(StageOnly) and all(d in done for d in s.depends_on)]
     return not startable and any(s.status in (RunStatus.FAILED, RunStatus.KILLED, RunStatus.LOST) and not s.done for s in snap.stages)
 
 

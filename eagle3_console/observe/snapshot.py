@@ -21,7 +21,7 @@ from eagle3_console import config as cfg
 from eagle3_console.runs import plan
 from eagle3_console import runs as runs_mod
 from eagle3_console.runs.liveness import as_recorded
-from eagle3_console.model import DiskUsage, GpuReport, JobInfo, Snapshot, StageStatus
+from eagle3_console.model import DiskUsage, GpuReport, JobInfo, Snapshot, StageOnly, StageStatus
 from eagle3_console.monitor.disk import DiskMonitor
 from eagle3_console.monitor.logs import LogFollower
 from eagle3_console.monitor.procs import ProcessTable, RunRef, attach_owners, orphans, process_alive
@@ -229,7 +229,7 @@ class Collector:
             # What the run gets (its op's defaults under its own): JSON, the TUI and
             # watch's halve-after-OOM see the token_budget a stage left at its default.
             params = stage.spec.effective(params)
-        st = StageStatus(name=stage.name, op=stage.op, status=run.status if run else "never",
+        st = StageStatus(name=stage.name, op=stage.op, status=run.status if run else StageOnly.NEVER,
                          depends_on=list(stage.depends_on), params=params, batch_param=stage.batch_param)
         try:
             outs = runs_mod.output_paths(self.ws, stage, params, self._guarded)
@@ -365,10 +365,10 @@ def mark_stale(stages: list[StageStatus], succeeded: dict[str, Run]) -> None:
             dep_ok = succeeded.get(dep)
             if dep_ok is not None and dep_ok.ended is not None and dep_ok.ended > st.started:
                 st.stale = f"{dep} succeeded again (run {dep_ok.id}) after run {st.run_id} started"
-            elif dep in by_name and by_name[dep].status == "stale":
+            elif dep in by_name and by_name[dep].status == StageOnly.STALE:
                 st.stale = f"{dep} is stale"
             if st.stale:
-                st.status = "stale"
+                st.status = StageOnly.STALE
                 break
 
 

@@ -23,12 +23,12 @@ from typing import Any, Callable
 from eagle3_console import actions
 from eagle3_console import config as cfg
 from eagle3_console import runs
-from eagle3_console.model import Snapshot, StageStatus, oom_finding
+from eagle3_console.model import Snapshot, StageOnly, StageStatus, oom_finding
 from eagle3_console.registry import EXITED, MAY_BE_ALIVE, Registry, RunStatus
 from eagle3_console.workspace import Workspace
 from widgets.dialogs import DialogSpec, Option
 
-COMPLETE = (RunStatus.SUCCEEDED, "stale")      # the stage's outputs exist and are whole ("stale": a stage's, no run's)
+COMPLETE = (RunStatus.SUCCEEDED, StageOnly.STALE)      # the stage's outputs exist and are whole
 
 Progress = Callable[[str], None]
 
