@@ -317,3 +317,26 @@ def test_a_summary_whose_token_count_is_no_number_gives_no_exact_figure_and_no_t
     (prepared / "summary.json").write_text('{"samples": 10, "total_tokens": 1000}')
     row = next(d for d in _json.loads(ws.cli("status", "--json", "--no-gpus").stdout)["disk"] if d["stage"] == "extract")
     assert row["estimate_kind"] == "exact" and row["estimate_bytes"] == 1000 * 4 * 16 * 2, row
+
+
+def test_run_checks_a_launch_once(ws, monkeypatch):
+    """`run` prints its plan (disk, lint) and launches on the same figures: the
+    params, the op's lint and the disk preflight are computed once a launch (before,
+    the CLI computed each and launch computed each again)."""
+    from eagle3_console import runs
+
+    calls = {"preflight": 0, "lints": 0, "stage_params": 0}
+
+    def counted(name, real):
+        def wrapper(*args, **kw):
+            calls[name] += 1
+            return real(*args, **kw)
+        return wrapper
+
+    for name in calls:
+        monkeypatch.setattr(runs, name, counted(name, getattr(runs, name)))
+    ws.write('[stages.w]\nargv = ["true"]\noutputs = ["out/w"]\nestimate_bytes = 1000\n')
+    proc = ws.call("run", "w", check=0)
+    assert "disk:" in proc.stdout, proc.stdout
+    assert calls == {"preflight": 1, "lints": 1, "stage_params": 1}, calls
+    ws.wait_status("w", ("succeeded",))

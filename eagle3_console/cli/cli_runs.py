@@ -32,17 +32,15 @@ def run(ctx: typer.Context, stage: str,
     from eagle3_console import runs
     c = ctx_of(ctx)
     pipe = c.pipeline()
-    overrides = cfg.parse_overrides(set_)
-    st = pipe.stage(stage)
-    params = runs.stage_params(st, overrides, pipe=pipe)
+    pre = runs.prelaunch(c.ws, pipe, stage, cfg.parse_overrides(set_))
     # The plan first, whatever is refused next (a missing dependency, the disk).
-    for line in plan.launch_lines(c.ws, pipe, st, params):
+    for line in plan.launch_lines(c.ws, pipe, pre.stage, pre.params, pre.preflight):
         say(line)
-    for line in plan.rerun_warnings(c.ws, pipe, st):
+    for line in plan.rerun_warnings(c.ws, pipe, pre.stage):
         warn(line)
-    for x in runs.lints(c.ws, pipe, st, params):
+    for x in pre.lints:
         warn(f"lint {x}")
-    r = runs.launch(c.ws, pipe, stage, overrides, force=force, ignore_disk=ignore_disk)
+    r = runs.launch(c.ws, pipe, stage, force=force, ignore_disk=ignore_disk, pre=pre)
     where = f"slurm job {r.job_id or '(being submitted)'}" if r.launcher == "slurm" else f"pid {r.pid}"
     out.print(f"run {r.id} of {stage}: {r.status}, {where}, log {r.log_path}", highlight=False)
 

@@ -252,7 +252,7 @@ class Collector:
                 st.outputs_complete = None if still_running else runs_mod.outputs_complete(self.ws, stage, run)
             st.log = self._log_follower(run).refresh()
         spec = stage.spec
-        ctx = runs_mod.estimate_context(self.ws, pipe, params)
+        ctx = plan.context(self.ws, pipe, params)
         expected = stage.expected_samples
         if expected is None and spec:
             expected = spec.expected_samples(ctx)

@@ -14,6 +14,7 @@ import os
 import sys
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from eagle3_console.refused import NothingToDo, Refused  # noqa: F401
 from eagle3_console.registry import Registry, Run, RunStatus
 from eagle3_console.runs.vouch import vanished
 from eagle3_console.workspace import Workspace
-from ops.spec import EstimateContext, read_json_dict, value_type_error
+from ops.spec import read_json_dict, value_type_error
 
 
 def stage_params(stage: Stage, overrides: dict[str, Any] | None = None, base: dict | None = None,
@@ -98,15 +99,6 @@ def _server_url(pipe: Pipeline, stage: Stage, want, name: str, overrides: dict[s
         raise Refused(f"{where} names a serve stage and {want.url_param} is set too; set one of them", code=3)
     from eagle3_console.monitor.serve import server_url    # serve stages only
     return server_url(server.host, server.port)
-
-
-def estimate_context(ws: Workspace, pipe: Pipeline, params: dict[str, Any]) -> EstimateContext:
-    return context(ws, pipe, params)
-
-
-def estimate_bytes(ws: Workspace, pipe: Pipeline, stage: Stage, params: dict[str, Any]) -> int | None:
-    est = disk_estimate(ws, pipe, stage, params)
-    return None if est is None else est.bytes
 
 
 def lints(ws: Workspace, pipe: Pipeline, stage: Stage, params: dict[str, Any]) -> list:
@@ -236,12 +228,39 @@ def launch_argv(stage: Stage, params: dict[str, Any], pipe: Pipeline, force: boo
     return job_argv(stage, params, lambda p: stage.command(p, pipe.target))
 
 
-def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, Any] | None = None,
-           force: bool = False, restart_of: int | None = None, reason: str | None = None,
-           base_params: dict[str, Any] | None = None, ignore_disk: bool = False) -> Run:
-    """force overrides the dependency check (and lint errors), ignore_disk the disk check."""
+@dataclass
+class Prelaunch:
+    """A launch's params, the op's lint and the disk preflight, computed once: `run`
+    prints them as its plan and hands them to launch, which acts on the same figures.
+    `preflight_error`: what computing the preflight raised (launch raises it in turn)."""
+
+    stage: Stage
+    params: dict[str, Any]
+    lints: list
+    preflight: Preflight | None
+    preflight_error: Exception | None = None
+
+
+def prelaunch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, Any] | None = None,
+              base_params: dict[str, Any] | None = None) -> Prelaunch:
     stage = pipe.stage(stage_name)
     params = stage_params(stage, overrides, base_params, pipe)
+    found = lints(ws, pipe, stage, params)
+    try:
+        return Prelaunch(stage, params, found, preflight(ws, pipe, stage, params))
+    except (Refused, OSError) as exc:
+        return Prelaunch(stage, params, found, None, exc)
+
+
+def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, Any] | None = None,
+           force: bool = False, restart_of: int | None = None, reason: str | None = None,
+           base_params: dict[str, Any] | None = None, ignore_disk: bool = False,
+           pre: Prelaunch | None = None) -> Run:
+    """force overrides the dependency check (and lint errors), ignore_disk the disk check.
+    `pre`: this launch's checks as its caller just computed and showed them (`run`);
+    otherwise computed here."""
+    pre = pre or prelaunch(ws, pipe, stage_name, overrides, base_params)
+    stage, params = pre.stage, pre.params
     ws.ensure_state()
     with Registry(ws.db_path) as reg:
         # First without the lock, for the refusal a user expects first (a live
@@ -252,7 +271,7 @@ def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, 
             owned = claims.owned_elsewhere(output_paths(ws, stage, params), reg.registry_id, stage.name)
             if owned:
                 raise Refused(f"stage {stage.name!r}: {owned}", kind="owned elsewhere")
-            bad = [x for x in lints(ws, pipe, stage, params) if x.level == "error"]
+            bad = [x for x in pre.lints if x.level == "error"]
             if bad and not force:
                 said = "; ".join(x.message for x in bad)
                 raise Refused(f"stage {stage.name!r}: " + said, code=3, kind="lint", detail=said)
@@ -260,7 +279,9 @@ def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, 
             if missing:
                 # Even with --force: the op would only start (N torchrun ranks, a model load) to fail on it.
                 raise Refused(f"stage {stage.name!r}: {'; '.join(missing)} does not exist", kind="input")
-            pf = preflight(ws, pipe, stage, params)
+            if pre.preflight_error is not None:
+                raise pre.preflight_error
+            pf = pre.preflight
             if not pf.fits and not ignore_disk:
                 raise Refused(f"stage {stage.name!r} {pf.shortfall()}; free space or pass --ignore-disk", kind="disk",
                               detail=f"remaining {pf.remaining_bytes} > free {pf.free_bytes} at {pf.path}")

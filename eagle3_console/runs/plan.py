@@ -21,7 +21,6 @@ from eagle3_console.model import DiskUsage
 from eagle3_console.monitor.disk import free_space, room_for
 from eagle3_console.monitor.tree import TreeIndex
 from eagle3_console.runs.outputs import output_paths
-from eagle3_console.refused import Refused
 from eagle3_console.units import human_bytes
 from eagle3_console.workspace import Workspace
 from ops.estimate import Estimate
@@ -118,13 +117,13 @@ def disk_line(pf: Any) -> str | None:
     return line
 
 
-def launch_lines(ws: Workspace, pipe: Pipeline, stage: Stage, params: dict[str, Any]) -> list[str]:
-    """What `run` prints before it launches or refuses: disk, then the op's own lines (extract's layers)."""
+def launch_lines(ws: Workspace, pipe: Pipeline, stage: Stage, params: dict[str, Any],
+                 pf: Preflight | None) -> list[str]:
+    """What `run` prints before it launches or refuses: disk (`pf`: the launch's own
+    preflight; None where it could not be made, which launch says), then the op's own
+    lines (extract's layers)."""
     out = []
-    try:
-        line = disk_line(preflight(ws, pipe, stage, params))
-    except (Refused, OSError):
-        line = None     # launch says what is wrong with the outputs
+    line = disk_line(pf) if pf is not None else None
     if line:
         out.append(line)
     if stage.spec is not None and stage.spec.plan_lines is not None:
