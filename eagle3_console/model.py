@@ -16,8 +16,7 @@ SCHEMA_VERSION = 1
 
 class RunStatus(StrEnum):
     """A run's status as the registry stores it (the SQLite value, the JSON
-    string: a StrEnum member is that string). A stage adds `never` and `stale`
-    (StageStatus), which are no run's."""
+    string: a StrEnum member is that string). A stage's own: StageOnly."""
 
     PENDING = "pending"
     RUNNING = "running"
@@ -35,8 +34,7 @@ class StageOnly(StrEnum):
     STALE = "stale"
 
 
-# No end recorded yet: its supervisor still watches it (the registry's
-# "first writer wins" on the end, one live run per stage).
+# No end recorded yet: its supervisor still watches it (one live run per stage).
 ACTIVE = (RunStatus.PENDING, RunStatus.RUNNING)
 # No end recorded, and lost: the supervisor is gone but the run's processes
 # may live on (stop, the TUI's quit warning and a launch's refusal mean these).
@@ -203,7 +201,7 @@ class LogState:
 
 @dataclass
 class JobInfo:
-    """A slurm run's job (eagle3_console/slurm/) as its run last recorded it."""
+    """A slurm run's job (eagle3_console/runs/slurm/) as its run last recorded it."""
     id: str | None                      # None while the supervisor is still submitting
     state: str | None = None            # Slurm's JobState: PENDING, RUNNING, COMPLETED, TIMEOUT, NODE_FAIL, ...
     reason: str | None = None           # Slurm's Reason (why it waits, why it ended)
@@ -215,10 +213,8 @@ class JobInfo:
         """The job in a few words: `job 7 PENDING (Resources)`, `job 7 RUNNING on gpu-[01-02]`."""
         if self.id is None:
             return "job: being submitted"
-        out = f"slurm job {self.id} {self.state or 'unknown'}"
-        if self.nodes:
-            out += f" on {self.nodes}"
-        return out + (f" ({self.reason})" if self.reason else "")
+        return (f"slurm job {self.id} {self.state or 'unknown'}" + (f" on {self.nodes}" if self.nodes else "")
+                + (f" ({self.reason})" if self.reason else ""))
 
 
 @dataclass
@@ -240,14 +236,21 @@ class ServeState:
     readiness: str | None = None        # the endpoint that said ready or not: /ready, /health_generate, /model_info
     sampled_at: float | None = None     # when the figures were read
 
-    def accept_said(self) -> str | None:
-        """The server's accept length, said as what it is: SGLang's own figure over
-        its last log interval (/metrics' sglang:spec_accept_length gauge) or since the
-        server started (/server_info), not a bench's measurement over its prompts."""
-        if self.accept_length is None:
-            return None
-        over = "last log interval" if self.metrics else "since the server started"
-        return f"SGLang accept length {self.accept_length:.2f} ({over}; bench's AL is per bench run)"
+    def figures(self) -> list[str]:
+        """A ready server's live figures, said once for `status` and the Progress pane.
+        The accept length is said as what it is: SGLang's own figure over its last log
+        interval (/metrics' sglang:spec_accept_length) or since the server started
+        (/server_info), not a bench's measurement over its prompts."""
+        out = [f"running {self.running_reqs:.0f}, queued {self.queued_reqs or 0:.0f}"] \
+            if self.running_reqs is not None else []
+        if self.kv_usage is not None:
+            out.append(f"KV {100 * self.kv_usage:.0f}%")
+        if self.gen_tok_s is not None:
+            out.append(f"{self.gen_tok_s:.1f} tok/s")
+        if self.accept_length is not None:
+            over = "last log interval" if self.metrics else "since the server started"
+            out.append(f"SGLang accept length {self.accept_length:.2f} ({over}; bench's AL is per bench run)")
+        return out
 
 
 @dataclass

@@ -33,7 +33,7 @@ def test_serve_state_in_the_table_and_figures_in_the_progress_pane(tmp_path):
             assert "loading" in seen
             await wait_until(pilot, lambda: "server ready http://127.0.0.1:" in pane_text(app, "progress"))
             text = pane_text(app, "progress")
-            assert "ready after" in text and "running 0  queued 0" in text and "KV 0%" in text
+            assert "ready after" in text and "running 0, queued 0" in text and "KV 0%" in text
     try:
         run(main())
     finally:

@@ -110,15 +110,7 @@ def serve_text(st: StageStatus) -> Text | None:
     if sv.reason and sv.state != "ready":
         t.append(f"\n{sv.reason}", "red" if sv.state == "unhealthy" else "dim")
     if sv.state == "ready":
-        parts = []
-        if sv.running_reqs is not None:
-            parts.append(f"running {sv.running_reqs:.0f}  queued {sv.queued_reqs or 0:.0f}")
-        if sv.kv_usage is not None:
-            parts.append(f"KV {100 * sv.kv_usage:.0f}%")
-        if sv.gen_tok_s is not None:
-            parts.append(fmt.rate(sv.gen_tok_s, " tok/s"))
-        if sv.accept_length is not None:
-            parts.append(sv.accept_said())
+        parts = sv.figures()
         if parts:
             t.append("\n" + "  ".join(parts))
         if sv.metrics is False:

@@ -133,9 +133,10 @@ def advance(ws: Workspace, snap: Snapshot, say: Callable[[str], None],
     """Start the stages that are ready (`watch --advance`): the pipeline runs itself."""
     pipe = pipe or cfg.load(ws.config_path)
     done = []
+    seen = {st.run_id: st.serve for st in snap.stages if st.serve is not None and st.run_id is not None}
     for name in ready(pipe, snap):
         try:
-            run = runs.launch(ws, pipe, name, reason="advance")
+            run = runs.launch(ws, pipe, name, reason="advance", serve_states=seen)
         except runs.Refused as exc:
             say(f"{name}: not started: {exc}")
             continue

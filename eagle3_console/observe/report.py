@@ -104,15 +104,7 @@ def serve_line(st: StageStatus) -> str:
         out += f", ready after {human_duration(sv.time_to_ready_s)}"
     if sv.state != "ready":
         return out + (f" ({sv.reason})" if sv.reason else "")
-    figures = []
-    if sv.running_reqs is not None:
-        figures.append(f"running {sv.running_reqs:.0f}, queued {sv.queued_reqs or 0:.0f}")
-    if sv.kv_usage is not None:
-        figures.append(f"KV {100 * sv.kv_usage:.0f}%")
-    if sv.gen_tok_s is not None:
-        figures.append(f"{sv.gen_tok_s:.1f} tok/s")
-    if sv.accept_length is not None:
-        figures.append(sv.accept_said())
+    figures = sv.figures()
     return out + ("; " + ", ".join(figures) if figures else "")
 
 

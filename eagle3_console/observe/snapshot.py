@@ -21,6 +21,7 @@ from eagle3_console import config as cfg
 from eagle3_console.runs import plan
 from eagle3_console import runs as runs_mod
 from eagle3_console.runs.liveness import as_recorded
+from eagle3_console.runs.serve_deps import serve_monitor
 from eagle3_console.model import DiskUsage, GpuReport, JobInfo, Snapshot, StageOnly, StageStatus
 from eagle3_console.monitor.disk import DiskMonitor
 from eagle3_console.monitor.logs import LogFollower
@@ -82,11 +83,7 @@ class Collector:
     def _serve_monitor(self, run: Run, spec: Any, params: dict[str, Any]) -> Any:
         mon = self._serves.get(run.id)
         if mon is None:
-            from eagle3_console.monitor.serve import ServeMonitor     # serve stages only
-            server = spec.serves(spec.effective(params))     # where the spec says it listens
-            mon = ServeMonitor(server.host, server.port, speculative=server.mode == "speculative", started=run.started,
-                               **({"ready_timeout_s": server.ready_timeout_s} if server.ready_timeout_s else {}))
-            self._serves[run.id] = mon
+            mon = self._serves[run.id] = serve_monitor(spec, params, run)
         return mon
 
     def _nvml_instance(self) -> Any:

@@ -26,6 +26,7 @@ from eagle3_console.monitor.procs import ProcessTable, orphans
 from eagle3_console.runs.outputs import check_outputs_apart, output_paths
 from eagle3_console.runs.plan import Preflight, context, disk_estimate, preflight  # noqa: F401
 from eagle3_console.refused import NothingToDo, Refused  # noqa: F401
+from eagle3_console.model import ServeState
 from eagle3_console.registry import Registry, Run, RunStatus
 from eagle3_console.runs.vouch import vanished
 from eagle3_console.workspace import Workspace
@@ -151,7 +152,9 @@ def dependency_done(ws: Workspace, stage: Stage, run: Run | None) -> bool:
 
 
 def check_can_start(reg: Registry, pipe: Pipeline, stage: Stage, force: bool, ws: Workspace | None = None,
-                    strays: bool = True) -> None:
+                    strays: bool = True, serve_states: dict[int, ServeState] | None = None) -> None:
+    """`serve_states`: serve dependencies' states by run id as the caller saw them
+    (serve_deps.not_ready probes the ones missing and adds them)."""
     reconcile(reg)
     latest = reg.latest(stage.name)
     if latest and (latest.live or (latest.status == RunStatus.LOST and stage_alive(latest))):
@@ -171,7 +174,8 @@ def check_can_start(reg: Registry, pipe: Pipeline, stage: Stage, force: bool, ws
         if serves(pipe.stages.get(dep)):
             # A server never succeeds: depending on one means "its server is ready".
             from eagle3_console.runs.serve_deps import not_ready
-            problem = not_ready(pipe.stages[dep], dep_run, dep_run is not None and stage_alive(dep_run))
+            problem = not_ready(pipe.stages[dep], dep_run, dep_run is not None and stage_alive(dep_run),
+                                {} if serve_states is None else serve_states)
             if problem:
                 raise Refused(f"stage {stage.name!r} depends on serve stage {dep!r}, {problem}; a dependency on a "
                               f"serve stage means its server is ready: wait for it (`status` shows its state), "
@@ -255,10 +259,12 @@ def prelaunch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[st
 def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, Any] | None = None,
            force: bool = False, restart_of: int | None = None, reason: str | None = None,
            base_params: dict[str, Any] | None = None, ignore_disk: bool = False,
-           pre: Prelaunch | None = None) -> Run:
+           pre: Prelaunch | None = None, serve_states: dict[int, ServeState] | None = None) -> Run:
     """force overrides the dependency check (and lint errors), ignore_disk the disk check.
     `pre`: this launch's checks as its caller just computed and showed them (`run`);
-    otherwise computed here."""
+    otherwise computed here. `serve_states`: the serve runs' states in the caller's
+    snapshot (watch --advance), so a server is not probed again."""
+    serve_states = dict(serve_states or {})     # the launch's two checks probe a server once
     pre = pre or prelaunch(ws, pipe, stage_name, overrides, base_params)
     stage, params = pre.stage, pre.params
     ws.ensure_state()
@@ -266,7 +272,7 @@ def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, 
         # First without the lock, for the refusal a user expects first (a live
         # run before a short disk); the check that counts is repeated below.
         with _recorded(reg, stage):
-            check_can_start(reg, pipe, stage, force, ws=ws, strays=False)
+            check_can_start(reg, pipe, stage, force, ws=ws, strays=False, serve_states=serve_states)
             check_outputs_apart(ws, pipe, stage, params)
             owned = claims.owned_elsewhere(output_paths(ws, stage, params), reg.registry_id, stage.name)
             if owned:
@@ -295,7 +301,7 @@ def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, 
         # see its pending run and are refused.
         # Recorded outside the transaction, which the refusal rolls back.
         with _recorded(reg, stage), reg.immediate():
-            check_can_start(reg, pipe, stage, force, ws=ws)
+            check_can_start(reg, pipe, stage, force, ws=ws, serve_states=serve_states)
             # clean takes its hold in a transaction too: it is either seen here or sees this run.
             held = claims.held_by_action(output_paths(ws, stage, params))
             if held:
