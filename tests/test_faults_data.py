@@ -342,8 +342,11 @@ def _supervised(ws: WS, argv: list[str]):
     w.ensure_state()
     with ws.registry() as reg:
         run = reg.create_run("w", argv, {}, {}, str(ws.root), lambda rid: w.log_path(rid, "w"))
-    subprocess.run([PY, "-m", "eagle3_console.runs.supervise", str(ws.root), str(run.id)], check=True, timeout=60,
-                   env=_env(), cwd=str(ws.root))
+    from eagle3_console import config as cfg
+    from eagle3_console import runs
+    handoff = runs.handoff(w, cfg.load(w.config_path).stage("w"), {})
+    subprocess.run([PY, "-m", "eagle3_console.runs.supervise", str(ws.root), str(run.id), handoff.to_arg()],
+                   check=True, timeout=60, env=_env(), cwd=str(ws.root))
     return ws.wait_status("w", ("failed", "succeeded"), timeout=60)
 
 

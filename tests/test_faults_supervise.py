@@ -292,3 +292,32 @@ argv = {stage_cmd("counter.py", "--count", "40", "--every", "0.08")}
     assert follower.returncode == 0, (out, err)
     assert [x for x in out.splitlines() if x.startswith("line ")] == [f"line {i}" for i in range(40)]
     assert "elsewhere.txt" in err and "is gone" in err
+
+
+def test_the_supervisor_claims_what_its_launch_resolved_not_the_pipeline_file_now(ws):
+    """The supervisor never re-reads eagle3.toml: a run launched with outputs
+    out/a claims out/a even when the file names out/b (or is broken) by the time
+    its supervisor starts; the launch hands it what it resolved (Handoff)."""
+    from eagle3_console import config as cfg
+    from eagle3_console import runs
+    from eagle3_console.workspace import Workspace
+    ws.write('[stages.w]\nargv = ["sleep", "30"]\noutputs = ["out/a"]\n')
+    for name in ("a", "b"):
+        (ws.root / "out" / name).mkdir(parents=True)
+    w = Workspace(ws.root)
+    w.ensure_state()
+    handoff = runs.handoff(w, cfg.load(w.config_path).stage("w"), {})
+    ws.write('[stages.w]\nargv = ["sleep", "30"]\noutputs = ["out/b"]\nbroken = \n')     # re-pointed, and unreadable
+    with ws.registry() as reg:
+        run = reg.create_run("w", ["sleep", "30"], {}, {}, str(ws.root), lambda rid: w.log_path(rid, "w"))
+    subprocess.run([PY, "-m", "eagle3_console.runs.supervise", str(ws.root), str(run.id), handoff.to_arg()],
+                   check=True, timeout=60, cwd=str(ws.root))
+    try:
+        wait_for(lambda: (ws.root / "out" / "a" / ".eagle3-lock").exists(), timeout=30)
+        assert not (ws.root / "out" / "b" / ".eagle3-lock").exists()
+        assert "outputs not claimed" not in open(run.log_path).read()
+    finally:
+        with ws.registry() as reg:
+            pid = reg.get(run.id).pid
+        if pid:
+            os.killpg(pid, signal.SIGKILL)

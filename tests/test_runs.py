@@ -206,7 +206,9 @@ def test_stop_of_a_pending_run_keeps_its_stage_from_starting(ws):
     t.start()
     try:
         wait_for(lambda: ws.latest("late").stop_requested)
-        subprocess.run([PY, "-m", "eagle3_console.runs.supervise", str(ws.root), str(run.id)], check=True,
+        from eagle3_console.runs.supervise import Handoff
+        subprocess.run([PY, "-m", "eagle3_console.runs.supervise", str(ws.root), str(run.id),
+                        Handoff([], False).to_arg()], check=True,
                        start_new_session=True, cwd=str(ws.root))
         t.join(30)
         assert stopped["run"].status == "killed"

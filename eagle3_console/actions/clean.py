@@ -162,8 +162,9 @@ def _collect(plan: CleanPlan, stage: cfg.Stage, run: Run, roots: list[Path], vou
     return why or f"temp files and files written since run {run.id} started (by the clock: no run recorded its files)"
 
 
-def plan_clean(ws: Workspace, stage_name: str, purge: bool = False) -> CleanPlan:
-    pipe = cfg.load(ws.config_path)
+def plan_clean(ws: Workspace, stage_name: str, purge: bool = False, pipe: cfg.Pipeline | None = None) -> CleanPlan:
+    """`pipe`: the pipeline file as the caller read it (the re-plan at execution reads it again)."""
+    pipe = pipe or cfg.load(ws.config_path)
     stage = pipe.stage(stage_name)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     with Registry(ws.db_path) as reg:

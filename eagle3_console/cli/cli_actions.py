@@ -77,7 +77,7 @@ def clean(ctx: typer.Context, stage: str,
     from eagle3_console import actions
     c = ctx_of(ctx)
     c.stage(stage)
-    plan = actions.plan_clean(c.ws, stage, purge=purge)
+    plan = actions.plan_clean(c.ws, stage, purge=purge, pipe=c.pipeline())
     if not _go_ahead(plan, yes):
         return
     from eagle3_console.actions.interrupted import files_gone

@@ -29,9 +29,13 @@ class Ctx:
 
     def __init__(self, workspace: Optional[Path]):
         self.ws = Workspace.at(workspace)
+        self._pipe: cfg.Pipeline | None = None
 
     def pipeline(self) -> cfg.Pipeline:
-        return cfg.load(self.ws.config_path)
+        """The pipeline file, read once a command and handed down from here."""
+        if self._pipe is None:
+            self._pipe = cfg.load(self.ws.config_path)
+        return self._pipe
 
     def stage(self, name: str) -> cfg.Stage:
         # An unknown stage is a ConfigError: bad input (exit 3), not a crash with a traceback.

@@ -14,6 +14,7 @@ import os
 import sys
 import time
 from contextlib import contextmanager
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,8 @@ from eagle3_console.runs.plan import Preflight, context, disk_estimate, prefligh
 from eagle3_console.refused import NothingToDo, Refused  # noqa: F401
 from eagle3_console.model import ServeState
 from eagle3_console.registry import Registry, Run, RunStatus
-from eagle3_console.runs.vouch import vanished
+from eagle3_console.runs.supervise import Handoff
+from eagle3_console.runs.vouch import records_files, vanished
 from eagle3_console.workspace import Workspace
 from ops.spec import read_json_dict, value_type_error
 
@@ -218,6 +220,12 @@ def missing_inputs(ws: Workspace, stage: Stage, params: dict[str, Any]) -> list[
     return out
 
 
+def handoff(ws: Workspace, stage: Stage, params: dict[str, Any]) -> Handoff:
+    """What this launch's supervisor needs of the stage, resolved now."""
+    return Handoff(output_paths(ws, stage, params), records_files(stage),
+                   dataclasses.asdict(stage.slurm) if stage.slurm is not None else None)
+
+
 def launch_argv(stage: Stage, params: dict[str, Any], pipe: Pipeline, force: bool, ignore_disk: bool) -> list[str]:
     """The argv a launch runs. The op repeats its own checks (serve's lints, extract's
     disk preflight): a launch past them (ignore_disk, or force over lint errors) says so
@@ -312,7 +320,8 @@ def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, 
         # The launcher returns as soon as the supervisor has daemonized.
         import subprocess       # here only: status imports this module and never launches
         try:
-            subprocess.run([sys.executable, "-m", "eagle3_console.runs.supervise", str(ws.root), str(run.id)],
+            subprocess.run([sys.executable, "-m", "eagle3_console.runs.supervise", str(ws.root), str(run.id),
+                            handoff(ws, stage, params).to_arg()],
                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                            start_new_session=True, check=True, cwd=str(ws.root))
         except (OSError, subprocess.CalledProcessError) as exc:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
-from eagle3_console.runs.vouch import manifest_path, record_present, records_files, write_manifest
+from eagle3_console.runs.vouch import manifest_path, record_present, write_manifest
 from eagle3_console.workspace import Workspace
 from ops.common import CLAIM_FILE
 
@@ -218,21 +218,10 @@ class Claim:
         self.notes: list[str] = []
 
     @classmethod
-    def for_run(cls, ws: Workspace, run: Any, reg: Any) -> "Claim":
-        """The run's outputs as its stage names them now; none when the pipeline
-        file no longer loads (the run goes on; only the claim is lost)."""
-        registry = reg.registry_id
-        try:
-            from eagle3_console import config as cfg
-            from eagle3_console.runs.outputs import output_paths
-            stage = cfg.load(ws.config_path).stage(run.stage)
-            outputs = output_paths(ws, stage, run.params)
-            vouch = records_files(stage)
-        except Exception as exc:      # noqa: BLE001 - never stop a run for its bookkeeping
-            claim = cls(ws, run, registry, [], False)
-            claim.notes.append(f"outputs not claimed: {exc}")
-            return claim
-        claim = cls(ws, run, registry, outputs, vouch, reg.stage_history(run.stage))
+    def for_run(cls, ws: Workspace, run: Any, reg: Any, outputs: list[str], vouch: bool) -> "Claim":
+        """The run's outputs and whether its files are vouched for by manifest, as its
+        launch resolved them (the supervisor's Handoff: never the pipeline file again)."""
+        claim = cls(ws, run, reg.registry_id, outputs, vouch, reg.stage_history(run.stage))
         if vouch:
             claim._manifest("start")        # the state this run begins from (vouch.Vouch)
         return claim

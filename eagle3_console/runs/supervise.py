@@ -1,21 +1,27 @@
-"""The detached supervisor of one run: `python -m eagle3_console.runs.supervise ROOT RUN_ID`.
+"""The detached supervisor of one run: `python -m eagle3_console.runs.supervise ROOT RUN_ID HANDOFF`.
 
 Data flow: runs.launch starts this in a new session; it starts the stage in
 its own process group, logs to .eagle3/logs/, and records pid, pgid,
 create_time and the exit in the registry. It daemonizes (double fork) so that
 neither the console nor cron is ever the parent of a stage, and it ignores
 SIGHUP so a dropped SSH session or a killed tmux leaves the run alone.
-The end survives a full `.eagle3` (exitrecord.py).
+The end survives a full `.eagle3` (exitrecord.py). What it needs of the
+stage beyond the run's record (the outputs it claims, a slurm stage's options)
+comes from its launch as a Handoff: it never reads the pipeline file, which
+may have changed since the launch.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import signal
 import sqlite3
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -26,6 +32,24 @@ from eagle3_console.exitrecord import ExitRecord
 from eagle3_console.registry import Registry, RunStatus
 from eagle3_console.slurmparams import SLURM
 from eagle3_console.workspace import ENV_REGISTRY, ENV_RUN_ID, ENV_STAGE, ENV_WORKSPACE, Workspace
+
+
+@dataclass
+class Handoff:
+    """What a launch hands its run's supervisor (its third argument, JSON): the output
+    roots it claims, whether a manifest vouches for their files (vouch.records_files),
+    and a slurm stage's options (slurmparams.SlurmParams as a dict)."""
+
+    outputs: list[str]
+    manifest: bool
+    slurm: dict | None = None
+
+    def to_arg(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_arg(cls, text: str) -> "Handoff":
+        return cls(**json.loads(text))
 
 
 # How long the supervisor retries the registry with a full disk; after that the
@@ -45,7 +69,7 @@ def _daemonize() -> None:
         os.dup2(devnull, fd)
 
 
-def supervise(ws: Workspace, run_id: int) -> int:
+def supervise(ws: Workspace, run_id: int, handoff: Handoff) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     # Nobody waits on a supervisor's writes: it bears a busy state.db as long as it records an end.
     reg = Registry(ws.db_path, busy_wait_s=RECORD_RETRY_S)
@@ -65,7 +89,7 @@ def supervise(ws: Workspace, run_id: int) -> int:
     if problem:
         _say(log, f"[eagle3-console] cannot reserve the exit record ({problem}); the end goes to state.db only\n")
     # The outputs' lock files (claims.py): a second writer, from another workspace, is refused.
-    claim = Claim.for_run(ws, run, reg)
+    claim = Claim.for_run(ws, run, reg, handoff.outputs, handoff.manifest)
     claim.set_pids((me.pid, me.create_time()))
     conflicts = claim.refresh()
     for note in claim.notes:
@@ -85,7 +109,7 @@ def supervise(ws: Workspace, run_id: int) -> int:
     env.setdefault("PYTHONUNBUFFERED", "1")
     if run.launcher == SLURM:
         from eagle3_console.runs.slurm.supervise import supervise_job
-        return supervise_job(ws, reg, run, log, record, claim, env, record_end)
+        return supervise_job(ws, reg, run, log, record, claim, env, record_end, handoff.slurm)
     try:
         proc = subprocess.Popen(run.argv, cwd=run.cwd, env=env, stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=subprocess.STDOUT, process_group=0)
@@ -186,12 +210,12 @@ def record_end(reg: Registry, record: ExitRecord, run_id: int, status: str, valu
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2:
-        print("usage: python -m eagle3_console.runs.supervise WORKSPACE RUN_ID", file=sys.stderr)
+    if len(args) != 3:
+        print("usage: python -m eagle3_console.runs.supervise WORKSPACE RUN_ID HANDOFF_JSON", file=sys.stderr)
         return 2
-    ws, run_id = Workspace(Path(args[0])), int(args[1])
+    ws, run_id, handoff = Workspace(Path(args[0])), int(args[1]), Handoff.from_arg(args[2])
     _daemonize()
-    return supervise(ws, run_id)
+    return supervise(ws, run_id, handoff)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import sqlite3
 import time
 
 from eagle3_console.registry import Registry, RunStatus
+from eagle3_console.slurmparams import SlurmParams
 from eagle3_console.runs.slurm import jobs, script
 
 POLL_S = 2.0
@@ -28,17 +29,13 @@ def _say(log, line: str) -> None:
         pass
 
 
-def _job_options(ws, run):
-    from eagle3_console import config
-    stage = config.load(ws.config_path).stage(run.stage)
-    if stage.slurm is None:
-        raise ValueError(f"stage {run.stage!r} is no longer a slurm stage in {ws.config_path}")
-    return stage.slurm
-
-
-def supervise_job(ws, reg: Registry, run, log, record, claim, env: dict[str, str], record_end) -> int:
+def supervise_job(ws, reg: Registry, run, log, record, claim, env: dict[str, str], record_end,
+                  slurm: dict | None) -> int:
+    """`slurm`: the stage's options as its launch handed them (supervise.Handoff)."""
     try:
-        options = _job_options(ws, run)
+        if slurm is None:
+            raise ValueError(f"run {run.id}: its launch handed no slurm options")
+        options = SlurmParams(**slurm)
         batch = script.write_script(run, run.argv)
         argv = script.sbatch_argv(options, run, batch)
     except (ValueError, OSError) as exc:
