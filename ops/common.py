@@ -26,6 +26,15 @@ CLAIM_FILE = ".eagle3-lock"
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 TMP_SUFFIX = ".tmp"
 
+Coords = tuple[int, int, int]       # (rank, world size, local rank)
+
+
+def torchrun_coords() -> Coords:
+    """This process's place under torchrun (RANK, WORLD_SIZE, LOCAL_RANK); a world of one without it."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    return rank, world, int(os.environ.get("LOCAL_RANK", str(rank)))
+
 
 class BadInput(Exception):
     """The operator's input is wrong (a file, a line, a key): exit 2 with this message."""

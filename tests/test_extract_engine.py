@@ -16,6 +16,7 @@ from safetensors.torch import load_file  # noqa: E402
 from tests import sglang_forward_double as double  # noqa: E402
 from tests.test_op_extract import extract_argv, make_prepared, make_target  # noqa: E402
 
+from ops import common  # noqa: E402
 from ops.common import run_main  # noqa: E402
 from ops.extract import engine as engine_mod, engines, sglang_capture, sglang_engine  # noqa: E402
 from ops.extract.__main__ import build_parser, main as extract_main  # noqa: E402
@@ -140,9 +141,9 @@ def test_one_function_gives_the_torchrun_coordinates(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("RANK", "2")
     monkeypatch.delenv("LOCAL_RANK", raising=False)
-    assert engine_mod.torchrun_coords() == (2, 4, 2)
+    assert common.torchrun_coords() == (2, 4, 2)
     monkeypatch.setenv("LOCAL_RANK", "0")
-    assert engine_mod.torchrun_coords() == (2, 4, 0)
+    assert common.torchrun_coords() == (2, 4, 0)
 
 
 def test_sglangs_version_is_checked_once(assets, tmp_path, monkeypatch, capsys):

@@ -17,7 +17,7 @@ from ops.drafter import model as model_mod  # noqa: E402
 from ops.drafter.config import DrafterConfig  # noqa: E402
 from ops.drafter.data import bucket_length, collate, make_batches  # noqa: E402
 from ops.drafter.model import Eagle3Drafter  # noqa: E402
-from ops.train.__main__ import TargetView  # noqa: E402
+from ops.train.targets import TargetView  # noqa: E402
 from ops.train.levers import resolve  # noqa: E402
 
 H, V, VD, K = 32, 80, 50, 3

@@ -13,24 +13,16 @@ Importing this stays cheap (no torch), and it imports neither engine.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
+
+from ops.common import Coords
 
 if TYPE_CHECKING:
     import numpy as np
 
     from ops.extract.target import Placement, TargetInfo
-
-Coords = tuple[int, int, int]       # (rank, world size, local rank)
-
-
-def torchrun_coords() -> Coords:
-    """This process's place under torchrun (RANK, WORLD_SIZE, LOCAL_RANK); a world of one without it."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    return rank, world, int(os.environ.get("LOCAL_RANK", str(rank)))
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,10 @@ import time
 import numpy as np
 import torch
 
+from ops.common import Coords, torchrun_coords
 from ops.extract import target as target_mod
 from ops.extract.capture import HiddenStateCapture
-from ops.extract.engine import Coords, TargetOutput, torchrun_coords
+from ops.extract.engine import TargetOutput
 from ops.extract.loop import log
 from ops.units import human_bytes
 

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import torch
 
-from ops.common import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, BadInput
+from ops.common import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, BadInput, torchrun_coords
 from ops.extract import output, preflight, target as target_mod
-from ops.extract.engine import Engine, torchrun_coords
+from ops.extract.engine import Engine
 from ops.extract.loop import Loop, log
 from ops.extract.samples import load_samples
 from ops.extract.writer import DISK_FULL
