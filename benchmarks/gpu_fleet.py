@@ -424,7 +424,7 @@ def step4(ctx: dict) -> tuple[str, dict]:
     listing1 = sha_listing(out)
     gone = sorted(set(listing0) - set(listing1))
     changed = sorted(k for k in listing1 if k in listing0 and listing0[k] != listing1[k])
-    from ops.formats import TMP_SUFFIX
+    from ops.common import TMP_SUFFIX
     partial_only = all(k.endswith(TMP_SUFFIX) for k in gone) and not changed
     data.update(removed=gone[:50], removed_count=len(gone), changed=changed[:20])
     p = cli(ws, "run", "extract", timeout=60)

@@ -14,7 +14,6 @@ from pathlib import Path
 SHARD_ROWS = 2000
 DATA_CONFIG = "data_config.json"
 SAMPLE_LENGTHS = "sample_lengths.json"
-TMP_SUFFIX = ".tmp"
 SHARD_DIR_RE = re.compile(r"^rows_(\d+)-(\d+)$")
 SAMPLE_RE = re.compile(r"^(?:data|hs)_(\d+)\.(safetensors|pt|ckpt)$")
 # A header larger than this is not a sample file (safetensors caps at 100 MB).

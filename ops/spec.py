@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from ops.common import TMP_SUFFIX, read_json
 from ops.params import REQUIRED, Param, ParamSet  # noqa: F401 - REQUIRED and Param are the specs' words
 
 if TYPE_CHECKING:
@@ -61,17 +62,11 @@ class EstimateContext:
     def read_json(self, key: str, name: str) -> dict | None:
         """`<param key's path>/<name>` parsed, or None when absent or unreadable."""
         base = self.path(key)
-        return None if base is None else read_json_dict(base / name)
+        return None if base is None else read_json(base / name)
 
 
-def read_json_dict(path: Path) -> dict | None:
-    """A JSON object from `path`, or None when absent, unreadable, not JSON or not
-    an object (records written by ops, read by the console and other ops)."""
-    try:
-        value = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
+# The console's name for ops.common.read_json (eagle3_console/runs, observe/snapshot import it from here).
+read_json_dict = read_json
 
 
 def unvouched_files(root: Path, record: str, payload: str) -> list[Path]:
@@ -81,8 +76,8 @@ def unvouched_files(root: Path, record: str, payload: str) -> list[Path]:
     for it."""
     if not root.is_dir():
         return []
-    out = sorted(p for p in root.iterdir() if p.name.endswith(".tmp") and p.is_file())
-    complete = (read_json_dict(root / record) or {}).get("status") == "complete"
+    out = sorted(p for p in root.iterdir() if p.name.endswith(TMP_SUFFIX) and p.is_file())
+    complete = (read_json(root / record) or {}).get("status") == "complete"
     if not complete and (root / payload).is_file():
         out.append(root / payload)
     return out

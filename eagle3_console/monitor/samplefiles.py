@@ -27,7 +27,8 @@ from typing import Callable
 from eagle3_console.monitor.layouts import EAGLE3, GLOB, SPEC_HS, classify, folder_layouts, last_int
 from eagle3_console.monitor.tree import TreeIndex, TreeStats
 from eagle3_console.monitor.treedir import DirTotals, dir_from_columns
-from ops.formats import SAMPLE_RE, TMP_SUFFIX, BadSampleFile, read_safetensors_header, tokens_in_header
+from ops.common import TMP_SUFFIX
+from ops.formats import SAMPLE_RE, BadSampleFile, read_safetensors_header, tokens_in_header
 
 class SampleFiles:
     def __init__(self, root: Path, index: TreeIndex, sample_glob: str | None = None) -> None:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Callable
 
 from eagle3_console.monitor.treedir import DirEntries, DirTotals, FileEntry, dir_columns
-from ops.formats import TMP_SUFFIX
+from ops.common import TMP_SUFFIX
 
 # A directory's mtime ticks with the kernel clock (a few ms); on filesystems
 # that keep whole seconds (mtime with no sub-second part), a whole second or two.

@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from ops.common import TMP_SUFFIX
+
 DEMO_VERSION = 1
 MARKER = "demo_assets.json"
 LOCK = ".demo_assets.lock"
@@ -136,7 +138,7 @@ def _build(dest: Path, seed: int, train_steps: int, n_conversations: int,
         "seed": seed,
         "version": DEMO_VERSION,
     }
-    tmp = dest / (MARKER + ".tmp")
+    tmp = dest / (MARKER + TMP_SUFFIX)
     tmp.write_text(json.dumps({"version": DEMO_VERSION, "seed": seed, "status": "complete",
                                "sizes": _sizes(train_steps, n_conversations),
                                "result": result}, indent=2) + "\n")

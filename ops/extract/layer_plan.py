@@ -10,7 +10,8 @@ from pathlib import Path
 
 from ops import layers
 from ops.extract.sizes import count
-from ops.spec import EstimateContext, Lint, read_json_dict
+from ops.common import read_json
+from ops.spec import EstimateContext, Lint
 
 # The spellings an aux-layer list found elsewhere may be in, and how each maps
 # back to canonical ids (the draft config's depends on the target's rule).
@@ -33,7 +34,7 @@ def _architecture(ctx: EstimateContext) -> str | None:
     """The target's architecture from its config.json (else `[target].architecture`),
     or None where neither is here yet."""
     path = ctx.target.get("path")
-    config = read_json_dict(ctx.root / Path(str(path)).expanduser() / "config.json") if path else None
+    config = read_json(ctx.root / Path(str(path)).expanduser() / "config.json") if path else None
     archs = (config or {}).get("architectures")
     if isinstance(archs, list) and archs:
         return str(archs[0])

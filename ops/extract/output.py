@@ -15,8 +15,8 @@ import platform
 import sys
 from pathlib import Path
 
-from ops.common import BadInput, read_json, write_json_atomic
-from ops.formats import DATA_CONFIG, SAMPLE_LENGTHS, SAMPLE_RE, SHARD_DIR_RE, TMP_SUFFIX
+from ops.common import TMP_SUFFIX, BadInput, read_json, write_json_atomic
+from ops.formats import DATA_CONFIG, SAMPLE_LENGTHS, SAMPLE_RE, SHARD_DIR_RE
 
 DATA_FORMAT_VERSION = 1
 # Keys that must match between a resumed run and the output it continues.

@@ -18,7 +18,8 @@ from ops.extract.sizes import (MAX_SEQ_LEN, aux_layer_count, estimate_bytes,  # 
                                expected_samples, expected_tokens)
 from ops.hidden_formats import DEFAULT as DEFAULT_FORMAT
 from ops.hidden_formats import FORMATS
-from ops.formats import SAMPLE_RE, TMP_SUFFIX, BadSampleFile, check_whole
+from ops.common import TMP_SUFFIX
+from ops.formats import SAMPLE_RE, BadSampleFile, check_whole
 from ops.spec import EstimateContext, OpSpec, Param
 
 

@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ops.common import TMP_SUFFIX
 from ops.extract.sample_file import SampleImage, sample_image, write_image
-from ops.formats import TMP_SUFFIX
 
 
 @dataclass

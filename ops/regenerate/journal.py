@@ -23,7 +23,7 @@ import os
 import time
 from pathlib import Path
 
-from ops.common import BadInput, write_json_atomic
+from ops.common import TMP_SUFFIX, BadInput, write_json_atomic
 from ops.regenerate.spec import INDEX, JOURNAL, OUTPUT, SETTINGS
 
 LOCK = ".regenerate.lock"
@@ -135,7 +135,7 @@ class Journal:
 def write_conversations(out_dir: Path, done: dict[int, dict]) -> tuple[int, int]:
     """conversations.jsonl from the answered rows, in input order: (rows, bytes)."""
     path = Path(out_dir) / OUTPUT
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(path.name + TMP_SUFFIX)
     rows = 0
     with open(tmp, "w", encoding="utf-8") as fh:
         for row in sorted(done):

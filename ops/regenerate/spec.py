@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ops.common import TMP_SUFFIX, read_json
 from ops.spec import EstimateContext, Gauge, Lint, OpSpec, Param, ResultView, ServerParam
 
 OUTPUT = "conversations.jsonl"
@@ -67,12 +68,10 @@ def expected_samples(ctx: EstimateContext) -> int | None:
 def partial_files(root: Path) -> list[Path]:
     """Temp files, and the outputs no complete regenerate.json vouches for (the
     journal too: `clean` means start over)."""
-    from ops.spec import read_json_dict
-
     if not root.is_dir():
         return []
-    out = sorted(p for p in root.iterdir() if p.is_file() and ".tmp" in p.name)
-    if (read_json_dict(root / RESULT) or {}).get("status") != "complete":
+    out = sorted(p for p in root.iterdir() if p.is_file() and TMP_SUFFIX in p.name)
+    if (read_json(root / RESULT) or {}).get("status") != "complete":
         out += [root / n for n in (OUTPUT, JOURNAL, INDEX, SETTINGS) if (root / n).is_file()]
     return out
 

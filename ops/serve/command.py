@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ops import layers
-from ops.spec import Lint, read_json_dict
+from ops.common import read_json
+from ops.spec import Lint
 
 PINNED_SGLANG = "0.5.23"
 SGLANG_LAUNCHER = "sglang.launch_server"
@@ -117,7 +118,7 @@ def _flag_int(args: Sequence[str], names: Sequence[str], default: int = 1) -> in
 
 def _target_arch(model_path: str | None, target: dict[str, Any]) -> str | None:
     if model_path:
-        cfg = read_json_dict(Path(model_path) / "config.json")
+        cfg = read_json(Path(model_path) / "config.json")
         if cfg and cfg.get("architectures"):
             return str(cfg["architectures"][0])
         if cfg and cfg.get("model_type"):
@@ -197,7 +198,7 @@ def _lint_speculative(p: dict[str, Any], model_path: str | None, target: dict[st
     if not p.get("drafter"):
         return out + [Lint("error", "mode speculative needs params.drafter (export's output directory)")]
     ddir = drafter_dir(Path(str(p["drafter"])))
-    config = read_json_dict(ddir / "config.json")
+    config = read_json(ddir / "config.json")
     if config is None:
         return out + [Lint("error", f"{ddir / 'config.json'}: missing or not JSON; expected an SGLang "
                                     f"drafter export ({DRAFTER_ARCH})")]
@@ -206,7 +207,7 @@ def _lint_speculative(p: dict[str, Any], model_path: str | None, target: dict[st
                                  f"expected [{DRAFTER_ARCH!r}] for EAGLE3"))
     ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     arch = _target_arch(model_path, target)
-    info = read_json_dict(ddir.parent / "export_info.json") or {}
+    info = read_json(ddir.parent / "export_info.json") or {}
     want = info.get("sglang_layers_to_capture")
     if want is None and info.get("layer_ids") is not None:
         want = layers.sglang_capture_ids(info["layer_ids"])

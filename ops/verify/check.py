@@ -24,8 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ops.common import read_json, write_json_atomic
-from ops.formats import (DATA_CONFIG, SAMPLE_LENGTHS, SAMPLE_RE, SHARD_DIR_RE, SHARD_ROWS, TMP_SUFFIX,
+from ops.common import TMP_SUFFIX, read_json, write_json_atomic
+from ops.formats import (DATA_CONFIG, SAMPLE_LENGTHS, SAMPLE_RE, SHARD_DIR_RE, SHARD_ROWS,
                          BadSampleFile, check_whole)
 
 from ops import hidden_formats

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from ops.common import BadInput, read_json, resolve_target_vocab, run_main, write_json_atomic
+from ops.common import TMP_SUFFIX, BadInput, read_json, resolve_target_vocab, run_main, write_json_atomic
 from ops.params import build_parser as spec_parser
 from ops.vocab.spec import SPEC
 
@@ -94,7 +94,7 @@ def main(argv=None) -> int:
         (out / VOCAB_JSON).unlink()   # an interrupted rerun must not look complete
     except FileNotFoundError:
         pass
-    tmp = out / (VOCAB + ".tmp")
+    tmp = out / (VOCAB + TMP_SUFFIX)
     save_file({"d2t": dv.d2t, "t2d": dv.t2d}, str(tmp))
     os.replace(tmp, out / VOCAB)
     info = {
