@@ -407,3 +407,45 @@ params = {{ input = "data/hs", report = "runs/verify.json" }}
     done = _cli(ws.root, "clean", "extract", "--yes", cwd=elsewhere)
     assert done.returncode == 0 and "cleaned 1 file(s)" in done.stdout, done.stdout
     assert not cut.exists() and len(list((ws.root / ".eagle3" / "trash").rglob(cut.name))) == 1
+
+
+def test_a_re_pointed_output_keeps_what_was_there_before_the_run_that_first_named_it(ws):
+    """Issue 28 item 3, replayed after its fix: run 1 fails on data/important, the
+    output is re-pointed to data/other (3 files there before any run) and run 2 fails
+    there writing g0.bin. Before: run 1's start record, which names no data/other,
+    counted as "the 3 files were absent", and clean moved them with g0.bin."""
+    for i in range(5):
+        (ws.root / "data" / "important").mkdir(parents=True, exist_ok=True)
+        (ws.root / "data" / "important" / f"keep{i}.bin").write_bytes(b"k")
+    for i in range(3):
+        (ws.root / "data" / "other").mkdir(parents=True, exist_ok=True)
+        (ws.root / "data" / "other" / f"old{i}.bin").write_bytes(b"o")
+    ws.write(writer_stage("data/important", n=0, code=1))
+    ws.cli("run", "w", check=0)
+    ws.wait_status("w", ("failed",))
+    ws.write(writer_stage("data/other", n=1, prefix="g", code=1))
+    ws.cli("run", "w", check=0)
+    ws.wait_status("w", ("failed",))
+    plan = ws.cli("clean", "w")
+    assert plan.returncode == 0 and "1 partial file(s)" in plan.stdout and "g0.bin" in plan.stdout, plan.stdout
+    ws.cli("clean", "w", "--yes", check=0)
+    assert sorted(p.name for p in (ws.root / "data" / "other").iterdir()) == ["old0.bin", "old1.bin", "old2.bin"]
+    assert len(list((ws.root / "data" / "important").iterdir())) == 5
+
+
+def test_files_written_after_a_failed_run_ended_are_not_its_partial_files(ws):
+    """Issue 28 item 2's loss after the live run ended: another workspace's run
+    writes into a folder under this stage's output after this stage's run failed.
+    Before: every file absent at the failed run's start counted as its partial file
+    and clean moved the other workspace's succeeded files into this one's trash."""
+    ws.write(writer_stage("out/w", n=1, prefix="g", code=1))
+    ws.cli("run", "w", check=0)
+    ws.wait_status("w", ("failed",))
+    theirs = ws.root / "out" / "w" / "sub"
+    theirs.mkdir(parents=True)
+    for i in range(3):
+        (theirs / f"A_{i}.bin").write_bytes(b"a")
+    plan = ws.cli("clean", "w")
+    assert plan.returncode == 0 and "1 partial file(s)" in plan.stdout and "g0.bin" in plan.stdout, plan.stdout
+    ws.cli("clean", "w", "--yes", check=0)
+    assert sorted(p.name for p in theirs.iterdir()) == ["A_0.bin", "A_1.bin", "A_2.bin"]
