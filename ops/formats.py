@@ -29,6 +29,35 @@ def sample_path(output: Path, idx: int) -> Path:
     return output / shard_dir_name(idx) / f"data_{idx}.safetensors"
 
 
+class BadDataConfig(ValueError):
+    """data_config.json missing, unreadable, not JSON or not a JSON object; the
+    message names the file and why."""
+
+    def __init__(self, message: str, missing: bool = False) -> None:
+        super().__init__(message)
+        self.missing = missing
+
+
+def read_data_config(output: Path, strict: bool = False) -> dict | None:
+    """<output>/data_config.json, the one reader of it. Not strict: None when the
+    file is missing, unreadable, not JSON or not an object (readers that only
+    consult it); strict: BadDataConfig saying which instead."""
+    path = Path(output) / DATA_CONFIG
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        why, missing = f"{path}: unreadable ({exc.strerror})", isinstance(exc, FileNotFoundError)
+    except ValueError as exc:
+        why, missing = f"{path}: not valid JSON ({exc})", False
+    else:
+        if isinstance(data, dict):
+            return data
+        why, missing = f"{path}: expected a JSON object, got {type(data).__name__}", False
+    if strict:
+        raise BadDataConfig(why, missing)
+    return None
+
+
 class BadSampleFile(ValueError):
     """A sample file that is truncated, unreadable or not safetensors."""
 

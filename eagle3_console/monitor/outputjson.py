@@ -15,7 +15,7 @@ import json
 import os
 from pathlib import Path
 
-from ops.formats import DATA_CONFIG, SAMPLE_LENGTHS
+from ops.formats import DATA_CONFIG, SAMPLE_LENGTHS, BadDataConfig, read_data_config
 
 
 class OutputJson:
@@ -64,7 +64,10 @@ class OutputJson:
         self.config = {}
         self.errors.pop(DATA_CONFIG, None)
         if key is not None:
-            self.config = self._read_json(self.root / DATA_CONFIG) or {}
+            try:
+                self.config = read_data_config(self.root, strict=True) or {}
+            except BadDataConfig as exc:
+                self.errors[DATA_CONFIG] = str(exc)
 
     def lengths_changed(self) -> bool:
         """Whether sample_lengths.json changed since it was last looked at

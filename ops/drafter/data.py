@@ -8,7 +8,7 @@ r, r+W, ... of the epoch's shuffled order), so a step on W ranks sees the same
 batches as W accumulated micro-batches on one rank. Sample files are opened
 with safetensors' safe_open (memory-mapped) inside DataLoader workers.
 
-Length buckets (issue 11): with `bucket` > 0 a batch's padded length is its
+Length buckets: with `bucket` > 0 a batch's padded length is its
 longest sample rounded up to a multiple of `bucket` (capped at max_len), and a
 batch never mixes buckets, and a bucket's last, partial batch is padded with
 empty rows (length 0) up to the bucket's full budget // length rows, so a
@@ -25,9 +25,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ops.formats import DATA_CONFIG, SAMPLE_LENGTHS, SAMPLE_RE, SHARD_DIR_RE, BadSampleFile, \
-    read_safetensors_header, tokens_in_header
-from ops.common import load_json_file
+from ops.formats import DATA_CONFIG, SAMPLE_LENGTHS, SAMPLE_RE, SHARD_DIR_RE, BadDataConfig, BadSampleFile, \
+    read_data_config, read_safetensors_header, tokens_in_header
 from ops import hidden_formats
 
 KEYS = ("input_ids", "loss_mask", "aux_hidden_states", "final_hidden_states")
@@ -58,7 +57,11 @@ class DataInfo:
 def read_data(root: Path, require_complete: bool = True) -> DataInfo:
     root = Path(root)
     cfg_path = root / DATA_CONFIG
-    cfg = load_json_file(cfg_path, DataError, "--data must be the extract op's output directory")
+    try:
+        cfg = read_data_config(root, strict=True)
+    except BadDataConfig as exc:
+        raise DataError(f"{cfg_path}: missing; --data must be the extract op's output directory" if exc.missing
+                        else str(exc)) from None
     for key in ("hidden_size", "layer_ids"):
         if key not in cfg:
             raise DataError(f"{cfg_path}: key {key!r} missing")

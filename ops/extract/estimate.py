@@ -13,11 +13,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ops.common import read_json
 from ops.estimate import Estimate
 from ops.extract.sizes import (MAX_SEQ_LEN, aux_layer_count, count, estimate_bytes, state_dtype, state_format,
                                states_bytes)
-from ops.formats import DATA_CONFIG, SAMPLE_LENGTHS
+from ops.formats import SAMPLE_LENGTHS, read_data_config
 from ops.spec import EstimateContext, dtype_bytes
 
 PER_FILE = "plus per-file overhead (headers, input_ids, loss_mask)"
@@ -116,7 +115,7 @@ def tree_metadata(root: Path) -> dict[str, Any]:
     """What an existing hidden-state tree says about its size: tokens (data_config's
     total_tokens, else the sum of sample_lengths.json), samples (total_samples, or
     speculators' data.num_samples), hidden_size, num_layers_captured, max_seq_len."""
-    config = read_json(Path(root) / DATA_CONFIG) or {}
+    config = read_data_config(root) or {}
     out: dict[str, Any] = {k: config.get(k) for k in ("hidden_size", "num_layers_captured", "max_seq_len")}
     tokens = count(config.get("total_tokens"))
     if tokens:

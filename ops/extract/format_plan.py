@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ops import hidden_formats
 from ops.extract.sizes import count, state_format
-from ops.formats import DATA_CONFIG
+from ops.formats import DATA_CONFIG, read_data_config
 from ops.spec import EstimateContext, Lint
 
 
@@ -18,11 +18,12 @@ def format_lints(ctx: EstimateContext) -> list[Lint]:
     problem = hidden_formats.width_problem(fmt, hidden) if hidden else None
     if problem:
         out.append(Lint("error", f"stages.{ctx.stage}.params.format: {problem}"))
-    existing = ctx.read_json("output", DATA_CONFIG)
+    output = ctx.path("output")
+    existing = read_data_config(output) if output is not None else None
     if existing is not None:
         there = existing.get("format", hidden_formats.DEFAULT)
         if there != fmt:
             out.append(Lint("error", (
-                f"{ctx.path('output') / DATA_CONFIG}: the output holds format {there!r}, this run would write "
+                f"{output / DATA_CONFIG}: the output holds format {there!r}, this run would write "
                 f"{fmt!r}; a run keeps one format: set format = {there!r} to resume it, or use another output")))
     return out

@@ -15,8 +15,8 @@ import platform
 import sys
 from pathlib import Path
 
-from ops.common import TMP_SUFFIX, BadInput, read_json, write_json_atomic
-from ops.formats import DATA_CONFIG, SAMPLE_LENGTHS, SAMPLE_RE, SHARD_DIR_RE
+from ops.common import TMP_SUFFIX, BadInput, write_json_atomic
+from ops.formats import DATA_CONFIG, SAMPLE_LENGTHS, SAMPLE_RE, SHARD_DIR_RE, read_data_config
 
 DATA_FORMAT_VERSION = 1
 # Keys that must match between a resumed run and the output it continues.
@@ -49,7 +49,7 @@ def scan_existing(output: Path) -> tuple[set[int], list[Path]]:
 def check_resumable(output: Path, planned: dict) -> dict | None:
     """The existing data_config, or None; BadInput if it describes other data."""
     path = output / DATA_CONFIG
-    existing = read_json(path)
+    existing = read_data_config(output)
     if existing is None:
         if path.exists():
             raise BadInput(f"{path}: exists but is not a JSON object; move it away to start over")

@@ -19,7 +19,7 @@ from ops.extract.sizes import (MAX_SEQ_LEN, aux_layer_count, estimate_bytes,  # 
 from ops.hidden_formats import DEFAULT as DEFAULT_FORMAT
 from ops.hidden_formats import FORMATS
 from ops.common import TMP_SUFFIX
-from ops.formats import SAMPLE_RE, BadSampleFile, check_whole
+from ops.formats import DATA_CONFIG, SAMPLE_RE, BadSampleFile, check_whole
 from ops.spec import EstimateContext, OpSpec, Param
 
 
@@ -119,7 +119,7 @@ SPEC = OpSpec(
     expected_samples=expected_samples,
     expected_tokens=expected_tokens,
     partial_files=partial_files,
-    result_file="data_config.json",
+    result_file=DATA_CONFIG,
     result_line=result_line,
     launch=sglang_args.launch,
     spreads=lambda params: "sglang" if params.get("engine") == "sglang" else "torchrun",

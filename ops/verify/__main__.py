@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ops.common import BadInput, read_json, run_main, write_json_atomic
 from ops.params import build_parser as spec_parser
-from ops.formats import DATA_CONFIG
+from ops.formats import read_data_config
 from ops.verify.check import Report, verify_headers
 from ops.verify.spec import SPEC
 
@@ -73,7 +73,7 @@ def _deep(args, output: Path, report: Report) -> None:
     from ops.verify import deep
     from ops.verify.recompute import recompute
 
-    config = read_json(output / DATA_CONFIG) or {}
+    config = read_data_config(output) or {}
     bad_paths = {b["path"] for b in report.bad_files}
     good = {i: p for i, p in _good_paths(output, report).items() if p not in bad_paths}
     chosen = deep.pick(list(good), args.deep, args.seed)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ops.common import TMP_SUFFIX, read_json, write_json_atomic
 from ops.formats import (DATA_CONFIG, SAMPLE_LENGTHS, SAMPLE_RE, SHARD_DIR_RE, SHARD_ROWS,
-                         BadSampleFile, check_whole)
+                         BadSampleFile, check_whole, read_data_config)
 
 from ops import hidden_formats
 from ops.hidden_formats import SAFETENSORS_DTYPE, STATE_KEYS, file_format
@@ -294,7 +294,7 @@ def verify_headers(output: Path, workers: int = 8,
     if not output.is_dir():
         report.problems.append(f"{output}: not a directory")
         return report
-    config = read_json(output / DATA_CONFIG)
+    config = read_data_config(output)
     if config is None:
         report.problems.append(f"{output / DATA_CONFIG}: missing or not JSON (was this written by extract?)")
     else:
