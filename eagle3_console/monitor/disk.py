@@ -30,7 +30,7 @@ def nearest_existing(path: str | os.PathLike) -> Path:
 def free_space(path: str | os.PathLike) -> tuple[int, int]:
     """(free bytes, total bytes) of the filesystem that holds or will hold `path`.
     Free is what an unprivileged writer can use (statvfs f_bavail)."""
-    # shutil.disk_usage's own arithmetic, without shutil's import (bz2, lzma, fnmatch: 2 ms of `status`).
+    # shutil.disk_usage's own arithmetic, without shutil's import (bz2, lzma, fnmatch: `status` pays for it).
     st = os.statvfs(nearest_existing(path))
     return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
 

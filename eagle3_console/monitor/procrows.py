@@ -22,7 +22,7 @@ CREATE_TIME_TOL_S = 0.01
 
 
 class _LazyPsutil:
-    """psutil imported at first use (11 ms): a `status --json` with no live run
+    """psutil imported at first use (its import is a visible share of `status`): a `status --json` with no live run
     and no GPU process never needs it."""
 
     def __getattr__(self, name: str) -> Any:

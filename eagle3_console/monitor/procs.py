@@ -114,7 +114,7 @@ class ProcessTable:
     def partial(cls, pids: Iterable[int], refs: Iterable[RunRef]) -> "ProcessTable":
         """The rows `owners(refs, only=pids)` reads, and no others: the same
         answer for those pids as snapshot()'s table, at a few reads instead
-        of one per process of the machine (22 ms on a GPU host).
+        of one per process of the machine (a GPU host runs hundreds).
 
         Why the answer is the same, lookup by lookup, for a pid w of `pids`:
           rows / ancestors  w and its whole ppid chain are loaded (the walk

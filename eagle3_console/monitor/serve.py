@@ -74,7 +74,7 @@ def port_problem(host: str, port: int, timeout: float = TIMEOUT_S) -> str | None
 
 def http_get(host: str, port: int, path: str, timeout: float = TIMEOUT_S) -> tuple[int, bytes]:
     """(status, body); OSError (timeouts included) when there is no answer in time."""
-    import http.client      # 11 ms of import (ssl, email): only once a serve run is sampled
+    import http.client      # a costly import (ssl, email): only once a serve run is sampled
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
         conn.request("GET", path)

@@ -88,7 +88,7 @@ def train_target(tokenizer, texts: list[str], out_dir: Path, seed: int = 0, step
     t0 = time.time()
     threads = torch.get_num_threads()
     # Matrices this small are all dispatch overhead: extra threads only
-    # contend (measured 0.09 s a step on 1 thread, 1.0 s on 2 busy cores).
+    # contend, by an order of magnitude on busy cores.
     torch.set_num_threads(1)
     try:
         return _train(tokenizer, texts, out_dir, seed, steps, batch, max_len, lr, t0, log or (lambda _m: None))

@@ -15,15 +15,13 @@ corpus' answers it is off by how much the target's own continuation differs.
 
 Without held-out samples it falls back to SpecForge's simulated accept length
 on the window's per-step accuracies, 1 + sum_{k=1..K} prod_{j<=k} acc_j, which
-reads high (issue 22; the demo's figures, bench 2.875 = 115 / 40): the window is
-a batch the drafter is fitted on (2.95; the same formula on held-out samples
-2.875); acc_k is over every position, not draft k given drafts 1..k-1 accepted
-(held-out, conditional: 2.78); and a decode's answers end: the last verify of
-each is cut at its end, its first token comes from the prefill (the walk: 2.57
-without that token, 2.76 with). What is left between the walk's 2.76 and
-bench's 2.875 is which prompts bench decodes (on its 8 samples the walk says
-2.87; bench on all 24 held-out prompts 2.85) and the corpus' answers against
-the target's own; bench's own spread at 40 verify steps is about 0.18 (1 sd).
+reads high against bench: the window is a batch the drafter is fitted on;
+acc_k is over every position, not draft k given drafts 1..k-1 accepted; and a
+decode's answers end: the last verify of each is cut at its end, its first
+token comes from the prefill. What is left between the walk and bench is
+which prompts bench decodes and the corpus' answers against the target's
+own, within bench's own spread over a few dozen verify steps
+(tests/test_sim_acceptance.py holds the walk to bench).
 Compare at one depth: the figure is at K = ttt_steps, bench at its draft_tokens
 (the record's heldout.by_depth[d - 1]: the held-out count at depth d <= K).
 """

@@ -22,7 +22,7 @@ Two ways through the same weights:
 The target's embedding is not a parameter here: it is frozen and passed in, so
 that neither DDP nor the checkpoint carries a vocab x hidden copy of it.
 
-Training-speed levers (issue 11), attributes of the module, each equal to the
+Training-speed levers, attributes of the module, each equal to the
 default within bf16 noise on the same batch (tests/test_drafter_levers.py):
 - ttt_attention "flex": the TTT mask as a FlexAttention block mask over all K
   steps' key slots (one compiled kernel per length; blocks with no allowed

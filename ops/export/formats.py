@@ -51,7 +51,7 @@ embedding in the export's dtype): 0.9.0's model.py `DraftVocabMixin` lists it in
 `_keys_to_ignore_on_load_missing` and `_load_verifier_weights` fills it from the
 verifier only `if self.embed_tokens.weight.isnan().any()`, a check on a tensor
 that from_pretrained allocates and does not initialise, so a missing one gave
-allocator-dependent logits (issue 19, item 6). vLLM loads it when present.
+allocator-dependent logits. vLLM loads it when present.
 """
 
 from __future__ import annotations

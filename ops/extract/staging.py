@@ -6,8 +6,8 @@ copies the states from the device into them) and the writers (writer.py
 releases each image once its file is written; the slab is free again when
 all of its batch's are). Why not allocate per sample: torch's caching host
 allocator rounds every pinned block up to a power of two (a 64 MiB sample
-takes a 128 MiB block) and pins each new block with cudaHostAlloc, which on
-an H200 cost seconds of a 10 s run before the cache was warm. Here pinning
+takes a 128 MiB block) and pins each new block with cudaHostAlloc, which costs
+seconds of a short run before the cache is warm. Here pinning
 happens `count` times in all, and the slabs bound the host memory: when
 every slab is in flight the forward waits for the writers.
 """

@@ -35,8 +35,8 @@ def parse_args(argv):
 
 def auto_workers(n_rows: int) -> int:
     """One process below PARALLEL_FROM rows; else one worker per core but the
-    parent's (it reads, truncates and collects). Measured on 2 busy cores,
-    20k rows: 1 process 11.0 s, 2 workers 12.8 s, so small hosts stay at 1."""
+    parent's (it reads, truncates and collects). On a host of two cores the
+    workers' start and pickling cost more than they save, so it stays at 1."""
     cpus = os.cpu_count() or 1
     if n_rows < PARALLEL_FROM or cpus <= 2:
         return 1

@@ -45,7 +45,7 @@ HEALTH_SLEEP_S = 1.0
 HEALTH_ANSWER_S = 22.0
 # How long a serve stage may take to become ready (load + warm-up) before the
 # console says CRITICAL; the default of serve's ready_timeout_s. A large MoE
-# target's load alone takes 22 minutes, its first warm-up minutes more.
+# target's load alone can take tens of minutes, its first warm-up minutes more.
 SERVE_READY_TIMEOUT_S = 3600.0
 
 

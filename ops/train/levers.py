@@ -1,15 +1,14 @@
-"""The training-speed levers' "auto" values, resolved for the device (issue 11).
+"""The training-speed levers' "auto" values, resolved for the device.
 
 One function for ops.train and benchmarks/train_throughput.py, so the benchmark
 times what the program runs. No torch import: the caller says whether it runs
 on CUDA.
 
 Why flex + chunked loss + fused AdamW + compile are the CUDA default:
-- each equals the old path within bf16 noise on the same batch (H200,
-  `benchmarks/train_throughput.py --check-levers`: loss rel 8.6e-08,
-  accuracies equal, gradient cosine 0.99998; tests/test_drafter_levers.py on
-  the CPU), and flex + chunked + fused AdamW alone took 41.5 % -> 47.1 % MFU
-  at 2,048-token samples and 35.4 % -> 48.1 % at 4,096 (benchmarks/RESULTS.md);
+- each equals the plain path within bf16 noise on the same batch
+  (`benchmarks/train_throughput.py --check-levers` on CUDA,
+  tests/test_drafter_levers.py on the CPU), and together they raise the MFU
+  (benchmarks/RESULTS.md has the measured figures);
 - what kept them opt-in was one FlexAttention compile per padded batch length
   (every distinct length of a real corpus); length buckets bound that to one
   shape a bucket (ops/drafter/data.py), so the compiles are paid once, in

@@ -1,32 +1,27 @@
 """Batches fetched and copied to the GPU ahead of the step, by a thread of their
-own, on a side CUDA stream (issue 11).
+own, on a side CUDA stream.
 
-Without any prefetch each step began with its batch's host-to-device copy (at
-8 x 2,048 tokens of an 8B target: 400 MB of aux states and 134 MB of final
-states) on the compute stream, and the GPU idled for it every step. A first
-prefetcher issued the next batch's copy on a side stream from the training
-thread, after the step's backward was queued. That left, on one H200 at
-~600 ms a step, the GPU idle 3.5 % of each step for data and the training
-thread blocked 8.8 % of it in the loader (benchmarks/RESULTS.md): the thread
-waited on the DataLoader (unpickling the worker's batch, mapping its shared
-memory) and then in the copy, which from pageable memory (ops.train passes no
-pin_memory: the pin thread's extra copy of every batch cost more) holds the
-calling thread for its length. Meanwhile it queued no kernels, so the GPU
-drained its queue and waited; more workers did not help, as the workers were
-not what it waited on.
+Why a thread: a batch's host-to-device copy (at 8 x 2,048 tokens of an 8B
+target: 400 MB of aux states and 134 MB of final states) on the compute
+stream leaves the GPU idle for it every step; issued from the training thread
+on a side stream, the copy still holds that thread while it waits on the
+DataLoader (unpickling the worker's batch, mapping its shared memory) and in
+the copy, which from pageable memory (ops.train passes no pin_memory: the pin
+thread's extra copy of every batch costs more) holds the calling thread for
+its length. Meanwhile it queues no kernels, so the GPU drains its queue and
+waits; more workers do not help, as the workers are not what it waits on.
 
 So a background thread does it all: next(source); the copy of each key into
 one of two reused pinned slots, then a real asynchronous DMA on its own stream
-(a pageable copy, staged by the driver, made the step slower: 645 against
-555 ms); an event after them; the batch, its device tensors and the event into
-a bounded queue. The training thread only takes from the queue and makes the
-compute stream wait on the event (a device-side wait). The thread also drops
-the host copies of the hidden states (HOST_DROPPED) once they are on the
-device: freed in the training thread when the next batch replaced them
-(534 MB of worker shared memory to unmap), they stalled every step's start
-(GPU idle ~11 %); dropped here, the step went from 555 to 514 ms. On one H200 this path costs 0.4 %
-of a step against one batch kept on the device (benchmarks/train_throughput.py
---staging resident,pinned,inline; benchmarks/RESULTS.md).
+(a pageable copy, staged by the driver, makes the step slower); an event after
+them; the batch, its device tensors and the event into a bounded queue. The
+training thread only takes from the queue and makes the compute stream wait on
+the event (a device-side wait). The thread also drops the host copies of the
+hidden states (HOST_DROPPED) once they are on the device: freed in the training
+thread when the next batch replaced them (hundreds of MB of worker shared
+memory to unmap), they would stall every step's start. benchmarks/RESULTS.md
+has what this path costs against one batch kept on the device
+(benchmarks/train_throughput.py --staging resident,pinned,inline).
 
 The same thread runs on the CPU, where the copy is a plain .to(device) and
 there are no streams or events (the tests exercise the threading there). The

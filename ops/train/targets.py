@@ -1,6 +1,6 @@
 """The frozen target's side of a training step: its logits over the draft ids
 from the extracted final states, and the check that a batch's token ids fit its
-embedding (moved out of ops/train/__main__.py, which stays under 400 lines).
+embedding; what the loop (ops/train/loop.py) asks of the target each step.
 """
 
 from __future__ import annotations
