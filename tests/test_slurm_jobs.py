@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -156,6 +157,10 @@ def test_a_job_unknown_to_slurm_with_no_exit_record_is_lost(ws, slurm):
     run = running_job(ws)
     os.kill(run.supervisor_pid, signal.SIGKILL)
     slurm.run("scancel", run.job_id)
+    # The cancelled batch script may still leave its own exit record (its trap on SIGTERM):
+    # once the job has left, none is left here, as the test's case says.
+    wait_for(lambda: run.job_id not in slurm.run("squeue", "-h", "-o", "%i").stdout.split(), timeout=60, poll=0.2)
+    Path(run.log_path.replace(".log", ".job-exit")).unlink(missing_ok=True)
     with ws.registry() as reg:          # as after the controller forgot it (MinJobAge): an id it never had
         reg.update(run.id, job_id="999999")
     code, snap = status_json(ws)
