@@ -69,17 +69,18 @@ def test_extra_args_reach_sglangs_parser_after_the_engines_flags():
     (["--dp-size", "2"], "extra_args --dp-size: engine sglang runs one TP group"),
 ])
 def test_managed_and_incompatible_flags_are_lint_errors(words, message):
-    lints = sglang_args.lint(_params(extra_args=words), None)
+    lints = sglang_args.lint(SPEC.effective(_params(extra_args=words)), None)
     assert any(x.level == "error" and x.message.startswith(message) for x in lints), lints
 
 
 def test_extra_args_on_the_hf_engine_is_an_error():
-    lints = sglang_args.lint({"engine": "hf", "extra_args": ["--attention-backend", "triton"]}, None)
+    lints = sglang_args.lint(SPEC.effective({"engine": "hf", "extra_args": ["--attention-backend", "triton"]}),
+                            None)
     assert [x.message for x in lints] == ['extra_args: SGLang server flags, for engine = "sglang" only']
 
 
 def test_tp_and_the_gpus_list_must_agree():
-    assert [x.message for x in sglang_args.lint(_params(tp=8), [0, 1, 2, 3])] == [
+    assert [x.message for x in sglang_args.lint(SPEC.effective(_params(tp=8)), [0, 1, 2, 3])] == [
         "engine sglang: tp 8, but the stage's gpus list has 4 (0,1,2,3): one GPU a TP rank"]
 
 

@@ -25,6 +25,12 @@ from ops import get_spec
 from tests.conftest import ROOT
 from ops.serve import command
 from ops.serve.__main__ import main as serve_main
+from ops.serve.spec import SPEC as SERVE
+
+
+def lint(p, *args):
+    """command.lint as the spec and the program call it: on the stage's effective params."""
+    return command.lint(SERVE.effective(p), *args)
 
 
 @pytest.fixture(scope="module")
@@ -155,18 +161,18 @@ def _target(tmp_path, arch):
 
 
 def test_tp_times_dp_must_match_the_gpus_list():
-    msgs = [str(x) for x in command.lint({"tp": 4, "dp": 2}, "/m", [0, 1, 2, 3])]
+    msgs = [str(x) for x in lint({"tp": 4, "dp": 2}, "/m", [0, 1, 2, 3])]
     assert any(m.startswith("error: tp 4 x dp 2 = 8 GPUs, but the stage's gpus list has 4") for m in msgs)
-    assert not command.errors(command.lint({"tp": 4, "dp": 2}, "/m", list(range(8))))
-    assert any("no `gpus` list" in str(x) for x in command.lint({"tp": 8}, "/m", None))
+    assert not command.errors(lint({"tp": 4, "dp": 2}, "/m", list(range(8))))
+    assert any("no `gpus` list" in str(x) for x in lint({"tp": 8}, "/m", None))
 
 
 def test_ep_must_equal_tp():
-    assert any("ep 4 with tp 8" in str(x) for x in command.errors(command.lint({"tp": 8, "ep": 4}, "/m", None)))
+    assert any("ep 4 with tp 8" in str(x) for x in command.errors(lint({"tp": 8, "ep": 4}, "/m", None)))
 
 
 def test_flags_in_extra_args():
-    lints = command.lint({"extra_args": ["--disable-cuda-graph", "--enable-ep-moe", "--tp-size", "2"]}, "/m", [0])
+    lints = lint({"extra_args": ["--disable-cuda-graph", "--enable-ep-moe", "--tp-size", "2"]}, "/m", [0])
     text = "\n".join(map(str, lints))
     assert "warning: extra_args --disable-cuda-graph: deprecated in sglang 0.5.23; use --cuda-graph-backend-decode" in text
     assert "error: extra_args --enable-ep-moe: not a flag of sglang 0.5.23 (removed); use --ep-size" in text
@@ -179,20 +185,20 @@ def test_drafter_aux_ids_must_round_trip_under_the_targets_rule(tmp_path):
     kimi = _target(tmp_path, "DeepseekV3ForCausalLM")
     good = _drafter(tmp_path / "a", [3, 31, 59], [3, 31, 59])
     p = {"mode": "speculative", "drafter": str(good), "tp": 8, "num_steps": 3, "num_draft_tokens": 4}
-    assert not command.errors(command.lint(p, kimi, list(range(8)), {}))
+    assert not command.errors(lint(p, kimi, list(range(8)), {}))
     # The llama rule's ids ([2, 30, 58], +1) on that target capture [2, 30, 58]: off by one.
     bad = _drafter(tmp_path / "b", [2, 30, 58], [3, 31, 59])
-    errs = command.errors(command.lint(dict(p, drafter=str(bad)), kimi, list(range(8)), {}))
+    errs = command.errors(lint(dict(p, drafter=str(bad)), kimi, list(range(8)), {}))
     assert len(errs) == 1 and "make SGLang capture [2, 30, 58] on DeepseekV3ForCausalLM" in errs[0].message
     llama = _target(tmp_path / "l", "LlamaForCausalLM")
-    assert not command.errors(command.lint(dict(p, drafter=str(bad)), llama, list(range(8)), {}))
+    assert not command.errors(lint(dict(p, drafter=str(bad)), llama, list(range(8)), {}))
 
 
 def test_speculative_without_a_drafter_or_with_a_wrong_one(tmp_path):
-    errs = command.errors(command.lint({"mode": "speculative"}, "/m", [0]))
+    errs = command.errors(lint({"mode": "speculative"}, "/m", [0]))
     assert any("needs params.drafter" in x.message for x in errs)
     d = _drafter(tmp_path, [1, 2, 3], [2, 3, 4], arch="LlamaForCausalLM")
-    errs = command.errors(command.lint({"mode": "speculative", "drafter": str(d)}, "/m", [0]))
+    errs = command.errors(lint({"mode": "speculative", "drafter": str(d)}, "/m", [0]))
     assert any("expected ['LlamaForCausalLMEagle3'] for EAGLE3" in x.message for x in errs)
 
 
@@ -246,27 +252,27 @@ def test_every_spelling_of_a_managed_flag_is_caught(parser):
     managed_dests = {opts[f].dest for f in command.MANAGED}
     spellings = {o for o, a in opts.items() if a.dest in managed_dests}
     for flag in sorted(spellings):
-        errs = command.errors(command.lint({"extra_args": [flag, "1"]}, "/m", [0]))
+        errs = command.errors(lint({"extra_args": [flag, "1"]}, "/m", [0]))
         assert any("which the serve op sets from param" in x.message for x in errs), flag
 
 
 def test_pipeline_parallel_and_attention_dp_count_their_gpus_as_sglang_does():
     # compute_world_size (server_args.py): dp * tp * pp; the deprecated --enable-dp-attention
     # turns dp into attention DP inside the TP group (parallel_hook.py), adding no GPUs.
-    assert not command.errors(command.lint({"tp": 4, "extra_args": ["--pp-size", "2"]}, "/m", list(range(8))))
-    assert not command.errors(command.lint({"tp": 4, "extra_args": ["--pipeline-parallel-size=2"]}, "/m",
+    assert not command.errors(lint({"tp": 4, "extra_args": ["--pp-size", "2"]}, "/m", list(range(8))))
+    assert not command.errors(lint({"tp": 4, "extra_args": ["--pipeline-parallel-size=2"]}, "/m",
                                            list(range(8))))
-    errs = command.errors(command.lint({"tp": 4, "extra_args": ["--pp-size", "2"]}, "/m", list(range(4))))
+    errs = command.errors(lint({"tp": 4, "extra_args": ["--pp-size", "2"]}, "/m", list(range(4))))
     assert any("tp 4 x dp 1 x pp 2 = 8 GPUs" in x.message for x in errs)
-    assert not command.errors(command.lint({"tp": 8, "dp": 8, "extra_args": ["--enable-dp-attention"]}, "/m",
+    assert not command.errors(lint({"tp": 8, "dp": 8, "extra_args": ["--enable-dp-attention"]}, "/m",
                                            list(range(8))))
 
 
 def test_ep_with_moe_dp_size_in_extra_args_follows_sglangs_rule():
     # parallel_hook.py: with ep > 1, ep_size * moe_dp_size == tp_size.
-    assert not command.errors(command.lint({"tp": 8, "ep": 4, "extra_args": ["--moe-dp-size", "2"]}, "/m",
+    assert not command.errors(lint({"tp": 8, "ep": 4, "extra_args": ["--moe-dp-size", "2"]}, "/m",
                                            list(range(8))))
-    errs = command.errors(command.lint({"tp": 8, "ep": 2, "extra_args": ["--moe-data-parallel-size=2"]}, "/m",
+    errs = command.errors(lint({"tp": 8, "ep": 2, "extra_args": ["--moe-data-parallel-size=2"]}, "/m",
                                        list(range(8))))
     assert len(errs) == 1 and "ep 2 x moe_dp_size 2 = 4, but tp is 8" in errs[0].message
 
@@ -279,5 +285,5 @@ def test_ready_timeout_s_must_be_positive_and_is_not_passed_to_sglang(capsys):
     assert serve_main(["--target", "/m", "--ready-timeout-s", "0"]) == 2
     assert "argument --ready-timeout-s: expected > 0, got 0.0" in capsys.readouterr().err
     assert spec.param_type_error("ready_timeout_s", 90.0) is None
-    assert not command.errors(command.lint({"ready_timeout_s": 90.0}, "/m", [0]))
-    assert "--ready-timeout-s" not in command.server_argv({"ready_timeout_s": 90.0}, "/m")
+    assert not command.errors(lint({"ready_timeout_s": 90.0}, "/m", [0]))
+    assert "--ready-timeout-s" not in command.server_argv(SERVE.effective({"ready_timeout_s": 90.0}), "/m")

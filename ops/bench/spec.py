@@ -66,7 +66,7 @@ def lint(ctx: EstimateContext, _gpus) -> list[Lint]:
     """What each engine needs, said before the launch (argparse would say it only in the log)."""
     # engine's choices and ready_timeout_s > 0 are the Params' (checked before the lint runs).
     p = ctx.params
-    engine = p.get("engine") or "reference"
+    engine = p.get("engine") or SPEC.params["engine"]
     if engine == "reference" and not p.get("drafter"):
         return [Lint("error", "engine reference needs params.drafter (export's output directory)")]
     if engine == "sglang" and not p.get("url"):

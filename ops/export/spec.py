@@ -24,9 +24,9 @@ def estimate_bytes(ctx: EstimateContext) -> int | None:
     params = drafter_params(ctx)
     if params is None:
         return None
-    fmt = ctx.params.get("format", "both")
+    fmt = ctx.params.get("format", SPEC.params["format"])
     n_formats = 2 if fmt == "both" else 1
-    out_bytes = dtype_bytes(ctx.params.get("dtype", "bfloat16"))
+    out_bytes = dtype_bytes(ctx.params.get("dtype", SPEC.params["dtype"]))
     if fmt not in ("both", "speculators"):
         return params * n_formats * out_bytes
     hidden = int(ctx.target.get("hidden_size") or 0)

@@ -50,8 +50,10 @@ INCOMPATIBLE = {
 
 
 def lint(params: dict[str, Any], gpus: Sequence[int] | None) -> list[Lint]:
-    """What is wrong with an engine-sglang launch before it starts (the console's `run`)."""
-    if (params.get("engine") or "hf") != "sglang":
+    """What is wrong with an engine-sglang launch before it starts (the console's
+    `run`); `params`: extract's effective params (its SPEC.effective, or the
+    program's parsed flags)."""
+    if params["engine"] != "sglang":
         if params.get("extra_args"):
             return [Lint("error", "extra_args: SGLang server flags, for engine = \"sglang\" only")]
         return []
@@ -67,7 +69,7 @@ def lint(params: dict[str, Any], gpus: Sequence[int] | None) -> list[Lint]:
         elif flag in INCOMPATIBLE:
             out.append(Lint("error", f"extra_args {flag}: engine sglang runs one TP group, each rank on "
                                      f"every token; data, attention-data and pipeline parallel are not for it"))
-    tp = int(params.get("tp") or 1)
+    tp = int(params["tp"])
     if gpus is not None and len(gpus) != tp:
         out.append(Lint("error", f"engine sglang: tp {tp}, but the stage's gpus list has {len(gpus)} "
                                  f"({','.join(map(str, gpus))}): one GPU a TP rank"))
@@ -77,9 +79,10 @@ def lint(params: dict[str, Any], gpus: Sequence[int] | None) -> list[Lint]:
 def launch(params: dict[str, Any], argv: list[str]) -> list[str]:
     """One process per TP rank: `python -m torch.distributed.run --standalone
     --nproc-per-node TP -m ops.extract ...` (torchrun under the op's own
-    interpreter); tp 1 and the HF engine run as they are."""
-    tp = int(params.get("tp") or 1)
-    if (params.get("engine") or "hf") != "sglang" or tp <= 1:
+    interpreter); tp 1 and the HF engine run as they are. `params`: the
+    effective ones (OpSpec.argv hands its merged params)."""
+    tp = int(params["tp"])
+    if params["engine"] != "sglang" or tp <= 1:
         return argv
     python, dash_m, module, *rest = argv
     assert dash_m == "-m", argv

@@ -62,7 +62,7 @@ def result_line(config: dict) -> str | None:
 def lint(ctx: EstimateContext, gpus: list[int] | None) -> list:
     """SGLang's flags against the gpus, the aux layer ids against the target,
     the format against the output's and the hidden size."""
-    return list(sglang_args.lint(ctx.params, gpus)) + layer_lints(ctx) + format_lints(ctx)
+    return list(sglang_args.lint(SPEC.effective(ctx.params), gpus)) + layer_lints(ctx) + format_lints(ctx)
 
 
 def plan_lines(ctx: EstimateContext) -> list[str]:

@@ -56,7 +56,7 @@ def estimate_bytes(ctx: EstimateContext) -> int | None:
     if ctx.params.get("limit"):
         share = min(1.0, int(ctx.params["limit"]) / rows)
         size, rows = int(size * share), min(rows, int(ctx.params["limit"]))
-    answers = rows * turns * int(ctx.params.get("max_tokens") or 512) * BYTES_PER_TOKEN
+    answers = rows * turns * int(ctx.params.get("max_tokens") or SPEC.params["max_tokens"]) * BYTES_PER_TOKEN
     # The journal and the final file each hold every row once.
     return int(2 * (size + answers))
 

@@ -74,25 +74,26 @@ def extra_args_of(value: Any) -> list[str]:
 
 
 def server_argv(p: dict[str, Any], model_path: str) -> list[str]:
-    """SGLang's flags (without the interpreter and module) for resolved params `p`."""
+    """SGLang's flags (without the interpreter and module) for the stage's
+    effective params `p` (serve's SPEC.effective: every Param is there)."""
     out = ["--model-path", str(model_path),
-           "--tp-size", str(int(p.get("tp") or 1)),
-           "--dp-size", str(int(p.get("dp") or 1)),
-           "--ep-size", str(int(p.get("ep") or 1)),
-           "--host", str(p.get("host") or "127.0.0.1"),
-           "--port", str(int(p.get("port") or 30000))]
+           "--tp-size", str(int(p["tp"])),
+           "--dp-size", str(int(p["dp"])),
+           "--ep-size", str(int(p["ep"])),
+           "--host", str(p["host"]),
+           "--port", str(int(p["port"]))]
     if p.get("mem_fraction_static") not in (None, ""):
         out += ["--mem-fraction-static", str(float(p["mem_fraction_static"]))]
     if p.get("context_length") not in (None, ""):
         out += ["--context-length", str(int(p["context_length"]))]
-    if p.get("enable_metrics", True):
+    if p["enable_metrics"]:
         out.append("--enable-metrics")       # /metrics: the live figures of the console
-    if (p.get("mode") or "target") == "speculative":
-        out += ["--speculative-algorithm", str(p.get("speculative_algorithm") or "EAGLE3"),
+    if p["mode"] == "speculative":
+        out += ["--speculative-algorithm", str(p["speculative_algorithm"]),
                 "--speculative-draft-model-path", str(drafter_dir(Path(str(p.get("drafter"))))),
-                "--speculative-num-steps", str(int(p.get("num_steps") or 3)),
-                "--speculative-eagle-topk", str(int(p.get("topk") or 1)),
-                "--speculative-num-draft-tokens", str(int(p.get("num_draft_tokens") or 4))]
+                "--speculative-num-steps", str(int(p["num_steps"])),
+                "--speculative-eagle-topk", str(int(p["topk"])),
+                "--speculative-num-draft-tokens", str(int(p["num_draft_tokens"]))]
     return out + extra_args_of(p.get("extra_args"))
 
 
@@ -133,14 +134,15 @@ def drafter_dir(path: Path) -> Path:
 
 def lint(p: dict[str, Any], model_path: str | None, gpus: Sequence[int] | None,
          target: dict[str, Any] | None = None) -> list[Lint]:
-    """What is wrong with a serve stage before anything starts, each with its reason."""
+    """What is wrong with a serve stage before anything starts, each with its reason;
+    `p`: its effective params (serve's SPEC.effective)."""
     target = target or {}
     out: list[Lint] = []
-    tp, dp, ep = (int(p.get(k) or 1) for k in ("tp", "dp", "ep"))
+    tp, dp, ep = (int(p[k]) for k in ("tp", "dp", "ep"))
     # mode, speculative_algorithm, ready_timeout_s and mem_fraction_static are
     # checked against their Params (ops/serve/spec.py) before this runs: by the
     # console at `run`, by argparse in `python -m ops.serve`.
-    mode = p.get("mode") or "target"
+    mode = p["mode"]
     if not model_path:
         out.append(Lint("error", "no model: set params.model_path or [target].path"))
     try:
@@ -189,8 +191,8 @@ def lint(p: dict[str, Any], model_path: str | None, gpus: Sequence[int] | None,
 
 def _lint_speculative(p: dict[str, Any], model_path: str | None, target: dict[str, Any]) -> list[Lint]:
     out: list[Lint] = []
-    algo = p.get("speculative_algorithm") or "EAGLE3"
-    steps, topk, ndt = int(p.get("num_steps") or 3), int(p.get("topk") or 1), int(p.get("num_draft_tokens") or 4)
+    algo = p["speculative_algorithm"]
+    steps, topk, ndt = int(p["num_steps"]), int(p["topk"]), int(p["num_draft_tokens"])
     if topk == 1 and ndt != steps + 1:
         # python/sglang/srt/arg_groups/speculative_hook.py (_handle_eagle_family).
         out.append(Lint("warning", f"num_draft_tokens {ndt} with topk 1: SGLang adjusts it to "

@@ -17,8 +17,7 @@ from ops.spec import EstimateContext, Lint, OpSpec, Param, Server
 def lint(ctx: EstimateContext, gpus: list[int] | None) -> list[Lint]:
     """The stage's lints for the plan (`run` prints them; errors refuse the launch).
     Paths resolve against the workspace, as the supervisor's cwd makes them at run time."""
-    params = dict(ctx.params)
-    params.setdefault("model_path", None)
+    params = SPEC.effective(ctx.params)
     if not params["model_path"]:
         params["model_path"] = ctx.target.get("path")
     resolved = EstimateContext(root=ctx.root, params=params, target=ctx.target)
@@ -32,7 +31,7 @@ def server(params: dict) -> Server:
     """Where the server listens and what it serves, from the stage's effective params
     (the snapshot's ServeMonitor, a bench bound to it, a dependency on it)."""
     rts = params.get("ready_timeout_s")
-    return Server(host=str(params.get("host") or "127.0.0.1"), port=int(params.get("port") or SPEC.params["port"]),
+    return Server(host=str(params.get("host") or SPEC.params["host"]), port=int(params.get("port") or SPEC.params["port"]),
                   mode=params.get("mode"), ready_timeout_s=float(rts) if rts else None)
 
 

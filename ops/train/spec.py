@@ -23,7 +23,7 @@ def estimate_bytes(ctx: EstimateContext) -> int | None:
     params = drafter_params(ctx)
     if params is None:
         return None
-    keep = int(ctx.params.get("keep", 3) or 0) or 1
+    keep = int(ctx.params.get("keep", SPEC.params["keep"]) or 0) or 1
     return params * CHECKPOINT_BYTES_PER_PARAM * keep
 
 

@@ -36,7 +36,7 @@ def estimate_bytes(ctx: EstimateContext) -> int | None:
     target = _target_vocab(ctx)
     if not target:
         return None
-    draft = min(int(ctx.params.get("draft_vocab_size") or 32000), target)
+    draft = min(int(ctx.params.get("draft_vocab_size") or SPEC.params["draft_vocab_size"]), target)
     return draft * 8 + target + HEADER_BYTES
 
 
