@@ -65,9 +65,6 @@ class EstimateContext:
         return None if base is None else read_json(base / name)
 
 
-# The console's name for ops.common.read_json (eagle3_console/runs, observe/snapshot import it from here).
-read_json_dict = read_json
-
 
 def unvouched_files(root: Path, record: str, payload: str) -> list[Path]:
     """Partial files of an op that writes one payload file and then a JSON record

@@ -114,7 +114,7 @@ def test_a_specs_lint_estimate_and_plan_lines_are_the_plans(hook, tmp_path):
     params = dict(st.params)
     assert [str(x) for x in runs.lints(ws, pipe, st, params)] == ["error: vocab: runs/prep"]
     assert plan.disk_estimate(ws, pipe, st, params) == Estimate(1000, "exact", "from prep")
-    lines = plan.launch_lines(ws, pipe, st, params)
+    lines = plan.launch_lines(ws, pipe, st, params, plan.preflight(ws, pipe, st, params))
     assert lines[0].startswith("disk: exact") and lines[-1] == "plan of vocab"
 
 

@@ -65,7 +65,7 @@ def main() -> None:
     if status_json_args(argv) is None:
         try:
             run(argv)
-        except SystemExit as exc:
+        except SystemExit:
             _flush_or_exit_3()
             raise
         return

@@ -31,7 +31,7 @@ from eagle3_console.registry import ACTIVE, Registry, Run, RunStatus, id_path
 from eagle3_console.observe.savedmonitors import SavedMonitors
 from eagle3_console.runs.vouch import vanished
 from eagle3_console.workspace import Workspace
-from ops.spec import read_json_dict
+from ops.common import read_json
 
 class Collector:
     def __init__(self, ws: Workspace, nvml: Any = None, persist: bool = False, gpus: bool = True,
@@ -324,7 +324,7 @@ class Collector:
         cached = self._results.get(path)
         if cached is not None and cached[0] == key:
             return cached[1]
-        record = _read_last_json_line(path) if path.suffix == ".jsonl" else read_json_dict(path)
+        record = _read_last_json_line(path) if path.suffix == ".jsonl" else read_json(path)
         if not isinstance(record, dict):
             record = None
         line = None

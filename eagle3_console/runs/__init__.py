@@ -32,7 +32,8 @@ from eagle3_console.registry import Registry, Run, RunStatus
 from eagle3_console.runs.supervise import Handoff
 from eagle3_console.runs.vouch import records_files, vanished
 from eagle3_console.workspace import Workspace
-from ops.spec import read_json_dict, value_type_error
+from ops.common import read_json
+from ops.spec import value_type_error
 
 
 def stage_params(stage: Stage, overrides: dict[str, Any] | None = None, base: dict | None = None,
@@ -139,7 +140,7 @@ def outputs_complete(ws: Workspace, stage: Stage, run: Run) -> bool:
             return False
     except OSError:
         return False
-    data = read_json_dict(record)
+    data = read_json(record)
     return data is not None and data.get("status", "complete") == "complete"
 
 

@@ -55,7 +55,7 @@ def disk_estimate(ws: Workspace, pipe: Pipeline, stage: Stage, params: dict[str,
         return None
     if spec.estimate is not None:
         return spec.estimate(context(ws, pipe, spec.effective(params), stage))
-    n = spec.estimate_bytes(EstimateContext(root=ws.root, params=params, target=pipe.target))
+    n = spec.estimate_bytes(EstimateContext(root=ws.root, params=spec.effective(params), target=pipe.target))
     if n is None:
         return None
     rule = spec.estimate_rule

@@ -70,7 +70,6 @@ def _pick(names: list[str], suffix: str, what: str, target: Path) -> str | None:
 
 
 def load_target_head(target: Path, dtype=None) -> TargetHead:
-    import torch
     from safetensors import safe_open
 
     target = Path(target)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import time
-from collections import Counter
 from typing import Callable
 
 from ops.prompts import PromptRow
