@@ -352,21 +352,22 @@ def test_speculators_loads_the_export_with_our_logits_in_a_fresh_process(assets,
             for k, lg in ours.unroll(ids, aux, embed_bf16, steps_k):
                 want[j, k] = lg
     worst, agree, total = 0.0, 0, 0
-    for attempt in range(3):
-        got_path = tmp_path / f"got_{attempt}.safetensors"
-        proc = run([sys.executable, str(tmp_path / "logits.py"), str(out / "speculators"),
-                    str(tmp_path / "inputs.safetensors"), str(got_path)], timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        got = load_file(str(got_path))
-        assert torch.equal(got["embed"], embed_bf16)
-        for (j, k), lg in want.items():
-            valid = lg.shape[1] - k - 1         # positions whose read token exists
-            a, b = lg[:, :valid], got[f"logits_{j}_{k}"][:, :valid]
-            worst = max(worst, float((a - b).abs().max()))
-            agree += int((a.argmax(-1) == b.argmax(-1)).sum())
-            total += valid
+    # One fresh process: the embedding it loads is compared whole, so an export without
+    # it (speculators then fills only the NaN of a fresh tensor) fails at once.
+    got_path = tmp_path / "got.safetensors"
+    proc = run([sys.executable, str(tmp_path / "logits.py"), str(out / "speculators"),
+                str(tmp_path / "inputs.safetensors"), str(got_path)], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = load_file(str(got_path))
+    assert torch.equal(got["embed"], embed_bf16)
+    for (j, k), lg in want.items():
+        valid = lg.shape[1] - k - 1         # positions whose read token exists
+        a, b = lg[:, :valid], got[f"logits_{j}_{k}"][:, :valid]
+        worst = max(worst, float((a - b).abs().max()))
+        agree += int((a.argmax(-1) == b.argmax(-1)).sum())
+        total += valid
     print(f"speculators vs ours: max |logit diff| {worst:.2e}, top-1 agreement {agree / total:.4f} "
-          f"over {total} positions (3 fresh processes)")
+          f"over {total} positions")
     assert worst < 1e-4 and agree == total, (worst, agree, total)
 
 
