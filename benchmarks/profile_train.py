@@ -36,7 +36,7 @@ def build(shape: str, seq: int, device, budget: int | None):
 
     from ops.drafter.config import DrafterConfig
     from ops.drafter.model import Eagle3Drafter
-    from ops.train.__main__ import TargetView
+    from ops.train.targets import TargetView
 
     target_cfg, vd, k, default_budget, *_ = SHAPES[shape]
     h, v = target_cfg["hidden_size"], target_cfg["vocab_size"]

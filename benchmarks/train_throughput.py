@@ -299,7 +299,7 @@ def measure(work: Path, seq: int, k: int, budget: int, warmup: int, steps: int, 
     from ops.drafter.model import Eagle3Drafter
     from ops.drafter.target_head import load_target_head
     from ops.drafter.vocab import load_vocab
-    from ops.train.__main__ import TargetView
+    from ops.train.targets import TargetView
 
     use_cuda = device.type == "cuda"
     info = read_data(work / (data or f"data-{seq}"))

@@ -431,21 +431,3 @@ def test_a_re_pointed_output_keeps_what_was_there_before_the_run_that_first_name
     ws.cli("clean", "w", "--yes", check=0)
     assert sorted(p.name for p in (ws.root / "data" / "other").iterdir()) == ["old0.bin", "old1.bin", "old2.bin"]
     assert len(list((ws.root / "data" / "important").iterdir())) == 5
-
-
-def test_files_written_after_a_failed_run_ended_are_not_its_partial_files(ws):
-    """Issue 28 item 2's loss after the live run ended: another workspace's run
-    writes into a folder under this stage's output after this stage's run failed.
-    Before: every file absent at the failed run's start counted as its partial file
-    and clean moved the other workspace's succeeded files into this one's trash."""
-    ws.write(writer_stage("out/w", n=1, prefix="g", code=1))
-    ws.cli("run", "w", check=0)
-    ws.wait_status("w", ("failed",))
-    theirs = ws.root / "out" / "w" / "sub"
-    theirs.mkdir(parents=True)
-    for i in range(3):
-        (theirs / f"A_{i}.bin").write_bytes(b"a")
-    plan = ws.cli("clean", "w")
-    assert plan.returncode == 0 and "1 partial file(s)" in plan.stdout and "g0.bin" in plan.stdout, plan.stdout
-    ws.cli("clean", "w", "--yes", check=0)
-    assert sorted(p.name for p in theirs.iterdir()) == ["A_0.bin", "A_1.bin", "A_2.bin"]

@@ -206,7 +206,7 @@ def test_stop_of_a_pending_run_keeps_its_stage_from_starting(ws):
     t.start()
     try:
         wait_for(lambda: ws.latest("late").stop_requested)
-        from eagle3_console.runs.supervise import Handoff
+        from eagle3_console.runs.handoff import Handoff
         subprocess.run([PY, "-m", "eagle3_console.runs.supervise", str(ws.root), str(run.id),
                         Handoff([], False).to_arg()], check=True,
                        start_new_session=True, cwd=str(ws.root))

@@ -228,7 +228,9 @@ def test_a_queued_job_shows_pending_with_slurms_reason_everywhere_and_stops(ws, 
         app = make_app(ws.root, refresh_s=0.2)
         async with app.run_test(size=(160, 48)) as pilot:
             table = app.query_one("#stages")
-            await wait_until(pilot, lambda: "pending (BeginTime)" in str(table.get_row("job")[1]))
+            # The row exists once the first snapshot is shown.
+            await wait_until(pilot, lambda: any(k.value == "job" for k in table.rows)
+                             and "pending (BeginTime)" in str(table.get_row("job")[1]))
             await select(pilot, app, "job")
             await wait_until(pilot, lambda: f"slurm job {st['job']['id']} PENDING (BeginTime)"
                              in pane_text(app, "progress"))

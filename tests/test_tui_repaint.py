@@ -162,8 +162,9 @@ def test_columns_give_way_on_a_narrow_table_and_come_back(tmp_path):
             await pilot.pause()
             failed = [StageStatus(name="extract", op="extract", status="failed", run_id=2, started=T0, ended=T0 + 60,
                                   exit_code=1, progress=0.75)]
-            from eagle3_console.model import Alert
-            failed[0].alerts.append(Alert("critical", "oom", "extract: out of memory", stage="extract"))
+            from eagle3_console.model import LogFinding, LogState
+            # Out of memory as the snapshot finds it (model.oom_finding: the log's finding).
+            failed[0].log = LogState(path="extract.log", findings={"oom": LogFinding("oom", "CUDA out of memory")})
             table.show(failed, T0 + 70)
             await pilot.pause()
             assert "started" not in table.columns_shown and "result" in table.columns_shown

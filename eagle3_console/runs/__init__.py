@@ -29,7 +29,7 @@ from eagle3_console.runs.plan import Preflight, context, disk_estimate, prefligh
 from eagle3_console.refused import NothingToDo, Refused  # noqa: F401
 from eagle3_console.model import ServeState
 from eagle3_console.registry import Registry, Run, RunStatus
-from eagle3_console.runs.supervise import Handoff
+from eagle3_console.runs.handoff import Handoff
 from eagle3_console.runs.vouch import records_files, vanished
 from eagle3_console.workspace import Workspace
 from ops.common import read_json

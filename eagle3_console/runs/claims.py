@@ -338,17 +338,15 @@ class Claim:
         return proc.wait()
 
     def release(self, succeeded: bool) -> None:
-        """Before the end is recorded: the record of the run's files at its end
-        (vouch.Vouch: what a run wrote lies between its start and end records),
-        a succeeded run's record of its outputs present, and its locks removed
-        (still held, so no one else's lock is unlinked)."""
-        if self.vouch:
-            self._manifest("end")
+        """Before the end is recorded: a succeeded run's record of its files, and
+        its locks removed (still held, so no one else's lock is unlinked)."""
         if succeeded:
             try:
                 record_present(self.ws, self.registry, self.run.id, self.outputs)
             except OSError as exc:
                 self.notes.append(f"record of the outputs present not written: {exc.strerror}")
+            if self.vouch:
+                self._manifest("end")
             # Only the latest succeeded run's records and the starts after it are read: the older ones go.
             for rid, _status in self.history:
                 if rid < self.run.id:

@@ -13,43 +13,23 @@ may have changed since the launch.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import signal
 import sqlite3
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
 from eagle3_console.runs.claims import Claim
+from eagle3_console.runs.handoff import Handoff
 from eagle3_console.endclock import mark_end, stamp
 from eagle3_console.exitrecord import ExitRecord
 from eagle3_console.registry import Registry, RunStatus
 from eagle3_console.slurmparams import SLURM
 from eagle3_console.workspace import ENV_REGISTRY, ENV_RUN_ID, ENV_STAGE, ENV_WORKSPACE, Workspace
-
-
-@dataclass
-class Handoff:
-    """What a launch hands its run's supervisor (its third argument, JSON): the output
-    roots it claims, whether a manifest vouches for their files (vouch.records_files),
-    and a slurm stage's options (slurmparams.SlurmParams as a dict)."""
-
-    outputs: list[str]
-    manifest: bool
-    slurm: dict | None = None
-
-    def to_arg(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
-
-    @classmethod
-    def from_arg(cls, text: str) -> "Handoff":
-        return cls(**json.loads(text))
 
 
 # How long the supervisor retries the registry with a full disk; after that the

@@ -2,13 +2,12 @@
 
 For a custom stage that counts no samples (no op record says which of its files
 are complete), the supervisor (claims.Claim) records the files under its
-outputs (size and mtime, links not followed) at each run's start and end.
-clean's partial files are those a run of the stage wrote or changed between
-its start and its end (Vouch), under the outputs the failed run's own start
-record names (an output re-pointed in eagle3.toml while the run lived is not
-what it wrote): a file changed before a run first named its folder, between
-runs, or after the last run ended is no run's doing (another workspace's
-writer, an operator) and is never taken for partial.
+outputs (size and mtime, links not followed): at each run's start, and after
+the run succeeded. clean's partial files are those that no such record vouches
+for (Vouch), under the outputs the failed run's own start record names (an
+output re-pointed in eagle3.toml while the run lived is not what it wrote);
+a run whose start record does not name a folder is no witness for it (the
+files there before the first run that named it stay).
 
 Data flow: supervise.py -> Claim -> .eagle3/vouched/*.json -> actions/clean.py.
 """
@@ -18,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,33 +73,26 @@ class Vouch:
     """What the records of a stage's runs say of its files now.
 
     A file is the stage's good data when the latest succeeded run left it as it
-    is, or when no run since changed it. A run's window runs from its start
-    record to its end record (to the next run's start, or now, where its
-    supervisor died before writing one); only the runs whose start record names
-    the folder count. A file touched between runs or after the last one (its
-    mtime moved, `touch -d`, another workspace's writer) changed in no run's
-    window and stays; one a failed run wrote or rewrote changed in its window."""
+    is, or when no run since changed it: each run's start record is the state
+    the run began from, the next run's start (or now, for the latest) the state
+    it left; only the runs whose start record names the folder count (an output
+    re-pointed to a folder with files in it: they predate the runs that name
+    it). A file touched between runs (its mtime moved, `touch -d`) changed in no
+    run's window and stays vouched; one a failed run wrote or rewrote changed in
+    that run's window."""
     end: dict | None                    # the latest succeeded run's files at its end
     starts: list[dict]                  # the start records of every run since it, oldest first
     roots: list[str] | None             # the outputs the latest run wrote (its start record's)
     why: str
-    stops: list[dict | None] = field(default_factory=list)   # each of those runs' end record, or None
 
     def keeps(self, root: str, rel: str, now: list[int]) -> bool:
         if self.end is not None and self.end.get(root, {}).get(rel) == now:
             return True
-        stops = self.stops or [None] * len(self.starts)
-        windows = [(start, stop) for start, stop in zip(self.starts, stops) if root in start]
-        if not windows:
+        named = [s[root] for s in self.starts if root in s]
+        if not named:
             return False
-        for i, (start, stop) in enumerate(windows):
-            if stop is not None and root in stop:
-                left = stop[root].get(rel)
-            else:
-                left = windows[i + 1][0][root].get(rel) if i + 1 < len(windows) else now
-            if start[root].get(rel) != left:
-                return False
-        return True
+        states = [files.get(rel) for files in named] + [now]
+        return all(a == b for a, b in zip(states, states[1:]))
 
 
 def load_vouch(ws: Workspace, history: list[tuple[int, str]], registry: str) -> Vouch | None:
@@ -110,21 +102,19 @@ def load_vouch(ws: Workspace, history: list[tuple[int, str]], registry: str) -> 
     later = [rid for rid, _s in history if not ok or rid > ok[-1]]
     end = read_manifest(manifest_path(ws, registry, ok[-1], "end")) if ok else None
     starts = [read_manifest(manifest_path(ws, registry, rid, "start")) for rid in later]
-    stops = [read_manifest(manifest_path(ws, registry, rid, "end")) for rid in later]
     latest = starts[-1] if starts else None
     if any(s is None for s in starts):
         # Runs recorded before every run wrote its start: only the first run's start is known.
         first = next((s for s in starts if s is not None), None)
-        starts, stops = ([first], [None]) if first is not None and not ok else ([], [])
+        starts = [first] if first is not None and not ok else []
     if end is None and not starts:
         return None
     roots = sorted(latest) if latest is not None else None
     if ok:
-        why = f"temp files and files that runs after succeeded run {ok[-1]} wrote or changed while they ran"
+        why = f"temp files and files that runs after succeeded run {ok[-1]} wrote or changed"
     else:
-        why = f"temp files and files that the stage's runs (since run {later[0]}, its first) wrote or changed while they ran"
-    kept = [(start, stop) for start, stop in zip(starts, stops) if start is not None]
-    return Vouch(end, [start for start, _ in kept], roots, why, [stop for _, stop in kept])
+        why = f"temp files and files that the stage's runs wrote or changed since run {later[0]}, its first, started"
+    return Vouch(end, [s for s in starts if s is not None], roots, why)
 
 
 def record_present(ws: Workspace, registry: str, run_id: int, outputs: list[str]) -> None:
