@@ -36,9 +36,11 @@ class Options:
     until_done: bool = False
 
 
-def one_pass(c: Ctx, opts: Options, tell: Callable[[str], None]) -> int | None:
+def one_pass(c: Ctx, opts: Options, tell: Callable[[str], None],
+             read: Callable[[], None] = lambda: None) -> int | None:
     """One pass; its exit code when the watch is done (`--once`, or `--until-done`
-    with the pipeline settled), else None."""
+    with the pipeline settled), else None. `read()` is called once the workspace
+    has been read, before anything is done (a watch that was failing says so first)."""
     told = 0
 
     def say(line: str) -> None:
@@ -47,6 +49,7 @@ def one_pass(c: Ctx, opts: Options, tell: Callable[[str], None]) -> int | None:
         tell(line)
     pipe = cfg.load(c.ws.config_path)
     snap = collect(c, opts.no_gpus, pipe)
+    read()
     acted = policy.apply(c.ws, snap, say, pipe=pipe)
     if opts.advance:
         acted += policy.advance(c.ws, snap, say, pipe=pipe)
@@ -79,8 +82,14 @@ def run(c: Ctx, opts: Options, tell: Callable[[str], None]) -> int:
         failing: str | None = None
         while True:
             began = time.monotonic()
+
+            def resumed() -> None:
+                nonlocal failing
+                if failing is not None:
+                    tell("passes resumed: the workspace reads again")
+                    failing = None
             try:
-                code = one_pass(c, opts, tell)
+                code = one_pass(c, opts, tell, resumed)
             except Exception as exc:     # noqa: BLE001 - sorted by _why: a bug is re-raised
                 why = _why(exc)
                 if why is None or opts.once:
@@ -89,9 +98,6 @@ def run(c: Ctx, opts: Options, tell: Callable[[str], None]) -> int:
                     tell(f"UNKNOWN: pass skipped: {why}; trying again every {opts.interval_s:g} s")
                 failing = why
             else:
-                if failing is not None:
-                    tell("passes resumed: the workspace reads again")
-                    failing = None
                 if code is not None:
                     return code
             time.sleep(max(opts.interval_s, time.monotonic() - began))
