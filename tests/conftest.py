@@ -36,13 +36,21 @@ def slow_fixture(*args, **kwargs):
 
 
 def pytest_collection_modifyitems(config, items):
+    heavy_files = set()
     for item in items:
         info = getattr(item, "_fixtureinfo", None)
         # The definition each name resolves to for this test (a module's own
         # fixture of the same name overrides the shared one).
-        used = [defs[-1].func for defs in (info.name2fixturedefs.values() if info else ()) if defs]
-        if any(getattr(func, "full_tier", False) for func in used):
+        defs = [d[-1] for d in (info.name2fixturedefs.values() if info else ()) if d]
+        if any(getattr(d.func, "full_tier", False) for d in defs):
             item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("slow") or any(d.scope in ("module", "session") and d.baseid for d in defs):
+            heavy_files.add(item.nodeid.split("::")[0])
+    # The files that build something for their tests (the full tier's fixtures, a module's or
+    # the session's own: a trained drafter, a real model's extraction, a Slurm) run longest:
+    # xdist's loadfile hands files to the workers in this order, so they go first and the run
+    # does not end on one of them alone. Stable: the order within each group stays.
+    items.sort(key=lambda it: it.nodeid.split("::")[0] not in heavy_files)
 
 
 @contextmanager
