@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_console.monitor.logs import LogFollower, scan_for_oom
+from eagle3_console.monitor.logs import LogFollower
 
 FIXTURES = Path(__file__).parent / "fixtures_logs"
 
@@ -347,10 +347,11 @@ def test_state_round_trip_resumes_at_the_offset(tmp_path):
         LogFollower.from_state({"version": 1, "path": str(log)})
 
 
-def test_scan_for_oom(tmp_path):
-    assert scan_for_oom(FIXTURES / "extract_run1_oom.log").startswith("RuntimeError: Worker failed")
-    assert scan_for_oom(FIXTURES / "sglang_nccl_timeout.log") is None
-    assert scan_for_oom(tmp_path / "absent.log") is None
+def test_the_out_of_memory_finding_of_a_log(tmp_path):
+    """The one decision of "this run ran out of memory" (model.oom_finding reads it)."""
+    assert LogFollower(FIXTURES / "extract_run1_oom.log").refresh().oom.line.startswith("RuntimeError: Worker failed")
+    assert LogFollower(FIXTURES / "sglang_nccl_timeout.log").refresh().oom is None
+    assert LogFollower(tmp_path / "absent.log").refresh().oom is None
 
 
 def test_transformers_weight_loading_bar_is_loading_not_progress(tmp_path):

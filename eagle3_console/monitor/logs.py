@@ -318,11 +318,3 @@ class LogFollower:
             raise ValueError(f"log follower state: malformed ({exc})") from None
         f._primed = f._offset == 0
         return f
-
-
-def scan_for_oom(path: str | os.PathLike, window_bytes: int = 64 << 20) -> str | None:
-    """The latest out-of-memory signature line (CUDA OOM, SGLang's messages, a
-    worker killed with -9) in the last `window_bytes` of a log, or None."""
-    f = LogFollower(path, tail_lines=1, first_open_bytes=window_bytes)
-    found = f.refresh().findings.get("oom")
-    return found.line if found else None
