@@ -340,3 +340,26 @@ def test_run_checks_a_launch_once(ws, monkeypatch):
     assert "disk:" in proc.stdout, proc.stdout
     assert calls == {"preflight": 1, "lints": 1, "stage_params": 1}, calls
     ws.wait_status("w", ("succeeded",))
+
+
+def test_a_command_reads_the_pipeline_file_once(ws, monkeypatch):
+    """The pipeline file is read once a command and handed down (run: the plan, the
+    checks and the launch; restart: its snapshot, its plan and the launch)."""
+    from eagle3_console import config as cfg
+
+    reads = []
+    real = cfg.load
+
+    def counted(path, *args, **kw):
+        reads.append(path)
+        return real(path, *args, **kw)
+
+    monkeypatch.setattr(cfg, "load", counted)
+    ws.write('[stages.w]\nargv = ["false"]\noutputs = ["out/w"]\n')
+    ws.call("run", "w", check=0)
+    assert len(reads) == 1, reads
+    ws.wait_status("w", ("failed",))
+    reads.clear()
+    ws.call("restart", "w", "--yes", check=0)
+    assert len(reads) == 1, reads
+    ws.wait_status("w", ("failed",))

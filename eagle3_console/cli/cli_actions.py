@@ -108,7 +108,7 @@ def restart(ctx: typer.Context, stage: str,
                                force=force, ignore_disk=ignore_disk, pipe=pipe)
     if not _go_ahead(plan, yes):
         return
-    r = actions.execute_restart(c.ws, plan, progress=say)
+    r = actions.execute_restart(c.ws, plan, progress=say, pipe=pipe)
     out.print(f"run {r.id} of {stage}: {r.status} (restart of {r.restart_of})", highlight=False)
 
 
