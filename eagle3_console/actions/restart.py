@@ -1,7 +1,7 @@
 """restart: a new run with the last run's params plus overrides, linked to it;
 after an out-of-memory the batch param halved. Leftover workers go through kill.
 
-Data flow: config + registry + the last run's log (OOM?) -> RestartPlan ->
+Data flow: config + registry + the caller's snapshot (its OOM finding) -> RestartPlan ->
 (confirm) -> [execute_kill] -> runs.launch -> events.
 """
 
