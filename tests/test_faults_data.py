@@ -72,7 +72,8 @@ def test_a_claim_covers_the_folders_under_and_over_it_across_workspaces(tmp_path
     a, b, c = (WS(tmp_path / n) for n in "ABC")
     for w in (a, b, c):
         w.root.mkdir()
-    a.write(writer_stage(str(sh / "out"), n=20, prefix="A_", sub="sub", every=0.25))
+    # A lives 20 s: the refusals below need A live, and under a loaded CI each CLI call takes seconds.
+    a.write(writer_stage(str(sh / "out"), n=20, prefix="A_", sub="sub", every=1.0))
     b.write(writer_stage(str(sh / "out" / "sub"), n=1, prefix="B_", code=1))
     c.write(writer_stage(str(sh), n=1, prefix="C_", code=1))
     for w in (b, c):
@@ -89,7 +90,8 @@ def test_a_claim_covers_the_folders_under_and_over_it_across_workspaces(tmp_path
         clean = w.cli("clean", "w", "--yes")
         assert clean.returncode == 2 and "owned by" in clean.stdout and f"run {run_a.id}" in clean.stdout, \
             clean.stdout + clean.stderr
-    a.wait_status("w", ("succeeded",), timeout=60)
+    assert a.latest("w").status == "running"       # the refusals above met A live
+    a.wait_status("w", ("succeeded",), timeout=90)
     assert sorted(p.name for p in (sh / "out" / "sub").glob("A_*.bin")) == sorted(f"A_{i}.bin" for i in range(20))
     for w in (b, c):
         assert not list((w.root / ".eagle3" / "trash").rglob("A_*.bin"))
