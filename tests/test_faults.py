@@ -330,15 +330,16 @@ def test_disk_preflight_compares_what_remains(ws, tmp_path):
     from eagle3_console.monitor.disk import free_space
     out = ws.root / "out"
     out.mkdir()
-    (out / "written.bin").write_bytes(b"\0" * (3 << 20))
+    (out / "written.bin").write_bytes(b"\0" * (64 << 20))
     free, _ = free_space(str(out))
-    # Needs all the free space plus 1 MiB, of which 3 MiB are already written: fits.
+    # Needs all the free space plus 32 MiB, of which 64 MiB are already written: fits (with 32 MiB
+    # to spare for what the other test workers write on this disk meanwhile).
     ws.write(CUSTOM_OUT.format(out="out").replace('sys.exit(1)', 'sys.exit(0)')
-             + f"estimate_bytes = {free + (1 << 20)}\n")
+             + f"estimate_bytes = {free + (32 << 20)}\n")
     proc = ws.cli("run", "writer")
     assert proc.returncode == 0, (proc.stdout, proc.stderr)
     ws.wait_status("writer", ("succeeded",))
-    ws.write(CUSTOM_OUT.format(out="out") + f"estimate_bytes = {free + (64 << 20)}\n")
+    ws.write(CUSTOM_OUT.format(out="out") + f"estimate_bytes = {free + (1 << 30)}\n")
     proc = ws.cli("run", "writer")
     assert proc.returncode == 2
     assert "MiB" in proc.stderr and "0.0 GiB" not in proc.stderr, proc.stderr
