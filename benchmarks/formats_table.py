@@ -88,8 +88,15 @@ def _run(argv: list[str], log_path: Path) -> str:
     return text
 
 
-def extract(fmt: str, target: Path, prepared: Path, out: Path, extra: str, name: str | None = None) -> dict:
+def extract(fmt: str, target: Path, prepared: Path, out: Path, extra: str, name: str | None = None,
+            reuse: bool = False) -> dict:
+    """`reuse`: an earlier invocation's figures (extract.json, written once its extraction completed)
+    stand, so a table can be finished over several calls of a machine that keeps its disk."""
     hs = out / (name or fmt) / "hidden_states"
+    done = out / (name or fmt) / "extract.json"
+    if reuse and done.exists() and json.loads(done.read_text()).get("extract_args") == extra:
+        return json.loads(done.read_text())
+    done.unlink(missing_ok=True)
     if hs.exists():
         import shutil
         shutil.rmtree(hs)
@@ -101,14 +108,21 @@ def extract(fmt: str, target: Path, prepared: Path, out: Path, extra: str, name:
     files = sum(p.stat().st_size for p in hs.rglob("data_*.safetensors"))
     m = _TOK_S.search(text)
     timing = next((ln for ln in text.splitlines() if ln.startswith("extract: time:")), "")
-    return {"data": str(hs), "tokens": config["total_tokens"], "bytes": files,
-            "bytes_per_token": files / config["total_tokens"], "extract_tok_s": float(m.group(2)) if m else None,
-            "extract_wall_s": wall, "extract_time_line": timing}
+    row = {"data": str(hs), "samples": config["total_samples"], "tokens": config["total_tokens"], "bytes": files,
+           "bytes_per_token": files / config["total_tokens"], "extract_tok_s": float(m.group(2)) if m else None,
+           "extract_wall_s": wall, "extract_time_line": timing, "extract_args": extra}
+    done.write_text(json.dumps(row, indent=1))
+    return row
 
 
-def train(fmt: str, seed: int, data: str, target: Path, vocab: Path, out: Path, holdout: int, extra: str) -> dict:
-    """`fmt` names the folder under `out` (a format, or a sweep point's folder)."""
+def train(fmt: str, seed: int, data: str, target: Path, vocab: Path, out: Path, holdout: int, extra: str,
+          reuse: bool = False) -> dict:
+    """`fmt` names the folder under `out` (a format, or a sweep point's folder); `reuse` as extract's."""
     run = out / fmt / f"train-seed{seed}"
+    done = out / fmt / f"train-seed{seed}.json"
+    if reuse and done.exists() and json.loads(done.read_text()).get("train_args") == extra:
+        return json.loads(done.read_text())
+    done.unlink(missing_ok=True)
     if run.exists():
         import shutil
         shutil.rmtree(run)
@@ -118,9 +132,11 @@ def train(fmt: str, seed: int, data: str, target: Path, vocab: Path, out: Path, 
     last = records[-1]
     windows = [r["tok_s"] for r in records[1:]] or [records[0]["tok_s"]]     # the first pays the warm-up
     held = last.get("heldout") or {}
-    return {"seed": seed, "run": str(run), "train_tok_s": statistics.mean(windows),
-            "heldout_al": last["simulated_acceptance_length"], "heldout_tokens": held.get("tokens"),
-            "heldout_verifies": held.get("verifies"), "loss": last["loss"]}
+    result = {"seed": seed, "run": str(run), "train_tok_s": statistics.mean(windows),
+              "heldout_al": last["simulated_acceptance_length"], "heldout_tokens": held.get("tokens"),
+              "heldout_verifies": held.get("verifies"), "loss": last["loss"], "train_args": extra}
+    done.write_text(json.dumps(result, indent=1))
+    return result
 
 
 def bench(t: dict, target: Path, out: Path, fmt: str, export_args: str, bench_args: str) -> dict:
@@ -150,9 +166,9 @@ def floors(target: Path, out: Path, extract_args: str) -> dict:
 
     budget, seq = flag("--token-budget", 16384), flag("--max-seq-len", 1024)
     writers = flag("--writers", 4)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cfg = AutoConfig.from_pretrained(str(target))
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = AutoModelForCausalLM.from_pretrained(str(target), dtype=dtype).to(device).eval()
     batch = max(1, budget // seq)
     bare = bare_forward(model, batch, seq, cfg.vocab_size, device, reps=20, with_mask=False)
@@ -164,19 +180,30 @@ def floors(target: Path, out: Path, extract_args: str) -> dict:
     tok_s = writer_rate(probe, samples, seq, n_aux * hidden, hidden, writers, "direct")
     # The probe's file image: bf16 aux + final, int64 ids, uint8 mask (sample_image's layout).
     image_bytes = seq * ((n_aux + 1) * hidden * 2 + 8 + 1)
-    return {"bare_tok_s": bare, "bare_shape": f"{batch} x {seq}", "device": device,
+    return {"bare_tok_s": bare, "bare_shape": f"{batch} x {seq}", "device": device.type,
             "write_bytes_s": tok_s * image_bytes / seq, "writers": writers}
 
 
-def sweep(points: list[int], fmt: str, seed: int, a, holdout: int) -> list[dict]:
+def _num_samples(extract_args: str) -> int | None:
+    args = shlex.split(extract_args)
+    return int(args[args.index("--num-samples") + 1]) if "--num-samples" in args else None
+
+
+def sweep(points: list[int], fmt: str, seed: int, a, holdout: int, first: dict | None) -> list[dict]:
+    """`first`: the table's row of `fmt`; the point of its own sample count is that row's training
+    (same data, seed and arguments), not a second run of it."""
     rows = []
     for n in points:
-        name = f"sweep-{n}"
-        (a.out / name).mkdir(parents=True, exist_ok=True)
-        ext = extract(fmt, a.target, a.prepared, a.out, f"{a.extract_args or ''} --num-samples {n}", name)
-        t = train(name, seed, ext["data"], a.target, a.vocab, a.out, holdout, a.train_args or "")
-        row = {"samples": n, "trained": n - holdout, "tokens": ext["tokens"], **t}
-        log(f"sweep {n} samples ({row['trained']} trained, {ext['tokens']:,} tokens): held-out simulated AL "
+        if first is not None and _num_samples(a.extract_args or "") == n:
+            ext, t = first, next(t for t in first["trains"] if t["seed"] == seed)
+        else:
+            name = f"sweep-{n}"
+            (a.out / name).mkdir(parents=True, exist_ok=True)
+            extra = re.sub(r"--num-samples\s+\d+", "", a.extract_args or "")
+            ext = extract(fmt, a.target, a.prepared, a.out, f"{extra} --num-samples {n}", name, a.reuse)
+            t = train(name, seed, ext["data"], a.target, a.vocab, a.out, holdout, a.train_args or "", a.reuse)
+        row = {"samples": ext["samples"], "trained": ext["samples"] - holdout, "tokens": ext["tokens"], **t}
+        log(f"sweep {ext['samples']} samples ({row['trained']} trained, {ext['tokens']:,} tokens): held-out simulated AL "
             f"{t['heldout_al']:.3f} ({t['heldout_tokens']} / {t['heldout_verifies']}), {t['train_tok_s']:,.0f} tok/s")
         rows.append(row)
     return rows
@@ -217,6 +244,9 @@ def main(argv=None) -> int:
     ap.add_argument("--export-args", default="--dtype bfloat16", help="flags for ops.export (with --bench-args)")
     ap.add_argument("--floors", action="store_true", help="also the bare forward and the write floor")
     ap.add_argument("--sweep", default="", help="sample counts: the first format trained on each (first seed)")
+    ap.add_argument("--reuse", action="store_true",
+                    help="keep what an earlier invocation into the same --out completed (extract.json, "
+                         "train-seedN.json) instead of running it again")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     if a.toy:
@@ -237,12 +267,12 @@ def main(argv=None) -> int:
     rows = []
     for fmt in formats:
         (a.out / fmt).mkdir(parents=True, exist_ok=True)
-        row = {"format": fmt, **extract(fmt, a.target, a.prepared, a.out, a.extract_args or "")}
+        row = {"format": fmt, **extract(fmt, a.target, a.prepared, a.out, a.extract_args or "", reuse=a.reuse)}
         log(f"extract {fmt}: {row['bytes_per_token']:,.0f} B a token, {row['extract_tok_s']} tok/s; "
             f"{row['extract_time_line']}")
         row["trains"] = []
         for seed in seeds:
-            t = train(fmt, seed, row["data"], a.target, a.vocab, a.out, holdout, a.train_args or "")
+            t = train(fmt, seed, row["data"], a.target, a.vocab, a.out, holdout, a.train_args or "", a.reuse)
             if a.bench_args is not None:
                 t.update(bench(t, a.target, a.out, fmt, a.export_args, a.bench_args))
                 log(f"bench {fmt} seed {seed}: acceptance length {t['bench_al']:.3f} "
@@ -262,7 +292,8 @@ def main(argv=None) -> int:
                 f"{ext / r['write_floor_tok_s']:.2f} of its write floor ({r['write_floor_tok_s']:,.0f} tok/s at "
                 f"{r['bytes_per_token']:,.0f} B a token)")
     if a.sweep:
-        result["sweep"] = sweep([int(n) for n in a.sweep.split(",") if n.strip()], formats[0], seeds[0], a, holdout)
+        result["sweep"] = sweep([int(n) for n in a.sweep.split(",") if n.strip()], formats[0], seeds[0], a, holdout,
+                                rows[0] if rows else None)
         log(f"acceptance against training samples ({formats[0]}, seed {seeds[0]}, {holdout} held out of each):")
         for r in result["sweep"]:
             log(f"  {r['trained']:>6} trained  {r['tokens']:>10,} tokens  held-out sim. AL {r['heldout_al']:.3f}")
