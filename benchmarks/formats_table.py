@@ -26,7 +26,7 @@ Usage:
       [--formats bf16,fp8,int4] [--seeds 0,1,2] [--holdout 32]
       [--extract-args "--token-budget 16384 --writers 8"] [--train-args "--epochs 10 --ttt-steps 3"]
       [--bench-args "--draft-tokens 3 --max-new-tokens 256 --num-prompts 32"] [--export-args "--dtype bfloat16"]
-      [--floors] [--sweep 1000,2000,4000]
+      [--floors] [--sweep 1000,2000,4000] [--reuse]
 """
 
 from __future__ import annotations

@@ -45,3 +45,10 @@ def test_train_from_fp8_and_int4_keeps_the_held_out_acceptance_of_bf16(tmp_path,
     ratio = {fmt: r["bytes_per_token"] / rows["bf16"]["bytes_per_token"] for fmt, r in rows.items()}
     assert 0.25 < ratio["fp8"] < 0.32 and 0.125 < ratio["int4"] < 0.16, ratio
     assert "format    B/token" in out and out.count("held-out simulated AL") == 3
+    # --reuse: a second call into the same folder runs nothing the first completed (how one table is
+    # finished over several calls of a GPU machine that keeps its disk) and gives the same rows.
+    logs = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*.log")}
+    run_benchmark("formats_table.py", "--toy", "--out", str(tmp_path), "--toy-dir", str(toy_dir),
+                  "--seeds", "0", "--reuse", timeout=300)
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*.log")} == logs
+    assert json.loads((tmp_path / "formats_table.json").read_text())["formats"] == result["formats"]
