@@ -88,15 +88,26 @@ def _run(argv: list[str], log_path: Path) -> str:
     return text
 
 
+def _reused(done: Path, key: str, args: str, reuse: bool) -> dict | None:
+    """An earlier invocation's figures, when `reuse` and they were made with the same arguments
+    (`key` of the record); else None, and the stale record is gone before the work runs again."""
+    if reuse and done.exists():
+        prior = json.loads(done.read_text())
+        if prior.get(key) == args:
+            return prior
+    done.unlink(missing_ok=True)
+    return None
+
+
 def extract(fmt: str, target: Path, prepared: Path, out: Path, extra: str, name: str | None = None,
             reuse: bool = False) -> dict:
     """`reuse`: an earlier invocation's figures (extract.json, written once its extraction completed)
     stand, so a table can be finished over several calls of a machine that keeps its disk."""
     hs = out / (name or fmt) / "hidden_states"
     done = out / (name or fmt) / "extract.json"
-    if reuse and done.exists() and json.loads(done.read_text()).get("extract_args") == extra:
-        return json.loads(done.read_text())
-    done.unlink(missing_ok=True)
+    prior = _reused(done, "extract_args", extra, reuse)
+    if prior is not None:
+        return prior
     if hs.exists():
         import shutil
         shutil.rmtree(hs)
@@ -120,9 +131,9 @@ def train(fmt: str, seed: int, data: str, target: Path, vocab: Path, out: Path, 
     """`fmt` names the folder under `out` (a format, or a sweep point's folder); `reuse` as extract's."""
     run = out / fmt / f"train-seed{seed}"
     done = out / fmt / f"train-seed{seed}.json"
-    if reuse and done.exists() and json.loads(done.read_text()).get("train_args") == extra:
-        return json.loads(done.read_text())
-    done.unlink(missing_ok=True)
+    prior = _reused(done, "train_args", extra, reuse)
+    if prior is not None:
+        return prior
     if run.exists():
         import shutil
         shutil.rmtree(run)

@@ -51,14 +51,14 @@ cd $P/src
 export PYTHONPATH=$P/src:$PYTHONPATH:/tmp/site HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export PYTHONUNBUFFERED=1
 save() { echo "== phase $PHASE: $((SECONDS - T0)) s"; }
-# The example's pipeline on the assets carried here; FIRST_STAGES=1: up to vocab only.
+# The example's pipeline on the assets carried here; `assets_and_pipeline first`: up to vocab only.
 assets_and_pipeline() {
   mkdir -p $P/assets && rm -rf $P/assets/target $P/assets/prompts
   cp -r /root/models/smollm2 $P/assets/target && cp -r .devwork/real/prompts $P/assets/prompts
-  python3 - "$P" "${FIRST_STAGES:-0}" <<'EOF'
+  python3 - "$P" "${1:-all}" <<'EOF'
 import re, sys
 from pathlib import Path
-p, first = Path(sys.argv[1]), sys.argv[2] == "1"
+p, first = Path(sys.argv[1]), sys.argv[2] == "first"
 text = Path("examples/smollm2-h200-sglang.toml").read_text()
 text = text.replace('path = "models/smollm2"', 'path = "assets/target"')
 text = re.sub(r"\[stages\.prompts\]\n(?:(?!\n\[).)*\n", "", text, flags=re.S)   # its output came along
@@ -95,7 +95,7 @@ finish)
   tar czf "$OUT/out.tgz" -C $P out
   ;;
 data)
-  FIRST_STAGES=1 assets_and_pipeline
+  assets_and_pipeline first
   rm -rf $WS && mkdir -p $WS && cp -r $P/assets $WS/assets && cp $P/pipeline.toml $WS/eagle3.toml
   cp $P/pipeline.toml $P/out/eagle3-data.toml
   timeout -k 5 $((${DATA_S:-560} - (SECONDS - T0))) python3 -m eagle3_console.cli -w $WS watch --advance \

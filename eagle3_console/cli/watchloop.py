@@ -80,14 +80,15 @@ def run(c: Ctx, opts: Options, tell: Callable[[str], None]) -> int:
     """Passes under the watch lock until one says the watch is done; the exit code."""
     with policy.WatchLock(c.ws):
         failing: str | None = None
+
+        def resumed() -> None:
+            nonlocal failing
+            if failing is not None:
+                tell("passes resumed: the workspace reads again")
+                failing = None
+
         while True:
             began = time.monotonic()
-
-            def resumed() -> None:
-                nonlocal failing
-                if failing is not None:
-                    tell("passes resumed: the workspace reads again")
-                    failing = None
             try:
                 code = one_pass(c, opts, tell, resumed)
             except Exception as exc:     # noqa: BLE001 - sorted by _why: a bug is re-raised
