@@ -53,6 +53,13 @@ class DataInfo:
     lengths: dict[int, int]         # idx -> tokens
     format: str = hidden_formats.DEFAULT    # how the states are stored (ops/hidden_formats.py)
 
+    def dataset(self, batches: list[list[int]], max_len: int, bucket: int = 0, token_budget: int = 0):
+        """Item i = batch i read from the files (online training's OnlineData answers the same)."""
+        return BatchDataset(self, batches, max_len, bucket, token_budget)
+
+    def describe(self) -> str:
+        return f"offline: states from {self.root} ({self.format})"
+
 
 def read_data(root: Path, require_complete: bool = True) -> DataInfo:
     root = Path(root)

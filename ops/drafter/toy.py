@@ -104,6 +104,24 @@ def extract(target: Path, samples, out: Path, layer_ids: list[int], dtype: str =
     return out
 
 
+def write_prepared(samples, out: Path) -> Path:
+    """`samples` as prepare writes them (samples.safetensors + summary.json,
+    ops/extract/samples.py's layout): what extract and online training read."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    lengths = [len(ids) for ids, _ in samples]
+    save_file({"input_ids": np.array([i for ids, _ in samples for i in ids], dtype=np.int32),
+               "loss_mask": np.array([m for _, mask in samples for m in mask], dtype=np.uint8),
+               "offsets": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)},
+              str(out / "samples.safetensors"))
+    (out / "summary.json").write_text(json.dumps({"status": "complete", "samples": len(samples),
+                                                  "tokens": sum(lengths)}))
+    return out
+
+
 def build_vocab(samples, out: Path, size: int, target_vocab: int = VOCAB) -> Path:
     """The most frequent masked ids (ties by id), sorted ascending, padded with unused ids."""
     import torch
@@ -130,11 +148,13 @@ def toy_assets(root: Path, n_samples: int = 64, draft_vocab: int = 80, layer_ids
     """target/, hidden_states/, vocab/ under root, built once (a stamp marks them whole)."""
     root = Path(root)
     stamp = root / "toy.json"
-    paths = {"target": root / "target", "data": root / "hidden_states", "vocab": root / "vocab"}
+    paths = {"target": root / "target", "data": root / "hidden_states", "vocab": root / "vocab",
+             "samples": root / "prepared"}
     if not stamp.exists():
         samples = make_corpus(n_samples, seed=7)
         build_target(paths["target"])
         extract(paths["target"], samples, paths["data"], list(layer_ids))
         build_vocab(samples, paths["vocab"], draft_vocab)
+        write_prepared(samples, paths["samples"])
         stamp.write_text(json.dumps({k: str(v) for k, v in paths.items()}))
     return paths

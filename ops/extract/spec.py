@@ -21,6 +21,7 @@ from ops.hidden_formats import FORMATS
 from ops.common import TMP_SUFFIX
 from ops.formats import DATA_CONFIG, SAMPLE_RE, BadSampleFile, check_whole
 from ops.spec import EstimateContext, OpSpec, Param
+from ops.target_params import DEVICE, DTYPE, LAYER_IDS
 
 
 def partial_files(root: Path) -> list[Path]:
@@ -75,14 +76,13 @@ SPEC = OpSpec(
     params=(
         Param("input", help="prepare's output directory (samples.safetensors)"),
         Param("output", help="hidden-state output directory"),
-        Param("layer_ids", "auto", "canonical aux layers (0-indexed layer whose OUTPUT is captured), e.g. "
-              "2,30,58; auto = [1, N//2-1, N-4]"),
+        LAYER_IDS,
         Param("max_seq_len", MAX_SEQ_LEN, "tokens kept of each sample", low=1),
         Param("token_budget", 16384, "padded tokens per forward batch; halved for a batch that runs out of "
               "memory", low=1),
         Param("num_samples", None, "only the first N samples", type=int, low=1),
-        Param("device", "auto", "auto, cpu, cuda, cuda:N, balanced (device_map=auto)"),
-        Param("dtype", "auto", "auto (the checkpoint's), bfloat16, float16, float32"),
+        DEVICE,
+        DTYPE,
         Param("format", DEFAULT_FORMAT, "how the states are stored: bf16 (as computed, in dtype), fp8 (e4m3, a "
               "float32 scale per token row of each layer: ~1 B an element), int4 (4-bit codes with an 8-bit "
               "scale per 32 elements: 0.5 B an element); encoded on the GPU (ops/hidden_formats.py)",

@@ -41,12 +41,12 @@ class HeldOut:
     """The held-out samples' batches, and the drafter's acceptance on them."""
 
     def __init__(self, info, held: list[int], token_budget: int, max_len: int, bucket: int = 0):
-        from ops.drafter.data import BatchDataset, make_batches
+        from ops.drafter.data import make_batches
 
         self.format, self.hidden = info.format, info.hidden_size
         # Training's batch shapes (its length buckets): the attention kernels built for them serve these.
         batches = make_batches({i: info.lengths[i] for i in held}, token_budget, max_len, bucket)
-        self.dataset = BatchDataset(info, batches, max_len, bucket, token_budget) if held else None
+        self.dataset = info.dataset(batches, max_len, bucket, token_budget) if held else None
 
     def measure(self, model, view, steps: int, device, dtype) -> dict | None:
         """{acceptance_length, tokens, verifies, by_depth, acc} of the model on the

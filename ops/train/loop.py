@@ -26,10 +26,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ops.common import BadInput, progress
 from ops.train.setup import (Place, Plan, build_model, init_place, make_optimizer, open_output, plan_batches,
                              read_inputs, train_dtype, write_train_config)
+from ops.train.online import BOUND_WAIT_SHARE, args_online, bound_words
 from ops.train.targets import out_of_vocab
 
 # The held-out acceptance (ops/train/heldout.py) is measured at most this often, and at the last step.
 HELDOUT_EVERY_S = 60.0
+
 
 
 def train(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
@@ -46,8 +48,16 @@ def train(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
     del inputs
     plan = plan_batches(args, place, info, levers)
     opt, sched = make_optimizer(args, model, levers, plan.total)
+    if args.mode == "online":
+        from ops.train.online import load_target
+
+        load_target(info, args, place)
+    # export's check and bench read the held-out samples' states from `data`: an
+    # online run names prepare's samples instead (`samples`), and no `data`.
+    inputs_meta = ({"data": str(Path(args.data).resolve())} if args.mode == "offline"
+                   else {"samples": str(Path(args.samples).resolve()), "layer_ids": info.layer_ids})
     meta_base = {"drafter_config": cfg.to_dict(), "target": str(Path(args.target).resolve()),
-                 "data": str(Path(args.data).resolve()), "vocab": str(Path(args.vocab).resolve()),
+                 "mode": args.mode, **inputs_meta, "vocab": str(Path(args.vocab).resolve()),
                  "holdout": plan.held, "world_size": place.world, "grad_accum": args.grad_accum,
                  "ttt_steps": args.ttt_steps, "total_steps": plan.total}
     try:
@@ -92,6 +102,7 @@ class Loop:
         it = DevicePrefetcher((dict(batch, epoch=e) for e, batch in self._stream(step * args.grad_accum)),
                               place.device, self.dtype, fmt=info.format, hidden=info.hidden_size)
         self.cleanup.callback(it.close)
+        self.it, self.wait_mark = it, 0.0
         place.log(f"train: {len(info.samples)} samples ({len(plan.train_ids)} train, {len(plan.held)} held out), "
                   f"{len(plan.batches)} batches, {place.world} rank(s) x accum {args.grad_accum}, {plan.total} "
                   f"steps, ttt {args.ttt_steps}, device {place.device}; {self.levers.describe()}")
@@ -142,7 +153,9 @@ class Loop:
             # process; the prefetcher's own thread (ops/train/prefetch.py), which
             # iterates this, copies straight from the workers' shared memory to
             # the device (benchmarks/RESULTS.md, train_throughput, measures both).
-            loader = DataLoader(self.plan.dataset, batch_size=None, sampler=order, num_workers=self.args.workers,
+            # Online, the target's forward makes each batch: in this process, where it is loaded.
+            workers = self.args.workers if self.args.mode == "offline" else 0
+            loader = DataLoader(self.plan.dataset, batch_size=None, sampler=order, num_workers=workers,
                                 pin_memory=False, persistent_workers=False)
             for batch in loader:
                 yield epoch, batch
@@ -212,6 +225,8 @@ class Loop:
                                                     else simulated_acceptance_length(acc), 4),
                "tok_s": self.window_tokens / elapsed, "lr": self.sched.get_last_lr()[0],
                "grad_norm": float(grad_norm)}
+        if args_online(self.args):
+            rec["online"] = self._online_window(elapsed)
         if ho:
             rec["heldout"] = {"step": self.ho_step, "tokens": ho["tokens"], "verifies": ho["verifies"],
                               "by_depth": [round(a, 4) for a in ho["by_depth"]],
@@ -220,11 +235,28 @@ class Loop:
             print(f"progress: step {step}/{total} loss {rec['loss']:.4f} "
                   f"acc [{','.join(f'{a:.3f}' for a in acc)}] tok/s {rec['tok_s']:.0f} "
                   f"lr {rec['lr']:.3e} epoch {self.epoch}", flush=True)
+            if "online" in rec:
+                print(f"online: {bound_words(rec['online'])}", flush=True)
             with diskio.naming(self.metrics_path), open(self.metrics_path, "a") as fh:
                 fh.write(json.dumps(rec) + "\n")
             if self.report is not None:
                 self.report.log(rec)
         self.window_tokens, self.window_t0 = 0, time.monotonic()
+
+    def _online_window(self, elapsed: float) -> dict:
+        """The window's two sides: the target's forwards (in the prefetcher's
+        thread) and the drafter's steps; the share of the window the steps
+        waited for a batch says which side bounds the run."""
+        forward_s, forward_tokens = self.info.clock.take()
+        waited = self.it.wait_s - self.wait_mark
+        self.wait_mark = self.it.wait_s
+        wait_share = min(1.0, waited / elapsed)
+        return {"target_tok_s": round(forward_tokens / forward_s, 1) if forward_s > 0 else None,
+                "drafter_tok_s": round(self.window_tokens / max(1e-9, elapsed - waited), 1),
+                "forward_s": round(forward_s, 3), "waited_s": round(waited, 3),
+                "wait_share": round(wait_share, 4),
+                # Waiting for a third of the window or more: the forward is what the drafter waits on.
+                "bound": "target" if wait_share >= BOUND_WAIT_SHARE else "drafter"}
 
     def _save(self, step: int, sums) -> None:
         """A checkpoint by rank 0; every rank waits for it."""

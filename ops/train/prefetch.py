@@ -94,7 +94,8 @@ def to_device(batch: dict, device, dtype, slot: _PinnedSlot | None = None, fmt: 
     out = {}
     for key in keys:
         t = batch[key]
-        src = slot.stage(key, t) if slot is not None else t
+        # States computed on the device (online training) are not staged through the host.
+        src = slot.stage(key, t) if slot is not None and t.device.type == "cpu" else t
         floating = t.is_floating_point() and not encoded
         out[key] = src.to(device, dtype=dtype if floating else t.dtype, non_blocking=True)
     if encoded:

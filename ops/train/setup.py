@@ -102,15 +102,25 @@ def open_output(args: argparse.Namespace, output: Path, place: Place):
 
 
 def read_inputs(args: argparse.Namespace) -> Inputs:
-    """The data's header, the target's head and the vocab, checked against one another."""
+    """The data's header (offline) or prepare's samples and the target's config
+    (online: ops/train/online.py), the target's head and the vocab, checked
+    against one another."""
     from ops.drafter.config import from_target
     from ops.drafter.data import read_data
     from ops.drafter.target_head import load_target_head
     from ops.drafter.vocab import load_vocab
 
+    if args.mode == "offline" and not args.data:
+        raise BadInput("mode offline needs data (extract's output directory: --data, `data = ...`); "
+                       "or mode online with samples (prepare's output) and no states on disk")
     try:
-        info = read_data(Path(args.data))
         head = load_target_head(Path(args.target))
+        if args.mode == "online":
+            from ops.train.online import open_online
+
+            info = open_online(args, head.embed.shape[0])
+        else:
+            info = read_data(Path(args.data))
         vocab = load_vocab(Path(args.vocab), target_vocab_size=head.lm_head.shape[0])
         cfg = from_target(Path(args.target), vocab.size, info.layer_ids,
                           {"num_attention_heads": args.num_heads, "num_key_value_heads": args.num_kv_heads,
@@ -152,12 +162,12 @@ def plan_batches(args: argparse.Namespace, place: Place, info, levers: Levers) -
     """The held-out split, the token-budget batches, this rank's sampler and the step count."""
     from torch.utils.data.distributed import DistributedSampler
 
-    from ops.drafter.data import BatchDataset, holdout_split, make_batches
+    from ops.drafter.data import holdout_split, make_batches
 
     train_ids, held = holdout_split(sorted(info.samples), args.holdout, args.seed)
     batches = make_batches({i: info.lengths[i] for i in train_ids}, args.token_budget, args.max_len,
                            levers.length_bucket)
-    dataset = BatchDataset(info, batches, args.max_len, levers.length_bucket, args.token_budget)
+    dataset = info.dataset(batches, args.max_len, levers.length_bucket, args.token_budget)
     sampler = DistributedSampler(dataset, num_replicas=place.world, rank=place.rank, shuffle=True,
                                  seed=args.seed, drop_last=True)
     per_epoch = len(sampler)

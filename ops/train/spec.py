@@ -13,10 +13,14 @@ from pathlib import Path
 
 from ops.drafter.metrics import from_record
 from ops.drafter.sizes import drafter_params
-from ops.spec import CurvePoint, CurveSource, EstimateContext, Gauge, OpSpec, Param
+from ops.spec import CurvePoint, CurveSource, EstimateContext, Gauge, Lint, OpSpec, Param
+from ops.target_params import DTYPE, LAYER_IDS, named
+from ops.train.online import bound_words
 from ops.train.levers import LOSS, SWITCH, TTT_ATTENTION, parse_bucket
 
 CHECKPOINT_BYTES_PER_PARAM = 12
+# offline: states read from extract's folder; online: computed by the target in this run.
+MODES = ("offline", "online")
 
 
 def estimate_bytes(ctx: EstimateContext) -> int | None:
@@ -59,7 +63,8 @@ def result_line(metrics: dict) -> str | None:
             + (f", accuracy per step {'/'.join(f'{a:.2f}' for a in acc)}" if acc else "")
             + (f", simulated AL {sim:.2f}" if sim is not None else "")
             # Said, since the accuracies before it are the training window's.
-            + (" on held-out samples" if sim is not None and metrics.get("heldout") else ""))
+            + (" on held-out samples" if sim is not None and metrics.get("heldout") else "")
+            + (f"; online, {bound_words(metrics['online'])}" if isinstance(metrics.get("online"), dict) else ""))
 
 def gauges(r: dict) -> list[Gauge]:
     """metrics.jsonl's last record for the exporter."""
@@ -87,7 +92,16 @@ SPEC = OpSpec(
     name="train",
     summary="fit the EAGLE-3 drafter (fc + one decoder layer, training-time test over K steps)",
     params=(
-        Param("data", help="extract's output directory (hidden states)"),
+        Param("mode", "offline", "where the states come from: offline (extract's folder, `data`), online (the "
+              "target, loaded by this run, computes each batch's states: nothing of size on disk)",
+              choices=MODES),
+        Param("data", None, "offline: extract's output directory (hidden states)", type=str),
+        Param("samples", None, "online: prepare's output directory (samples.safetensors), read again each "
+              "epoch", type=str),
+        LAYER_IDS,
+        named(DTYPE, "target_dtype", "online: the target's dtype: "),
+        Param("target_device", "auto", "online: where the target runs: auto (the drafter's device), cpu, cuda:N "
+              "(a GPU of its own)"),
         Param("vocab", help="vocab's output directory (vocab.safetensors)"),
         Param("output", help="output directory (checkpoints/, metrics.jsonl)"),
         Param("epochs", 1, "passes over the training samples", low=1),
@@ -136,7 +150,7 @@ SPEC = OpSpec(
               convert=parse_bucket),
     ),
     output_params=("output",),
-    input_params=("data", "vocab"),
+    input_params=("data", "samples", "vocab"),
     uses_target=True,
     batch_param="token_budget",
     progress="log",
