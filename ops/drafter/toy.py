@@ -118,7 +118,7 @@ def write_prepared(samples, out: Path) -> Path:
                "offsets": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)},
               str(out / "samples.safetensors"))
     (out / "summary.json").write_text(json.dumps({"status": "complete", "samples": len(samples),
-                                                  "tokens": sum(lengths)}))
+                                                  "total_tokens": sum(lengths)}))
     return out
 
 

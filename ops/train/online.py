@@ -66,6 +66,7 @@ class OnlineData:
     format: str = hidden_formats.DEFAULT
     clock: Any = field(default_factory=lambda: _Clock())
     _stream: Any = None
+    lock: Any = field(default_factory=threading.Lock)
 
     def dataset(self, batches: list[list[int]], max_len: int, bucket: int = 0, token_budget: int = 0):
         return OnlineBatches(self, batches, max_len, bucket, token_budget)
@@ -132,7 +133,9 @@ class OnlineBatches:
         b, t = padded_shape(own, self.bucket, self.max_len, self.token_budget)
         t0 = time.perf_counter()
         stream = self.data.stream()
-        with torch.cuda.stream(stream) if stream is not None else _nothing():
+        # One forward at a time: the prefetcher's thread and the held-out walk (the
+        # training thread) share the target, whose hooks keep one batch's layers.
+        with self.data.lock, (torch.cuda.stream(stream) if stream is not None else _nothing()):
             out = self.data.target.forward(ids)
             hidden = self.data.hidden_size
             # Fresh tensors, outside the forward's inference mode (autograd may save
@@ -142,13 +145,13 @@ class OnlineBatches:
             for row, (a, f) in enumerate(out.samples):
                 aux[row, : own[row]] = a
                 final[row, : own[row]] = f
-        if stream is not None:
-            # The forward ran on a stream of its own (beside the drafter's step on
-            # the compute stream); waited for here, in the prefetcher's thread, so
-            # the states are whole when the step takes them and the time is the
-            # forward's own. The prefetcher records the compute stream's use of
-            # them (record_stream) before the allocator may hand them back.
-            stream.synchronize()
+            if stream is not None:
+                # The forward ran on a stream of its own (beside the drafter's step on
+                # the compute stream); waited for here, in the prefetcher's thread, so
+                # the states are whole when the step takes them and the time is the
+                # forward's own. The prefetcher records the compute stream's use of
+                # them (record_stream) before the allocator may hand them back.
+                stream.synchronize()
         self.data.clock.add(time.perf_counter() - t0, sum(own))
         input_ids = torch.zeros((b, t), dtype=torch.long)
         loss_mask = torch.zeros((b, t), dtype=torch.bool)

@@ -31,6 +31,62 @@ def estimate_bytes(ctx: EstimateContext) -> int | None:
     return params * CHECKPOINT_BYTES_PER_PARAM * keep
 
 
+def lint(ctx: EstimateContext, gpus: list[int] | None) -> list[Lint]:
+    """Where the states come from, said before a launch: each mode's own input set."""
+    params = SPEC.effective(ctx.params)
+    where = f"stages.{ctx.stage or 'train'}.params"
+    mode = params.get("mode")
+    out: list[Lint] = []
+    if mode == "offline" and not params.get("data"):
+        out.append(Lint("error", f"{where}.data: mode offline reads extract's output (hidden states) and none "
+                                 f"is named; set data, or mode = \"online\" with samples = prepare's output"))
+    if mode == "online":
+        if not params.get("samples"):
+            out.append(Lint("error", f"{where}.samples: mode online runs the target on prepare's samples and none "
+                                     f"are named; set samples = prepare's output directory"))
+        if params.get("data"):
+            out.append(Lint("warning", f"{where}.data: not read in mode online (the target computes the states)"))
+    return out
+
+
+def _tokens(ctx: EstimateContext) -> tuple[int | None, str]:
+    """The tokens an epoch trains on: prepare's summary (online), else extract's data_config."""
+    from ops.extract.sizes import count
+
+    summary = ctx.read_json("samples", "summary.json") if ctx.params.get("samples") else None
+    if isinstance(summary, dict) and count(summary.get("total_tokens")):
+        return count(summary.get("total_tokens")), "prepare's summary"
+    config = ctx.read_json("data", "data_config.json") if ctx.params.get("data") else None
+    if isinstance(config, dict) and count(config.get("total_tokens")):
+        return count(config.get("total_tokens")), "extract's data_config"
+    return None, ""
+
+
+def plan_lines(ctx: EstimateContext) -> list[str]:
+    """The disk each mode needs and what online costs instead: states stored
+    once (offline, in each format) against one target forward a token an epoch."""
+    from ops import hidden_formats
+    from ops.spec import dtype_bytes
+    from ops.units import human_bytes
+
+    params = SPEC.effective(ctx.params)
+    hidden = ctx.target.get("hidden_size")
+    tokens, source = _tokens(ctx)
+    ckpt = estimate_bytes(ctx)
+    ckpt_words = human_bytes(ckpt) if ckpt else "unknown"
+    lines = [f"mode {params.get('mode')}: online needs checkpoints only ({ckpt_words}); offline also the "
+             f"extracted states"]
+    if tokens and hidden:
+        dtype = str(ctx.target.get("dtype") or "bfloat16")
+        by_format = " | ".join(f"{fmt} {human_bytes(hidden_formats.state_bytes(fmt, tokens, 4, int(hidden), dtype_bytes(dtype)))}"
+                               for fmt in hidden_formats.FORMATS)
+        epochs = int(params.get("epochs") or 1)
+        lines.append(f"offline states for {tokens:,} tokens ({source}): {by_format}; online instead runs the "
+                     f"target's forward once a token an epoch: {epochs} x {tokens:,} = {epochs * tokens:,} "
+                     f"token forwards")
+    return lines
+
+
 def partial_files(root: Path) -> list[Path]:
     """Checkpoint directories left half-written (step_<N>.tmp-<pid>)."""
     ckpts = Path(root) / "checkpoints"
@@ -162,4 +218,6 @@ SPEC = OpSpec(
     estimate_rule="drafter parameters x bytes per parameter x checkpoints kept",
     gauges=gauges,
     curves=CurveSource("metrics.jsonl", step_point),
+    lint=lint,
+    plan_lines=plan_lines,
 )
