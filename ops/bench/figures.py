@@ -108,3 +108,85 @@ def compare_completions(ours: dict, theirs: dict) -> dict:
     differ = [p for p in common if list(ours[p]) != list(theirs[p])]
     return {"prompts": len(common), "differing_completions": len(differ), "differing_prompts": differ[:50],
             "tokens": sum(len(ours[p]) for p in common), "tokens_other": sum(len(theirs[p]) for p in common)}
+
+
+# --- speculative vs plain greedy output: numerics or a broken drafter ---------------------
+#
+# On a real bf16 target greedy output is not bit-reproducible: a verify step scores K+1
+# tokens in one forward, plain decoding one, and batching changes the kernels' reduction
+# order, so a near-tie between two tokens can flip and the rest of the answer follows
+# another path (Qwen2.5-Coder-1.5B on an H100, SGLang 0.5.23: 11 of 48 prompts differed,
+# first at token 0 to 241, while the plain server's own answers differed between
+# concurrency 1 and 8 on 8 of 48). What numerics cannot explain:
+# - most prompts differing within their first tokens: more than MOST_SHARE of the prompts
+#   differ before token EARLY_TOKENS (a near-tie is rare, it does not hit most prompts at once);
+# - far more drift than the target's own: more prompts differ than DRIFT_FACTOR x the prompts
+#   on which the plain server's answers at concurrency 1 and FLOOR_CONCURRENCY differ, with
+#   at least ALLOWANCE_SHARE of the prompts allowed (a target that drifted on none still has
+#   near-ties that the verify kernels can flip).
+EARLY_TOKENS = 8
+MOST_SHARE = 0.5
+DRIFT_FACTOR = 3
+ALLOWANCE_SHARE = 0.125
+FLOOR_CONCURRENCY = 8
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first position where two completions differ (the shorter one's length when one
+    is a prefix of the other); None when they are equal."""
+    if list(a) == list(b):
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def first_differences(ours: dict, theirs: dict) -> dict:
+    """{prompt: first differing position} over the prompts both have that differ."""
+    out = {}
+    for p in sorted(set(ours) & set(theirs), key=str):
+        pos = first_difference(list(ours[p]), list(theirs[p]))
+        if pos is not None:
+            out[p] = pos
+    return out
+
+
+def allowed_drift(prompts: int, floor_differing: int | None) -> int:
+    """The most differing prompts numerics explain, given the target's own drift."""
+    import math
+
+    return max(DRIFT_FACTOR * (floor_differing or 0), math.ceil(ALLOWANCE_SHARE * prompts))
+
+
+def judge_drift(first_diff: dict, prompts: int, floor: dict | None) -> dict:
+    """The drift record of bench.json: `first_diff` {prompt: position} of the prompts whose
+    speculative output differs from the plain server's (both at concurrency 1), `prompts`
+    compared, `floor` {"concurrency", "differing", "prompts"}: the plain server's own answers
+    at concurrency 1 vs `concurrency` (None: not measured). verdict "match" (no prompt
+    differs), "numerics" (within the rule above) or "broken" (outside it: the stage fails)."""
+    n = int(prompts)
+    d = len(first_diff)
+    early = sorted((p for p, pos in first_diff.items() if pos < EARLY_TOKENS), key=str)
+    f = floor.get("differing") if isinstance(floor, dict) else None
+    allowed = allowed_drift(n, f)
+    positions = sorted(first_diff.values())
+    out = {"prompts": n, "differing": d, "share": d / n if n else None,
+           "first_diff": {str(p): int(pos) for p, pos in first_diff.items()},
+           "first_diff_min": positions[0] if positions else None,
+           "first_diff_max": positions[-1] if positions else None,
+           "early": len(early), "early_tokens": EARLY_TOKENS, "floor": floor, "allowed": allowed,
+           "rule": {"early_tokens": EARLY_TOKENS, "most_share": MOST_SHARE, "drift_factor": DRIFT_FACTOR,
+                    "allowance_share": ALLOWANCE_SHARE}}
+    own = (f"the target's own drift {f}/{floor.get('prompts', n)} between concurrency 1 and "
+           f"{floor.get('concurrency')}" if f is not None else "the target's own drift not measured")
+    if d == 0:
+        out.update(verdict="match", reason="speculative output == the baseline's greedy output on every prompt")
+    elif len(early) > MOST_SHARE * n:
+        out.update(verdict="broken", reason=f"{len(early)} of {n} prompts differ within their first {EARLY_TOKENS} "
+                                            f"tokens (more than {MOST_SHARE:.0%}): not numerics")
+    elif d > allowed:
+        out.update(verdict="broken", reason=f"{d} of {n} prompts differ, more than numerics explain: {allowed} "
+                                            f"(max of {DRIFT_FACTOR} x {own}, and {ALLOWANCE_SHARE:.1%} of the "
+                                            f"prompts)")
+    else:
+        out.update(verdict="numerics", reason=f"{d} of {n} prompts differ (first at token {positions[0]} to "
+                                              f"{positions[-1]}), within numerics: at most {allowed} ({own})")
+    return out
