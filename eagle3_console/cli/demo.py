@@ -3,14 +3,17 @@
 Data flow: ops.demo.build_demo_assets (corpus, tokenizer, tiny target; cached)
 -> this module writes eagle3.toml wiring prepare -> vocab -> extract -> verify
 -> train -> export -> bench -> the console runs them as real runs.
-`--model smollm2` puts a real pretrained target there instead (the
-`smollm2` extra, converted once by ops.demo.realmodel; demo_smollm2.py).
+`--model smollm2` or `--model qwen-coder-1.5b` puts a real pretrained target
+there instead (the model's extra, converted once by ops.demo.realmodel;
+demo_realmodel.py).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Callable
+
+from ops.demo.realmodel import MODELS as REAL_MODELS
 
 TEMPLATE = """\
 # The demo pipeline: the real ops on a tiny target ({num_layers} layers, hidden {hidden_size},
@@ -67,18 +70,18 @@ params = {{ drafter = "runs/export", data = "data/hidden_states", output = "runs
 """
 
 
-MODELS = ("tiny", "smollm2")
+MODELS = ("tiny", *REAL_MODELS)        # the real ones: smollm2, qwen-coder-1.5b
 
 
 def write_demo_workspace(root: Path, log: Callable[[str], None] | None = None, seed: int = 0,
                          model: str = "tiny") -> tuple[Path, dict]:
     """Build (or reuse) the assets under root/assets and write root/eagle3.toml
     unless one exists (an operator's edits are never overwritten). `model`:
-    tiny (the trained toy target) or smollm2 (ops.demo.realmodel.MissingExtra
-    without its extra)."""
-    if model == "smollm2":
-        from eagle3_console.cli.demo_smollm2 import write_smollm2_workspace
-        return write_smollm2_workspace(root, log=log, seed=seed)
+    tiny (the trained toy target) or a real model of ops.demo.realmodel.MODELS
+    (its MissingExtra without its extra, or with a part not as pinned)."""
+    if model != "tiny":
+        from eagle3_console.cli.demo_realmodel import write_realmodel_workspace
+        return write_realmodel_workspace(root, model, log=log, seed=seed)
     from ops.demo import build_demo_assets
 
     root.mkdir(parents=True, exist_ok=True)
