@@ -2,11 +2,13 @@
 
 A cron `watch --once` refused the same restart for the same reason every pass
 adds one identical record; read newest first, a run of them is one line with
-its count and the time of the first.
+its count and the time of the first. Each pass is another process, so its
+actor (`user@pidN`) differs: the user counts, not the pid.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from eagle3_console.registry import Event
@@ -22,8 +24,11 @@ class Folded:
         return dict(self.event.__dict__, repeats=self.repeats, first_time=self.first_time or self.event.time)
 
 
+_PID = re.compile(r"@pid\d+$")
+
+
 def _key(e: Event) -> tuple:
-    return (e.actor, e.action, e.stage, e.run_id, e.outcome, e.detail, repr(e.targets))
+    return (_PID.sub("", e.actor or ""), e.action, e.stage, e.run_id, e.outcome, e.detail, repr(e.targets))
 
 
 def fold(events: list[Event], limit: int) -> list[Folded]:

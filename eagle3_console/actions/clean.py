@@ -236,6 +236,7 @@ def plan_clean(ws: Workspace, stage_name: str, purge: bool = False, pipe: cfg.Pi
         plan.refusal = "a writer is still alive: " + "; ".join(writers[:3])
         return plan
     plan.why = _collect(plan, stage, run, roots, vouched)
+    plan.files.sort()       # by path: the plan reads (and moves) in the order an operator checks it
     if not plan.files:
         plan.refusal = f"no partial files under {', '.join(map(str, roots))}"
         plan.nothing_to_do = True

@@ -179,7 +179,9 @@ def logs(ctx: typer.Context, stage: str,
     try:
         follow_log(path, sys.stdout, run_ended(c.ws.db_path, r.id), start=upto, first=fh)
     except KeyboardInterrupt:
-        return
+        # Ctrl-C ends the follow, not the run: 130 as for any command a terminal interrupts,
+        # never the 0 a script waiting on the run reads as "it succeeded".
+        raise typer.Exit(130) from None
     with Registry(c.ws.db_path) as reg:
         # Like the run's own exit: a failed, killed or lost run is no 0 for a script waiting on it.
         raise typer.Exit(EXIT_OK if reg.get(r.id).status == RunStatus.SUCCEEDED else EXIT_CRITICAL)

@@ -334,7 +334,8 @@ def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, 
             if run.status != RunStatus.PENDING or run.job_id:     # a job may wait in Slurm's queue
                 break
             time.sleep(0.02)
-        reg.record("run", run.status, stage=stage.name, run_id=run.id, targets=argv,
+        # One target, the run (`events` counts targets): its argv goes with it.
+        reg.record("run", run.status, stage=stage.name, run_id=run.id, targets=[{"run": run.id, "argv": argv}],
                    detail=reason or ", ".join(w for w, on in (("forced", force), ("disk ignored", ignore_disk)) if on)
                    or None)
         return run
