@@ -41,13 +41,30 @@ Mirrored from the installed sglang 0.5.23:
 - python/sglang/srt/observability/metrics_collector.py: Prometheus gauges
   `sglang:num_running_reqs`, `sglang:num_queue_reqs`, `sglang:gen_throughput`,
   `sglang:token_usage`, `sglang:cache_hit_rate`, `sglang:spec_accept_length`,
-  labels model_name, engine_type, tp_rank, pp_rank, moe_ep_rank.
+  labels model_name, engine_type, tp_rank, pp_rank, moe_ep_rank; with
+  SGLANG_ENABLE_METRICS_DEVICE_TIMER=1 (environ.py, off by default;
+  managers/scheduler_components/metrics_reporter.py) the counter
+  `sglang:forward_execution_seconds_total{category}`: GPU time of the forwards by
+  utils/device_timer.py's category (`target_verify`, `eagle_draft` (the draft graph's
+  num_steps - 1 drafter forwards, speculative/eagle_draft_cuda_graph_runner.py),
+  `eagle_draft_extend` (one drafter forward over the accepted tokens), `decode`, `extend`).
+- with --enable-metrics, meta_info's timings (observability/req_time_stats.py,
+  APIServerReqTimeStats.convert_to_output_meta_info): `request_received_ts`,
+  `first_token_latency` (first token - request received), `request_finished_ts`,
+  `decode_throughput` (1 / ((e2e - first token latency) / (completion_tokens - 1))).
+- /server_info's resolved args (server_args.resolved_dict) include `attention_backend`,
+  `speculative_draft_attention_backend`, `speculative_attention_mode`,
+  `disable_overlap_schedule`, `cuda_graph_config` ({"decode": {"backend"...}, "prefill": ...}).
 
 What is modelled, not mirrored: generation itself. Greedy output ids are a
 fixed function of the prompt (the same with and without speculation, as greedy
 speculative decoding must be); a speculative server accepts `accept_length`
 tokens per verify step; each step (or token, without speculation) takes
-`step_s`, so the speed-up is measurable.
+`step_s`, so the speed-up is measurable. The first token comes from the prefill (one
+`step_s`), the rest from the decode steps; a speculative server's drafter takes
+`draft_step_s` a draft step (num_steps a cycle). `diverge` {first prompt id: position}:
+those prompts' answers take another path from that position on (a near-tie a bf16
+target's verify kernels flipped, or a broken drafter at position 0).
 """
 
 from __future__ import annotations
@@ -80,7 +97,8 @@ class Double:
                  step_s: float = 0.001, vocab: int = 32000, tp: int = 1, dp: int = 1,
                  model_path: str = "/models/target", metrics: bool = True, health_sleep_s: float = 1.0,
                  version: str = VERSION, ready_route: bool = True, first_forward_s: float = 0.0,
-                 health_route: bool = True, loop_after: int | None = None):
+                 health_route: bool = True, loop_after: int | None = None,
+                 diverge: dict[int, int] | None = None, draft_step_s: float = 0.0, device_timer: bool = False):
         self.speculative, self.accept_length = speculative, float(accept_length)
         self.num_steps, self.num_draft_tokens = num_steps, num_draft_tokens
         self.step_s, self.vocab, self.tp, self.dp = step_s, vocab, tp, dp
@@ -89,6 +107,8 @@ class Double:
         self.health_route = health_route    # False: neither /ready nor /health_generate (only /model_info)
         # Prompts whose first id is this repeat a two-token loop (a degenerate completion).
         self.loop_after = loop_after
+        self.diverge, self.draft_step_s, self.device_timer = dict(diverge or {}), draft_step_s, device_timer
+        self.forward_s: dict[str, float] = {}     # device timer's seconds by category
         self.paths: list[str] = []          # every request's path, in order
         self.forwarded = False              # whether the first forward (kernel compile) ran
         self.compiling = False              # the first forward is running: the scheduler answers nothing else
@@ -193,6 +213,10 @@ class Double:
             "speculative_num_steps": self.num_steps if self.speculative else None,
             "speculative_num_draft_tokens": self.num_draft_tokens if self.speculative else None,
             "speculative_eagle_topk": 1 if self.speculative else None,
+            "attention_backend": "fa3", "speculative_draft_attention_backend": None,
+            "speculative_attention_mode": "prefill", "disable_overlap_schedule": False,
+            "cuda_graph_config": {"decode": {"backend": "full", "max_bs": None, "bs": None},
+                                  "prefill": {"backend": "breakable", "max_bs": None, "bs": None}},
             "launch_command": None, "max_total_num_tokens": 61440, "startup_time": self.startup_time,
             "internal_states": [dict(state) for _ in range(self.dp)],
             "version": self.version, "frontend": "python",
@@ -213,6 +237,11 @@ class Double:
         for name, doc, value in gauges:
             lines += [f"# HELP sglang:{name} {doc}", f"# TYPE sglang:{name} gauge",
                       f"sglang:{name}{{{labels}}} {float(value)}"]
+        if self.device_timer:
+            name = "sglang:forward_execution_seconds_total"
+            lines += [f"# HELP {name} Total time that GPU is busy executing model forward passes. Refer to "
+                      f"ForwardMode for category labels.", f"# TYPE {name} counter"]
+            lines += [f'{name}{{category="{c}",{labels}}} {v}' for c, v in sorted(self.forward_s.items())]
         return "\n".join(lines) + "\n"
 
     def _one(self, ids: list[int], sp: dict) -> dict:
@@ -220,8 +249,13 @@ class Double:
         out = [(sum(ids) + 7 * i) % self.vocab for i in range(n)]
         if self.loop_after is not None and ids and ids[0] == self.loop_after:
             out = [(sum(ids) + 7 * (i % 2)) % self.vocab for i in range(n)]
+        if ids and ids[0] in self.diverge:
+            at = self.diverge[ids[0]]
+            out = out[:at] + [(t + 3) % self.vocab for t in out[at:]]
         t0 = time.time()
         steps = math.ceil(n / self.accept_length) if self.speculative else n
+        # after the prefill's token: verify cycles (speculative) or one decode step a token
+        cycles = steps if self.speculative else max(0, n - 1)
         with self.lock:
             self.running += 1
             first, self.forwarded = not self.forwarded, True
@@ -232,15 +266,33 @@ class Double:
                     time.sleep(self.first_forward_s)
                 finally:
                     self.compiling = False
-            time.sleep(steps * self.step_s)
+            time.sleep(self.step_s)                 # the prefill: the first token
+            first_token = time.time() - t0
+            per_cycle = self.step_s + (self.num_steps * self.draft_step_s if self.speculative else 0.0)
+            time.sleep(cycles * per_cycle)
         finally:
             with self.lock:
                 self.running -= 1
         e2e = time.time() - t0
+        with self.lock:
+            add = {"extend": self.step_s}
+            if self.speculative:
+                add.update({"target_verify": cycles * self.step_s,
+                            "eagle_draft_extend": cycles * self.draft_step_s,
+                            "eagle_draft": cycles * (self.num_steps - 1) * self.draft_step_s})
+            else:
+                add["decode"] = cycles * self.step_s
+            for c, v in add.items():
+                self.forward_s[c] = self.forward_s.get(c, 0.0) + v
         self.last_gen_throughput = n / e2e if e2e > 0 else 0.0
         meta = {"id": uuid.uuid4().hex, "finish_reason": {"type": "length", "length": n},
                 "prompt_tokens": len(ids), "weight_version": "default", "num_retractions": 0,
                 "reasoning_tokens": 0, "completion_tokens": n, "cached_tokens": 0, "e2e_latency": e2e}
+        if self.metrics:
+            meta.update({"request_received_ts": t0, "first_token_latency": first_token,
+                         "request_finished_ts": t0 + e2e, "queue_time": 0.0})
+            if n > 1 and e2e > first_token:
+                meta["decode_throughput"] = (n - 1) / (e2e - first_token)
         if self.speculative and steps > 0:
             correct = n - steps         # every verify step yields one bonus token
             proposed = steps * (self.num_draft_tokens - 1)

@@ -105,3 +105,53 @@ def test_equal_outputs_are_a_match():
     base = recorded()
     r = judge(base, base, base)
     assert r["verdict"] == "match" and r["differing"] == 0 and r["first_diff"] == {}
+
+
+# --- through the bench, against the SGLang test double (tests/sglang_double.py) ------------
+
+PROMPTS = [[1, 2, 3, 4, 5], [9, 8, 7], [11, 12, 13, 14, 15, 16, 17, 18]]
+
+
+def run_bench(tmp_path, diverge: dict, *extra):
+    from tests.sglang_double import Double
+    from tests.test_op_bench_sglang import bench
+
+    spec = Double(speculative=True, accept_length=3.0, num_draft_tokens=4, step_s=0.001, diverge=diverge).start()
+    base = Double(speculative=False, step_s=0.001).start()
+    spec.status = base.status = "Up"
+    pf = tmp_path / "prompts.jsonl"
+    pf.write_text("\n".join(json.dumps({"input_ids": p}) for p in PROMPTS) + "\n")
+    try:
+        proc = bench("--url", spec.url, "--baseline-url", base.url, "--prompts-file", str(pf),
+                     "--max-new-tokens", "32", "--output", str(tmp_path / "out"), *extra)
+    finally:
+        spec.stop()
+        base.stop()
+    return proc, json.loads((tmp_path / "out" / "bench.json").read_text())
+
+
+def test_bench_passes_a_late_near_tie_and_keeps_its_figures(tmp_path):
+    # One prompt of three parts at token 20; the plain server's own answers do not drift:
+    # at most ceil(3 / 8) = 1 differing prompt is numerics.
+    proc, r = run_bench(tmp_path, {9: 20})
+    assert proc.returncode == 0, proc.stderr
+    assert r["outputs_match"] is False and r["mismatches"] == [{"prompt": 2, "first_diff": 20}]
+    d = r["drift"]
+    assert d["verdict"] == "numerics" and d["differing"] == 1 and d["first_diff"] == {"2": 20}
+    # The floor was measured in a pass of its own at concurrency 8 (the table has only 1).
+    assert d["floor"] == {"concurrency": 8, "differing": 0, "prompts": 3}
+    assert "bench: output differs from the baseline on 1/3 prompts (first at token 20-20; target's own 0/3 at x8): " \
+           "numerics" in proc.stdout
+    assert result_line(r).endswith("; output differs from the baseline on 1/3 prompts (first at token 20-20; "
+                                   "target's own 0/3 at x8): numerics")
+
+
+def test_bench_fails_a_drafter_that_parts_at_token_0_on_most_prompts(tmp_path):
+    proc, r = run_bench(tmp_path, {1: 0, 9: 0}, "--concurrency", "1,8")
+    assert proc.returncode == 1
+    assert r["drift"]["verdict"] == "broken" and r["drift"]["floor"]["concurrency"] == 8
+    assert proc.stderr == ("error: speculative output differs from the baseline's greedy output beyond numerics: "
+                           "2 of 3 prompts differ within their first 8 tokens (more than 50%): not numerics; "
+                           "prompts [1, 2]\n")
+    # Each speculative row at concurrency 1 and 8 says how many of its answers differ from the baseline's.
+    assert [x.get("differing_from_baseline") for x in r["table"]] == [None, None, 2, 2]

@@ -70,7 +70,8 @@ def test_acceptance_and_speedup_from_held_out_prompts(servers, tmp_path):
     measured = [q for q in spec.requests if q["sampling_params"]["max_new_tokens"] == 32]
     assert [q["input_ids"] for q in measured] == PROMPTS * 2       # the measured pass, then the table's row
     assert all(q["sampling_params"]["temperature"] == 0.0 for q in spec.requests + base.requests)
-    assert spec.flushes == 3 and base.flushes == 3      # warm-up, measured pass, the table's row
+    # warm-up, measured pass, the table's row; the baseline's x8 pass: its own drift (the numerical floor)
+    assert spec.flushes == 3 and base.flushes == 4
     assert "bench: engine sglang acceptance length 2.91 (96 tokens / 33 verify steps)" in proc.stdout
     assert "progress: prompt 6/6 baseline" in proc.stdout
     line = result_line(r)

@@ -190,3 +190,55 @@ def judge_drift(first_diff: dict, prompts: int, floor: dict | None) -> dict:
         out.update(verdict="numerics", reason=f"{d} of {n} prompts differ (first at token {positions[0]} to "
                                               f"{positions[-1]}), within numerics: at most {allowed} ({own})")
     return out
+
+
+# --- the verify cycle at batch 1 ---------------------------------------------------------
+
+def _per(items, div) -> tuple[float | None, str]:
+    """(sum of server-side decode seconds, else of wall seconds) / div, and which it was."""
+    if not items or not div:
+        return None, "none"
+    if all(d is not None for d, *_ in items):
+        return sum(d for d, *_ in items) / div, "meta_info"
+    return sum(w for *_, w in items) / div, "wall"
+
+
+def plain_step(base: list[tuple]) -> tuple[float | None, str]:
+    """A plain target step at batch 1 from the baseline's requests [(decode_s, _, completion
+    tokens, wall_s)]: decode seconds / (completion tokens - 1) (the prefill gave the first
+    token), else wall seconds / completion tokens."""
+    if base and all(d is not None for d, *_ in base):
+        return _per(base, sum(max(0, c - 1) for _, _, c, _ in base))
+    return _per(base, sum(c for _, _, c, _ in base))
+
+
+def cycle_figures(spec: list[tuple], base: list[tuple] | None, num_steps: int | None,
+                  spec_fwd: dict | None, base_fwd: dict | None) -> dict:
+    """bench.json's "cycle": `spec`/`base` the batch-1 requests [(decode_s or None, verify
+    steps, completion tokens, wall_s)] of the speculative and plain servers; `*_fwd` the
+    growth of their forward seconds by category (SGLang's device timer) over those requests.
+    cycle_s = decode seconds / verify steps (source "meta_info": SGLang's e2e_latency -
+    first_token_latency) or wall seconds / verify steps (source "wall"); verify_s, draft_s
+    (a cycle's drafter forwards) and draft_step_s = draft_s / num_steps where the device
+    timer ran."""
+    steps = sum(v for _, v, _, _ in spec)
+    cycle, source = _per(spec, steps)
+    out: dict = {"batch": 1, "verify_steps": steps, "cycle_s": cycle, "source": source,
+                 "plain_step_s": None, "plain_source": None, "cycle_over_plain_step": None,
+                 "verify_s": None, "draft_s": None, "draft_step_s": None, "plain_forward_s": None,
+                 "device_timer": spec_fwd is not None}
+    if base:
+        out["plain_step_s"], out["plain_source"] = plain_step(base)
+        if cycle is not None and out["plain_step_s"]:
+            out["cycle_over_plain_step"] = cycle / out["plain_step_s"]
+    if spec_fwd is not None and steps:
+        draft = sum(v for c, v in spec_fwd.items() if "draft" in c)
+        out["verify_s"] = spec_fwd.get("target_verify", 0.0) / steps
+        out["draft_s"] = draft / steps
+        if num_steps:
+            out["draft_step_s"] = draft / steps / num_steps
+    if base_fwd is not None and base:
+        decodes = sum(max(0, c - 1) for _, _, c, _ in base)
+        if decodes:
+            out["plain_forward_s"] = base_fwd.get("decode", 0.0) / decodes
+    return out

@@ -12,6 +12,20 @@ baseline URL (a server without speculation) the same prompts are timed there
 and the speed-up is the ratio of output tokens/s; whether both servers gave
 the same greedy tokens is reported too.
 
+The verify cycle at batch 1 (the main pass sends one prompt at a time): SGLang's own
+timings where the server has --enable-metrics (the serve op's default): meta_info's
+`e2e_latency` and `first_token_latency` (observability/req_time_stats.py,
+APIServerReqTimeStats.convert_to_output_meta_info), so a request's decode time is
+e2e - first token latency, spent in its `spec_verify_ct` verify cycles (the prefill gave
+the first token: completion tokens = 1 + the tokens of the verify steps); cycle = decode
+time / verify steps, a plain target step = decode time / (completion tokens - 1) on the
+baseline. Without them: the request's wall time / verify steps, and / completion tokens.
+Where /metrics has `sglang:forward_execution_seconds_total{category}` (the server ran with
+SGLANG_ENABLE_METRICS_DEVICE_TIMER=1; utils/device_timer.py), its growth over the pass
+splits a cycle into the target's verify forward (`target_verify`) and the drafter's
+(`eagle_draft_extend`: one forward over the accepted tokens, `eagle_draft`: the other
+num_steps - 1): a draft step = drafter time / verify steps / num_steps.
+
 Before its first probe the bench waits for each server to be ready
 (ops/serve/readiness.py: `/ready`, or on a release without it `/health_generate`,
 else `/model_info`), at most ready_timeout_s from its start: a server started
@@ -38,6 +52,14 @@ READY_POLL_S = 2.0          # between readiness probes while a server warms up
 READY_SAY_EVERY_S = 10.0    # a "waiting" line at most this often
 
 
+# /server_info's fields kept in bench.json: what was served, and the settings that make a
+# verify cycle (server_args.resolved_dict: the values after SGLang's own resolution).
+SERVER_KEYS = ("version", "model_path", "speculative_algorithm", "speculative_draft_model_path",
+               "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens", "tp_size",
+               "dp_size", "attention_backend", "speculative_draft_attention_backend", "speculative_attention_mode",
+               "disable_overlap_schedule", "cuda_graph_config")
+
+
 class ServerError(RuntimeError):
     """The server did not answer as SGLang does; the message says what and where."""
 
@@ -50,6 +72,8 @@ class Answer:
     seconds: float
     # meta_info.spec_correct_drafts_histogram: entry m = verify steps that accepted m drafts
     histogram: list[int] | None = None
+    # meta_info's e2e_latency - first_token_latency: the decode phase, by the server's clock
+    decode_s: float | None = None
 
 
 def _http(url: str, path: str, body: dict | None, timeout: float) -> tuple[int, bytes]:
@@ -139,7 +163,57 @@ def generate(url: str, input_ids: list[int], max_new_tokens: int, timeout: float
     verify = meta.get("spec_verify_ct")
     hist = meta.get("spec_correct_drafts_histogram")
     hist = [int(v) for v in hist] if isinstance(hist, list) and all(isinstance(v, int) for v in hist) else None
-    return Answer(list(ids), completion, int(verify) if verify is not None else None, seconds, hist)
+    e2e, first = meta.get("e2e_latency"), meta.get("first_token_latency")
+    decode_s = float(e2e) - float(first) if _is_num(e2e) and _is_num(first) and e2e >= first > 0 else None
+    return Answer(list(ids), completion, int(verify) if verify is not None else None, seconds, hist, decode_s)
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+FORWARD_SECONDS = "sglang:forward_execution_seconds_total"
+
+
+def forward_seconds(url: str, timeout: float) -> dict[str, float] | None:
+    """/metrics' `sglang:forward_execution_seconds_total` by category (the largest over the
+    ranks' label sets: TP ranks run the same forwards); None when the server has no such
+    counter (no --enable-metrics, or SGLANG_ENABLE_METRICS_DEVICE_TIMER off)."""
+    try:
+        code, body = _http(url, "/metrics", None, timeout)
+    except OSError:
+        return None
+    if code != 200:
+        return None
+    out: dict[str, float] = {}
+    for line in body.decode("utf-8", "replace").splitlines():
+        if not line.startswith(FORWARD_SECONDS + "{"):
+            continue
+        labels, _, value = line[len(FORWARD_SECONDS) + 1:].rpartition("} ")
+        cat = next((kv.split("=", 1)[1].strip('"') for kv in labels.split(",") if kv.startswith("category=")), None)
+        try:
+            v = float(value)
+        except ValueError:
+            continue
+        if cat is not None:
+            out[cat] = max(out.get(cat, 0.0), v)
+    return out or None
+
+
+def forward_delta(before: dict | None, after: dict | None) -> dict[str, float] | None:
+    if before is None or after is None:
+        return None
+    return {c: after[c] - before.get(c, 0.0) for c in after}
+
+
+def cycle_record(spec: list[Answer], base: list[Answer] | None, num_steps: int | None,
+                 spec_fwd: dict | None, base_fwd: dict | None) -> dict:
+    """The verify cycle at batch 1 against a plain target step (the module's docstring)."""
+    from ops.bench.figures import cycle_figures
+
+    return cycle_figures([(a.decode_s, a.verify_ct or 0, a.completion_tokens, a.seconds) for a in spec],
+                         [(a.decode_s, 0, a.completion_tokens, a.seconds) for a in base] if base else None,
+                         num_steps, spec_fwd, base_fwd)
 
 
 def run_bench(url: str, prompts: list[tuple[int, list[int]]], max_new_tokens: int,
@@ -163,9 +237,10 @@ def run_bench(url: str, prompts: list[tuple[int, list[int]]], max_new_tokens: in
                               f"speculative_algorithm is {base_info.get('speculative_algorithm')!r}); "
                               f"serve it with mode = \"target\"")
     total = len(prompts) * (2 if baseline_url else 1)
-    results = {"spec": _pass(url, prompts, max_new_tokens, timeout, log, 0, total)}
+    results, fwd = {}, {}
+    results["spec"], fwd["spec"] = _pass(url, prompts, max_new_tokens, timeout, log, 0, total)
     if baseline_url:
-        results["base"] = _pass(baseline_url, prompts, max_new_tokens, timeout, log, len(prompts), total)
+        results["base"], fwd["base"] = _pass(baseline_url, prompts, max_new_tokens, timeout, log, len(prompts), total)
     spec = results["spec"]
     missing = [idx for (idx, _p), a in zip(prompts, spec) if not a.verify_ct]
     if missing:
@@ -181,10 +256,7 @@ def run_bench(url: str, prompts: list[tuple[int, list[int]]], max_new_tokens: in
                   for (idx, p), a in zip(prompts, spec)]
     result = {
         "engine": "sglang", "url": url, "baseline_url": baseline_url,
-        "server": {k: info.get(k) for k in ("version", "model_path", "speculative_algorithm",
-                                             "speculative_draft_model_path", "speculative_num_steps",
-                                             "speculative_eagle_topk", "speculative_num_draft_tokens",
-                                             "tp_size", "dp_size")},
+        "server": {k: info.get(k) for k in SERVER_KEYS},
         "prompts": [idx for idx, _ in prompts], "max_new_tokens": max_new_tokens,
         # Drafts a verify step checks (chain): the most a step yields is this + 1.
         "draft_tokens": int(ndt) - 1 if isinstance(ndt, int) else None,
@@ -198,23 +270,33 @@ def run_bench(url: str, prompts: list[tuple[int, list[int]]], max_new_tokens: in
         drafts = result["draft_tokens"] if result["draft_tokens"] is not None else len(hist) - 1
         result["spec_correct_drafts_histogram"] = hist
         result["accept_rate_per_position"] = rates_from_histogram(hist, drafts)[0]
+    steps = info.get("speculative_num_steps")
+    result["cycle"] = cycle_record(spec, results.get("base"), steps if isinstance(steps, int) else None,
+                                   fwd["spec"], fwd.get("base"))
     if baseline_url:
+        from ops.bench.figures import first_difference
+
         base = results["base"]
         b_tokens, b_seconds = sum(a.completion_tokens for a in base), sum(a.seconds for a in base)
         result.update({"tokens_plain": b_tokens, "time_plain_s": b_seconds,
                        "tok_s_plain": b_tokens / max(b_seconds, 1e-9)})
         result["speedup"] = result["tok_s_speculative"] / max(result["tok_s_plain"], 1e-9)
-        mism = [{"prompt": idx, "first_diff": next((j for j, (x, y) in enumerate(zip(a.output_ids, b.output_ids))
-                                                    if x != y), min(len(a.output_ids), len(b.output_ids)))}
+        mism = [{"prompt": idx, "first_diff": first_difference(a.output_ids, b.output_ids)}
                 for (idx, _p), a, b in zip(prompts, spec, base) if a.output_ids != b.output_ids]
         result["outputs_match"], result["mismatches"] = not mism, mism
+        # The plain server's answers at concurrency 1: the drift floor compares its batched ones with them.
+        result["baseline_completions"] = {str(idx): list(b.output_ids) for (idx, _p), b in zip(prompts, base)}
     return result
 
 
-def _pass(url: str, prompts, max_new_tokens: int, timeout: float, log, offset: int, total: int) -> list[Answer]:
+def _pass(url: str, prompts, max_new_tokens: int, timeout: float, log, offset: int,
+          total: int) -> tuple[list[Answer], dict | None]:
+    """The answers, one prompt at a time, and the growth of the server's forward seconds
+    by category over them (None where /metrics has none)."""
     flush_cache(url, min(timeout, PROBE_TIMEOUT_S))
     generate(url, prompts[0][1], 4, timeout)       # warm-up: first-request costs stay out of the timing
     flush_cache(url, min(timeout, PROBE_TIMEOUT_S))
+    before = forward_seconds(url, min(timeout, PROBE_TIMEOUT_S))
     out = []
     for i, (_idx, ids) in enumerate(prompts):
         a = generate(url, ids, max_new_tokens, timeout)
@@ -224,4 +306,5 @@ def _pass(url: str, prompts, max_new_tokens: int, timeout: float, log, offset: i
             log(f"progress: prompt {offset + i + 1}/{total} accept length {acc:.2f}")
         else:
             log(f"progress: prompt {offset + i + 1}/{total} baseline")
-    return out
+    after = forward_seconds(url, min(timeout, PROBE_TIMEOUT_S)) if before is not None else None
+    return out, forward_delta(before, after)

@@ -55,6 +55,9 @@ def sglang_line(r: dict) -> str:
         out += f", {tok_s:.1f} tok/s"
     if isinstance(r.get("speedup"), (int, float)):
         out += f", speed-up {r['speedup']:.2f}x vs baseline"
+    cycle = cycle_words(r.get("cycle"))
+    if cycle:
+        out += f", {cycle}"
     drift = r.get("drift")
     if r.get("outputs_match") is False and isinstance(drift, dict):
         out += "; " + drift_words(drift)
@@ -62,7 +65,7 @@ def sglang_line(r: dict) -> str:
         out += "; OUTPUT DIFFERS FROM BASELINE GREEDY"
     elif r.get("outputs_match") is None:
         out += "; no baseline"
-    return out + _cycle(r) + _extras(r)
+    return out + _extras(r)
 
 
 def drift_words(d: dict) -> str:
@@ -77,12 +80,11 @@ def drift_words(d: dict) -> str:
     return f"output differs from the baseline on {d.get('differing')}/{d.get('prompts')} prompts ({where}): numerics"
 
 
-def _cycle(r: dict) -> str:
+def cycle_words(c) -> str:
     """The verify cycle at batch 1 beside a plain target step, where bench.json has them."""
-    c = r.get("cycle")
     if not isinstance(c, dict) or not isinstance(c.get("cycle_s"), (int, float)):
         return ""
-    out = f"; cycle {1e3 * c['cycle_s']:.2f} ms"
+    out = f"cycle {1e3 * c['cycle_s']:.2f} ms"
     if isinstance(c.get("draft_step_s"), (int, float)):
         out += f" (draft step {1e3 * c['draft_step_s']:.2f} ms"
         out += f", verify {1e3 * c['verify_s']:.2f} ms)" if isinstance(c.get("verify_s"), (int, float)) else ")"

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from ops.bench.figures import Setting, degenerate
+from ops.bench.figures import Setting, _per, degenerate, plain_step
 
 
 @dataclass
@@ -25,6 +25,7 @@ class Decoded:
     verify_steps: int
     accepted: list[int] = field(default_factory=list)     # [drafts]: steps whose draft i was accepted
     examined: list[int] = field(default_factory=list)     # [drafts]: steps where draft i was examined
+    decode_s: float | None = None       # the server's decode time (SGLang's meta_info), where it says
 
 
 def run_row(decode: Callable[[list[int]], Decoded], prompts: list[tuple[int, list[int]]],
@@ -53,4 +54,18 @@ def row(setting: Setting | None, concurrency: int, prompts, done: list[Decoded],
         "accept_rate_per_position": [a / e if e else None for a, e in zip(accepted, examined)],
         "accepted_per_position": accepted, "examined_per_position": examined,
         "degenerate": degenerate({idx: d.tokens for (idx, _), d in zip(prompts, done)}),
+        **(_batch_1(setting, done, seconds) if concurrency == 1 else {}),
     }
+
+
+def _batch_1(setting: Setting | None, done: list[Decoded], seconds: float) -> dict:
+    """At concurrency 1: a speculative row's verify cycle (decode seconds / verify steps), a
+    baseline row's plain step (decode seconds / (tokens - 1)); the server's decode seconds
+    where every answer says them, else the row's wall time (ops/bench/figures.py)."""
+    decode = sum(d.decode_s for d in done) if all(d.decode_s is not None for d in done) else None
+    item = [(decode, sum(d.verify_steps for d in done), sum(len(d.tokens) for d in done), seconds)]
+    if setting is None:
+        step, source = plain_step(item)
+        return {"step_s": step, "time_source": source}
+    cycle, source = _per(item, item[0][1])
+    return {"cycle_s": cycle, "time_source": source}
