@@ -35,10 +35,22 @@ class RateWindow:
             self._obs.popleft()
         self._obs.append((now, done, tokens))
         if len(self._obs) >= 2 and now > self._obs[0][0]:
-            t0, d0, k0 = self._obs[0]
+            t0, d0, _k0 = self._obs[0]
             dt = now - t0
-            tps = (tokens - k0) / dt if tokens is not None and k0 is not None else None
-            return (done - d0) / dt, tps
+            return (done - d0) / dt, self._tokens_rate(now, tokens)
+        return None
+
+    def _tokens_rate(self, now: float, tokens: int | None) -> float | None:
+        """Tokens/s since the oldest observation that knew its tokens: one of no
+        sample at all had 0 (an empty output has no token source yet, and the
+        first window of a run was a null tok/s next to a log's 692.9)."""
+        if tokens is None:
+            return None
+        for t0, d0, k0 in self._obs:
+            if k0 is None and d0 == 0:
+                k0 = 0
+            if k0 is not None:
+                return (tokens - k0) / (now - t0) if now > t0 else None
         return None
 
     def observations(self) -> list:

@@ -281,6 +281,14 @@ class SampleFiles:
                 recent.append((entry.mtime_ns, rel))
         return recent
 
+    def written_since(self, since_ns: int) -> list[tuple[int, str]]:
+        """(mtime_ns, relpath) of the samples written since since_ns (a run's own
+        files): a frozen folder written to since then is loaded first."""
+        for rel, totals in self.index.frozen_dirs().items():
+            if totals.newest_ns is not None and totals.newest_ns >= since_ns:
+                self.index.names_in(rel)        # thaws it: its files join the sample set
+        return self.recent(since_ns)
+
     # ---- per-folder saved state (a one-shot `status` under a live output) ----
     def folders(self, lengths: dict[int, int]) -> dict:
         """Each folder's counts, for the next process: a folder still as it was

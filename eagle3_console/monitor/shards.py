@@ -18,7 +18,15 @@ Tokens: sample_lengths.json ({"idx": n_tokens}) when present, else the
 without sample_lengths.json have no known token count.
 
 Rate: samples/s and tokens/s over a sliding window (monitor/rate.py).
-ETA = samples left / samples per second.
+Progress (fraction()) and ETA follow tokens once both the tokens done and
+expected are known (prepare's summary, extract's own count): extract takes
+samples longest first, so at 13 % of the samples a run is far more than 13 %
+done, and a count in samples made the ETA, the disk projection and its
+disk_short alert 2.4-4x too large. Else samples: ETA = samples left / samples/s.
+
+A run's own files: with `since_ns` set (a custom stage's run: the output
+may hold a previous run's files), only the sample files written since then
+count; a rerun read 100 % (41/40) from its first second.
 """
 
 from __future__ import annotations
@@ -54,6 +62,8 @@ class ShardMonitor:
         self._summary: dict | None = None
         self._summary_index: settled.IndexTotals | None = None
         self._full_state: Callable[[float], "ShardMonitor | None"] | None = None
+        # Count only the sample files written since (ns; None: all of them).
+        self.since_ns: int | None = None
 
     @property
     def index(self) -> "TreeIndex | settled.IndexTotals":
@@ -78,6 +88,8 @@ class ShardMonitor:
     # ---- refresh -------------------------------------------------------
     def refresh(self, now: float | None = None, refresh_index: bool = True) -> ShardProgress:
         now = time.time() if now is None else now
+        if self._summary is not None and self.since_ns is not None:
+            self._leave_summary(now)        # a summary has totals, not the files of a run
         if self._summary is not None:
             if settled.holds(self._summary, os.fspath(self.root), self.window_s,
                              self.root_json.stat_key(SAMPLE_LENGTHS), now):
@@ -108,6 +120,8 @@ class ShardMonitor:
             done, per_dir, per_layout, tmp, bad = self.files.totals()
             layout = layout_of(done, per_layout)
             tokens = self._tokens_done()
+            if self.since_ns is not None:
+                done, per_dir, tokens = self._run_own(self.since_ns)
         expected = self.expected_samples
         if expected is None:
             expected = self.root_json.config_int("total_samples")
@@ -119,6 +133,8 @@ class ShardMonitor:
         eta: float | None = None
         if complete:
             eta = 0.0
+        elif tokens_expected and tokens is not None and tps is not None:
+            eta = max(0, tokens_expected - tokens) / tps if tps > 0 else None
         elif expected is not None and sps:
             eta = max(0, expected - done) / sps
         return ShardProgress(
@@ -128,12 +144,35 @@ class ShardMonitor:
             complete=complete, bad_files=bad, error=self.root_json.error_text(),
             format=self._format(layout), bytes_per_token=self.index.total_bytes / tokens if tokens else None)
 
+    def _run_own(self, since_ns: int) -> tuple[int, dict[str, int], int | None]:
+        """(samples, per folder, tokens) of the sample files written since since_ns."""
+        recent = self.files.written_since(since_ns)
+        per_dir: dict[str, int] = {}
+        tokens: int | None = None
+        lengths = self.root_json.lengths()
+        for _mtime, rel in recent:
+            rel_dir = rel.rpartition("/")[0]
+            per_dir[rel_dir] = per_dir.get(rel_dir, 0) + 1
+            n = self.files.sample_tokens(rel, lengths)
+            if n is not None:
+                tokens = (tokens or 0) + n
+        return len(recent), per_dir, tokens
+
     def _format(self, layout: str) -> str | None:
-        """data_config.json's format; an output of this layout without one holds bf16 (written before formats)."""
-        fmt = self.root_json.config.get("format")
-        if fmt is None and layout == "eagle3" and self.root_json.config:
-            return "bf16"
-        return str(fmt) if fmt is not None else None
+        """What the states are stored as: data_config.json's format, where "bf16"
+        (as computed, in the run's dtype) is said as the dtype written when that
+        is not bfloat16 (a float32 target's states said bf16 were float32); an
+        output of this layout without one holds its dtype as computed (written
+        before formats)."""
+        config = self.root_json.config
+        fmt = config.get("format")
+        if fmt is None and not (layout == "eagle3" and config):
+            return None
+        fmt = "bf16" if fmt is None else str(fmt)
+        dtype = config.get("dtype")
+        if fmt == "bf16" and isinstance(dtype, str) and dtype not in ("bfloat16", "bf16"):
+            return f"{dtype} (format bf16: as computed)"
+        return fmt
 
     def _rate(self, now: float, done: int, tokens: int | None) -> rate.Rate:
         observed = self.window.observe(now, done, tokens)
@@ -144,7 +183,10 @@ class ShardMonitor:
         if self._summary is not None:
             # settled.holds(): no file of the tree is inside the window.
             return 0.0, 0.0 if self._summary["token_source"] else None
-        recent = self.files.recent(int((now - self.window_s) * 1e9))
+        start_ns = int((now - self.window_s) * 1e9)
+        if self.since_ns is not None:
+            start_ns = max(start_ns, self.since_ns)
+        recent = self.files.recent(start_ns)
         return rate.from_mtimes(recent, lambda rel: self.files.sample_tokens(rel, self.root_json.lengths()),
                                 self._token_source())
 
@@ -261,6 +303,17 @@ class ShardMonitor:
             full = type(self)(self.root, self.expected_samples, self.expected_tokens,
                               window_s=self.window_s, sample_glob=self.sample_glob)
         self.files, self.root_json = full.files, full.root_json
+
+
+def fraction(sp: ShardProgress) -> float | None:
+    """How far an output is, 0..1: in tokens where both the tokens done and
+    expected are known (samples come longest first), else in samples; None
+    when nothing says how many are expected."""
+    if sp.tokens_expected and sp.tokens_done is not None:
+        return min(1.0, sp.tokens_done / sp.tokens_expected)
+    if sp.samples_expected:
+        return min(1.0, sp.samples_done / sp.samples_expected)
+    return None
 
 
 def _shard_counts(per_dir, expected: int | None) -> list[ShardCount]:

@@ -27,6 +27,7 @@ from eagle3_console.monitor.disk import DiskMonitor
 from eagle3_console.monitor.logs import LogFollower
 from eagle3_console.monitor.procs import ProcessTable, RunRef, attach_owners, orphans, process_alive
 from eagle3_console.monitor.shards import ShardMonitor
+from eagle3_console.monitor.shards import fraction as shard_fraction
 from eagle3_console.registry import ACTIVE, Registry, Run, RunStatus, id_path
 from eagle3_console.observe.savedmonitors import SavedMonitors
 from eagle3_console.runs.vouch import vanished
@@ -70,6 +71,7 @@ class Collector:
             self._shards[key] = mon
         mon.use_glob(sample_glob)
         mon.expected_samples = expected if expected is not None else mon.expected_samples
+        mon.expected_tokens = tokens if tokens is not None else mon.expected_tokens
         return mon
 
     def _log_follower(self, run: Run) -> LogFollower:
@@ -261,14 +263,16 @@ class Collector:
         if outs and uses_shards and (run or Path(outs[0]).exists()):
             tokens = spec.expected_tokens(ctx) if spec else None
             mon = self._shard_monitor(stage.name, outs[0], expected, tokens, stage.sample_glob, now)
+            mon.since_ns = run_own_since(spec, run)
             sp = mon.refresh(now=now)
             # A custom stage whose files match neither its pattern nor a known
             # layout counts nothing: its log says how far it is (0/40 next to
             # the log's 21/40 was a count that disagreed).
             if spec is not None or sp.samples_done:
                 st.shards = sp
-                if sp.samples_expected:
-                    fraction = min(1.0, sp.samples_done / sp.samples_expected)
+                # In tokens once they are known (extract takes samples longest first): the
+                # disk projection below and its disk_short alert follow the same fraction.
+                fraction = shard_fraction(sp)
                 st.rate, st.tokens_per_s, st.eta_s = sp.samples_per_s, sp.tokens_per_s, sp.eta_s
                 st.rate_unit = "samples/s"
             disk_mon = self._disks.get((stage.name, outs[0]))
@@ -292,6 +296,8 @@ class Collector:
             fraction = min(1.0, (log.progress_done or 0) / log.progress_total)
             st.rate, st.eta_s = log.rate, log.eta_s
             st.rate_unit = log.rate_unit if log.rate is not None else None
+        if st.tokens_per_s is None and log and log.tokens_per_s is not None:
+            st.tokens_per_s = log.tokens_per_s      # the run's own `progress:` line (tok/s)
         if st.status == RunStatus.SUCCEEDED and not (st.shards and st.shards.samples_expected):
             # Done is all; but a count shown says how much, and the percentage is that count's.
             fraction = 1.0
@@ -341,6 +347,16 @@ class Collector:
 
 LEFTOVER_CHECK_S = 5.0
 LEFTOVER_GRACE_S = 10.0
+
+def run_own_since(spec: Any, run: Run | None) -> int | None:
+    """For a custom stage's run that has not succeeded: count only the files it
+    wrote (ns since its start). Its output may hold a previous run's files (an
+    OOM restart, a rerun): they read 100 % (41/40) from the first second, and
+    a failed run 100 %. An op's own output is its progress (extract resumes)."""
+    if spec is not None or run is None or run.started is None or run.status == RunStatus.SUCCEEDED:
+        return None
+    return int(run.started * 1e9)
+
 
 def latest_success(reg: Registry, latest: Run | None) -> Run | None:
     """The stage's latest succeeded run (its latest run, most often)."""

@@ -15,7 +15,7 @@ from typing import Any
 
 from ops.estimate import Estimate
 from ops.extract.sizes import (MAX_SEQ_LEN, aux_layer_count, count, estimate_bytes, state_dtype, state_format,
-                               states_bytes)
+                               states_bytes, tokens_and_source)
 from ops.formats import SAMPLE_LENGTHS, read_data_config
 from ops.spec import EstimateContext, dtype_bytes
 
@@ -41,10 +41,9 @@ def extract_estimate(ctx: EstimateContext) -> Estimate | None:
 
     exact = estimate_bytes(ctx) if hidden else None
     if exact is not None:
-        tokens = count(params.get("tokens"))
-        where = "the tokens param" if tokens else f"prepare's summary.json in {ctx.path('input')}"
-        tokens = tokens or count((ctx.read_json("input", "summary.json") or {}).get("total_tokens")) or 0
-        return Estimate(int(exact), "exact", f"{tokens:,} tokens ({where}) x {factors(aux + 1, hidden)}, {PER_FILE}")
+        tokens, where = tokens_and_source(ctx)
+        return Estimate(int(exact), "exact", f"{tokens or 0:,} tokens ({where}) x {factors(aux + 1, hidden)}, "
+                                             f"{PER_FILE}")
     out = ctx.path("output")
     meta = tree_metadata(out) if out is not None else {}
     m_hidden = count(meta.get("hidden_size")) or hidden
