@@ -26,7 +26,9 @@ from eagle3_console.registry import Registry, RunStatus, id_path
 def run(ctx: typer.Context, stage: str,
         set_: list[str] = typer.Option([], "--set", help="Param override name=value (repeatable)."),
         force: bool = typer.Option(False, "--force", help="Start even if dependencies are not done (or the op's lint finds errors)."),
-        ignore_disk: bool = typer.Option(False, "--ignore-disk", help="Start even if the disk estimate exceeds the free space.")) -> None:
+        ignore_disk: bool = typer.Option(False, "--ignore-disk", help="Start even if the disk estimate exceeds the free space."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and the argv, and what would refuse "
+                                                              "the launch now; launch nothing.")) -> None:
     """Start STAGE as a supervised run that survives this terminal."""
     from eagle3_console.runs import plan
     from eagle3_console import runs
@@ -40,6 +42,14 @@ def run(ctx: typer.Context, stage: str,
         warn(line)
     for x in pre.lints:
         warn(f"lint {x}")
+    if dry_run:
+        argv, refusal = runs.dry_run(c.ws, pipe, pre, force=force, ignore_disk=ignore_disk)
+        if argv is not None:
+            say("argv: " + " ".join(argv))
+        if refusal is not None:
+            warn(f"would be refused now: {refusal}")
+        out.print("dry run: nothing launched (without --dry-run, `run` starts it)", highlight=False)
+        return
     r = runs.launch(c.ws, pipe, stage, force=force, ignore_disk=ignore_disk, pre=pre)
     where = f"slurm job {r.job_id or '(being submitted)'}" if r.launcher == "slurm" else f"pid {r.pid}"
     out.print(f"run {r.id} of {stage}: {r.status}, {where}, log {r.log_path}", highlight=False)

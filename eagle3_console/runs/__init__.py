@@ -52,7 +52,7 @@ def stage_params(stage: Stage, overrides: dict[str, Any] | None = None, base: di
         # An override takes the type of the declared default (README): a typo
         # fails here, not minutes later in the program (and again on restart).
         for key, value in (overrides or {}).items():
-            wrong = value_type_error(stage.params[key], value)
+            wrong = value_type_error(stage.params[key], value) or _quoted_number(stage.params[key], None, value)
             if wrong:
                 raise Refused(f"stages.{stage.name}: param {key}: {wrong}", code=3, kind="params")
     else:
@@ -61,7 +61,8 @@ def stage_params(stage: Stage, overrides: dict[str, Any] | None = None, base: di
             raise Refused(f"op {stage.op!r} has no param(s) {unknown}; it takes {sorted(stage.spec.params)}", code=3,
                           kind="params")
         for key, value in params.items():
-            wrong = stage.spec.param_type_error(key, value)
+            wrong = stage.spec.param_type_error(key, value) or _quoted_number(
+                None, stage.spec.params.declared.get(key), value)
             if wrong:
                 raise Refused(f"stages.{stage.name}: param {key}: {wrong}", code=3, kind="params")
         if pipe is not None:
@@ -73,6 +74,24 @@ def stage_params(stage: Stage, overrides: dict[str, Any] | None = None, base: di
         raise Refused(f"stages.{stage.name}: param {stage.batch_param}: {batch!r}: expected a batch of at least 1 "
                       f"(it is the stage's batch_param)", code=3, kind="params")
     return params
+
+
+def _quoted_number(default: Any, param: Any, value: Any) -> str | None:
+    """A string where a number is wanted (`tp = "8"` in the pipeline file, `--set tp='"8"'`):
+    the op's argparse would take "8", but the console would carry and compare a
+    string (the plan, tp x dp against the GPUs, a restart's halving). Said with the
+    fix; None when `value` is no quoted number or the param takes text."""
+    if param is not None:
+        if param.convert is not None or param.const is not None:
+            return None
+        kind = param.kind
+        default = param.default
+    else:
+        kind = type(default) if isinstance(default, (int, float)) and not isinstance(default, bool) else None
+    if kind not in (int, float) or not isinstance(value, str):
+        return None
+    return (f"expected {'an integer' if kind is int else 'a number'} (default {default!r}), got the string "
+            f"{value!r}: write it without quotes")
 
 
 def bind_servers(pipe: Pipeline, stage: Stage, params: dict[str, Any], overrides: dict[str, Any]) -> None:
@@ -265,6 +284,59 @@ def prelaunch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[st
         return Prelaunch(stage, params, found, None, exc)
 
 
+def first_checks(ws: Workspace, pipe: Pipeline, reg: Registry | None, pre: Prelaunch, force: bool,
+                 ignore_disk: bool, serve_states: dict[int, ServeState] | None = None) -> list[str]:
+    """What a launch checks before it takes the lock (`run --dry-run` too, which
+    records nothing; without a registry, `reg` None: no run to check against);
+    the argv it would run. Refused as the launch is."""
+    stage, params = pre.stage, pre.params
+    if reg is not None:
+        check_can_start(reg, pipe, stage, force, ws=ws, strays=False, serve_states=serve_states)
+    elif stage.depends_on and not force:
+        raise Refused(f"stage {stage.name!r} depends on {', '.join(stage.depends_on)}, which never ran; "
+                      f"run it first or pass --force", kind="dependencies")
+    check_outputs_apart(ws, pipe, stage, params)
+    owned = claims.owned_elsewhere(output_paths(ws, stage, params), reg.registry_id if reg else "", stage.name)
+    if owned:
+        raise Refused(f"stage {stage.name!r}: {owned}", kind="owned elsewhere")
+    bad = [x for x in pre.lints if x.level == "error"]
+    if bad and not force:
+        said = "; ".join(x.message for x in bad)
+        raise Refused(f"stage {stage.name!r}: " + said, code=3, kind="lint", detail=said)
+    missing = missing_inputs(ws, stage, params)
+    if missing:
+        # Even with --force: the op would only start (N torchrun ranks, a model load) to fail on it.
+        raise Refused(f"stage {stage.name!r}: {'; '.join(missing)} does not exist", kind="input")
+    if pre.preflight_error is not None:
+        raise pre.preflight_error
+    pf = pre.preflight
+    if not pf.fits and not ignore_disk:
+        raise Refused(f"stage {stage.name!r} {pf.shortfall()}; free space or pass --ignore-disk", kind="disk",
+                      detail=f"remaining {pf.remaining_bytes} > free {pf.free_bytes} at {pf.path}")
+    try:
+        return launch_argv(stage, params, pipe, force=force and bool(bad), ignore_disk=ignore_disk)
+    except (KeyError, ValueError) as exc:
+        raise Refused(str(exc.args[0]), code=3, kind="params") from None
+
+
+def dry_run(ws: Workspace, pipe: Pipeline, pre: Prelaunch, force: bool = False, ignore_disk: bool = False
+            ) -> tuple[list[str] | None, Refused | None]:
+    """`run --dry-run`: the argv a launch would run (None where the params cannot
+    make one) and what would refuse it now (None: nothing); nothing is created,
+    started or recorded (a workspace without a state database keeps none)."""
+    try:
+        if not ws.db_path.exists():
+            return first_checks(ws, pipe, None, pre, force, ignore_disk), None
+        with Registry(ws.db_path) as reg:
+            return first_checks(ws, pipe, reg, pre, force, ignore_disk), None
+    except Refused as exc:
+        try:
+            argv = launch_argv(pre.stage, pre.params, pipe, force=False, ignore_disk=False)
+        except (KeyError, ValueError):
+            argv = None
+        return argv, exc
+
+
 def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, Any] | None = None,
            force: bool = False, restart_of: int | None = None, reason: str | None = None,
            base_params: dict[str, Any] | None = None, ignore_disk: bool = False,
@@ -281,29 +353,7 @@ def launch(ws: Workspace, pipe: Pipeline, stage_name: str, overrides: dict[str, 
         # First without the lock, for the refusal a user expects first (a live
         # run before a short disk); the check that counts is repeated below.
         with _recorded(reg, stage):
-            check_can_start(reg, pipe, stage, force, ws=ws, strays=False, serve_states=serve_states)
-            check_outputs_apart(ws, pipe, stage, params)
-            owned = claims.owned_elsewhere(output_paths(ws, stage, params), reg.registry_id, stage.name)
-            if owned:
-                raise Refused(f"stage {stage.name!r}: {owned}", kind="owned elsewhere")
-            bad = [x for x in pre.lints if x.level == "error"]
-            if bad and not force:
-                said = "; ".join(x.message for x in bad)
-                raise Refused(f"stage {stage.name!r}: " + said, code=3, kind="lint", detail=said)
-            missing = missing_inputs(ws, stage, params)
-            if missing:
-                # Even with --force: the op would only start (N torchrun ranks, a model load) to fail on it.
-                raise Refused(f"stage {stage.name!r}: {'; '.join(missing)} does not exist", kind="input")
-            if pre.preflight_error is not None:
-                raise pre.preflight_error
-            pf = pre.preflight
-            if not pf.fits and not ignore_disk:
-                raise Refused(f"stage {stage.name!r} {pf.shortfall()}; free space or pass --ignore-disk", kind="disk",
-                              detail=f"remaining {pf.remaining_bytes} > free {pf.free_bytes} at {pf.path}")
-        try:
-            argv = launch_argv(stage, params, pipe, force=force and bool(bad), ignore_disk=ignore_disk)
-        except (KeyError, ValueError) as exc:
-            raise Refused(str(exc.args[0]), code=3, kind="params") from None
+            argv = first_checks(ws, pipe, reg, pre, force, ignore_disk, serve_states)
         # "No live run of this stage" and "its run exists" as one step: every
         # launcher (CLI, TUI, watch, restart) takes the database's write lock
         # here, so of N racing launches exactly one creates a run; the others
