@@ -207,3 +207,14 @@ params = { mode = "online", vocab = "v", output = "o" }
     proc = ws.cli("run", "train", check=3)
     assert "stages.train.params.samples: mode online" in proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_the_exporter_gauges_carry_both_sides(assets, tmp_path):
+    from ops.train.spec import SPEC
+
+    out = tmp_path / "on"
+    assert run_train(base_argv(assets, out, *online(assets))) == 0
+    gauges = {g.name: g.value for g in SPEC.gauges(records(out)[-1])}
+    assert gauges["eagle3_train_target_tokens_per_second"] > 0
+    assert gauges["eagle3_train_drafter_tokens_per_second"] > 0
+    assert 0 <= gauges["eagle3_train_wait_ratio"] <= 1 and gauges["eagle3_train_bound_by_target"] in (0, 1)

@@ -136,6 +136,18 @@ def gauges(r: dict) -> list[Gauge]:
            Gauge("eagle3_train_grad_norm", "Gradient norm before clipping.", r.get("grad_norm")),
            Gauge("eagle3_train_tokens_per_second", "Training tokens per second over the last window.",
                  r.get("tok_s"))]
+    online = r.get("online")
+    if isinstance(online, dict):
+        # Online mode: both sides of the pipeline and which one bounds it (ops/train/online.py).
+        out += [Gauge("eagle3_train_target_tokens_per_second", "Online: tokens a second through the target's "
+                      "forward over the last window (the producer).", online.get("target_tok_s")),
+                Gauge("eagle3_train_drafter_tokens_per_second", "Online: tokens a second through the drafter's "
+                      "steps over the last window, waiting apart (the consumer).", online.get("drafter_tok_s")),
+                Gauge("eagle3_train_wait_ratio", "Online: share of the last window the drafter waited for the "
+                      "target's states, 0..1.", online.get("wait_share")),
+                Gauge("eagle3_train_bound_by_target", "Online: 1 when the target's forward bounds the run (the "
+                      "drafter waited a third of the window or more), 0 when the drafter's step does.",
+                      1 if online.get("bound") == "target" else 0)]
     for name, key, doc in (("eagle3_train_step_accuracy_ratio", "acc", "Accuracy of TTT step k, 0..1."),
                            ("eagle3_train_step_loss", "step_loss", "Loss of TTT step k.")):
         values = r.get(key)
