@@ -252,7 +252,7 @@ class Double:
         if ids and ids[0] in self.diverge:
             at = self.diverge[ids[0]]
             out = out[:at] + [(t + 3) % self.vocab for t in out[at:]]
-        t0 = time.time()
+        t0, p0 = time.time(), time.perf_counter()      # latencies by perf_counter, as req_time_stats.py
         steps = math.ceil(n / self.accept_length) if self.speculative else n
         # after the prefill's token: verify cycles (speculative) or one decode step a token
         cycles = steps if self.speculative else max(0, n - 1)
@@ -267,13 +267,13 @@ class Double:
                 finally:
                     self.compiling = False
             time.sleep(self.step_s)                 # the prefill: the first token
-            first_token = time.time() - t0
+            first_token = time.perf_counter() - p0
             per_cycle = self.step_s + (self.num_steps * self.draft_step_s if self.speculative else 0.0)
             time.sleep(cycles * per_cycle)
         finally:
             with self.lock:
                 self.running -= 1
-        e2e = time.time() - t0
+        e2e = time.perf_counter() - p0
         with self.lock:
             add = {"extend": self.step_s}
             if self.speculative:

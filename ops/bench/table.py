@@ -62,10 +62,12 @@ def _batch_1(setting: Setting | None, done: list[Decoded], seconds: float) -> di
     """At concurrency 1: a speculative row's verify cycle (decode seconds / verify steps), a
     baseline row's plain step (decode seconds / (tokens - 1)); the server's decode seconds
     where every answer says them, else the row's wall time (ops/bench/figures.py)."""
-    decode = sum(d.decode_s for d in done) if all(d.decode_s is not None for d in done) else None
-    item = [(decode, sum(d.verify_steps for d in done), sum(len(d.tokens) for d in done), seconds)]
+    if all(d.decode_s is not None for d in done):
+        items = [(d.decode_s, d.verify_steps, len(d.tokens), 0.0) for d in done]
+    else:
+        items = [(None, sum(d.verify_steps for d in done), sum(len(d.tokens) for d in done), seconds)]
     if setting is None:
-        step, source = plain_step(item)
+        step, source = plain_step(items)
         return {"step_s": step, "time_source": source}
-    cycle, source = _per(item, item[0][1])
+    cycle, source = _per(items, sum(v for _, v, _, _ in items))
     return {"cycle_s": cycle, "time_source": source}

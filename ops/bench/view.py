@@ -33,8 +33,13 @@ def result_view(r: dict) -> ResultView | None:
     if speed is not None:
         head += [("speed-up ", "label"), (f"{speed:.2f}x", "strong"), (" · ", "label")]
     match = r.get("outputs_match")
+    drift = r.get("drift") if isinstance(r.get("drift"), dict) else None
+    numerics = match is False and drift is not None and drift.get("verdict") == "numerics"
     if match is True:
         head.append(("output == greedy", "ok"))
+    elif numerics:
+        # bf16 near-ties: the figures stay in view, the stage passed (ops/bench/figures.py judge_drift).
+        head.append((f"output != greedy on {drift.get('differing')}/{drift.get('prompts')} prompts: numerics", "warn"))
     elif match is False:
         head.append((f"OUTPUT DIFFERS FROM GREEDY on {len(r.get('mismatches') or [])} prompts", "alarm"))
     else:
@@ -42,7 +47,7 @@ def result_view(r: dict) -> ResultView | None:
     rates = r.get("accept_rate_per_position")
     # Conditional rates: draft k accepted given drafts 1..k-1 were.
     bars = tuple((f"accept @{i + 1}", _num(a)) for i, a in enumerate(rates)) if isinstance(rates, list) else ()
-    if match is False:
+    if match is False and not numerics:
         cell = (f"AL {al:.2f} !=greedy", "alarm")
     else:
         cell = (f"AL {al:.2f}{' sglang' if r.get('engine') == 'sglang' else ''}", "ok")
@@ -70,6 +75,16 @@ def details(r: dict) -> list[str]:
         lines.append("accept @k: share of draft k accepted when drafts 1..k-1 were")
     if r.get("drafter"):
         lines.append(f"drafter {r['drafter']}" + (f" ({r['format']})" if r.get("format") else ""))
+    from ops.bench.spec import cycle_words, drift_words
+    cycle = cycle_words(r.get("cycle"))
+    if cycle:
+        c = r["cycle"]
+        lines.append(f"batch 1: {cycle}" + (f" ({_fmt(c.get('cycle_over_plain_step'))} plain steps)"
+                                             if _num(c.get("cycle_over_plain_step")) is not None else "")
+                     + f" [{c.get('source')}]")
+    if isinstance(r.get("drift"), dict) and r.get("outputs_match") is False:
+        lines.append(drift_words(r["drift"]))
+        lines.append(f"  {r['drift'].get('reason')}")
     lines += table_lines(r)
     return lines
 
@@ -82,13 +97,14 @@ def table_lines(r: dict) -> list[str]:
         # Narrow enough for the side pane (about 58 columns): rates in percent, "/"-joined.
         out.append("setting  conc    AL   tok/s  speed degen accept@1..k %")
         for x in rows:
+            ms = _cycle_cell(x)
             al, tok_s, speed = _num(x.get("acceptance_length")), _num(x.get("tok_s")), _num(x.get("speedup"))
             rates = "/".join("-" if _num(a) is None else f"{100 * a:.0f}" for a in x.get("accept_rate_per_position") or [])
             d = x.get("degenerate") or {}
             out.append(f"{str(x.get('label')):<8} x{x.get('concurrency')!s:<3} "
                        f"{'-' if al is None else f'{al:.2f}':>5} {'-' if tok_s is None else f'{tok_s:.1f}':>7} "
                        f"{'-' if speed is None else f'{speed:.2f}x':>6} {str(d.get('count', '-')) + '/' + str(d.get('judged', '-')):>5} "
-                       f"{rates}")
+                       f"{rates}" + (f" {ms}" if ms else ""))
     line = degenerate_line(r)
     if line:
         out.append(line)
@@ -98,6 +114,14 @@ def table_lines(r: dict) -> list[str]:
                    f"{c.get('prompts')} completions differ, {c.get('tokens')} vs {c.get('tokens_other')} tokens, "
                    f"AL {_fmt(c.get('acceptance_length'))} vs {_fmt(c.get('acceptance_length_other'))}")
     return out
+
+
+def _cycle_cell(x: dict) -> str:
+    """A row at concurrency 1: its verify cycle (or the baseline's plain step) in ms."""
+    cycle, step, draft = _num(x.get("cycle_s")), _num(x.get("step_s")), _num(x.get("draft_step_s"))
+    if cycle is not None:
+        return f"cycle {1e3 * cycle:.2f}ms" + (f" draft {1e3 * draft:.2f}ms" if draft is not None else "")
+    return f"step {1e3 * step:.2f}ms" if step is not None else ""
 
 
 def degenerate_line(r: dict) -> str | None:
@@ -128,6 +152,17 @@ def gauges(r: dict) -> list[Gauge]:
     if isinstance(rates, list):
         out += [Gauge("eagle3_bench_accept_rate_ratio", "Share of draft k accepted when drafts 1..k-1 were.", v,
                       (("position", str(k)),)) for k, v in enumerate(rates, 1)]
+    c = r.get("cycle") if isinstance(r.get("cycle"), dict) else {}
+    for key, name, doc in (("cycle_s", "eagle3_bench_cycle_seconds", "A verify cycle (drafts + verify) at batch 1."),
+                           ("plain_step_s", "eagle3_bench_plain_step_seconds", "A plain target decode step at batch 1."),
+                           ("draft_step_s", "eagle3_bench_draft_step_seconds", "A drafter step at batch 1 (SGLang's "
+                            "device timer).")):
+        if _num(c.get(key)) is not None:
+            out.append(Gauge(name, doc, _num(c.get(key))))
+    dr = r.get("drift")
+    if isinstance(dr, dict) and _num(dr.get("share")) is not None:
+        out.append(Gauge("eagle3_bench_drift_ratio", "Share of prompts whose speculative output differs from the "
+                         "baseline's greedy output.", _num(dr.get("share"))))
     d = r.get("degenerate")
     if isinstance(d, dict):
         out.append(Gauge("eagle3_bench_degenerate_ratio", "Share of completions whose distinct-bigram ratio is "

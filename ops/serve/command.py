@@ -52,6 +52,36 @@ MANAGED = {
     "--speculative-eagle-topk": "topk", "--speculative-num-draft-tokens": "num_draft_tokens",
     "--enable-metrics": "enable_metrics",
 }
+# A speculative server's verify cycle (drafts + one target verify forward) at batch 1 is
+# what bench's speed-up divides by; in sglang 0.5.23 these settings shorten it:
+# - CUDA graphs of the decode phase: EAGLEWorkerV2._capture_cuda_graphs
+#   (python/sglang/srt/speculative/eagle_worker_v2.py:476-519) captures the drafter's
+#   multi-step draft (EAGLEDraftCudaGraphRunner) and its draft extend only when
+#   cuda_graph_config.decode.backend is not "disabled" (line 481), and the target's verify
+#   replays the decode graph runner (model_executor/runner/decode_cuda_graph_runner.py,
+#   TARGET_VERIFY). "full" is 0.5.23's default (model_executor/cuda_graph_config.py:
+#   CudaGraphConfig.decode = PhaseConfig(backend=Backend.FULL)); the op says it explicitly,
+#   so that a default that changes, or the legacy --disable-cuda-graph, cannot drop the
+#   graphs unseen. An operator's own decode-graph flag in extra_args is left to stand
+#   (the op then adds nothing) and is named by a lint.
+# - the overlap scheduler: for EAGLE/EAGLE3 it is spec v2's overlap of the CPU scheduler
+#   with the GPU, on unless --disable-overlap-schedule (arg_groups/fields/schedule.py:193;
+#   arg_groups/speculative_hook.py:1096-1102 turns it off only on CPU and warns that
+#   "Non-overlap (synchronous) spec v2" runs otherwise): the op leaves it on, a lint names
+#   the flag in extra_args.
+# - the attention backend: 0.5.23 picks FA3 on Hopper when topk is 1
+#   (arg_groups/model_override_base.py:277-313 get_default_attn_backend, "unless user use
+#   spec decode with topk > 1"), trtllm_mha on Blackwell, flashinfer or triton elsewhere,
+#   and the EAGLE3 drafter takes the target's decode backend
+#   (speculative/draft_worker_common.py:36-46): the fastest per GPU, so the op does not pin
+#   one (fa3 would not start on an A100); bench.json records the resolved one.
+# - the draft vocabulary: for EAGLE3 SGLang ignores --speculative-token-map ("EAGLE3 models
+#   already have this", eagle_worker_v2.py:324-330); the drafter's LM head is its config's
+#   draft_vocab_size (models/llama_eagle3.py:306-318), set by the vocab stage; a lint warns
+#   when it spans the whole target vocabulary.
+DECODE_GRAPH_FLAGS = ("--cuda-graph-backend-decode", "--disable-decode-cuda-graph", "--disable-cuda-graph",
+                      "--cuda-graph-config")
+CYCLE_ARGS = ["--cuda-graph-backend-decode", "full"]
 PP_FLAGS = ("--pp-size", "--pipeline-parallel-size")
 MOE_DP_FLAGS = ("--moe-dp-size", "--moe-data-parallel-size")
 MODES = ("target", "speculative")
@@ -94,6 +124,8 @@ def server_argv(p: dict[str, Any], model_path: str) -> list[str]:
                 "--speculative-num-steps", str(int(p["num_steps"])),
                 "--speculative-eagle-topk", str(int(p["topk"])),
                 "--speculative-num-draft-tokens", str(int(p["num_draft_tokens"]))]
+        if not set(flags(extra_args_of(p.get("extra_args")))) & set(DECODE_GRAPH_FLAGS):
+            out += CYCLE_ARGS
     return out + extra_args_of(p.get("extra_args"))
 
 
@@ -185,7 +217,30 @@ def lint(p: dict[str, Any], model_path: str | None, gpus: Sequence[int] | None,
             out.append(Lint("warning", f"extra_args {flag}: deprecated in sglang {PINNED_SGLANG}; "
                                        f"use {DEPRECATED_FLAGS[flag]}"))
     if mode == "speculative":
+        out += _lint_cycle(extra)
         out += _lint_speculative(p, model_path, target)
+    return out
+
+
+def _lint_cycle(extra: list[str]) -> list[Lint]:
+    """extra_args that lengthen a speculative server's verify cycle (CYCLE_ARGS' comment)."""
+    out: list[Lint] = []
+    given = flags(extra)
+    if "--disable-overlap-schedule" in given:
+        out.append(Lint("warning", "extra_args --disable-overlap-schedule: every verify cycle then waits for the "
+                                   "CPU scheduler (SGLang runs spec v2 without overlap)"))
+    off = [f for f in ("--disable-cuda-graph", "--disable-decode-cuda-graph") if f in given]
+    for i, a in enumerate(extra):
+        name, eq, rest = a.partition("=")
+        value = rest if eq else (extra[i + 1] if i + 1 < len(extra) else "")
+        if name == "--cuda-graph-backend-decode" and value == "disabled":
+            off.append(f"{name} disabled")
+    for f in off:
+        out.append(Lint("warning", f"extra_args {f}: the drafter's draft and draft-extend steps and the target's "
+                                   f"verify run without CUDA graphs, every kernel launched one by one"))
+    if "--speculative-token-map" in given:
+        out.append(Lint("warning", "extra_args --speculative-token-map: SGLang ignores it for EAGLE3; the draft "
+                                   "vocabulary is the drafter's draft_vocab_size (the vocab stage's)"))
     return out
 
 
@@ -207,6 +262,11 @@ def _lint_speculative(p: dict[str, Any], model_path: str | None, target: dict[st
     if algo == "EAGLE3" and DRAFTER_ARCH not in (config.get("architectures") or []):
         out.append(Lint("error", f"{ddir / 'config.json'}: architectures {config.get('architectures')}, "
                                  f"expected [{DRAFTER_ARCH!r}] for EAGLE3"))
+    dv, tv = config.get("draft_vocab_size"), config.get("vocab_size")
+    if isinstance(tv, int) and (dv is None or dv == tv):
+        out.append(Lint("warning", f"{ddir / 'config.json'}: draft_vocab_size {dv if dv is not None else 'unset'}: "
+                                   f"the drafter's LM head spans the whole vocabulary ({tv}), each draft step "
+                                   f"pays for it; the vocab stage's draft_vocab_size shortens the cycle"))
     ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     arch = _target_arch(model_path, target)
     info = read_json(ddir.parent / "export_info.json") or {}
