@@ -292,3 +292,14 @@ def test_the_smollm2_demo_says_what_its_result_will_be_and_when_its_prompts_are_
     assert "acceptance length here will be about 1.0" in out and "800 samples -> AL 1.31" in out
     text = (tmp_path / "ws" / "eagle3.toml").read_text()
     assert "synthetic corpus's questions" in text and "What to expect: bench's acceptance length" in text
+
+
+def test_a_cache_without_room_for_the_conversion_is_said_before_anything_is_written(tmp_path, monkeypatch):
+    model, _blobs, _site = stand_in(tmp_path, monkeypatch)
+    model = replace(model, converted_bytes=1 << 60)
+    cache = tmp_path / "cache"
+    with pytest.raises(MissingExtra) as err:
+        realmodel.ensure_model(model, cache)
+    line = one_line(err.value)
+    assert line.startswith(f"{cache}: converting Fake-a-Model needs about ") and "GB free" in line
+    assert [p.name for p in cache.iterdir()] == [model.lock]

@@ -49,7 +49,7 @@ EXPECT = ("bench's acceptance length here will be about 1.0 (acceptance near 0 a
           "the drafter trains on {train} samples for a few steps, and a drafter needs hundreds to thousands "
           "of samples to accept (SmolLM2-135M, held out: 800 samples -> AL 1.31, 10,292 -> 2.01; "
           "benchmarks/RESULTS.md). This CPU run shows the pipeline on a real model; "
-          "{example} is the run that trains one that accepts")
+          "{example} is the GPU run, sized to train one that accepts (10,500 prompts)")
 
 TEMPLATE = """\
 # The demo pipeline on a real pretrained target: {title} ({num_layers} layers,
