@@ -11,6 +11,19 @@ then says nothing (a hung process, SIGSTOP) as `no_answer` once the time is
 up, and a thread still stuck then is left behind (a daemon) so neither the
 TUI's collector nor `status` waits longer than that.
 
+What a host sends is outside input, bounded and checked before anything
+shows it (a host that breaks a bound is `bad_answer`, with the first thing
+wrong as its reason): at most MAX_BYTES of answer, nested at most MAX_DEPTH
+levels (checked on the bytes, before the JSON parser recurses), JSON without
+NaN or Infinity, at most MAX_GPUS GPUs and MAX_PROCESSES processes a GPU,
+every field the type and range a snapshot's has (a byte count an integer in
+0..MAX_BYTE_COUNT, util 0..100, ...). Only the fields read are kept (the
+GpuInfo / GpuProcess model), so nothing else of the answer is relayed (by
+status --json or this node's own exporter); text is cut to MAX_TEXT
+characters and control characters are escaped as the console escapes logs
+(ANSI sequences dropped, the rest as repr() writes them), so a host's name
+never sets a terminal's title or clears it.
+
 Data flow: config (hosts) -> (this) -> Snapshot.hosts -> status --json, the
 GPU pane, alerts (host_unreachable).
 """
@@ -18,9 +31,11 @@ GPU pane, alerts (host_unreachable).
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
-from typing import Any
+from typing import Any, Callable
+from urllib.parse import urlsplit
 
 from eagle3_console.entry import EntryError, str_list
 from eagle3_console.model import GpuInfo, GpuProcess, HostGpus
@@ -28,42 +43,226 @@ from eagle3_console.model import GpuInfo, GpuProcess, HostGpus
 READ_TIMEOUT_S = 2.0
 MAX_BYTES = 8 << 20
 MAX_HOSTS = 64
+MAX_GPUS = 64               # a host's GPUs (a node has 8 or 16)
+MAX_PROCESSES = 256         # one GPU's processes
+MAX_DEPTH = 16              # a snapshot nests 5 levels (gpus, a GPU, its processes, one)
+MAX_TEXT = 200              # characters kept of a name, a reason
+MAX_BYTE_COUNT = 1 << 50    # 1 PiB: no GPU holds more (and a float keeps it exact)
+MAX_INDEX = 4095
 PATH = "/snapshot.json"
 URL_RE = re.compile(r"https?://[A-Za-z0-9_.:\[\]-]+(:\d{1,5})?/?")
+DEFAULT_PORT = {"http": 80, "https": 443}
 
 
 def parse(raw: Any) -> list[str]:
-    """The pipeline file's `hosts`: a list of exporter URLs (http://host:port); EntryError when not."""
+    """The pipeline file's `hosts`: a list of exporter URLs (http://host:port), each once; EntryError when not."""
     urls = str_list("hosts", raw)
     if len(urls) > MAX_HOSTS:
         raise EntryError("hosts", f"{len(urls)} hosts; expected at most {MAX_HOSTS}")
+    seen: dict[tuple, int] = {}
     for i, url in enumerate(urls):
         if not URL_RE.fullmatch(url):
-            raise EntryError(f"hosts[{i}]", f"{url!r}: expected an exporter's URL, e.g. "
-                              "\"http://gpu-node-01:9457\"")
+            raise EntryError(f"hosts[{i}]", f"{printable(url)!r}: expected an exporter's URL, e.g. "
+                             "\"http://gpu-node-01:9457\"")
+        parts = urlsplit(url)
+        try:
+            port = parts.port
+        except ValueError:
+            port = -1
+        if port is None:
+            port = DEFAULT_PORT[parts.scheme]
+        elif not 1 <= port <= 65535:
+            said = parts.netloc.rpartition(":")[2]
+            raise EntryError(f"hosts[{i}]", f"{url!r}: port {said} out of range; expected 1 to 65535")
+        key = (parts.scheme, (parts.hostname or "").lower(), port)
+        if key in seen:
+            raise EntryError(f"hosts[{i}]", f"{url!r} is listed twice (hosts[{seen[key]}] is the same "
+                             "exporter); expected each host once")
+        seen[key] = i
     return [u.rstrip("/") for u in urls]
 
 
-def _fields(cls: type, d: dict) -> dict:
-    names = cls.__dataclass_fields__
-    return {k: v for k, v in d.items() if k in names}
+# ANSI control sequences (colours, cursor moves): dropped, as the console's log views drop them.
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+
+
+def printable(text: str) -> str:
+    """`text` without ANSI control sequences, every other non-printable
+    character escaped the way repr() writes it (as logs are shown)."""
+    if text.isprintable():
+        return text
+    if "\x1b" in text:
+        text = _ANSI.sub("", text)
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def clip(text: str, limit: int = MAX_TEXT) -> str:
+    """Printable, and at most `limit` characters (cut with an ellipsis)."""
+    text = printable(text[:limit * 4])
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+class Bad(ValueError):
+    """The answer breaks a bound or holds a field of the wrong type: the host's reason."""
+
+
+def _said(v: Any) -> str:
+    """A value as a reason quotes it: its type and a short, escaped repr."""
+    if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 64:
+        try:
+            return f"a {len(str(abs(v))):,}-digit integer"
+        except ValueError:          # past Python's int-to-text limit (the parser refuses those)
+            return f"an integer of about {int(v.bit_length() * 0.30103) + 1:,} digits"
+    return f"{type(v).__name__} {clip(repr(v), 40)}"
+
+
+def _text(v: Any, where: str) -> str:
+    if v is None:
+        return ""
+    if not isinstance(v, str):
+        raise Bad(f"{where}: expected a string, got {_said(v)}")
+    return clip(v)
+
+
+def _opt_text(v: Any, where: str) -> str | None:
+    return None if v is None else _text(v, where)
+
+
+def _num(x: float) -> str:
+    return "2^50" if x == MAX_BYTE_COUNT else f"{x:,}" if isinstance(x, int) else f"{x:g}"
+
+
+def _number(v: Any, where: str, lo: float, hi: float, integer: bool = True) -> Any:
+    if v is None:
+        return None
+    ok = isinstance(v, int) if integer else isinstance(v, (int, float))
+    what = f"{'an integer' if integer else 'a number'} from {_num(lo)} to {_num(hi)}"
+    if isinstance(v, bool) or not ok:
+        raise Bad(f"{where}: expected {what}, got {_said(v)}")
+    if not (lo <= v <= hi) or (isinstance(v, float) and not math.isfinite(v)):
+        raise Bad(f"{where}: {_said(v)} out of range; expected {what}")
+    return v
+
+
+def _needed(d: dict, key: str, where: str) -> Any:
+    if d.get(key) is None:
+        raise Bad(f"{where}: no {key}")
+    return d[key]
+
+
+def _flag(v: Any, where: str) -> bool:
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        raise Bad(f"{where}: expected true or false, got {_said(v)}")
+    return v
+
+
+def _items(v: Any, where: str, most: int, noun: str = "entries") -> list:
+    if v is None:
+        return []
+    if not isinstance(v, list):
+        raise Bad(f"{where}: expected a list, got {_said(v)}")
+    if len(v) > most:
+        raise Bad(f"{where}: {len(v):,} {noun}; at most {most:,} are read")
+    return v
+
+
+def _process(p: Any, where: str) -> GpuProcess:
+    if not isinstance(p, dict):
+        raise Bad(f"{where}: expected an object, got {_said(p)}")
+    return GpuProcess(
+        pid=_number(_needed(p, "pid", where), f"{where}.pid", 0, 1 << 31),
+        used_bytes=_number(p.get("used_bytes"), f"{where}.used_bytes", 0, MAX_BYTE_COUNT),
+        name=_text(p.get("name"), f"{where}.name"),
+        run_id=_number(p.get("run_id"), f"{where}.run_id", 0, 1 << 62),
+        stage=_opt_text(p.get("stage"), f"{where}.stage"),
+        how=_opt_text(p.get("how"), f"{where}.how"),
+        type=_text(p.get("type", "compute"), f"{where}.type"),
+        create_time=_number(p.get("create_time"), f"{where}.create_time", 0, 1e11, integer=False),
+        visible=True if p.get("visible") is None else _flag(p.get("visible"), f"{where}.visible"))
+
+
+def _gpu(g: Any, i: int) -> GpuInfo:
+    if not isinstance(g, dict):
+        raise Bad(f"gpus[{i}]: expected an object, got {_said(g)}")
+    index = _number(_needed(g, "index", f"gpus[{i}]"), f"gpus[{i}].index", 0, MAX_INDEX)
+    at = f"GPU {index}"
+    unsupported = [_text(u, f"{at} unsupported") for u in _items(g.get("unsupported"), f"{at} unsupported", 32)]
+    return GpuInfo(
+        index=index, name=_text(g.get("name"), f"{at} name"), uuid=_text(g.get("uuid"), f"{at} uuid"),
+        mem_used=_number(g.get("mem_used"), f"{at} mem_used", 0, MAX_BYTE_COUNT),
+        mem_total=_number(g.get("mem_total"), f"{at} mem_total", 0, MAX_BYTE_COUNT),
+        util_pct=_number(g.get("util_pct"), f"{at} util_pct", 0, 100, integer=False),
+        temp_c=_number(g.get("temp_c"), f"{at} temp_c", -100, 300, integer=False),
+        power_w=_number(g.get("power_w"), f"{at} power_w", 0, 1e5, integer=False),
+        processes=[_process(p, f"{at} processes[{j}]")
+                   for j, p in enumerate(_items(g.get("processes"), f"{at} processes", MAX_PROCESSES,
+                                                                  "processes"))],
+        error=_opt_text(g.get("error"), f"{at} error"), lost=_flag(g.get("lost"), f"{at} lost"),
+        unsupported=unsupported)
 
 
 def host_from(url: str, doc: Any) -> HostGpus:
-    if not isinstance(doc, dict) or not isinstance(doc.get("gpus"), list):
+    """The host as its parsed answer says it: every field checked (see the module's doc)."""
+    if not isinstance(doc, dict) or "gpus" not in doc:
         return HostGpus(url, "bad_answer", reason="no snapshot in the answer (expected status --json's object)")
-    gpus = []
-    for g in doc["gpus"]:
-        if not isinstance(g, dict) or not isinstance(g.get("index"), int):
-            continue
-        procs = [GpuProcess(**_fields(GpuProcess, p)) for p in g.get("processes") or []
-                 if isinstance(p, dict) and isinstance(p.get("pid"), int)]
-        gpus.append(GpuInfo(**dict(_fields(GpuInfo, g), processes=procs)))
-    return HostGpus(url, "ok", host=str(doc.get("host") or "") or None, gpus=gpus,
-                    reason=doc.get("gpus_unavailable"), time=doc.get("time"))
+    try:
+        raw = _items(doc.get("gpus"), "gpus", MAX_GPUS, "GPUs")
+        gpus = [_gpu(g, i) for i, g in enumerate(raw)]
+        host = _text(doc.get("host"), "host") or None
+        reason = _opt_text(doc.get("gpus_unavailable"), "gpus_unavailable")
+        when = _number(doc.get("time"), "time", 0, 1e11, integer=False)
+    except Bad as exc:
+        return HostGpus(url, "bad_answer", reason=clip(str(exc), 300))
+    return HostGpus(url, "ok", host=host, gpus=gpus, reason=reason, time=when)
+
+
+def nesting(body: bytes, most: int = MAX_DEPTH) -> int | None:
+    """How deep the JSON in `body` nests when deeper than `most`, else None;
+    at C speed (strings dropped by one regex, then a pass per level that
+    removes the innermost bracket pairs), before the parser recurses."""
+    if body.count(b"[") + body.count(b"{") <= most:
+        return None
+    if b'"' in body:
+        body = _STRING.sub(b"", body)
+    brackets = body.translate(None, _NOT_BRACKET)
+    for _level in range(most):
+        if not brackets:
+            return None
+        shorter = _PAIR.sub(b"", brackets)      # one level a pass: "{[]}" loses "[]" only
+        if len(shorter) == len(brackets):
+            return None         # unbalanced: the parser says what is wrong
+        brackets = shorter
+    return most + 1 if brackets else None
+
+
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+_PAIR = re.compile(rb"\[\]|\{\}")
+_NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def _no_constant(name: str) -> Any:
+    raise Bad(f"{name} in the answer: JSON has no NaN or Infinity")
+
+
+def parse_answer(url: str, body: bytes) -> HostGpus:
+    """A host's /snapshot.json answer as the host it says (bad_answer, with why, when it breaks a bound)."""
+    if len(body) > MAX_BYTES:
+        return HostGpus(url, "bad_answer", reason=f"answer over {MAX_BYTES:,} bytes; at most {MAX_BYTES:,} are read")
+    deep = nesting(body)
+    if deep is not None:
+        return HostGpus(url, "bad_answer", reason=f"answer nested more than {MAX_DEPTH} levels deep; "
+                        f"at most {MAX_DEPTH} are read")
+    try:
+        doc = json.loads(body, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
+        return HostGpus(url, "bad_answer", reason=clip(f"not a snapshot: {exc}", 300))
+    return host_from(url, doc)
 
 
 def fetch(url: str, timeout: float) -> HostGpus:
+    import http.client
     import socket
     import urllib.error
     import urllib.request
@@ -78,22 +277,23 @@ def fetch(url: str, timeout: float) -> HostGpus:
         why = getattr(exc, "reason", exc)
         if isinstance(why, (socket.timeout, TimeoutError)):
             return HostGpus(url, "no_answer", reason=f"no answer within {timeout:g} s")
-        return HostGpus(url, "unreachable", reason=str(getattr(why, "strerror", None) or why))
-    if len(body) > MAX_BYTES:
-        return HostGpus(url, "bad_answer", reason=f"answer over {MAX_BYTES:,} bytes")
-    try:
-        return host_from(url, json.loads(body))
-    except (ValueError, TypeError) as exc:
-        return HostGpus(url, "bad_answer", reason=f"not a snapshot: {exc}")
+        return HostGpus(url, "unreachable", reason=clip(str(getattr(why, "strerror", None) or why)))
+    except http.client.HTTPException as exc:     # BadStatusLine, a broken chunk, too many headers...
+        return HostGpus(url, "bad_answer", reason=clip(f"not HTTP: {type(exc).__name__} {exc}"))
+    return parse_answer(url, body)
 
 
-def read(urls: list[str], timeout: float = READ_TIMEOUT_S) -> list[HostGpus]:
+def read(urls: list[str], timeout: float = READ_TIMEOUT_S,
+         fetch_one: Callable[[str, float], HostGpus] = fetch) -> list[HostGpus]:
     """Every host's report, in the listed order, within `timeout` in all."""
     import threading        # only where hosts are listed: status --json without them never pays for it
     found: dict[str, HostGpus] = {}
 
     def one(url: str) -> None:
-        found[url] = fetch(url, timeout)
+        try:
+            found[url] = fetch_one(url, timeout)
+        except Exception as exc:  # noqa: BLE001 - whatever a host sends ends as its reason, never a thread's traceback
+            found[url] = HostGpus(url, "bad_answer", reason=clip(f"reading it failed: {type(exc).__name__}: {exc}"))
 
     threads = [threading.Thread(target=one, args=(u,), name=f"eagle3-host-{i}", daemon=True)
                for i, u in enumerate(urls)]
