@@ -309,3 +309,12 @@ def test_q62_clients_that_never_read_a_large_answer_do_not_hold_the_handlers(poo
     finally:
         for s in idle:
             s.close()
+
+
+def test_q50_a_bad_value_that_reads_as_rich_markup_is_printed_as_it_is(ws, host):
+    """The reason quotes the bad value; status prints alerts through rich's markup:
+    a closing tag in a host's answer must not end status with a MarkupError."""
+    url = host(http_ok(json.dumps({"host": "m", "gpus": [dict(GOOD_GPU, name=["[/x] [bold]b"])]}).encode()))
+    text, doc = status(listing(ws, url))
+    assert only_host(doc)["reason"] == "GPU 0 name: expected a string, got list ['[/x] [bold]b']"
+    assert f"WARNING host {url}: bad answer (GPU 0 name: expected a string, got list ['[/x] [bold]b'])" in text

@@ -9,6 +9,7 @@ import time
 from datetime import datetime
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from eagle3_console.model import Snapshot, StageStatus
@@ -92,8 +93,9 @@ def print_status(console: Console, snap: Snapshot) -> None:
                 console.print(f"{d.stage}: {label} {human_bytes(d.estimate_bytes)} "
                               f"({si_bytes(d.estimate_bytes)}) = {d.estimate_basis}", highlight=False, markup=False)
     for a in snap.alerts:
-        console.print(f"[{LEVEL_STYLE.get(a.level, '')}]{a.level.upper()}[/] {a.message}"
-                      + (f"\n    {a.line.strip()[:160]}" if a.line else ""), highlight=False)
+        # The message and line quote outside text (a log, another host's answer): never markup.
+        console.print(f"[{LEVEL_STYLE.get(a.level, '')}]{a.level.upper()}[/] {escape(a.message)}"
+                      + (f"\n    {escape(a.line.strip()[:160])}" if a.line else ""), highlight=False)
 
 
 def serve_line(st: StageStatus) -> str:
