@@ -60,9 +60,15 @@ def stop(ctx: typer.Context, stage: str,
                                      callback=cliopts.seconds())) -> None:
     """SIGTERM the stage's process group, SIGKILL after the grace period."""
     from eagle3_console import runs
+    from eagle3_console.runs.stopper import StopInterrupted
     c = ctx_of(ctx)
     c.stage_or_live(stage)
-    r = runs.stop(c.ws, stage, grace_s=grace)
+    try:
+        r = runs.stop(c.ws, stage, grace_s=grace)
+    except StopInterrupted as exc:
+        # Ctrl-C or a SIGTERM mid-grace: what was sent and what still runs, said and in the audit log.
+        warn(exc.said)
+        raise typer.Exit(exc.code) from None
     out.print(f"run {r.id} of {stage}: {r.status}", highlight=False)
 
 

@@ -23,7 +23,7 @@ from eagle3_console.runs import claims
 from eagle3_console.config import Pipeline, Stage
 # The names callers know runs by: each lives in the module of its own job.
 from eagle3_console.runs.liveness import PENDING_GRACE_S, apply_exit_record, reconcile, stage_alive  # noqa: F401
-from eagle3_console.monitor.procs import ProcessTable, orphans
+from eagle3_console.monitor.procs import ProcessTable, RunRef, orphans
 from eagle3_console.runs.outputs import check_outputs_apart, output_paths
 from eagle3_console.runs.plan import Preflight, context, disk_estimate, preflight  # noqa: F401
 from eagle3_console.refused import NothingToDo, Refused  # noqa: F401
@@ -31,6 +31,7 @@ from eagle3_console.model import ServeState
 from eagle3_console.registry import Registry, Run, RunStatus
 from eagle3_console.runs.handoff import Handoff
 from eagle3_console.runs.vouch import records_files, vanished
+from eagle3_console.slurmparams import SLURM
 from eagle3_console.workspace import Workspace
 from ops.common import read_json
 from ops.spec import value_type_error
@@ -173,6 +174,13 @@ def dependency_done(ws: Workspace, stage: Stage, run: Run | None) -> bool:
     return run.status == RunStatus.LOST and not stage_alive(run) and outputs_complete(ws, stage, run)
 
 
+def leftover_workers(run: Run, table: ProcessTable | None = None) -> list[int]:
+    """Live processes tied to `run` (its group, session, tree or environment), its
+    supervisor left out: after the run's end, the workers that outlived it."""
+    table = table or ProcessTable.snapshot()
+    return sorted(table.owners((RunRef.from_run(run),)))
+
+
 def check_can_start(reg: Registry, pipe: Pipeline, stage: Stage, force: bool, ws: Workspace | None = None,
                     strays: bool = True, serve_states: dict[int, ServeState] | None = None) -> None:
     """`serve_states`: serve dependencies' states by run id as the caller saw them
@@ -182,8 +190,17 @@ def check_can_start(reg: Registry, pipe: Pipeline, stage: Stage, force: bool, ws
     if latest and (latest.live or (latest.status == RunStatus.LOST and stage_alive(latest))):
         raise Refused(f"stage {stage.name!r} already has a live run {latest.id} ({latest.status}, pid {latest.pid}); "
                       f"stop it first or use `restart --kill`", kind="live run")
+    table = ProcessTable.snapshot() if ws is not None else None
+    if latest is not None and table is not None and latest.launcher != SLURM:     # a job's processes: Slurm's
+        # Workers that outlived the last run (one in a session of its own survives `stop`)
+        # hold its GPU memory and may write its outputs: a run beside them races them,
+        # as `restart` says (it refuses them too).
+        left = leftover_workers(latest, table)
+        if left:
+            raise Refused(f"stage {stage.name!r}: worker(s) {left} of run {latest.id} ({latest.status}) are still "
+                          f"alive: they hold its GPU memory and may write its outputs; `kill-workers {stage.name}` "
+                          f"ends them (or `restart {stage.name} --kill`)", kind="leftover workers")
     if ws is not None and strays:
-        table = ProcessTable.snapshot()
         strays = orphans(table, str(ws.root), reg.registry_id, reg.run_ids()).get(stage.name)
         if strays:
             raise Refused(f"stage {stage.name!r} still has processes {strays} from a run of an earlier registry "

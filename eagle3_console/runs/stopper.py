@@ -11,6 +11,14 @@ it can reap its stage and record the exit, a stopped member gets SIGCONT
 after SIGTERM (a stopped process acts on SIGTERM only once continued), and a
 member that outlives SIGKILL is named in a refusal (exit 2).
 
+A worker outside the group (a session of its own, ignoring SIGTERM) never
+gets the group's signals: once the group is gone, stop looks for the run's
+processes everywhere (group, session, tree, environment) and names any left
+in a refusal that points at `kill-workers` (exit 2), at once; `run` refuses
+to start beside them (runs.check_can_start), as `restart` does. A stop
+ended by SIGINT, SIGTERM or SIGHUP is recorded `interrupted: SIG...` with
+what it had sent and what still runs, and said (exit 128 + N).
+
 Data flow: registry (the run) -> monitor.procs (its group) -> signals ->
 registry (the exit, when the supervisor could not record it) -> events.
 """
@@ -19,7 +27,10 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
 import psutil
 
@@ -35,6 +46,8 @@ AFTER_KILL_S = 5.0       # SIGKILL is not refused; a process in uninterruptible 
 # How long a live supervisor gets to record the end of the stage it reaped
 # (it retries a busy or full state.db for a minute; the console waits this long).
 RECORD_WAIT_S = 15.0
+# A process tied to the run outside its group that exits with its parent is gone by then.
+SURVIVOR_SETTLE_S = 1.0
 
 
 def group_members(run: Run) -> list[int]:
@@ -100,6 +113,62 @@ def _wait_gone(run: Run, seconds: float) -> list[int]:
     return left
 
 
+def survivors(run: Run, exclude: list[int] = ()) -> list[int]:
+    """Processes tied to the run outside its process group (a worker that made a
+    session of its own): the group's signals never reach them. Given a moment
+    to go on their own (one that exits with its parent), no more."""
+    deadline = time.monotonic() + SURVIVOR_SETTLE_S
+    while True:
+        left = [pid for pid in sorted(ProcessTable.snapshot().owners((RunRef.from_run(run),)))
+                if pid not in exclude]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(POLL_S)
+
+
+def _survivors_refusal(run: Run, stage_name: str, pids: list[int], status: str) -> Refused:
+    return Refused(f"run {run.id} of {stage_name!r} is {status}, but {len(pids)} worker(s) of it survived outside its "
+                   f"process group (a session of their own; stop signals the group): pid "
+                   f"{', '.join(map(str, pids))}; they hold its GPU memory and may write its outputs: "
+                   f"`kill-workers {stage_name}` ends them", kind="survivors")
+
+
+class StopInterrupted(Exception):
+    """SIGINT, SIGTERM or SIGHUP ended a stop part-way: `said` is the CLI's line, `code` 128 + N."""
+
+    def __init__(self, said: str, signum: int):
+        super().__init__(said)
+        self.said = said
+        self.code = 128 + signum
+
+
+class _Signalled(BaseException):
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise(signum, _frame):
+    raise _Signalled(signum)
+
+
+@contextmanager
+def _signals_as_exceptions() -> Iterator[None]:
+    """SIGTERM and SIGHUP, like SIGINT's KeyboardInterrupt, unwind the stop (main thread only: the TUI's
+    workers keep their process's handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {}
+    try:
+        for s in (signal.SIGTERM, signal.SIGHUP):
+            before[s] = signal.signal(s, _raise)
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+
+
 def stop(ws: Workspace, stage_name: str, grace_s: float = 10.0) -> Run:
     with Registry(ws.db_path) as reg:
         reconcile(reg)
@@ -108,38 +177,95 @@ def stop(ws: Workspace, stage_name: str, grace_s: float = 10.0) -> Run:
             from eagle3_console.runs.slurm.control import stop_job
             return stop_job(reg, run, grace_s)
         if run is None or not (run.live or stage_alive(run) or group_members(run)):
+            left = survivors(run) if run is not None and run.pgid is not None else []
+            if left:
+                raise _survivors_refusal(run, stage_name, left, run.status)
             raise NothingToDo(f"stage {stage_name!r} has no live run to stop")
-        was_lost = run.status == RunStatus.LOST
-        reg.update(run.id, stop_requested=1)
-        # A pending run has no pid yet: its supervisor either sees stop_requested and
-        # never starts the stage, or records the pid we then signal.
-        deadline = time.monotonic() + 10
-        while run.status == RunStatus.PENDING and time.monotonic() < deadline:
-            time.sleep(0.05)
-            run = reg.get(run.id)
-        resumed = continue_supervisor(run)
-        members = group_members(run)
-        sent = bool(members) and _signal_group(run, signal.SIGTERM)
-        if sent:
-            _signal_group(run, signal.SIGCONT)
-        left = _wait_gone(run, grace_s) if sent else members
-        killed = False
-        if left:
-            killed = _signal_group(run, signal.SIGKILL)
-            left = _wait_gone(run, AFTER_KILL_S)
-        end_run_record(reg, run.id, "stopped (supervisor did not record)", still_alive=bool(left))
-        now = time.time()
-        if was_lost and not left:
-            # Its supervisor is gone, so nobody else records it: the operator ended
-            # it, which is "killed", not a loss still to be looked into.
-            reg.update(run.id, status=RunStatus.KILLED, ended=now, reason="stopped after its supervisor was lost")
-        outcome = "SIGKILL after grace" if killed else ("SIGTERM" if sent else "nothing to signal")
-        if resumed:
-            outcome += ", supervisor was stopped: SIGCONT"
-        if left:
-            outcome += f"; still alive: {left}"
-        reg.record("stop", outcome, stage=stage_name, run_id=run.id, targets=[run.pgid])
-        if left:
-            raise Refused(f"run {run.id} of {stage_name!r}: {len(left)} process(es) of its group "
-                          f"{run.pgid} still alive after SIGKILL: pid {', '.join(map(str, left))}")
-        return reg.get(run.id)
+        progress = {"sent": None, "killed": False}
+        try:
+            with _signals_as_exceptions():
+                return _stop(reg, run, stage_name, grace_s, progress)
+        except (KeyboardInterrupt, _Signalled) as exc:
+            raise _interrupted(reg, run, stage_name, progress,
+                               signal.SIGINT if isinstance(exc, KeyboardInterrupt) else exc.signum) from None
+
+
+def _interrupted(reg: Registry, run: Run, stage_name: str, progress: dict, signum: int) -> StopInterrupted:
+    """A stop ended part-way by a signal: recorded and said. The SIGTERM it sent
+    cannot be taken back, so the stop request stays where it went out (what the
+    stage does after it is not trusted as finished work: exit 0 reads `killed`);
+    before anything was signalled it is withdrawn, as if the stop never ran."""
+    held = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)} \
+        if threading.current_thread() is threading.main_thread() else {}
+    try:
+        name = signal.Signals(signum).name
+        current = reg.get(run.id)
+        alive = group_members(current) if current.pgid is not None else []
+        if progress["sent"] is None:
+            if current.live:
+                reg.update(run.id, stop_requested=0)
+            how = "nothing was signalled yet; the stop request is withdrawn"
+        elif progress["killed"]:
+            how = "SIGKILL was sent"
+        else:
+            how = f"SIGTERM sent to group {current.pgid}, SIGKILL was not sent"
+        state = (f"still alive: {len(alive)} process(es) of the group ({', '.join(map(str, alive[:10]))})"
+                 if alive else "no process of its group is left")
+        reg.record("stop", f"interrupted: {name}", stage=stage_name, run_id=run.id, targets=[current.pgid],
+                   detail=f"{how}; {state}")
+        tail = (f"; run {run.id} goes on (what it does after the SIGTERM counts as stopped); `stop {stage_name}` "
+                f"again ends it" if alive and progress["sent"] is not None else
+                f"; run {run.id} goes on" if alive else "")
+        said = (f"stop {stage_name}: interrupted by {name}: {how}; {state}{tail} "
+                f"(recorded in the audit log: `events --stage {stage_name}`)")
+    finally:
+        for s, handler in held.items():
+            signal.signal(s, handler)
+    return StopInterrupted(said, signum)
+
+
+def _stop(reg: Registry, run: Run, stage_name: str, grace_s: float, progress: dict) -> Run:
+    was_lost = run.status == RunStatus.LOST
+    reg.update(run.id, stop_requested=1)
+    # A pending run has no pid yet: its supervisor either sees stop_requested and
+    # never starts the stage, or records the pid we then signal.
+    deadline = time.monotonic() + 10
+    while run.status == RunStatus.PENDING and time.monotonic() < deadline:
+        time.sleep(0.05)
+        run = reg.get(run.id)
+    resumed = continue_supervisor(run)
+    members = group_members(run)
+    progress["sent"] = False
+    sent = bool(members) and _signal_group(run, signal.SIGTERM)
+    progress["sent"] = sent
+    if sent:
+        _signal_group(run, signal.SIGCONT)
+    left = _wait_gone(run, grace_s) if sent else members
+    killed = False
+    if left:
+        killed = _signal_group(run, signal.SIGKILL)
+        progress["killed"] = killed
+        left = _wait_gone(run, AFTER_KILL_S)
+    end_run_record(reg, run.id, "stopped (supervisor did not record)", still_alive=bool(left))
+    now = time.time()
+    if was_lost and not left:
+        # Its supervisor is gone, so nobody else records it: the operator ended
+        # it, which is "killed", not a loss still to be looked into.
+        reg.update(run.id, status=RunStatus.KILLED, ended=now, reason="stopped after its supervisor was lost")
+    outside = survivors(reg.get(run.id), exclude=left)
+    outcome = "SIGKILL after grace" if killed else ("SIGTERM" if sent else "nothing to signal")
+    if resumed:
+        outcome += ", supervisor was stopped: SIGCONT"
+    if left:
+        outcome += f"; still alive: {left}"
+    if outside:
+        outcome += f"; outside its group, still alive: {outside}"
+    reg.record("stop", outcome, stage=stage_name, run_id=run.id, targets=[run.pgid])
+    if left:
+        raise Refused(f"run {run.id} of {stage_name!r}: {len(left)} process(es) of its group "
+                      f"{run.pgid} still alive after SIGKILL: pid {', '.join(map(str, left))}"
+                      + (f"; outside it: pid {', '.join(map(str, outside))}" if outside else ""))
+    done = reg.get(run.id)
+    if outside:
+        raise _survivors_refusal(done, stage_name, outside, done.status)
+    return done
