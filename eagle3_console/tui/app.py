@@ -115,4 +115,5 @@ def run_app(ws: Workspace, readonly: bool = False, **kw: Any) -> int:
         live = app.main_screen.live_runs()
         if live:
             print("eagle3-console: still running (supervised): " + ", ".join(live), file=sys.stderr)
-    return code or 0
+    # An exception that ended the app (Textual printed its traceback) is exit 1, never 0.
+    return code or app.return_code or 0
