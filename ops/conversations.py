@@ -11,6 +11,7 @@ counted by the caller.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -20,6 +21,10 @@ from ops.common import BadInput
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant",
                   "assistant": "assistant", "system": "system"}
 OPENAI_ROLES = {"user": "user", "assistant": "assistant", "system": "system"}
+# JSON's \\uD800-\\uDFFF escapes parse to lone surrogates when unpaired: text no UTF-8 file,
+# request or journal line can hold (str.encode raises). Looked for only where the raw line has one.
+SURROGATE = re.compile("[\ud800-\udfff]")
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 @dataclass
@@ -74,10 +79,42 @@ def parse_row(row, where: str, line: int) -> Conversation:
     return conv
 
 
+def lone_surrogate(text: str) -> tuple[int, str] | None:
+    """(character index, the surrogate as a \\uXXXX escape) of the first lone surrogate in `text`, or None."""
+    m = SURROGATE.search(text)
+    return None if m is None else (m.start(), f"\\u{ord(m.group()):04x}")
+
+
+def _find_surrogate(value: Any, key: str = "") -> tuple[str, int, str] | None:
+    """(key path, index, escape) of the first lone surrogate in a parsed JSON value."""
+    if isinstance(value, str):
+        found = lone_surrogate(value)
+        return None if found is None else (key or "the row", *found)
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        sub = f"{key}[{k}]" if isinstance(k, int) else (f"{key}.{k}" if key else str(k))
+        found = _find_surrogate(k, f"{sub} (the key)") if isinstance(k, str) else None
+        found = found or _find_surrogate(v, sub)
+        if found:
+            return found
+    return None
+
+
+def check_text(row: Any, raw: bytes, where: str) -> None:
+    """BadInput naming file:line and key when the row holds a lone surrogate."""
+    if not SURROGATE_ESCAPE.search(raw):
+        return
+    found = _find_surrogate(row)
+    if found:
+        key, at, esc = found
+        raise BadInput(f"{where}: {key} holds a lone surrogate '{esc}' at character {at} (an escape that is no "
+                       f"character; UTF-8 cannot hold it): fix or drop that row")
+
+
 def jsonl_rows(path: Path, what: str) -> Iterator[tuple[int, str, Any]]:
     """(line number, "file:line", row) of each non-blank line of a JSONL file: the one
     reader of the conversation and prompt files. BadInput naming the file ("<what> PATH:
-    no such file") or the line (not UTF-8, not JSON)."""
+    no such file") or the line (not UTF-8, not JSON, a lone surrogate escape)."""
     path = Path(path)
     if not path.is_file():
         raise BadInput(f"{what} {path}: no such file")
@@ -92,6 +129,7 @@ def jsonl_rows(path: Path, what: str) -> Iterator[tuple[int, str, Any]]:
                 raise BadInput(f"{where}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
             except ValueError as exc:
                 raise BadInput(f"{where}: not valid JSON ({exc})") from None
+            check_text(row, raw, where)
             yield line_no, where, row
 
 

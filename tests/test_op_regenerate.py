@@ -177,7 +177,7 @@ def test_a_server_that_stops_answering_chats_ends_the_run_after_a_streak_of_time
         d.stop()
     assert proc.returncode == 1, proc.stderr
     line = next(ln for ln in proc.stderr.splitlines() if ln.startswith("regenerate: error:"))
-    assert "the last 8 rows all failed (timeout: no answer within timeout_s 0.3 s)" in line
+    assert "the last 8 rows all failed (timeout: no whole answer within timeout_s 0.3 s)" in line
     assert "the server answers probes but not chats" in line
     assert len(index_rows(tmp_path / "out")) == 8
 

@@ -8,8 +8,9 @@ dropped (engine.py), through SGLang's /v1/chat/completions at --url
 input order (prepare's input) and <output>/regenerate.json.
 
 Exit 0 when done (failed rows are counted and named, not dropped silently),
-1 when more than max_failed_fraction of the rows failed or the server stopped
-answering, 2 on bad input.
+1 when more than max_failed_fraction of the rows failed, the server stopped
+answering or the disk is full (one line naming the file; the rows done stay),
+2 on bad input (a file:line, a key or a flag named).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from ops.common import BadInput, run_main, write_json_atomic
 from ops.params import build_parser as spec_parser
-from ops.regenerate.spec import RESULT, SPEC, failed_words
+from ops.regenerate.spec import RESULT, SPEC, failed_words, url_problem
 
 FAILED_ROWS_KEPT = 1000         # failed rows named one by one in regenerate.json (all are counted)
 
@@ -56,11 +57,11 @@ def main(argv=None) -> int:
 
 def _main(argv=None) -> int:
     from ops.prompts import read_prompts
-    from ops.regenerate.engine import ConnectionLost
-    from ops.regenerate.journal import Journal, write_conversations
-    from ops.regenerate.run import ServerGone, run_rows
+    from ops.regenerate.journal import DiskFull, Journal
 
     args = parse_args(argv)
+    if args.url and url_problem(args.url):
+        raise BadInput(f"--url {url_problem(args.url)}")
     t0 = time.time()
     rows = read_prompts(Path(args.input), args.limit)
     if not rows:
@@ -72,7 +73,24 @@ def _main(argv=None) -> int:
                 "temperature": args.temperature, "top_p": args.top_p, "max_tokens": args.max_tokens,
                 "seed": args.seed}
     journal = Journal(out)
-    done = journal.open(settings)
+    done: dict[int, dict] = {}
+    try:
+        done.update(journal.open(settings))
+        return _answer(args, rows, out, journal, done, settings, engine_name, t0)
+    except DiskFull as exc:
+        journal.close()
+        kept = sum(1 for r in rows if r.index in done)
+        print(f"regenerate: error: {exc}; {kept} of {len(rows)} rows done and kept in {journal.journal_path}: "
+              f"free space and run again to resume", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)                     # the pool's threads would hold the exit (see below)
+
+
+def _answer(args, rows, out: Path, journal, done: dict, settings: dict, engine_name: str, t0: float) -> int:
+    from ops.regenerate.engine import ConnectionLost
+    from ops.regenerate.journal import write_conversations, writing
+    from ops.regenerate.run import ServerGone, run_rows
+
     gone = False
     try:
         if args.url:
@@ -126,7 +144,8 @@ def _main(argv=None) -> int:
         "tok_s": progress.tokens / max(time.monotonic() - progress.t0, 1e-9),
         "bytes": nbytes, **{k: settings[k] for k in ("model", "temperature", "top_p", "max_tokens", "seed")},
     }
-    write_json_atomic(out / RESULT, result)
+    with writing(out / RESULT):
+        write_json_atomic(out / RESULT, result)
     say(f"regenerate: {written} of {len(rows)} rows answered, {result['completion_tokens']} tokens, "
         f"{result['tok_s']:.1f} tok/s; {failed_words(result)} -> {out / 'conversations.jsonl'}")
     if len(failed) > args.max_failed_fraction * len(rows):

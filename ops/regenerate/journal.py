@@ -13,10 +13,14 @@ The final conversations.jsonl is written from the journal in input order
 uninterrupted run's. settings.json pins what the answers were made with: a
 run with other settings on the same output is refused rather than mixed in.
 One run at a time writes an output (an exclusive lock on .regenerate.lock).
+A full disk (ENOSPC, EDQUOT) on any of these files is DiskFull naming the
+file: the rows journaled before stay, the torn line is cut off next time.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -28,6 +32,27 @@ from ops.regenerate.spec import INDEX, JOURNAL, OUTPUT, SETTINGS
 
 LOCK = ".regenerate.lock"
 FSYNC_EVERY_S = 2.0
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+class DiskFull(Exception):
+    """A write of `path` found the disk (or the quota) full: `<path>: No space left on device (ENOSPC)`."""
+
+    def __init__(self, path: Path, exc: OSError):
+        name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+        super().__init__(f"{path}: {exc.strerror or os.strerror(exc.errno or 0)} ({name})")
+        self.path = path
+
+
+@contextlib.contextmanager
+def writing(path: Path):
+    """An OSError of a full disk inside is DiskFull naming `path`."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno in DISK_FULL:
+            raise DiskFull(Path(exc.filename or path), exc) from None
+        raise
 
 
 class Journal:
@@ -50,11 +75,12 @@ class Journal:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise BadInput(f"output {self.dir}: another regenerate run is writing it") from None
-        self._check_settings(settings)
+        with writing(self.dir / SETTINGS):
+            self._check_settings(settings)
         done, end, index_end = self._valid_prefix()
-        with open(self.journal_path, "ab") as fh:
+        with writing(self.journal_path), open(self.journal_path, "ab") as fh:
             fh.truncate(end)            # a torn or unindexed tail: that row is asked again
-        with open(self.index_path, "ab") as fh:
+        with writing(self.index_path), open(self.index_path, "ab") as fh:
             fh.truncate(index_end)
         self._journal = open(self.journal_path, "ab")
         self._index = open(self.index_path, "ab")
@@ -109,26 +135,41 @@ class Journal:
         return done, end, index_end
 
     def append(self, record: dict) -> None:
-        line = (json.dumps(record, ensure_ascii=False) + "\n").encode()
-        self._journal.write(line)
-        self._journal.flush()           # the line is whole in the file before the index names it
-        self._index.write(f"{record['row']} {self._end} {len(line)}\n".encode())
-        self._index.flush()
+        try:
+            text = json.dumps(record, ensure_ascii=False)
+            text.encode()
+        except UnicodeEncodeError:      # a lone surrogate in a server's error text: escaped, still one line
+            text = json.dumps(record)
+        line = (text + "\n").encode()
+        with writing(self.journal_path):
+            self._journal.write(line)
+            self._journal.flush()       # the line is whole in the file before the index names it
+        with writing(self.index_path):
+            self._index.write(f"{record['row']} {self._end} {len(line)}\n".encode())
+            self._index.flush()
         self._end += len(line)
         if time.monotonic() - self._synced >= FSYNC_EVERY_S:
             self.sync()
 
     def sync(self) -> None:
-        for fh in (self._journal, self._index):
+        for fh, path in ((self._journal, self.journal_path), (self._index, self.index_path)):
             if fh is not None:
-                os.fsync(fh.fileno())
+                with writing(path):
+                    os.fsync(fh.fileno())
         self._synced = time.monotonic()
 
     def close(self) -> None:
-        self.sync()
+        """Sync and close; a full disk here is said by whoever failed first, not raised again."""
+        try:
+            self.sync()
+        except (DiskFull, OSError):
+            pass
         for fh in (self._journal, self._index, self._lock):
             if fh is not None:
-                fh.close()
+                try:
+                    fh.close()
+                except OSError:
+                    pass                # a buffered tail the full disk refused: cut off next time
         self._journal = self._index = self._lock = None
 
 
@@ -137,7 +178,7 @@ def write_conversations(out_dir: Path, done: dict[int, dict]) -> tuple[int, int]
     path = Path(out_dir) / OUTPUT
     tmp = path.with_name(path.name + TMP_SUFFIX)
     rows = 0
-    with open(tmp, "w", encoding="utf-8") as fh:
+    with writing(path), open(tmp, "w", encoding="utf-8") as fh:
         for row in sorted(done):
             record = done[row]
             if record.get("failed"):

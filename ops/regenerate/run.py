@@ -9,7 +9,10 @@ log gets the console's summary line (eagle3_console/monitor/logparse.py):
 A request that gets no HTTP answer at all makes the runner ask the server once
 whether it still answers; a server that does not, or a streak of rows that all
 failed by timeout or server error, ends the run (ServerGone): within about one
-request timeout, never a hang. Rows already answered stay in the journal.
+request timeout, never a hang. Rows already answered stay in the journal,
+and so do those whose answers came in while the run was ending (the requests
+in flight get up to DRAIN_S more); the log's last progress line, said however
+the run ends, counts the rows done and kept.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from ops.regenerate.engine import ConnectionLost, answer_row
 from ops.regenerate.journal import Journal
 
 SAY_EVERY_S = 1.0
+DRAIN_S = 10.0                  # at most this long for the requests in flight when the server is gone
 SERVER_KINDS = ("timeout", "server_error")
 
 
@@ -66,13 +70,13 @@ def run_rows(engine, rows: list[PromptRow], journal: Journal, done: dict[int, di
     streak_limit = max(8, 2 * concurrency)
     streak = 0
 
-    def finish(record: dict) -> None:
+    def finish(record: dict, check: bool = True) -> None:
         nonlocal streak
         journal.append(record)
         done[record["row"]] = record
         progress.add(record)
         streak = streak + 1 if record.get("failed") in SERVER_KINDS else 0
-        if streak >= streak_limit:
+        if check and streak >= streak_limit:
             why = _dead(engine)
             raise ServerGone(f"the last {streak} rows all failed ({record['failed']}: {record['detail']})"
                              + (f"; {why}" if why else "; the server answers probes but not chats"))
@@ -83,38 +87,67 @@ def run_rows(engine, rows: list[PromptRow], journal: Journal, done: dict[int, di
             raise ServerGone(f"{exc}; {why}")
         return {"row": row.index, "id": row.id, "failed": "server_error", "detail": str(exc), "turn": None}
 
-    if concurrency <= 1:
-        for row in todo:
-            try:
-                record = answer_row(engine, row)
-            except ConnectionLost as exc:
-                record = lost(row, exc)
-            finish(record)
-    else:
-        pool = cf.ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="regenerate")
-        pending: dict[cf.Future, PromptRow] = {}
-        queue = iter(todo)
-        try:
-            while True:
-                while len(pending) < concurrency:
-                    row = next(queue, None)
-                    if row is None:
-                        break
-                    pending[pool.submit(answer_row, engine, row)] = row
-                if not pending:
-                    break
-                finished, _ = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
-                for fut in finished:
-                    row = pending.pop(fut)
-                    try:
-                        record = fut.result()
-                    except ConnectionLost as exc:
-                        record = lost(row, exc)
-                    finish(record)
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)
-    progress.say(force=True)
+    try:
+        if concurrency <= 1:
+            for row in todo:
+                try:
+                    record = answer_row(engine, row)
+                except ConnectionLost as exc:
+                    record = lost(row, exc)
+                finish(record)
+        else:
+            _pool(engine, todo, concurrency, finish, lost)
+    finally:
+        progress.say(force=True)        # however it ends: the rows done and kept
     return progress
+
+
+def _pool(engine, todo: list[PromptRow], concurrency: int, finish, lost) -> None:
+    pool = cf.ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="regenerate")
+    pending: dict[cf.Future, PromptRow] = {}
+    queue = iter(todo)
+    gone: ServerGone | None = None
+    try:
+        while gone is None:
+            while len(pending) < concurrency:
+                row = next(queue, None)
+                if row is None:
+                    break
+                pending[pool.submit(answer_row, engine, row)] = row
+            if not pending:
+                return
+            finished, _ = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
+            gone = _finish_all(finished, pending, finish, lost)
+        # The server is gone: the answers that still come in are kept, not asked again.
+        finished, _ = cf.wait(pending, timeout=min(DRAIN_S, getattr(engine, "timeout_s", DRAIN_S)))
+        _finish_all(finished, pending, finish, None)
+        raise gone
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _finish_all(finished, pending: dict, finish, lost) -> ServerGone | None:
+    """Journal every finished row (all of them, even after one says the server is gone)."""
+    gone = None
+    for fut in finished:
+        row = pending.pop(fut)
+        try:
+            record = fut.result()
+        except ConnectionLost as exc:
+            if lost is None:
+                continue                # ending anyway: that row is asked again next run
+            try:
+                record = lost(row, exc)
+            except ServerGone as why:
+                gone = gone or why
+                continue
+        if lost is None and record.get("failed"):
+            continue                    # ending anyway: a failed row is asked again next run
+        try:
+            finish(record, check=lost is not None)
+        except ServerGone as why:
+            gone = gone or why
+    return gone
 
 
 def _dead(engine) -> str | None:

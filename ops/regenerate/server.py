@@ -13,19 +13,32 @@ What the server answers, read from sglang 0.5.23
 - managers/tokenizer_manager.py _validate_one_request: a prompt at or over the
   context length is "The input (N tokens) is longer than the model's context
   length (C tokens).", prompt + max_tokens over it "Requested token count
-  exceeds the model's maximum context length of C tokens. ..." (both 400).
-Standard library only (urllib), as bench's client.
+  exceeds the model's maximum context length of C tokens. You requested a
+  total of T tokens: N tokens from the input messages and M tokens for the
+  completion. ..." (both 400; validate_total_tokens is on by default). The
+  second is asked again once with max_tokens C - N: a late turn of a long
+  conversation gets the room that is left rather than failing the row.
+timeout_s bounds a whole request (connect, send, the answer's last byte): a
+watchdog shuts the socket down at the deadline, so a server that trickles its
+answer a byte at a time fails the row as timeout, as one that says nothing does
+(a socket timeout alone bounds each read, not the request). An answer over
+MAX_ANSWER_BYTES, or holding a lone surrogate, fails the row as server_error.
+Standard library only (http.client), as bench's client.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
+import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
+from ops.conversations import lone_surrogate
 from ops.regenerate.engine import Answer, ConnectionLost, RowFailed
 from ops.serve.readiness import HEALTH_ANSWER_S, HEALTH_SLEEP_S, Readiness
 
@@ -33,6 +46,10 @@ CHAT = "/v1/chat/completions"
 CONTEXT_WORDS = ("context length", "context_length")
 PROBE_TIMEOUT_S = 10.0
 READY_POLL_S = 2.0
+TOTAL_OVER = re.compile(r"maximum context length of (\d+) tokens\. You requested a total of \d+ tokens: "
+                        r"(\d+) tokens from the input")
+MAX_ANSWER_BYTES = 64 << 20     # a chat answer of max_tokens is far smaller; more is not an answer
+READ_BYTES = 1 << 16
 
 
 def _status(url: str, path: str, timeout: float) -> int:
@@ -89,23 +106,65 @@ class ChatServer:
         return None if ans.state in ("ready", "answering", "not_ready") else ans.reason
 
     def chat(self, messages: list[dict]) -> Answer:
-        data = json.dumps({**self.body, "messages": messages}).encode()
-        req = urllib.request.Request(self.url + CHAT, data=data, method="POST",
-                                     headers={"Content-Type": "application/json"})
+        body = {**self.body, "messages": messages}
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                code, raw = resp.status, resp.read()
-        except urllib.error.HTTPError as exc:
-            code, raw = exc.code, exc.read()
-        except (TimeoutError, socket.timeout):
-            raise RowFailed("timeout", f"no answer within timeout_s {self.timeout_s:g} s") from None
-        except urllib.error.URLError as exc:
-            if isinstance(exc.reason, (TimeoutError, socket.timeout)):
-                raise RowFailed("timeout", f"no answer within timeout_s {self.timeout_s:g} s") from None
-            raise ConnectionLost(f"{self.url}{CHAT}: {exc.reason}") from None
+            return parse_answer(*self.post(json.dumps(body).encode()), self.url + CHAT)
+        except RowFailed as exc:
+            over = TOTAL_OVER.search(exc.detail) if exc.kind == "context_overflow" else None
+            room = int(over[1]) - int(over[2]) if over else 0
+            if room < 1 or room >= body["max_tokens"]:
+                raise
+            body["max_tokens"] = room          # what is left of the context after this prompt
+            return parse_answer(*self.post(json.dumps(body).encode()), self.url + CHAT)
+
+    def post(self, data: bytes) -> tuple[int, bytes]:
+        """(HTTP status, body) of one chat request, all of it within timeout_s."""
+        where = urllib.parse.urlsplit(self.url)
+        kind = http.client.HTTPSConnection if where.scheme == "https" else http.client.HTTPConnection
+        conn = kind(where.hostname, where.port, timeout=self.timeout_s)
+        expired = threading.Event()
+        held: list[socket.socket] = []     # the response keeps the socket after conn lets go of it
+
+        def expire() -> None:
+            expired.set()
+            for sock in held:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)         # a blocked read returns at once
+                except OSError:
+                    pass
+
+        watchdog = threading.Timer(self.timeout_s, expire)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            conn.connect()
+            held.append(conn.sock)
+            if expired.is_set():
+                raise TimeoutError
+            conn.request("POST", where.path.rstrip("/") + CHAT, body=data,
+                         headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            chunks, size = [], 0
+            while True:
+                chunk = resp.read(READ_BYTES)
+                if not chunk:
+                    break
+                size += len(chunk)
+                if size > MAX_ANSWER_BYTES:
+                    raise RowFailed("server_error", f"{self.url}{CHAT}: an answer over {MAX_ANSWER_BYTES >> 20} MiB")
+                chunks.append(chunk)
+            if expired.is_set():
+                raise TimeoutError
+            return resp.status, b"".join(chunks)
         except (OSError, http.client.HTTPException) as exc:
+            if expired.is_set() or isinstance(exc, (TimeoutError, socket.timeout)):
+                raise RowFailed("timeout", f"no whole answer within timeout_s {self.timeout_s:g} s") from None
+            if isinstance(exc, ConnectionRefusedError):
+                raise ConnectionLost(f"{self.url}{CHAT}: connection refused") from None
             raise ConnectionLost(f"{self.url}{CHAT}: {exc!r}") from None
-        return parse_answer(code, raw, self.url + CHAT)
+        finally:
+            watchdog.cancel()
+            conn.close()
 
 
 def parse_answer(code: int, raw: bytes, where: str) -> Answer:
@@ -132,4 +191,8 @@ def parse_answer(code: int, raw: bytes, where: str) -> Answer:
     if not isinstance(text, str) or not text.strip():
         raise RowFailed("empty", f"empty answer (finish_reason {choice.get('finish_reason')!r}, "
                                  f"{completion} tokens)")
+    bad = lone_surrogate(text)
+    if bad:
+        raise RowFailed("server_error", f"{where}: the answer holds a lone surrogate '{bad[1]}' at character "
+                                        f"{bad[0]} (no UTF-8 text)")
     return Answer(text, completion, prompt, choice.get("finish_reason"))

@@ -118,8 +118,35 @@ def gauges(r: dict) -> list[Gauge]:
     return out
 
 
+def url_problem(url: str) -> str | None:
+    """Why `url` cannot be an SGLang server's address (http[s]://host[:port]), or None."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        text = str(exc)
+        if "out of range" in text:
+            return f"{url!r}: port {url.rsplit(':', 1)[-1].split('/')[0]} out of range 1-65535"
+        return f"{url!r}: {text} (expected http://host:port)"
+    if parts.scheme not in ("http", "https"):
+        return f"{url!r}: not an http:// or https:// URL (expected http://host:port)"
+    if not parts.hostname:
+        return f"{url!r}: no host (expected http://host:port)"
+    if port == 0:
+        return f"{url!r}: port 0 out of range 1-65535"
+    if parts.query or parts.fragment:
+        return f"{url!r}: a query or fragment has no place in a server's address (expected http://host:port)"
+    return None
+
+
 def lint(ctx: EstimateContext, _gpus) -> list[Lint]:
     p = ctx.params
+    if p.get("url"):
+        why = url_problem(str(p["url"]))
+        if why:
+            return [Lint("error", f"stages.{ctx.stage or 'regenerate'}.params.url {why}")]
     if not p.get("url") and not ctx.target.get("path"):
         return [Lint("error", "without params.server (a serve stage of mode target) or params.url, regenerate "
                               "generates with the [target] table's path here: set it")]
