@@ -46,11 +46,16 @@ def recorded(ws: Workspace, action: str, stage: str, run_id: int | None, what: s
              done: Callable[[], str]) -> Iterator[None]:
     """`what`: the plan in a line (the `started` record's detail); `done()`: how far
     the action got, asked only after an interruption."""
-    with Registry(ws.db_path) as reg:
-        reg.record(action, "started", stage=stage, run_id=run_id, detail=what)
-    before = {s: signal.signal(s, _raise) for s in SIGNALS}
+    # The handlers first, the `started` record inside the try: a signal landing
+    # right after that record is committed (or while it is written) still gets
+    # its `interrupted` end; before, it left `started` alone and said nothing.
+    before = {}
     signum = None
     try:
+        for s in SIGNALS:
+            before[s] = signal.signal(s, _raise)
+        with Registry(ws.db_path) as reg:
+            reg.record(action, "started", stage=stage, run_id=run_id, detail=what)
         yield
     except _Signalled as exc:
         signum = exc.signum
