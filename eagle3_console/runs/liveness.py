@@ -53,7 +53,7 @@ def apply_exit_record(reg: Registry, run: Run) -> bool:
     """A live run whose supervisor wrote its exit to the exit record (the
     registry was full, exitrecord.py) gets that exit; True when it did."""
     rec = exitrecord.read(run.log_path)
-    if rec is None:
+    if rec is None or _forged(run):
         return False
     if not rec.get("error") and process_alive(run.supervisor_pid, run.supervisor_create_time):
         return False    # it is writing the registry itself (or retrying while the disk is full)
@@ -83,12 +83,21 @@ def as_recorded(run: Run | None) -> Run | None:
     if run is None or not run.live:
         return run
     rec = exitrecord.read(run.log_path)
-    if rec is None:
+    if rec is None or _forged(run):
         return run
     values = {k: rec[k] for k in ("ended", "exit_code", "signal") if rec.get(k) is not None}
     why = f"from {exitrecord.path_for(run.log_path).name}: state.db does not hold it yet"
     return dataclasses.replace(run, status=rec["status"], reason="; ".join(filter(None, [rec.get("reason"), why])),
                                **values)
+
+
+def _forged(run: Run) -> bool:
+    """A filled exit record while the run's stage still runs: its supervisor writes
+    one only after it reaped the stage, so this one is not the supervisor's (a
+    stray write, a forgery by anyone who can write the workspace): never
+    believed. The supervisor overwrites it with the real end. A job's stage runs
+    on its nodes: no local process to check, and its record is believed as before."""
+    return stage_alive(run)
 
 
 def stage_alive(run: Run) -> bool:
