@@ -109,6 +109,7 @@ def test_q20_timeout_s_bounds_the_whole_request_not_each_read(tmp_path):
     result = json.loads((out / "regenerate.json").read_text())
     assert result["failed"] == {"timeout": 3}
     assert {f["detail"] for f in result["failed_rows"]} == {"no whole answer within timeout_s 0.5 s"}
+    assert "progress: items 0/3 tokens 0 errors 3 " in proc.stdout      # progress: the rows kept
 
 
 # ---- Q02: progress when a dead server ends the run -----------------------------------------

@@ -79,7 +79,7 @@ def _main(argv=None) -> int:
         return _answer(args, rows, out, journal, done, settings, engine_name, t0)
     except DiskFull as exc:
         journal.close()
-        kept = sum(1 for r in rows if r.index in done)
+        kept = sum(1 for r in rows if r.index in done and not done[r.index].get("failed"))
         print(f"regenerate: error: {exc}; {kept} of {len(rows)} rows done and kept in {journal.journal_path}: "
               f"free space and run again to resume", file=sys.stderr, flush=True)
         sys.stdout.flush()
@@ -117,8 +117,11 @@ def _answer(args, rows, out: Path, journal, done: dict, settings: dict, engine_n
         try:
             progress = run_rows(engine, rows, journal, done, concurrency, say)
         except ServerGone as exc:
-            print(f"regenerate: error: the server stopped answering: {exc}; the {len(done)} finished rows are "
-                  f"kept in {journal.journal_path}: run again to resume", file=sys.stderr, flush=True)
+            answered = sum(1 for r in done.values() if not r.get("failed"))
+            again = len(done) - answered
+            print(f"regenerate: error: the server stopped answering: {exc}; the {answered} answered rows are "
+                  f"kept in {journal.journal_path}" + (f" ({again} failed rows are asked again)" if again else "")
+                  + ": run again to resume", file=sys.stderr, flush=True)
             gone = True
     finally:
         journal.close()

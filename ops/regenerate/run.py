@@ -6,6 +6,9 @@ log gets the console's summary line (eagle3_console/monitor/logparse.py):
 
     progress: items 120/10000 tokens 51234 errors 2 tok/s 812.3 rows/s 1.9 eta_s 5120
 
+items: the rows answered and kept (a failed row is counted in errors and asked
+again by the next run), so a run's share is what its output holds.
+
 A request that gets no HTTP answer at all makes the runner ask the server once
 whether it still answers; a server that does not, or a streak of rows that all
 failed by timeout or server error, ends the run (ServerGone): within about one
@@ -53,12 +56,12 @@ class Progress:
             return
         self.said = now
         secs = max(now - self.t0, 1e-9)
-        finished = len(self.done)
         errors = sum(1 for r in self.done.values() if r.get("failed"))
+        answered = len(self.done) - errors      # done and kept: a failed row is asked again
         tokens = sum(int(r.get("completion_tokens") or 0) for r in self.done.values() if not r.get("failed"))
         rate = self.rows / secs
-        eta = f" eta_s {(self.total - finished) / rate:.0f}" if rate > 0 else ""
-        self.log(f"progress: items {finished}/{self.total} tokens {tokens} errors {errors} "
+        eta = f" eta_s {(self.total - answered) / rate:.0f}" if rate > 0 else ""
+        self.log(f"progress: items {answered}/{self.total} tokens {tokens} errors {errors} "
                  f"tok/s {self.tokens / secs:.1f} rows/s {rate:.2f}{eta}")
 
 
