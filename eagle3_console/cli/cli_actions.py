@@ -142,7 +142,10 @@ def watch(ctx: typer.Context,
     Exit (with --once): the status code, 0-3; 75 when another watch holds .eagle3/watch.lock."""
     from eagle3_console.cli import watchloop
     c = ctx_of(ctx)
-    c.pipeline()        # a pipeline file bad from the start is said at once (exit 3); later, passes retry
+    if once or not c.ws.config_path.exists():
+        # cron's one pass, or no pipeline file at all (a typo in -w): said at once, exit 3. A long
+        # watch whose file is invalid from the start retries each pass, as when it turns invalid later.
+        c.pipeline()
     lost: list[Unwritable] = []
 
     def tell(m: str) -> None:

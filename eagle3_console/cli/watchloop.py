@@ -5,7 +5,8 @@ A long-running watch outlives a pipeline file that is invalid or missing for
 a while (an editor's save, a `git checkout`) and a registry that another
 process holds busy: the pass says why it could not run and the next one tries
 again, so a pending restart still happens once the file is back. `--once`
-(cron) reports the first such failure and exits 3. A pass rests at least as
+(cron) reports the first such failure and exits 3; a long watch whose first
+pass meets it says so once and retries, as later. A pass rests at least as
 long as it took, so a short interval on a large pipeline never keeps a core
 busy.
 
@@ -36,11 +37,28 @@ class Options:
     until_done: bool = False
 
 
+class Said:
+    """The alerts a long watch last said: a pass says the new ones and the ones
+    that cleared, never again one that stands unchanged (a day of 30 s passes
+    repeated one failure 2,880 times)."""
+
+    def __init__(self) -> None:
+        self.alerts: list[str] = []
+
+    def lines(self, now: list[str]) -> list[str]:
+        before, after = set(self.alerts), set(now)
+        out = [line for line in now if line not in before]
+        out += [f"cleared: {line}" for line in self.alerts if line not in after]
+        self.alerts = list(dict.fromkeys(now))
+        return out
+
+
 def one_pass(c: Ctx, opts: Options, tell: Callable[[str], None],
-             read: Callable[[], None] = lambda: None) -> int | None:
+             read: Callable[[], None] = lambda: None, said: Said | None = None) -> int | None:
     """One pass; its exit code when the watch is done (`--once`, or `--until-done`
     with the pipeline settled), else None. `read()` is called once the workspace
-    has been read, before anything is done (a watch that was failing says so first)."""
+    has been read, before anything is done (a watch that was failing says so first).
+    `said`: what the watch's earlier passes said (a long watch); without it every alert is said."""
     told = 0
 
     def say(line: str) -> None:
@@ -55,8 +73,9 @@ def one_pass(c: Ctx, opts: Options, tell: Callable[[str], None],
         acted += policy.advance(c.ws, snap, say, pipe=pipe)
     if acted:
         snap = collect(c, opts.no_gpus, pipe)
-    for a in snap.alerts:
-        say(f"{a.level.upper()}: {a.message}")
+    lines = [f"{a.level.upper()}: {a.message}" for a in snap.alerts]
+    for line in (said.lines(lines) if said is not None else lines):
+        say(line)
     if opts.once:
         if not told:     # a cron log that stays empty cannot tell "ran, all well" from "never ran"
             say(f"nothing to do: health {snap.health}; " + ", ".join(f"{s.name} {s.status}" for s in snap.stages))
@@ -80,6 +99,7 @@ def run(c: Ctx, opts: Options, tell: Callable[[str], None]) -> int:
     """Passes under the watch lock until one says the watch is done; the exit code."""
     with policy.WatchLock(c.ws):
         failing: str | None = None
+        said = None if opts.once else Said()
 
         def resumed() -> None:
             nonlocal failing
@@ -90,7 +110,7 @@ def run(c: Ctx, opts: Options, tell: Callable[[str], None]) -> int:
         while True:
             began = time.monotonic()
             try:
-                code = one_pass(c, opts, tell, resumed)
+                code = one_pass(c, opts, tell, resumed, said)
             except Exception as exc:     # noqa: BLE001 - sorted by _why: a bug is re-raised
                 why = _why(exc)
                 if why is None or opts.once:
