@@ -318,3 +318,19 @@ def test_q50_a_bad_value_that_reads_as_rich_markup_is_printed_as_it_is(ws, host)
     text, doc = status(listing(ws, url))
     assert only_host(doc)["reason"] == "GPU 0 name: expected a string, got list ['[/x] [bold]b']"
     assert f"WARNING host {url}: bad answer (GPU 0 name: expected a string, got list ['[/x] [bold]b'])" in text
+
+
+def test_q49_the_depth_check_reads_json_as_the_parser_does():
+    """Brackets inside strings (escaped quotes and backslashes too) are no nesting; 16 levels pass, 17 do not."""
+    from eagle3_console.hosts import nesting, parse_answer
+
+    def doc(levels: int) -> bytes:
+        v: object = 1
+        for i in range(levels - 1):
+            v = [v] if i % 2 else {'k\\"[{': v, "s": ']]]}}\\\\"[['}
+        return json.dumps({"gpus": [], "x": v}).encode()
+    assert nesting(doc(16)) is None and nesting(doc(17)) == 17
+    assert parse_answer("http://h:1", doc(16)).state == "ok"
+    assert parse_answer("http://h:1", doc(17)).state == "bad_answer"
+    # Unclosed brackets past the parser's own limit: a bad answer too, never a RecursionError.
+    assert parse_answer("http://h:1", b"[" * 100000).state == "bad_answer"
