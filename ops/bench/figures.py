@@ -194,7 +194,7 @@ def judge_drift(first_diff: dict, prompts: int, floor: dict | None) -> dict:
 
 # --- the verify cycle at batch 1 ---------------------------------------------------------
 
-def _per(items, div) -> tuple[float | None, str]:
+def time_per(items, div) -> tuple[float | None, str]:
     """(sum of server-side decode seconds, else of wall seconds) / div, and which it was."""
     if not items or not div:
         return None, "none"
@@ -208,8 +208,8 @@ def plain_step(base: list[tuple]) -> tuple[float | None, str]:
     tokens, wall_s)]: decode seconds / (completion tokens - 1) (the prefill gave the first
     token), else wall seconds / completion tokens."""
     if base and all(d is not None for d, *_ in base):
-        return _per(base, sum(max(0, c - 1) for _, _, c, _ in base))
-    return _per(base, sum(c for _, _, c, _ in base))
+        return time_per(base, sum(max(0, c - 1) for _, _, c, _ in base))
+    return time_per(base, sum(c for _, _, c, _ in base))
 
 
 def cycle_figures(spec: list[tuple], base: list[tuple] | None, num_steps: int | None,
@@ -222,7 +222,7 @@ def cycle_figures(spec: list[tuple], base: list[tuple] | None, num_steps: int | 
     (a cycle's drafter forwards) and draft_step_s = draft_s / num_steps where the device
     timer ran."""
     steps = sum(v for _, v, _, _ in spec)
-    cycle, source = _per(spec, steps)
+    cycle, source = time_per(spec, steps)
     out: dict = {"batch": 1, "verify_steps": steps, "cycle_s": cycle, "source": source,
                  "plain_step_s": None, "plain_source": None, "cycle_over_plain_step": None,
                  "verify_s": None, "draft_s": None, "draft_step_s": None, "plain_forward_s": None,

@@ -27,6 +27,8 @@ def result_line(r: dict) -> str | None:
     per_pos = ", ".join(f"{a:.2f}" for a in r.get("accept_rate_per_position") or [])
     match = "speculative output == greedy" if r.get("outputs_match") else "OUTPUT DIFFERS FROM GREEDY"
     speed = f", speed-up {r['speedup']:.2f}x" if isinstance(r.get("speedup"), (int, float)) else ""
+    cycle = cycle_words(r.get("cycle"))
+    speed += f", {cycle}" if cycle else ""
     # Said as computed: completion tokens / verify steps (SGLang's), the bonus token included.
     ratio = (f"{r['completion_tokens']} completion tokens / {r['verify_forwards']} verify steps; "
              if isinstance(r.get("completion_tokens"), int) and isinstance(r.get("verify_forwards"), int) else "")

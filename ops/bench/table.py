@@ -14,7 +14,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from ops.bench.figures import Setting, _per, degenerate, plain_step
+from ops.bench.figures import Setting, degenerate, plain_step, time_per
 
 
 @dataclass
@@ -69,5 +69,5 @@ def _batch_1(setting: Setting | None, done: list[Decoded], seconds: float) -> di
     if setting is None:
         step, source = plain_step(items)
         return {"step_s": step, "time_source": source}
-    cycle, source = _per(items, sum(v for _, v, _, _ in items))
+    cycle, source = time_per(items, sum(v for _, v, _, _ in items))
     return {"cycle_s": cycle, "time_source": source}
