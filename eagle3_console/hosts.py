@@ -266,13 +266,16 @@ def fetch(url: str, timeout: float) -> HostGpus:
     import http.client
     import socket
     import urllib.error
-    import urllib.request
     try:
-        with urllib.request.urlopen(url + PATH, timeout=timeout) as resp:
+        with _opener().open(url + PATH, timeout=timeout) as resp:
             body = resp.read(MAX_BYTES + 1)
     except (socket.timeout, TimeoutError):
         return HostGpus(url, "no_answer", reason=f"no answer within {timeout:g} s")
     except urllib.error.HTTPError as exc:
+        if 300 <= exc.code < 400:
+            to = clip(str(exc.headers.get("Location") or "nowhere"), 120)
+            return HostGpus(url, "bad_answer", reason=f"HTTP {exc.code} from {url + PATH}, a redirect to {to} "
+                            "(not followed)")
         return HostGpus(url, "bad_answer", reason=f"HTTP {exc.code} from {url + PATH} (an exporter too old?)")
     except (urllib.error.URLError, OSError) as exc:
         why = getattr(exc, "reason", exc)
@@ -282,6 +285,17 @@ def fetch(url: str, timeout: float) -> HostGpus:
     except http.client.HTTPException as exc:     # BadStatusLine, a broken chunk, too many headers...
         return HostGpus(url, "bad_answer", reason=clip(f"not HTTP: {type(exc).__name__} {exc}"))
     return parse_answer(url, body)
+
+
+def _opener() -> Any:
+    """urllib without its redirect handler: an exporter answers /snapshot.json itself, and a
+    redirect (to another host, another port) is said as the listed host's answer, not followed."""
+    import urllib.request
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *_args: Any, **_kw: Any) -> None:
+            return None
+    return urllib.request.build_opener(NoRedirect)
 
 
 def read(urls: list[str], timeout: float = READ_TIMEOUT_S,

@@ -334,3 +334,15 @@ def test_q49_the_depth_check_reads_json_as_the_parser_does():
     assert parse_answer("http://h:1", doc(17)).state == "bad_answer"
     # Unclosed brackets past the parser's own limit: a bad answer too, never a RecursionError.
     assert parse_answer("http://h:1", b"[" * 100000).state == "bad_answer"
+
+
+def test_a_redirect_is_a_bad_answer_not_followed(ws, host):
+    """A host's exporter answers /snapshot.json itself: a redirect (to a dead port, or to another
+    host's good answer) is said as such, not followed (before: 'unreachable (Connection refused)')."""
+    elsewhere = host(http_ok(json.dumps({"host": "other", "gpus": [GOOD_GPU]}).encode()))
+    url = host(b"HTTP/1.0 302 Found\r\nLocation: " + elsewhere.encode() + b"/snapshot.json\r\n"
+               b"Content-Length: 0\r\n\r\n")
+    _text, doc = status(listing(ws, url))
+    h = only_host(doc)
+    assert h["state"] == "bad_answer" and h["reason"] == (
+        f"HTTP 302 from {url}/snapshot.json, a redirect to {elsewhere}/snapshot.json (not followed)"), h
