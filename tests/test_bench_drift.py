@@ -144,6 +144,12 @@ def test_bench_passes_a_late_near_tie_and_keeps_its_figures(tmp_path):
            "numerics" in proc.stdout
     assert result_line(r).endswith("; output differs from the baseline on 1/3 prompts (first at token 20-20; "
                                    "target's own 0/3 at x8): numerics")
+    # The console: a warning beside the acceptance length, not the alarm of a broken drafter.
+    from ops.bench.view import result_view
+    view = result_view(r)
+    assert ("output != greedy on 1/3 prompts: numerics", "warn") in view.head and view.cell[1] == "ok"
+    assert "1 of 3 prompts differ (first at token 20 to 20), within numerics: at most 1 (the target's own drift " \
+           "0/3 between concurrency 1 and 8)" in "\n".join(view.details)
 
 
 def test_bench_fails_a_drafter_that_parts_at_token_0_on_most_prompts(tmp_path):
@@ -153,5 +159,7 @@ def test_bench_fails_a_drafter_that_parts_at_token_0_on_most_prompts(tmp_path):
     assert proc.stderr == ("error: speculative output differs from the baseline's greedy output beyond numerics: "
                            "2 of 3 prompts differ within their first 8 tokens (more than 50%): not numerics; "
                            "prompts [1, 2]\n")
+    from ops.bench.view import result_view
+    assert result_view(r).cell == (f"AL {r['acceptance_length']:.2f} !=greedy", "alarm")
     # Each speculative row at concurrency 1 and 8 says how many of its answers differ from the baseline's.
     assert [x.get("differing_from_baseline") for x in r["table"]] == [None, None, 2, 2]

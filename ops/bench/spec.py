@@ -7,7 +7,13 @@ summary the console shows next to the stage.
 engine = "sglang" (ops/bench/sglang.py) measures a live SGLang server at
 `url` instead (a speculative serve stage; `server` names one of the pipeline's
 and the console binds its host:port), against `baseline_url` / `baseline_server`;
-its bench.json says "engine": "sglang" and its line is labelled so.
+its bench.json says "engine": "sglang" and its line is labelled so. There,
+`drift` says how many prompts' speculative answers differ from the baseline's,
+where each parts first, beside the baseline's own drift between concurrency 1
+and 8; the stage fails only when numerics cannot explain it
+(ops/bench/figures.py judge_drift). `cycle`: the verify cycle at batch 1 against
+a plain target step (and, with SGLang's device timer, a draft step and the
+verify forward).
 """
 
 from __future__ import annotations
