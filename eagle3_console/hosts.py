@@ -35,7 +35,6 @@ import math
 import re
 import time
 from typing import Any, Callable
-from urllib.parse import urlsplit
 
 from eagle3_console.entry import EntryError, str_list
 from eagle3_console.model import GpuInfo, GpuProcess, HostGpus
@@ -59,6 +58,9 @@ def parse(raw: Any) -> list[str]:
     urls = str_list("hosts", raw)
     if len(urls) > MAX_HOSTS:
         raise EntryError("hosts", f"{len(urls)} hosts; expected at most {MAX_HOSTS}")
+    if not urls:
+        return []
+    from urllib.parse import urlsplit      # only where hosts are listed (status --json's import cost)
     seen: dict[tuple, int] = {}
     for i, url in enumerate(urls):
         if not URL_RE.fullmatch(url):
