@@ -231,14 +231,28 @@ def cycle_figures(spec: list[tuple], base: list[tuple] | None, num_steps: int | 
         out["plain_step_s"], out["plain_source"] = plain_step(base)
         if cycle is not None and out["plain_step_s"]:
             out["cycle_over_plain_step"] = cycle / out["plain_step_s"]
-    if spec_fwd is not None and steps:
-        draft = sum(v for c, v in spec_fwd.items() if "draft" in c)
-        out["verify_s"] = spec_fwd.get("target_verify", 0.0) / steps
-        out["draft_s"] = draft / steps
-        if num_steps:
-            out["draft_step_s"] = draft / steps / num_steps
+    split = forward_split(spec_fwd, steps, num_steps)
+    out.update(split)
+    if "draft_step_s" in split:
+        out["draft_s"] = split["draft_step_s"] * num_steps
     if base_fwd is not None and base:
         decodes = sum(max(0, c - 1) for _, _, c, _ in base)
         if decodes:
             out["plain_forward_s"] = base_fwd.get("decode", 0.0) / decodes
+    return out
+
+
+def forward_split(fwd: dict | None, steps: int, num_steps: int | None) -> dict:
+    """{"verify_s", "draft_step_s"} of a cycle from the growth of SGLang's forward seconds by
+    category over `steps` verify steps: `target_verify`, and the drafter's graphs
+    (`eagle_draft`: num_steps - 1 forwards, `eagle_draft_extend`: one) / num_steps. Only the
+    categories the server counted (the drafter's are named so when its CUDA graphs ran)."""
+    out: dict = {}
+    if not fwd or not steps:
+        return out
+    if "target_verify" in fwd:
+        out["verify_s"] = fwd["target_verify"] / steps
+    draft = [v for c, v in fwd.items() if "draft" in c]
+    if draft and num_steps:
+        out["draft_step_s"] = sum(draft) / steps / num_steps
     return out

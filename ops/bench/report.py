@@ -94,10 +94,9 @@ def sglang_table(result: dict, urls: list[str], baseline_url: str | None, prompt
             r["url"] = url
             if before is not None and setting is not None and r["verify_steps"]:
                 # The device timer's split of this setting's cycle (SGLANG_ENABLE_METRICS_DEVICE_TIMER=1).
-                fwd = sglang.forward_delta(before, sglang.forward_seconds(url, probe)) or {}
-                draft = sum(v for k, v in fwd.items() if "draft" in k)
-                r["verify_s"] = fwd.get("target_verify", 0.0) / r["verify_steps"]
-                r["draft_step_s"] = draft / r["verify_steps"] / setting.steps if setting.steps else None
+                from ops.bench.figures import forward_split
+                r.update(forward_split(sglang.forward_delta(before, sglang.forward_seconds(url, probe)),
+                                       r["verify_steps"], setting.steps))
             _against_first(r, tokens, first.setdefault(url, tokens))
             if setting is None:
                 base_tok_s[c] = r["tok_s"]
