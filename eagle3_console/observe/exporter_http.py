@@ -16,7 +16,7 @@ The answer goes back the same way: a handler makes it (the WSGI app writes
 into memory, the cached snapshot's bytes by reference, never copied), sends
 what the socket takes at once and leaves the rest to the selector, which
 writes it as the client reads and closes a client that has taken nothing for
-WRITE_TIMEOUT_S. A client that never reads a large /snapshot.json (a relayed
+WRITE_TIMEOUT_S (or not all of it in WRITE_MAX_S). A client that never reads a large /snapshot.json (a relayed
 host's GPUs make it megabytes) holds a socket buffer, not a handler: before,
 16 of them re-opened every 8 s kept every handler in a blocking send and each
 /metrics scrape waited 9 s.
@@ -41,6 +41,8 @@ WORKERS = 8
 REQUEST_TIMEOUT_S = 5.0     # from a connection's acceptance to its whole request head
 MAX_WAITING = 4096      # accepted connections not done yet: their head not whole, or their answer not sent
 WRITE_TIMEOUT_S = 5.0   # a client that takes none of its answer for this long is closed
+WRITE_MAX_S = 60.0      # and one that has not taken all of it this long after it was made (a trickling
+                        # reader would keep an old snapshot's megabytes alive)
 MAX_HEAD = 16384        # a scrape's request head is a few hundred bytes
 
 
@@ -130,7 +132,7 @@ class PoolServer(WSGIServer):
         sel.register(self._wake_r, selectors.EVENT_READ, _WAKE)
         listening = True
         waiting: dict[socket.socket, list] = {}      # conn -> [deadline, addr, bytes so far]
-        writing: dict[socket.socket, list] = {}      # conn -> [deadline, chunks left (memoryviews)]
+        writing: dict[socket.socket, list] = {}      # conn -> [deadline, chunks left (memoryviews), last deadline]
         try:
             while not self._stop.is_set():
                 for key, _ in sel.select(poll_interval):
@@ -145,7 +147,7 @@ class PoolServer(WSGIServer):
                 now = time.monotonic()
                 for conn in [c for c, (deadline, _a, _h) in waiting.items() if deadline < now]:
                     self._drop(sel, waiting, conn)
-                for conn in [c for c, (deadline, _left) in writing.items() if deadline < now]:
+                for conn in [c for c, (deadline, _left, _last) in writing.items() if deadline < now]:
                     self._drop(sel, writing, conn)
                 # Too many in flight: leave the rest in the kernel's queue until some are answered.
                 busy = len(waiting) + len(writing)
@@ -172,7 +174,8 @@ class PoolServer(WSGIServer):
         while self._to_write:
             conn, left = self._to_write.popleft()
             sel.register(conn, selectors.EVENT_WRITE, _WRITE)
-            writing[conn] = [time.monotonic() + WRITE_TIMEOUT_S, left]
+            now = time.monotonic()
+            writing[conn] = [now + min(WRITE_TIMEOUT_S, WRITE_MAX_S), left, now + WRITE_MAX_S]
 
     def _write(self, sel: selectors.BaseSelector, writing: dict, conn: socket.socket) -> None:
         entry = writing[conn]
@@ -186,7 +189,7 @@ class PoolServer(WSGIServer):
             del writing[conn]
             self.shutdown_request(conn)
         elif sent:
-            entry[0] = time.monotonic() + WRITE_TIMEOUT_S
+            entry[0] = min(time.monotonic() + WRITE_TIMEOUT_S, entry[2])
 
     def _accept(self, sel: selectors.BaseSelector, waiting: dict) -> None:
         deadline = time.monotonic() + REQUEST_TIMEOUT_S
