@@ -67,6 +67,8 @@ def parse(raw: Any) -> list[str]:
             raise EntryError(f"hosts[{i}]", f"{printable(url)!r}: expected an exporter's URL, e.g. "
                              "\"http://gpu-node-01:9457\"")
         parts = urlsplit(url)
+        if not parts.hostname:
+            raise EntryError(f"hosts[{i}]", f"{url!r}: no host name; expected e.g. \"http://gpu-node-01:9457\"")
         try:
             port = parts.port
         except ValueError:

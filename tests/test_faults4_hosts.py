@@ -236,6 +236,7 @@ def test_q52_impossible_gpu_values_are_a_bad_answer_with_a_warning(ws, host, bod
     ('"http://127.0.0.1:19701", "http://127.0.0.1:99999"', "hosts[1]",
      "'http://127.0.0.1:99999': port 99999 out of range; expected 1 to 65535"),
     ('"http://127.0.0.1:0"', "hosts[0]", "port 0 out of range; expected 1 to 65535"),
+    ('"http://:9457"', "hosts[0]", "'http://:9457': no host name"),
 ])
 def test_q59_a_host_listed_twice_or_a_port_out_of_range_is_refused_at_load(ws, hosts, key, said):
     ws.write(f'hosts = [{hosts}]\n[stages.w]\nargv = ["true"]\n')
