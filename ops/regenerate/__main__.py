@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ops.common import BadInput, run_main, write_json_atomic
 from ops.params import build_parser as spec_parser
-from ops.regenerate.spec import RESULT, SPEC, failed_words, url_problem
+from ops.regenerate.spec import RESULT, SPEC, failed_words, samples_problem, url_problem
 
 FAILED_ROWS_KEPT = 1000         # failed rows named one by one in regenerate.json (all are counted)
 
@@ -55,6 +55,19 @@ def main(argv=None) -> int:
     return run_main(_main, argv, prog="regenerate")
 
 
+def refuse_benchmarks(rows, path) -> None:
+    """BadInput naming the first row that is a public benchmark's prompt (ops/prompts.py BenchmarkGuard)."""
+    from ops.prompts import BenchmarkGuard
+
+    guard = BenchmarkGuard()
+    for row in rows:
+        found = guard.row_match(row)
+        if found:
+            raise BadInput(f"{path}:{row.line}: the prompt of a public benchmark, {found}: benchmark prompts "
+                           f"never go into training data; drop that row (`python -m ops.regenerate.sources` "
+                           f"drops them)")
+
+
 def _main(argv=None) -> int:
     from ops.prompts import read_prompts
     from ops.regenerate.journal import DiskFull, Journal
@@ -62,16 +75,19 @@ def _main(argv=None) -> int:
     args = parse_args(argv)
     if args.url and url_problem(args.url):
         raise BadInput(f"--url {url_problem(args.url)}")
+    if samples_problem(args.n, args.temperature):
+        raise BadInput(f"--{samples_problem(args.n, args.temperature)}")
     t0 = time.time()
     rows = read_prompts(Path(args.input), args.limit)
     if not rows:
         raise BadInput(f"input {args.input}: no rows")
+    refuse_benchmarks(rows, args.input)
     out = Path(args.output)
     engine_name = "sglang" if args.url else "hf"
     settings = {"input_sha256": sha256_of(Path(args.input)), "engine": engine_name,
                 "model": args.model if args.url else str(Path(args.target or "").resolve()),
                 "temperature": args.temperature, "top_p": args.top_p, "max_tokens": args.max_tokens,
-                "seed": args.seed}
+                "seed": args.seed, **({"n": args.n} if args.n > 1 else {})}
     journal = Journal(out)
     done: dict[int, dict] = {}
     try:
@@ -110,12 +126,13 @@ def _answer(args, rows, out: Path, journal, done: dict, settings: dict, engine_n
             concurrency = 1
         answered_before = sum(1 for r in rows if r.index in done and not done[r.index].get("failed"))
         sampling = "greedy" if args.temperature == 0 else f"temperature {args.temperature:g}, top_p {args.top_p:g}"
+        sampling += f", {args.n} samples a row" if args.n > 1 else ""
         say(f"regenerate: {len(rows)} rows of {args.input} ({answered_before} answered before, resumed), engine "
             f"{engine_name}" + (f" {args.url}" + (f" (serve stage {args.server})" if args.server else "")
                                 + f", {concurrency} at once" if args.url else f" on {args.target}")
             + f", {sampling}, max_tokens {args.max_tokens}")
         try:
-            progress = run_rows(engine, rows, journal, done, concurrency, say)
+            progress = run_rows(engine, rows, journal, done, concurrency, say, args.n)
         except ServerGone as exc:
             answered = sum(1 for r in done.values() if not r.get("failed"))
             again = len(done) - answered
@@ -134,10 +151,12 @@ def _answer(args, rows, out: Path, journal, done: dict, settings: dict, engine_n
     mine = {r.index: done[r.index] for r in rows if r.index in done}
     written, nbytes = write_conversations(out, mine)
     failed = [r for r in mine.values() if r.get("failed")]
+    dropped = sum(int(r.get("dropped_samples") or 0) for r in mine.values() if not r.get("failed"))
     result = {
         "status": "complete", "engine": engine_name, "url": args.url, "server": args.server,
         "input": str(args.input), "output": str(out / "conversations.jsonl"), "rows": len(rows),
-        "answered": written, "answered_before": answered_before,
+        "answered": len(mine) - len(failed), "conversations": written, "samples": args.n,
+        "answered_before": answered_before,
         "turns": sum(int(r.get("turns") or 0) for r in mine.values() if not r.get("failed")),
         "completion_tokens": sum(int(r.get("completion_tokens") or 0) for r in mine.values() if not r.get("failed")),
         "failed": dict(sorted(Counter(r["failed"] for r in failed).items())),
@@ -145,11 +164,13 @@ def _answer(args, rows, out: Path, journal, done: dict, settings: dict, engine_n
                          "detail": r.get("detail")} for r in sorted(failed, key=lambda r: r["row"])][:FAILED_ROWS_KEPT],
         "seconds": round(time.time() - t0, 3),
         "tok_s": progress.tokens / max(time.monotonic() - progress.t0, 1e-9),
-        "bytes": nbytes, **{k: settings[k] for k in ("model", "temperature", "top_p", "max_tokens", "seed")},
+        "dropped_samples": dropped, "bytes": nbytes, **{k: settings[k] for k in ("model", "temperature", "top_p", "max_tokens", "seed")},
     }
     with writing(out / RESULT):
         write_json_atomic(out / RESULT, result)
-    say(f"regenerate: {written} of {len(rows)} rows answered, {result['completion_tokens']} tokens, "
+    say(f"regenerate: {result['answered']} of {len(rows)} rows answered"
+        + (f" ({written} conversations, {dropped} samples dropped)" if args.n > 1 else "")
+        + f", {result['completion_tokens']} tokens, "
         f"{result['tok_s']:.1f} tok/s; {failed_words(result)} -> {out / 'conversations.jsonl'}")
     if len(failed) > args.max_failed_fraction * len(rows):
         print(f"regenerate: error: {len(failed)} of {len(rows)} rows failed, more than max_failed_fraction "

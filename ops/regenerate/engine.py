@@ -1,7 +1,7 @@
 """What an engine of regenerate answers, and one row answered turn by turn.
 
 An engine (server.ChatServer through SGLang, hf.HFGenerator here) has
-`chat(messages) -> Answer`; a row's failure is RowFailed with its kind (one of
+`chat(messages, n) -> [Answer]` (n sampled answers, at least one); a row's failure is RowFailed with its kind (one of
 spec.FAILURE_KINDS); a connection that is gone is ConnectionLost, after which
 the runner asks whether the server still answers at all.
 """
@@ -31,22 +31,46 @@ class ConnectionLost(Exception):
     """No HTTP answer at all (refused, reset): the server may be gone."""
 
 
-def answer_row(engine, row: PromptRow) -> dict:
-    """The row's journal record: each user turn answered in turn with the history
-    generated so far (the row's old assistant turns are dropped), or its failure.
-    ConnectionLost passes through."""
+def answer_row(engine, row: PromptRow, n: int = 1) -> dict:
+    """The row's journal record: each user turn answered in turn in the context of the
+    target's own earlier answers (turn 2 is asked with user 1, the answer made to it, user
+    2; the row's old assistant turns are dropped), or its failure. ConnectionLost passes.
+
+    n > 1: the first turn is asked for n sampled answers, and each becomes its own
+    conversation whose later turns follow that answer: {"samples": [messages, ...]}. A
+    sample whose later turn fails is left out (counted in "dropped_samples"); the row
+    fails only when none is left. n = 1: {"messages": [...]}, as the journal always had."""
     users = row.users
     base = {"row": row.index, "id": row.id}
     if not users:
         return {**base, "failed": "no_user_turn", "detail": "the row has no user turn", "turn": 0}
-    history = [dict(row.system)] if row.system else []
-    tokens = 0
-    for turn, text in enumerate(users):
-        history.append({"role": "user", "content": text})
+    start = ([dict(row.system)] if row.system else []) + [{"role": "user", "content": users[0]}]
+    try:
+        firsts = engine.chat(list(start), n)
+    except RowFailed as exc:
+        return {**base, "failed": exc.kind, "detail": exc.detail, "turn": 0}
+    samples, failure = [], None
+    for first in firsts[:n]:
+        history = start + [{"role": "assistant", "content": first.text}]
+        tokens = first.completion_tokens
         try:
-            answer = engine.chat(list(history))
+            for text in users[1:]:
+                history.append({"role": "user", "content": text})
+                [answer] = engine.chat(list(history), 1)[:1]
+                history.append({"role": "assistant", "content": answer.text})
+                tokens += answer.completion_tokens
         except RowFailed as exc:
-            return {**base, "failed": exc.kind, "detail": exc.detail, "turn": turn}
-        history.append({"role": "assistant", "content": answer.text})
-        tokens += answer.completion_tokens
-    return {**base, "messages": history, "turns": len(users), "completion_tokens": tokens}
+            failure = failure or {"failed": exc.kind, "detail": exc.detail,
+                                  "turn": sum(1 for m in history if m["role"] == "user") - 1}
+            continue
+        samples.append((history, tokens))
+    if not samples:
+        return {**base, **failure}
+    if n == 1:
+        [(history, tokens)] = samples
+        return {**base, "messages": history, "turns": len(users), "completion_tokens": tokens}
+    out = {**base, "samples": [h for h, _ in samples], "turns": len(users) * len(samples),
+           "completion_tokens": sum(t for _, t in samples)}
+    if len(samples) < n:
+        out.update(dropped_samples=n - len(samples), dropped=failure)
+    return out

@@ -39,7 +39,11 @@ class HFGenerator:
         self.eos = set(eos if isinstance(eos, list) else [eos]) - {None}
         self.temperature, self.top_p, self.max_tokens, self.seed = temperature, top_p, max_tokens, seed
 
-    def chat(self, messages: list[dict]) -> Answer:
+    def chat(self, messages: list[dict], n: int = 1) -> list[Answer]:
+        """n answers (sampled: seed, seed + 1, ... when a seed is given)."""
+        return [self._one(messages, None if self.seed is None else self.seed + k) for k in range(n)]
+
+    def _one(self, messages: list[dict], seed: int | None) -> Answer:
         torch = self.torch
         enc = self.tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
                                            return_dict=True)
@@ -52,8 +56,8 @@ class HFGenerator:
         sample = self.temperature > 0
         kw = {"do_sample": sample, "temperature": self.temperature if sample else None,
               "top_p": self.top_p if sample else None, "top_k": None}
-        if sample and self.seed is not None:
-            torch.manual_seed(self.seed)
+        if sample and seed is not None:
+            torch.manual_seed(seed)
         with torch.no_grad():
             out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
                                       pad_token_id=min(self.eos) if self.eos else None, **kw)

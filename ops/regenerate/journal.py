@@ -174,7 +174,8 @@ class Journal:
 
 
 def write_conversations(out_dir: Path, done: dict[int, dict]) -> tuple[int, int]:
-    """conversations.jsonl from the answered rows, in input order: (rows, bytes)."""
+    """conversations.jsonl from the answered rows, in input order (a row's samples one after
+    the other, each `{"id", "sample": k, "messages"}`): (conversations, bytes)."""
     path = Path(out_dir) / OUTPUT
     tmp = path.with_name(path.name + TMP_SUFFIX)
     rows = 0
@@ -183,10 +184,14 @@ def write_conversations(out_dir: Path, done: dict[int, dict]) -> tuple[int, int]
             record = done[row]
             if record.get("failed"):
                 continue
-            out = {"id": record["id"]} if record.get("id") is not None else {}
-            out["messages"] = record["messages"]
-            fh.write(json.dumps(out, ensure_ascii=False) + "\n")
-            rows += 1
+            head = {"id": record["id"]} if record.get("id") is not None else {}
+            if "samples" not in record:
+                fh.write(json.dumps({**head, "messages": record["messages"]}, ensure_ascii=False) + "\n")
+                rows += 1
+                continue
+            for k, messages in enumerate(record["samples"]):
+                fh.write(json.dumps({**head, "sample": k, "messages": messages}, ensure_ascii=False) + "\n")
+                rows += 1
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)

@@ -66,8 +66,8 @@ class Progress:
 
 
 def run_rows(engine, rows: list[PromptRow], journal: Journal, done: dict[int, dict], concurrency: int,
-             log: Callable[[str], None]) -> Progress:
-    """Answer every row not answered yet; `done` gets each finished row's record."""
+             log: Callable[[str], None], n: int = 1) -> Progress:
+    """Answer every row not answered yet (n sampled conversations a row); `done` gets each finished row's record."""
     todo = [r for r in rows if r.index not in done or done[r.index].get("failed")]
     progress = Progress(len(rows), done, log)
     streak_limit = max(8, 2 * concurrency)
@@ -94,18 +94,18 @@ def run_rows(engine, rows: list[PromptRow], journal: Journal, done: dict[int, di
         if concurrency <= 1:
             for row in todo:
                 try:
-                    record = answer_row(engine, row)
+                    record = answer_row(engine, row, n)
                 except ConnectionLost as exc:
                     record = lost(row, exc)
                 finish(record)
         else:
-            _pool(engine, todo, concurrency, finish, lost)
+            _pool(engine, todo, concurrency, finish, lost, n)
     finally:
         progress.say(force=True)        # however it ends: the rows done and kept
     return progress
 
 
-def _pool(engine, todo: list[PromptRow], concurrency: int, finish, lost) -> None:
+def _pool(engine, todo: list[PromptRow], concurrency: int, finish, lost, n: int) -> None:
     pool = cf.ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="regenerate")
     pending: dict[cf.Future, PromptRow] = {}
     queue = iter(todo)
@@ -116,7 +116,7 @@ def _pool(engine, todo: list[PromptRow], concurrency: int, finish, lost) -> None
                 row = next(queue, None)
                 if row is None:
                     break
-                pending[pool.submit(answer_row, engine, row)] = row
+                pending[pool.submit(answer_row, engine, row, n)] = row
             if not pending:
                 return
             finished, _ = cf.wait(pending, return_when=cf.FIRST_COMPLETED)

@@ -105,17 +105,27 @@ class ChatServer:
         ans = Readiness(lambda path, t: _status(self.url, path, t), PROBE_TIMEOUT_S).probe(health=False)
         return None if ans.state in ("ready", "answering", "not_ready") else ans.reason
 
-    def chat(self, messages: list[dict]) -> Answer:
-        body = {**self.body, "messages": messages}
+    def chat(self, messages: list[dict], n: int = 1) -> list[Answer]:
+        """n answers to `messages`: one request with `n` choices (protocol.py ChatCompletionRequest.n;
+        serving_chat.py answers choice `index` 0..n-1), or, with a seed, n requests of seed, seed + 1,
+        ... (one seed for all n choices of a request could draw the same answer n times)."""
+        if n > 1 and "seed" in self.body:
+            out: list[Answer] = []
+            for k in range(n):
+                out += self._ask({**self.body, "seed": self.body["seed"] + k, "messages": messages})
+            return out
+        return self._ask({**self.body, **({"n": n} if n > 1 else {}), "messages": messages})
+
+    def _ask(self, body: dict) -> list[Answer]:
         try:
-            return parse_answer(*self.post(json.dumps(body).encode()), self.url + CHAT)
+            return parse_answers(*self.post(json.dumps(body).encode()), self.url + CHAT)
         except RowFailed as exc:
             over = TOTAL_OVER.search(exc.detail) if exc.kind == "context_overflow" else None
             room = int(over[1]) - int(over[2]) if over else 0
             if room < 1 or room >= body["max_tokens"]:
                 raise
-            body["max_tokens"] = room          # what is left of the context after this prompt
-            return parse_answer(*self.post(json.dumps(body).encode()), self.url + CHAT)
+            body = {**body, "max_tokens": room}     # what is left of the context after this prompt
+            return parse_answers(*self.post(json.dumps(body).encode()), self.url + CHAT)
 
     def post(self, data: bytes) -> tuple[int, bytes]:
         """(HTTP status, body) of one chat request, all of it within timeout_s."""
@@ -167,7 +177,9 @@ class ChatServer:
             conn.close()
 
 
-def parse_answer(code: int, raw: bytes, where: str) -> Answer:
+def parse_answers(code: int, raw: bytes, where: str) -> list[Answer]:
+    """The answers of a chat completion, in choice order. RowFailed for an error answer, or when
+    no choice is usable (the first bad choice's reason); a bad choice among good ones is left out."""
     try:
         body = json.loads(raw)
     except ValueError:
@@ -179,12 +191,29 @@ def parse_answer(code: int, raw: bytes, where: str) -> Answer:
             raise RowFailed("context_overflow", message)
         raise RowFailed("server_error", f"HTTP {code}: {message[:300]}")
     try:
-        choice = body["choices"][0]
-        text = choice["message"]["content"]
+        choices = sorted(body["choices"], key=lambda c: int(c.get("index") or 0))
         usage = body.get("usage") or {}
         completion = int(usage.get("completion_tokens") or 0)
         prompt = int(usage.get("prompt_tokens") or 0)
-    except (TypeError, KeyError, IndexError, ValueError) as exc:
+        if not choices:
+            raise IndexError("no choices")
+    except (TypeError, KeyError, IndexError, ValueError, AttributeError) as exc:
+        raise RowFailed("server_error", f"{where}: not a chat completion ({exc!r})") from None
+    good, first_bad = [], None
+    for choice in choices:
+        try:
+            good.append(_choice(choice, completion // len(choices), prompt, where))
+        except RowFailed as exc:
+            first_bad = first_bad or exc
+    if not good:
+        raise first_bad
+    return good
+
+
+def _choice(choice, completion: int, prompt: int, where: str) -> Answer:
+    try:
+        text = choice["message"]["content"]
+    except (TypeError, KeyError) as exc:
         raise RowFailed("server_error", f"{where}: not a chat completion ({exc!r})") from None
     if choice.get("finish_reason") == "abort":
         raise RowFailed("server_error", f"{where}: the server aborted the request")

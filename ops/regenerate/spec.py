@@ -56,7 +56,8 @@ def estimate_bytes(ctx: EstimateContext) -> int | None:
     if ctx.params.get("limit"):
         share = min(1.0, int(ctx.params["limit"]) / rows)
         size, rows = int(size * share), min(rows, int(ctx.params["limit"]))
-    answers = rows * turns * int(ctx.params.get("max_tokens") or SPEC.params["max_tokens"]) * BYTES_PER_TOKEN
+    answers = (rows * turns * int(ctx.params.get("max_tokens") or SPEC.params["max_tokens"]) * BYTES_PER_TOKEN
+               * int(ctx.params.get("n") or 1))
     # The journal and the final file each hold every row once.
     return int(2 * (size + answers))
 
@@ -90,7 +91,10 @@ def result_line(r: dict) -> str | None:
     if r.get("status") != "complete":
         return None
     rate = r.get("tok_s")
-    return (f"{r.get('answered', 0):,} of {r.get('rows', 0):,} rows answered ({r.get('turns', 0):,} turns, "
+    samples = int(r.get("samples") or 1)
+    return (f"{r.get('answered', 0):,} of {r.get('rows', 0):,} rows answered ("
+            + (f"{r.get('conversations', 0):,} conversations of {samples} samples, " if samples > 1 else "")
+            + f"{r.get('turns', 0):,} turns, "
             f"{r.get('completion_tokens', 0):,} tokens"
             + (f", {rate:.1f} tok/s" if isinstance(rate, (int, float)) else "")
             + f", engine {r.get('engine')}); {failed_words(r)}")
@@ -141,12 +145,23 @@ def url_problem(url: str) -> str | None:
     return None
 
 
+def samples_problem(n: int, temperature: float) -> str | None:
+    if n > 1 and temperature == 0:
+        return (f"n {n} with temperature 0: greedy decoding draws the same answer {n} times; set temperature "
+                f"(e.g. 0.7) or n = 1")
+    return None
+
+
 def lint(ctx: EstimateContext, _gpus) -> list[Lint]:
     p = ctx.params
+    where = f"stages.{ctx.stage or 'regenerate'}.params"
     if p.get("url"):
         why = url_problem(str(p["url"]))
         if why:
-            return [Lint("error", f"stages.{ctx.stage or 'regenerate'}.params.url {why}")]
+            return [Lint("error", f"{where}.url {why}")]
+    why = samples_problem(int(p.get("n") or 1), float(p.get("temperature") or 0.0))
+    if why:
+        return [Lint("error", f"{where}.{why}")]
     if not p.get("url") and not ctx.target.get("path"):
         return [Lint("error", "without params.server (a serve stage of mode target) or params.url, regenerate "
                               "generates with the [target] table's path here: set it")]
@@ -167,8 +182,11 @@ SPEC = OpSpec(
         Param("concurrency", 16, "requests in flight at once (engine sglang)", low=1, high=1024),
         Param("temperature", 0.0, "0 is greedy", low=0),
         Param("top_p", 1.0, "nucleus sampling's share", low=0, high=1, low_open=True),
-        Param("max_tokens", 512, "tokens an answer may take", low=1),
-        Param("seed", None, "sampling seed (temperature > 0)", type=int),
+        Param("max_tokens", 2048, "tokens an answer may take (a turn that leaves less room in the context "
+                                  "gets what is left)", low=1),
+        Param("n", 1, "sampled answers a prompt (temperature > 0): n conversations a row, each turn after the "
+                      "first following its own answer", low=1, high=64),
+        Param("seed", None, "sampling seed (temperature > 0; sample k of a row uses seed + k)", type=int),
         Param("limit", None, "answer only the first N rows", type=int, low=1),
         Param("timeout_s", 300.0, "seconds one request may take (then the row failed: timeout)", low=0,
               low_open=True),
@@ -182,7 +200,7 @@ SPEC = OpSpec(
     uses_target=True,
     progress="log",
     estimate_bytes=estimate_bytes,
-    estimate_rule="2 x (the input + rows x user turns x max_tokens x 5 B): the journal and the final file",
+    estimate_rule="2 x (the input + rows x user turns x n x max_tokens x 5 B): the journal and the final file",
     expected_samples=expected_samples,
     partial_files=partial_files,
     result_file=RESULT,
