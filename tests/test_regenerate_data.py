@@ -240,3 +240,20 @@ def test_sources_drop_a_benchmark_prompt_and_duplicates(tmp_path):
     [entry] = s["sources"]
     assert (entry["read"], entry["prompts"], entry["dropped"]) == (4, 2, {"benchmark": 1, "duplicate": 1})
     assert s["benchmark_dropped"] == {task["task_id"]: 1}
+
+
+def test_the_console_refuses_n_over_1_with_greedy_at_run_naming_the_key(tmp_path):
+    from tests.conftest import WS
+
+    ws = WS(tmp_path)
+    write_rows(tmp_path / "prompts.jsonl", [{"prompt": "q"}])
+    ws.write("""
+    [stages.regenerate]
+    op = "regenerate"
+    params = { input = "prompts.jsonl", output = "out/regen", url = "http://127.0.0.1:30000", n = 4 }
+    """)
+    proc = ws.cli("run", "regenerate", check=3)
+    assert "stages.regenerate.params.n 4 with temperature 0: greedy decoding draws the same answer 4 times" \
+        in proc.stderr
+    assert ws.latest("regenerate") is None
+    assert "n x max_tokens" in proc.stdout          # the plan's disk rule counts the samples
