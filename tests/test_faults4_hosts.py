@@ -149,8 +149,8 @@ def test_q49_deeply_nested_json_is_a_bad_answer_at_once(ws, host, body):
     url = host(http_ok(body))
     text, doc = status(listing(ws, url))
     h = only_host(doc)
-    assert h["state"] == "bad_answer" and h["reason"] == ("answer nested more than 16 levels deep; "
-                                                          "at most 16 are read"), h
+    assert h["state"] == "bad_answer" and h["reason"] == ("answer nested more than 64 levels deep; "
+                                                          "at most 64 are read"), h
     assert "no answer" not in text
 
 
@@ -165,7 +165,7 @@ def test_q49_the_exporter_relays_a_deep_answer_as_bad_without_tracebacks(ws, hos
                 doc = json.loads(resp.read())
             return doc if doc["hosts"] and doc["hosts"][0]["state"] == "bad_answer" else None
         doc = wait_for(relayed, timeout=30)
-        assert "nested more than 16 levels" in doc["hosts"][0]["reason"]
+        assert "nested more than 64 levels" in doc["hosts"][0]["reason"]
         first = doc["time"]
         wait_for(lambda: relayed() and relayed()["time"] > first + 0.5, timeout=30)   # several passes
     finally:
@@ -322,7 +322,8 @@ def test_q50_a_bad_value_that_reads_as_rich_markup_is_printed_as_it_is(ws, host)
 
 
 def test_q49_the_depth_check_reads_json_as_the_parser_does():
-    """Brackets inside strings (escaped quotes and backslashes too) are no nesting; 16 levels pass, 17 do not."""
+    """Brackets inside strings (escaped quotes and backslashes too) are no nesting; 64 levels pass, 65 do not
+    (a real snapshot nests a stage's params, up to 32 levels in eagle3.toml, below its own 4)."""
     from eagle3_console.hosts import nesting, parse_answer
 
     def doc(levels: int) -> bytes:
@@ -330,9 +331,9 @@ def test_q49_the_depth_check_reads_json_as_the_parser_does():
         for i in range(levels - 1):
             v = [v] if i % 2 else {'k\\"[{': v, "s": ']]]}}\\\\"[['}
         return json.dumps({"gpus": [], "x": v}).encode()
-    assert nesting(doc(16)) is None and nesting(doc(17)) == 17
-    assert parse_answer("http://h:1", doc(16)).state == "ok"
-    assert parse_answer("http://h:1", doc(17)).state == "bad_answer"
+    assert nesting(doc(64)) is None and nesting(doc(65)) == 65
+    assert parse_answer("http://h:1", doc(64)).state == "ok"
+    assert parse_answer("http://h:1", doc(65)).state == "bad_answer"
     # Unclosed brackets past the parser's own limit: a bad answer too, never a RecursionError.
     assert parse_answer("http://h:1", b"[" * 100000).state == "bad_answer"
 
@@ -347,3 +348,26 @@ def test_a_redirect_is_a_bad_answer_not_followed(ws, host):
     h = only_host(doc)
     assert h["state"] == "bad_answer" and h["reason"] == (
         f"HTTP 302 from {url}/snapshot.json, a redirect to {elsewhere}/snapshot.json (not followed)"), h
+
+
+def test_a_real_exporter_whose_stage_params_nest_deep_is_read_ok(tmp_path):
+    """The depth bound leaves room for what a real snapshot holds: a stage's params nested
+    as deep as eagle3.toml allows (32 levels) appear in the node's snapshot below its own 3."""
+    from tests.test_hosts import node
+    b = WS(tmp_path / "b")
+    b.root.mkdir()
+    deep = "1"
+    for _ in range(28):
+        deep = "{ a = " + deep + " }"
+    b.write(f'[stages.w]\nargv = ["true"]\nparams = {{ p = {deep} }}\n')
+    b.cli("status", "--json", "--no-gpus", check=0)        # the file loads: within the TOML bound
+    proc, port = node(b, 10, False)
+    try:
+        c = WS(tmp_path / "c")
+        c.root.mkdir()
+        listing(c, f"http://127.0.0.1:{port}")
+        doc = json.loads(c.cli("status", "--json", timeout=60).stdout)
+        (h,) = doc["hosts"]
+        assert h["state"] == "ok" and h["gpus"][0]["mem_used"] == 10 * 2**30, h
+    finally:
+        stop(proc)
