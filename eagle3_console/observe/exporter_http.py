@@ -263,6 +263,8 @@ class PoolServer(WSGIServer):
     def server_close(self) -> None:
         super().server_close()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        while self._to_write:        # handed over by a handler as the loop ended
+            self._to_write.popleft()[0].close()
         self._wake_r.close()
         self._wake_w.close()
 
