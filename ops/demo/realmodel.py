@@ -91,6 +91,7 @@ class RealModel:
     about: str              # a line for the README-like places: family, license
     conversion_version: int = 1     # bumped when the conversion's output changes: an old cache is rebuilt
     converted_bytes: int = 0        # about what the bf16 folder takes (the free-space check)
+    extra_cost: str = ""            # what installing the extra with its dependencies costs beyond the pins
 
     @property
     def folder(self) -> str:
@@ -107,22 +108,20 @@ class RealModel:
     @property
     def pins(self) -> list[str]:
         """What the extra installs, as requirement strings (pyproject's extra lists the same)."""
-        dists = sorted({p.dist for p in self.parts}, key=[p.dist for p in self.parts].index)
+        dists = dict.fromkeys(p.dist for p in self.parts)
         return [f"{d}=={self.version}" for d in dists] + [f"{d}=={v}" for (d, _m), v in CONVERTER]
 
     def install_hint(self) -> str:
-        """The install that works first (the parts without their own dependencies), then the extra."""
+        """The install that builds nothing first (the parts without their own dependencies), then the extra."""
         py = sys.executable or "python"
-        if len(self.parts) > 1:
-            stem = os.path.commonprefix([p.dist for p in self.parts])
-            parts = f"{stem}{{1..{len(self.parts)}}}=={self.version}"      # bash expands it
-        else:
-            parts = self.pins[0]
+        dists = list(dict.fromkeys(p.dist for p in self.parts))
+        stem = os.path.commonprefix(dists).rstrip("0123456789")
+        numbered = len(dists) > 1 and dists == [f"{stem}{i}" for i in range(1, len(dists) + 1)]
+        parts = (f"{stem}{{1..{len(dists)}}}=={self.version}" if numbered       # bash expands it
+                 else " ".join(f"{d}=={self.version}" for d in dists))
         converter = " ".join(f"{d}=={v}" for (d, _m), v in CONVERTER)
         return (f"{py} -m pip install {converter} && {py} -m pip install --no-deps {parts} "
-                f"(or, from the eagle3-console checkout: pip install -e '.[{self.extra}]'"
-                + (", which also builds llama-cpp-python from source, 10+ minutes)" if self.name == "smollm2"
-                   else ")"))
+                f"(or, from the eagle3-console checkout: pip install -e '.[{self.extra}]'{self.extra_cost})")
 
     def figures(self) -> dict:
         return {"num_layers": self.num_layers, "hidden_size": self.hidden_size, "vocab_size": self.vocab_size,
@@ -163,7 +162,8 @@ SMOLLM2 = RealModel(
     size=98_362_432, sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     architecture="LlamaForCausalLM", num_layers=30, hidden_size=576, vocab_size=49152,
     about="Llama, 30 layers, hidden 576, vocab 49,152, tied embeddings; Apache-2.0; a 98 MB Q4_1 GGUF",
-    converted_bytes=270_000_000)
+    converted_bytes=270_000_000,
+    extra_cost=", which also builds llama-cpp-python from source, 10+ minutes")
 
 QWEN_CODER_1_5B = RealModel(
     name="qwen-coder-1.5b", title="Qwen2.5-Coder-1.5B-Instruct", extra="qwen-coder", version="0.2.0",
