@@ -51,6 +51,12 @@ def run(ctx: typer.Context, stage: str,
         out.print("dry run: nothing launched (without --dry-run, `run` starts it)", highlight=False)
         return
     r = runs.launch(c.ws, pipe, stage, force=force, ignore_disk=ignore_disk, pre=pre)
+    if not r.live and r.started is None:
+        # Ended before it ran (sbatch refused the job, the program cannot start): its cause, exit 2.
+        # A run that started and already ended is a run like any other: its own status says how it went.
+        out.print(f"run {r.id} of {stage}: {r.status}: {r.reason or 'no cause recorded'}; log {r.log_path}",
+                  highlight=False, markup=False)
+        raise typer.Exit(EXIT_CRITICAL)
     where = f"slurm job {r.job_id or '(being submitted)'}" if r.launcher == "slurm" else f"pid {r.pid}"
     out.print(f"run {r.id} of {stage}: {r.status}, {where}, log {r.log_path}", highlight=False)
 

@@ -30,8 +30,10 @@ def derive(snap: Snapshot) -> list[Alert]:
             # error (under torchrun, the rank's, not the launcher's report).
             said = [f for f in (findings.get("traceback"), findings.get("program_error")) if f is not None]
             last = max(said, key=lambda f: f.at_offset) if said else None
-            a.append(Alert(CRITICAL, "stage_failed", f"{st.name} failed ({why})", st.name,
-                           last.line if last else last_program_line(log)))
+            detail = last.line if last else last_program_line(log)
+            if st.job is not None and st.job.id is None and (st.job.reason or st.job.said):
+                detail = st.job.reason or st.job.said      # no job ran: why sbatch did not take it
+            a.append(Alert(CRITICAL, "stage_failed", f"{st.name} failed ({why})", st.name, detail))
         if st.job is not None:
             a.extend(job_alerts(st))
         if st.status == RunStatus.LOST and st.alive:
@@ -122,6 +124,10 @@ JOB_END_CODES = {"TIMEOUT": "job_timeout", "NODE_FAIL": "node_fail", "OUT_OF_MEM
 
 def job_alerts(st: StageStatus) -> list[Alert]:
     job = st.job
+    if st.status in MAY_BE_ALIVE and job.unanswered:
+        return [Alert(WARNING, "slurm_unreachable", f"{st.name}: the Slurm controller does not answer; job {job.id} "
+                                                    f"{job.state or 'unknown'} is its last seen state", st.name,
+                      job.unanswered)]
     if st.status == RunStatus.FAILED and job.state in JOB_END_CODES:
         return [Alert(CRITICAL, JOB_END_CODES[job.state], f"{st.name}: {job.said or job.state}", st.name)]
     if st.status == RunStatus.KILLED and job.state == "CANCELLED" and not job.stop_requested:

@@ -20,7 +20,8 @@ import time
 from eagle3_console.refused import NothingToDo, Refused
 from eagle3_console.registry import Registry, Run, RunStatus
 from eagle3_console.runs.slurm import jobs
-from eagle3_console.runs.slurm.supervise import POLL_S, finish_values, note
+from eagle3_console.model import SLURM_UNANSWERED
+from eagle3_console.runs.slurm.supervise import POLL_S, finish_values, note, unanswered
 
 AFTER_KILL_S = 30.0
 RECONCILE_TIMEOUT_S = 3.0    # status and the TUI reconcile: a hung controller costs them this much at most          # a node's slurmd reports the steps' end in a few seconds; a dead node takes longer
@@ -57,22 +58,37 @@ def wait_submitted(reg: Registry, run: Run, seconds: float = 30.0) -> Run:
 def stop_job(reg: Registry, run: Run, grace_s: float) -> Run:
     if not run.live:
         raise NothingToDo(f"stage {run.stage!r} has no live run to stop")
+    before = run.stop_requested
     reg.update(run.id, stop_requested=1)
     run = wait_submitted(reg, run)           # a supervisor still submitting sees stop_requested and cancels
     if not run.job_id:
         return _wait_recorded(reg, run, 5.0)
+    took = False                              # whether scancel took the job: then the stop stands
     try:
         problem = jobs.cancel(run.job_id)
+        took = problem is None
         view = _wait_ended(run.job_id, grace_s + 5.0)
         forced = view.live
         if forced:
-            problem = jobs.cancel(run.job_id, signal="KILL") or problem
+            again = jobs.cancel(run.job_id, signal="KILL")
+            took = took or again is None
+            problem = again or problem
             view = _wait_ended(run.job_id, AFTER_KILL_S)
     except jobs.SlurmUnreachable as exc:
-        reg.record("stop", f"Slurm did not answer: {exc}", stage=run.stage, run_id=run.id, targets=[run.job_id])
+        # A refused stop leaves no request behind: the job that runs on and completes is
+        # its own success, not "stopped". Unless scancel took it before the controller went
+        # quiet: then the job was cancelled, and the stop stands.
+        if not took:
+            reg.update(run.id, stop_requested=before)
+        left = "the stop stands (scancel took the job)" if took else \
+            "the stop request is withdrawn (scancel did not reach the controller)"
+        reg.record("stop", f"Slurm did not answer: {exc}", stage=run.stage, run_id=run.id, targets=[run.job_id],
+                   detail=left)
         raise Refused(f"run {run.id} of {run.stage!r}: job {run.job_id}: Slurm did not answer ({exc}); "
-                      f"the job may still run") from None
+                      f"the job may still run; {left}") from None
     if view.live:
+        if not took:
+            reg.update(run.id, stop_requested=before)     # refused, and nothing took: no request left behind
         reg.record("stop", f"job still {view.state} after scancel", stage=run.stage, run_id=run.id,
                    targets=[run.job_id], detail=problem)
         raise Refused(f"run {run.id} of {run.stage!r}: job {run.job_id} is still {view.state} after scancel "
@@ -113,8 +129,11 @@ def reconcile_job(reg: Registry, run: Run, supervisor_gone: bool = True) -> bool
         return False            # never submitted: liveness's own rule (supervisor gone -> lost) applies
     try:
         view = jobs.query(run.job_id, timeout=RECONCILE_TIMEOUT_S)
-    except jobs.SlurmUnreachable:
-        return False            # no word from Slurm is no proof of anything
+    except jobs.SlurmUnreachable as exc:
+        # No word from Slurm is no proof of anything: the run stays as last seen, and says so.
+        if not (run.job_reason or "").startswith(SLURM_UNANSWERED):
+            unanswered(reg, run.id, time.time(), exc)
+        return False
     if view.live:
         note(reg, run.id, view)
         return False
