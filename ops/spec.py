@@ -233,9 +233,18 @@ class Lint:
 
     level: str      # "error" | "warning"
     message: str
+    # --force launches past an error (a dependency, a check that may be wrong), never past a
+    # param that cannot work (ids the target has not, an output holding other layers): the op
+    # would refuse it itself, after N ranks and the model's load.
+    forceable: bool = True
 
     def __str__(self) -> str:
         return f"{self.level}: {self.message}"
+
+
+def refusing(lints: list[Lint], force: bool) -> list[Lint]:
+    """The lints that refuse a launch: every error, and with --force those it cannot skip."""
+    return [x for x in lints if x.level == "error" and not (force and x.forceable)]
 
 
 @dataclass(frozen=True)

@@ -121,7 +121,7 @@ vocab_size = 32
 
 [stages.extract]
 op = "extract"
-params = {{ input = "data/prepared", output = "data/hs", engine = "sglang", tp = 2, extra_args = {extra} }}
+params = {{ input = "data/prepared", output = "data/hs", engine = "sglang", tp = 2, layer_ids = [0, 1, 2], extra_args = {extra} }}
 """
 
 
@@ -129,6 +129,8 @@ def test_the_console_runs_tp_2_under_torchrun_and_the_alert_is_the_ranks_error(w
     ws.write(PIPELINE.format(extra='["--attention-backend", "triton"]'))
     (ws.root / "data" / "prepared").mkdir(parents=True)
     (ws.root / "data" / "prepared" / "summary.json").write_text(json.dumps({"samples": 2, "total_tokens": 10}))
+    # A target folder without its files (run refuses one that is not there): the ranks fail on it.
+    (ws.root / "models" / "missing").mkdir(parents=True)
     p = ws.cli("run", "extract", "--force")
     assert p.returncode == 0, (p.stdout, p.stderr)
     run = ws.wait_status("extract", ("failed", "succeeded"), timeout=120)

@@ -263,3 +263,110 @@ def test_verify_recompute_passes_an_untouched_int4_extraction_of_close_layers(tm
     assert code == 1
     bad = json.loads((tmp_path / "bad.json").read_text())["bad_files"]
     assert len(bad) == 2 and all("matches layer" in b["reason"] for b in bad)
+
+
+# ---------------------------------------------------------------- minors
+def test_bf16_format_on_a_float32_target_says_what_is_written(ws):
+    out = extract_ws(ws, [10, 8])
+    toml = ws.root / "eagle3.toml"
+    toml.write_text(toml.read_text().replace('dtype = "float16"', 'dtype = "float32"'))
+    out.mkdir(parents=True)
+    (out / "data_config.json").write_text(json.dumps({
+        "status": "complete", "total_samples": 2, "total_tokens": 18, "dtype": "float32", "format": "bf16",
+        "layer_ids": [1, 3, 4], "final_layer_id": 7, "sglang_layers_to_capture": [2, 4, 5]}))
+    for i, n in enumerate([10, 8]):
+        sample(out / "rows_0-2000" / f"data_{i}.safetensors", n)
+    snap = json.loads(ws.cli("status", "--json", "--no-gpus").stdout)
+    st = next(s for s in snap["stages"] if s["name"] == "extract")
+    assert st["shards"]["format"] == "bf16 (stored as computed: float32)"
+    assert st["result_line"].endswith("format bf16 (stored as computed: float32)")
+    plan = ws.cli("run", "extract", "--dry-run").stdout
+    assert "disk by format (exact): bf16 (as computed: float32) " in plan
+
+
+def test_force_never_launches_layer_ids_the_target_cannot_have(ws):
+    extract_ws(ws, [10, 8], ", layer_ids = [2, 4, 8]")
+    (ws.root / "models" / "target").mkdir(parents=True)
+    try:
+        for extra in ((), ("--force",)):
+            proc = ws.cli("run", "extract", "--ignore-disk", *extra)
+            assert proc.returncode == 3, (proc.stdout, proc.stderr)
+            assert "layer_ids" in proc.stderr and "Traceback" not in proc.stderr
+        assert ws.latest("extract") is None
+    finally:
+        end_run(ws, "extract")      # a launch this test refuses: none, unless it fails
+
+
+def test_run_refuses_a_target_that_is_not_there_in_one_line(ws):
+    extract_ws(ws, [10, 8])
+    try:
+        proc = ws.cli("run", "extract", "--force", "--ignore-disk")
+        assert proc.returncode == 3, (proc.stdout, proc.stderr)
+        said = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+        assert len(said) == 1
+        assert f"[target].path {ws.root / 'models' / 'target'}: no such checkpoint folder" in said[0]
+        assert ws.latest("extract") is None
+    finally:
+        end_run(ws, "extract")
+
+
+def test_the_plan_refuses_other_layer_ids_than_the_output_holds(ws):
+    out = extract_ws(ws, [10, 8], ", layer_ids = [1, 3, 5]")
+    (ws.root / "models" / "target").mkdir(parents=True)
+    out.mkdir(parents=True)
+    (out / "data_config.json").write_text(json.dumps({"status": "running", "layer_ids": [1, 3, 4],
+                                                      "total_samples": 2}))
+    try:
+        proc = ws.cli("run", "extract", "--ignore-disk", "--force")
+        assert proc.returncode == 3, (proc.stdout, proc.stderr)
+        assert "the output holds aux layers [1, 3, 4] (canonical), this run would capture [1, 3, 5]" in proc.stderr
+        assert ws.latest("extract") is None
+    finally:
+        end_run(ws, "extract")
+
+
+def test_a_plain_counter_gets_a_rate_and_an_eta(ws):
+    ws.write(f"""
+        [stages.bins]
+        argv = {stage_cmd("bins.py", "--output", "out/bins", "--n", "40", "--pause-at", "21")}
+        outputs = ["out/bins"]
+        expected_samples = 40
+    """)
+    out = ws.root / "out" / "bins"
+    try:
+        ws.cli("run", "bins", check=0)
+        wait_for(lambda: (s := stage_json(ws))["log"] and s["log"]["progress_done"] == 21, timeout=30)
+        st = stage_json(ws)
+        assert st["progress"] == pytest.approx(21 / 40)
+        assert st["rate"] is not None and st["rate"] > 0
+        assert st["eta_s"] == pytest.approx(19 / st["rate"])
+    finally:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "go").touch()
+        end_run(ws, "bins")
+
+
+def test_the_log_pane_counts_one_error_line_in_the_singular():
+    import asyncio
+
+    from textual.app import App
+
+    from eagle3_console.model import LogState
+    from widgets.log import LogPane
+
+    class Host(App):
+        def compose(self):
+            yield pane
+
+    pane = LogPane()
+
+    async def main():
+        async with Host().run_test(size=(100, 30)) as pilot:
+            pane.show("extract", 1, LogState(path="x.log", tail=["ok", "RuntimeError: CUDA out of memory"]))
+            await pilot.pause()
+            assert "1 error line ·" in str(pane.border_subtitle)
+            pane.filter_text = "memory"
+            pane._refresh_lines()
+            await pilot.pause()
+            assert "filter 'memory': 1 line ·" in str(pane.border_subtitle)
+    asyncio.run(main())

@@ -231,6 +231,7 @@ def test_halve_batch_halves_a_memory_share(ws):
     from eagle3_console.actions import plan_restart
     from eagle3_console.workspace import Workspace
     ws.write(SHARE_PIPELINE)
+    (ws.root / "models" / "target").mkdir(parents=True)      # run refuses a target that is not there
     run = ws.record_finished_run("extract", {"input": "data/prepared", "output": "data/hs", "engine": "sglang",
                                              "mem_fraction_static": 0.9})
     Path(run.log_path).write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB\n")
@@ -245,6 +246,7 @@ def test_watch_policy_halves_a_memory_share_after_an_oom(ws):
     """The same share through watch's restart policy: before, "not halvable"
     (the policy's own check wanted > 1) and no restart at all."""
     ws.write(SHARE_PIPELINE)
+    (ws.root / "models" / "target").mkdir(parents=True)      # run refuses a target that is not there
     params = {"input": "data/prepared", "output": "data/hs", "engine": "sglang", "mem_fraction_static": 0.9}
     (ws.root / "data" / "prepared").mkdir(parents=True)     # the input the restart is checked for
     run = ws.record_finished_run("extract", params)
@@ -263,6 +265,7 @@ def test_halve_batch_halves_an_op_stages_default_batch(ws):
     from eagle3_console.workspace import Workspace
     from ops.extract.spec import SPEC
     ws.write(extract_pipeline(""))
+    (ws.root / "models" / "target").mkdir(parents=True)      # run refuses a target that is not there
     run = ws.record_finished_run("extract", {"input": "data/prepared", "output": "data/hs"})
     Path(run.log_path).write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
     default = SPEC.params["token_budget"]
@@ -280,6 +283,7 @@ def test_restart_and_watch_decide_out_of_memory_alike(ws):
     status raises no oom alert and watch halves nothing, and restart --halve-batch
     must not halve on a deeper read of its own (before, it read 64 MiB and halved)."""
     ws.write(extract_pipeline(""))
+    (ws.root / "models" / "target").mkdir(parents=True)      # run refuses a target that is not there
     run = ws.record_finished_run("extract", {"input": "data/prepared", "output": "data/hs"})
     with open(run.log_path, "w") as log:
         log.write("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")

@@ -27,6 +27,8 @@ GiB = 2**30
 @pytest.fixture
 def kimi(ws):
     shutil.copy(EXAMPLE, ws.root / "eagle3.toml")
+    # The target's folder, empty (run refuses one that is not there): the op itself fails on it at once.
+    (ws.root / "models" / "Kimi-K2.5").mkdir(parents=True)
     return ws
 
 
@@ -98,7 +100,7 @@ def test_force_overrides_the_dependencies_not_the_disk(kimi):
     free, _total = free_space(kimi.root)
     if free >= EXACT:
         pytest.skip("this filesystem has room for 923 GiB")
-    # engine hf, tp 1: the op itself fails at once (no target here); what matters is who refuses.
+    # engine hf, tp 1: the op itself fails at once (an empty target folder); what matters is who refuses.
     sets = ["--set", "engine=hf", "--set", "tp=1"]
     proc = kimi.cli("run", "extract", "--force", *sets, check=2)
     assert "needs about 923.1 GiB more (exact: 17,285,548 tokens" in proc.stderr

@@ -10,6 +10,7 @@ from tests.conftest import extract_pipeline
 
 def test_ignore_disk_dry_run_shows_the_force_the_launch_adds(ws):
     ws.write(extract_pipeline(", tokens = 1000000000000000"))
+    (ws.root / "models" / "target").mkdir(parents=True)     # run refuses a target that is not there
     ws.record_finished_run("extract", {"input": "data/prepared", "output": "data/hs", "tokens": 10 ** 15})
     refused = ws.cli("restart", "extract", check=2)
     assert "free space or pass --ignore-disk" in refused.stdout + refused.stderr
@@ -34,6 +35,7 @@ def test_an_input_that_does_not_exist_is_refused_before_launch(ws):
     """Before: the run started (with tp 8: eight torchrun ranks) and failed on the missing
     folder 72 s later. Refused even with --force, which skips only the dependency check."""
     ws.write(extract_pipeline(""))
+    (ws.root / "models" / "target").mkdir(parents=True)     # an empty folder (run refuses none): the op fails on it
     for extra in ((), ("--force",)):
         proc = ws.cli("run", "extract", *extra, check=2)
         assert f"stage 'extract': params.input {ws.root / 'data' / 'prepared'} does not exist" in proc.stderr, \

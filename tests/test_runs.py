@@ -310,12 +310,13 @@ op = "extract"
 params = { input = "data/prep", output = "data/hs", tokens = 1000000000000000 }
 """)
     (ws.root / "data" / "prep").mkdir(parents=True)  # the input exists: only the disk refuses
+    (ws.root / "models" / "target").mkdir(parents=True)      # an empty target folder (run refuses none)
     ws.cli("run", "extract", check=2)                 # the console's own disk check
     ws.cli("run", "extract", "--force", check=2)
     ws.cli("run", "extract", "--ignore-disk", check=0)
     run = ws.wait_status("extract", ("failed", "succeeded"))
     assert "--force" in run.argv
-    # Past its own disk check too: it fails on what is missing here (the target), not on the disk.
+    # Past its own disk check too: it fails on what is missing here (the target's files), not on the disk.
     log = Path(run.log_path).read_text()
     assert run.status == "failed" and "pass --force" not in log, log[-2000:]
     assert "extract: error: target models/target" in log, log[-2000:]

@@ -82,7 +82,7 @@ def test_a_filter_keeping_only_the_last_lines_drops_the_others():
             pane._refresh_lines()
             await pilot.pause()
             assert list(pane.view.lines) == ["RuntimeError: CUDA out of memory"]
-            assert "1 error lines" in str(pane.border_subtitle)
+            assert "1 error line ·" in str(pane.border_subtitle)
     asyncio.run(main())
 
 

@@ -208,9 +208,9 @@ class LogPane(Vertical):
     def _subtitle(self) -> None:
         sub = "following" if self.view.following else "scrolled (end: follow)"
         if self.filter_text:
-            sub = f"filter {self.filter_text!r}: {len(self._shown or [])} lines · " + sub
+            sub = f"filter {self.filter_text!r}: {lines_of(len(self._shown or []))} · " + sub
         if self._n_err:
-            sub = f"{self._n_err} error lines · " + sub
+            sub = f"{lines_of(self._n_err, 'error ')} · " + sub
         retitle(self, subtitle=sub)
 
     def on_log_view_following(self, event: LogView.Following) -> None:
@@ -241,3 +241,8 @@ class LogPane(Vertical):
         if not self.filter_text:
             self.remove_class("-filtering")
         self.view.focus()
+
+
+def lines_of(n: int, kind: str = "") -> str:
+    """`1 error line`, `2 error lines`: the count with its noun in number."""
+    return f"{n} {kind}line{'' if n == 1 else 's'}"

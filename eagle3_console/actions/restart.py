@@ -161,8 +161,9 @@ def plan_restart(ws: Workspace, stage_name: str, seen: StageStatus | None, overr
         return plan
     plan.lints = runs.lints(ws, pipe, stage, params)
     bad = [x.message for x in plan.lints if x.level == "error"]
-    if bad and not force:
-        plan.refusal, plan.refusal_kind = f"stage {stage_name!r}: " + "; ".join(bad), "lint"
+    refused = [x.message for x in runs.refusing(plan.lints, force)]
+    if refused:
+        plan.refusal, plan.refusal_kind = f"stage {stage_name!r}: " + "; ".join(refused), "lint"
         return plan
     pf = runs.preflight(ws, pipe, stage, params)
     plan.disk = disk_line(pf)

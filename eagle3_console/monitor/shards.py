@@ -126,7 +126,9 @@ class ShardMonitor:
         if expected is None:
             expected = self.root_json.config_int("total_samples")
         tokens_expected = self.expected_tokens
-        if tokens_expected is None:
+        if tokens_expected is None and (self.expected_samples is None
+                                        or self.expected_samples == self.root_json.config_int("total_samples")):
+            # data_config's tokens are of its own samples: no figure for the caller's other count.
             tokens_expected = self.root_json.config_int("total_tokens")
         complete = self.root_json.complete(done)
         sps, tps = self._rate(now, done, tokens)
@@ -160,10 +162,9 @@ class ShardMonitor:
 
     def _format(self, layout: str) -> str | None:
         """What the states are stored as: data_config.json's format, where "bf16"
-        (as computed, in the run's dtype) is said as the dtype written when that
-        is not bfloat16 (a float32 target's states said bf16 were float32); an
-        output of this layout without one holds its dtype as computed (written
-        before formats)."""
+        (as computed, in the run's dtype) names the dtype written when that is
+        not bfloat16 (a float32 target's states said bf16 were float32); an
+        output of this layout without one holds bf16 (written before formats)."""
         config = self.root_json.config
         fmt = config.get("format")
         if fmt is None and not (layout == "eagle3" and config):
@@ -171,7 +172,7 @@ class ShardMonitor:
         fmt = "bf16" if fmt is None else str(fmt)
         dtype = config.get("dtype")
         if fmt == "bf16" and isinstance(dtype, str) and dtype not in ("bfloat16", "bf16"):
-            return f"{dtype} (format bf16: as computed)"
+            return f"bf16 (stored as computed: {dtype})"
         return fmt
 
     def _rate(self, now: float, done: int, tokens: int | None) -> rate.Rate:

@@ -296,6 +296,9 @@ class Collector:
             fraction = min(1.0, (log.progress_done or 0) / log.progress_total)
             st.rate, st.eta_s = log.rate, log.eta_s
             st.rate_unit = log.rate_unit if log.rate is not None else None
+            if st.rate is None and still_running and run is not None:
+                st.rate, st.eta_s = counter_rate(log.progress_done, log.progress_total, run.started, now)
+                st.rate_unit = "it/s" if st.rate is not None else None
         if st.tokens_per_s is None and log and log.tokens_per_s is not None:
             st.tokens_per_s = log.tokens_per_s      # the run's own `progress:` line (tok/s)
         if st.status == RunStatus.SUCCEEDED and not (st.shards and st.shards.samples_expected):
@@ -347,6 +350,17 @@ class Collector:
 
 LEFTOVER_CHECK_S = 5.0
 LEFTOVER_GRACE_S = 10.0
+
+def counter_rate(done: int | None, total: int, started: float | None,
+                 now: float) -> tuple[float | None, float | None]:
+    """(rate, ETA) of a plain `N/M` counter that prints neither (`progress: samples
+    9/40`): its count over the run's time so far (progress, but no rate or ETA,
+    before). None while nothing is counted yet."""
+    if not done or started is None or now <= started:
+        return None, None
+    rate = done / (now - started)
+    return rate, max(0, total - done) / rate
+
 
 def run_own_since(spec: Any, run: Run | None) -> int | None:
     """For a custom stage's run that has not succeeded: count only the files it

@@ -34,7 +34,7 @@ from eagle3_console.runs.vouch import records_files, vanished
 from eagle3_console.slurmparams import SLURM
 from eagle3_console.workspace import Workspace
 from ops.common import read_json
-from ops.spec import value_type_error
+from ops.spec import refusing, value_type_error
 
 
 def stage_params(stage: Stage, overrides: dict[str, Any] | None = None, base: dict | None = None,
@@ -317,8 +317,10 @@ def first_checks(ws: Workspace, pipe: Pipeline, reg: Registry | None, pre: Prela
     if owned:
         raise Refused(f"stage {stage.name!r}: {owned}", kind="owned elsewhere")
     bad = [x for x in pre.lints if x.level == "error"]
-    if bad and not force:
-        said = "; ".join(x.message for x in bad)
+    refused = refusing(pre.lints, force)
+    if refused:
+        said = "; ".join(x.message for x in refused) + (" (--force skips dependencies, never a param that "
+                                                        "cannot work)" if force else "")
         raise Refused(f"stage {stage.name!r}: " + said, code=3, kind="lint", detail=said)
     missing = missing_inputs(ws, stage, params)
     if missing:

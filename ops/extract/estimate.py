@@ -80,7 +80,10 @@ def format_line(ctx: EstimateContext) -> list[str]:
                                                ctx.upstream))
         if est is None:
             return []
-        figures.append(f"{fmt} {human_bytes(est.bytes)}")
+        # bf16 keeps the states as computed: say the dtype where that is not bfloat16.
+        dtype = state_dtype(ctx.params, ctx.target)
+        said = f"{fmt} (as computed: {dtype})" if fmt == "bf16" and dtype != "bfloat16" else fmt
+        figures.append(f"{said} {human_bytes(est.bytes)}")
     return [f"disk by format ({extract_estimate(ctx).label}): {' | '.join(figures)} "
             f"(this run: format = {state_format(ctx.params)})"]
 

@@ -17,7 +17,7 @@ def format_lints(ctx: EstimateContext) -> list[Lint]:
     hidden = count(ctx.target.get("hidden_size"))
     problem = hidden_formats.width_problem(fmt, hidden) if hidden else None
     if problem:
-        out.append(Lint("error", f"stages.{ctx.stage}.params.format: {problem}"))
+        out.append(Lint("error", f"stages.{ctx.stage}.params.format: {problem}", forceable=False))
     output = ctx.path("output")
     existing = read_data_config(output) if output is not None else None
     if existing is not None:
@@ -25,5 +25,6 @@ def format_lints(ctx: EstimateContext) -> list[Lint]:
         if there != fmt:
             out.append(Lint("error", (
                 f"{output / DATA_CONFIG}: the output holds format {there!r}, this run would write "
-                f"{fmt!r}; a run keeps one format: set format = {there!r} to resume it, or use another output")))
+                f"{fmt!r}; a run keeps one format: set format = {there!r} to resume it, or use another output"),
+                forceable=False))
     return out

@@ -11,6 +11,7 @@ from pathlib import Path
 from ops import layers
 from ops.extract.sizes import count
 from ops.common import read_json
+from ops.formats import DATA_CONFIG, read_data_config
 from ops.spec import EstimateContext, Lint
 
 # The spellings an aux-layer list found elsewhere may be in, and how each maps
@@ -100,15 +101,16 @@ def layer_lints(ctx: EstimateContext) -> list[Lint]:
     try:
         ks, n = _layer_ids(ctx)
     except ValueError as exc:
-        return [Lint("error", f"stages.{ctx.stage}.params.layer_ids: {exc}")]
+        return [Lint("error", f"stages.{ctx.stage}.params.layer_ids: {exc}", forceable=False)]
+    out = output_layer_lints(ctx, ks)
     if ks is None or n is None:
-        return []
+        return out
     try:
         default = layers.default_aux_layers(n)
     except ValueError:
         default = None
     if ks == default:
-        return []
+        return out
     arch = _architecture(ctx)
     said = (f"stages.{ctx.stage}.params.layer_ids {ks} is read as canonical ids (the OUTPUT of decoder "
             f"layers {ks}: SGLang capture {layers.sglang_capture_ids(ks)})")
@@ -118,4 +120,17 @@ def layer_lints(ctx: EstimateContext) -> list[Lint]:
     if default is not None and ks == layers.sglang_capture_ids(default):
         said += (f". It equals SGLang's default capture list for a {n}-layer target (canonical {default}, "
                  f"\"auto\"): keep it only to capture {layers.sglang_capture_ids(ks)}")
-    return [Lint("warning", said)]
+    return out + [Lint("warning", said)]
+
+
+def output_layer_lints(ctx: EstimateContext, ks: list[int] | None) -> list[Lint]:
+    """An output that holds other aux layers than this run would capture: the op
+    refuses to resume it (after the model's load), so the plan says it first."""
+    output = ctx.path("output")
+    existing = read_data_config(output) if output is not None else None
+    there = existing.get("layer_ids") if isinstance(existing, dict) else None
+    if ks is None or not isinstance(there, list) or there == ks:
+        return []
+    return [Lint("error", f"{output / DATA_CONFIG}: the output holds aux layers {there} (canonical), this run "
+                          f"would capture {ks}; a run keeps its layers: set layer_ids = {there} to resume it, or "
+                          f"use another output", forceable=False)]

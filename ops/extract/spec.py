@@ -58,12 +58,38 @@ def result_line(config: dict) -> str | None:
     return (f"{config.get('total_samples', 0):,} samples, {config.get('total_tokens', 0):,} tokens; "
             f"aux layers {config.get('layer_ids')} + final {config.get('final_layer_id')} "
             f"(SGLang capture {config.get('sglang_layers_to_capture')}), {config.get('dtype')}; "
-            f"format {config.get('format', 'bf16')}")
+            f"format {stored_as(config)}")
+
+
+def stored_as(config: dict) -> str:
+    """The format as written: "bf16" stores the states as computed, in the run's dtype,
+    so a float32 target's are float32 (the panes said bf16)."""
+    fmt, dtype = str(config.get("format", "bf16")), config.get("dtype")
+    if fmt == "bf16" and isinstance(dtype, str) and dtype not in ("bfloat16", "bf16"):
+        return f"bf16 (stored as computed: {dtype})"
+    return fmt
+
+def target_lints(ctx: EstimateContext) -> list:
+    """[target].path must be there: every rank loads it (8 ranks started on a
+    missing one only to fail, minutes later, each with its traceback)."""
+    path = ctx.target.get("path")
+    if not path:
+        return []
+    where = Path(str(path)).expanduser()
+    where = where if where.is_absolute() else ctx.root / where
+    if where.exists():
+        return []
+    from ops.spec import Lint
+    return [Lint("error", f"[target].path {where}: no such checkpoint folder (extract loads the target from it)",
+                 forceable=False)]
+
 
 def lint(ctx: EstimateContext, gpus: list[int] | None) -> list:
-    """SGLang's flags against the gpus, the aux layer ids against the target,
-    the format against the output's and the hidden size."""
-    return list(sglang_args.lint(SPEC.effective(ctx.params), gpus)) + layer_lints(ctx) + format_lints(ctx)
+    """The target's folder, SGLang's flags against the gpus, the aux layer ids
+    against the target and the output's, the format against the output's and
+    the hidden size."""
+    return (target_lints(ctx) + list(sglang_args.lint(SPEC.effective(ctx.params), gpus)) + layer_lints(ctx)
+            + format_lints(ctx))
 
 
 def plan_lines(ctx: EstimateContext) -> list[str]:
@@ -101,6 +127,9 @@ SPEC = OpSpec(
         Param("compile", False, "torch.compile each decoder layer (fuses the eager forward's small kernels; "
               "the first batches pay the compile)"),
         Param("force", False, "start even if the disk estimate exceeds free space"),
+        Param("spool_bytes", None, "produce into a spool of at most this many bytes for a train run with mode "
+              "streamed (output = the spool; ops/spool.py): the consumer's plan decides what is extracted, "
+              "the producer blocks at the cap until the consumer read half of it", type=int, low=1),
         Param("engine", "hf", "hf: transformers forward with hooks; sglang: the target in SGLang with tp/ep, "
               "one process per TP rank under torchrun (ops/extract/sglang_run.py)", choices=("hf", "sglang")),
         Param("tp", 1, "sglang: tensor parallel size (= WORLD_SIZE: torchrun --nproc-per-node)", low=1),
