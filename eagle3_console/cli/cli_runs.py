@@ -66,11 +66,16 @@ def stop(ctx: typer.Context, stage: str,
                                      callback=cliopts.seconds())) -> None:
     """SIGTERM the stage's process group, SIGKILL after the grace period."""
     from eagle3_console import runs
-    from eagle3_console.runs.stopper import StopInterrupted
+    from eagle3_console.runs.stopper import StopInterrupted, Survivors
     c = ctx_of(ctx)
     c.stage_or_live(stage)
     try:
         r = runs.stop(c.ws, stage, grace_s=grace)
+    except Survivors as exc:
+        # The run ended, and not all of it: both said, exit 2.
+        out.print(f"run {exc.run.id} of {stage}: {exc.run.status}", highlight=False)
+        warn(f"warning: {exc}")
+        raise typer.Exit(EXIT_CRITICAL) from None
     except StopInterrupted as exc:
         # Ctrl-C or a SIGTERM mid-grace: what was sent and what still runs, said and in the audit log.
         warn(exc.said)

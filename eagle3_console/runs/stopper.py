@@ -126,11 +126,21 @@ def survivors(run: Run, exclude: list[int] = ()) -> list[int]:
         time.sleep(POLL_S)
 
 
-def _survivors_refusal(run: Run, stage_name: str, pids: list[int], status: str) -> Refused:
-    return Refused(f"run {run.id} of {stage_name!r} is {status}, but {len(pids)} worker(s) of it survived outside its "
-                   f"process group (a session of their own; stop signals the group): pid "
-                   f"{', '.join(map(str, pids))}; they hold its GPU memory and may write its outputs: "
-                   f"`kill-workers {stage_name}` ends them", kind="survivors")
+class Survivors(Refused):
+    """The stop ended the run's group, and workers of it outside the group live on (exit 2):
+    `run` is the run as recorded, `pids` the survivors."""
+
+    def __init__(self, message: str, run: Run, pids: list[int]):
+        super().__init__(message, kind="survivors")
+        self.run = run
+        self.pids = pids
+
+
+def _survivors_refusal(run: Run, stage_name: str, pids: list[int], status: str) -> Survivors:
+    return Survivors(f"run {run.id} of {stage_name!r} is {status}, but {len(pids)} worker(s) of it survived outside "
+                     f"its process group (a session of their own; stop signals the group): pid "
+                     f"{', '.join(map(str, pids))}; they hold its GPU memory and may write its outputs: "
+                     f"`kill-workers {stage_name}` ends them", run, pids)
 
 
 class StopInterrupted(Exception):
