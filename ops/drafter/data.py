@@ -60,6 +60,16 @@ class DataInfo:
     def describe(self) -> str:
         return f"offline: states from {self.root} ({self.format})"
 
+    def begin_epoch(self, epoch: int, position: int, batches: list[list[int]]) -> None:
+        """Nothing to announce: the states are on disk (the spool's consumer announces its plan)."""
+
+    def finish(self) -> None:
+        """Nothing to release."""
+
+    def window(self, elapsed: float, waited: float, tokens: int) -> None:
+        """No second side to record: the states were extracted before."""
+        return None
+
 
 def read_data(root: Path, require_complete: bool = True) -> DataInfo:
     root = Path(root)

@@ -35,8 +35,13 @@ class Loop:
     """Plans this rank's batches, runs them through `target` (engine.py's
     Target), hands each sample to the writers."""
 
-    def __init__(self, target, samples, lengths, out_dir, done, args, rank, world) -> None:
+    def __init__(self, target, samples, lengths, out_dir, done, args, rank, world, *, gate=None,
+                 on_written=None, close_target: bool = True) -> None:
         self.target = target
+        # The spool's producer (ops/extract/spool_producer.py): `gate(batch)` before each batch
+        # (blocks at the watermark; False: stop, the consumer's plan changed), `on_written(idx)`
+        # once a file has its name; the target outlives one plan's loop.
+        self.gate, self.on_written, self.close_target = gate, on_written, close_target
         self.samples, self.lengths, self.out_dir, self.done = samples, lengths, out_dir, done
         self.args, self.rank, self.world = args, rank, world
         self.fmt = getattr(args, "format", BF16)
@@ -50,7 +55,9 @@ class Loop:
         self.forward_s = 0.0
         self.queue_wait_s = 0.0
 
-    def run(self, mine: list[int]) -> dict:
+    def run(self, mine: list[int], batches: list[list[int]] | None = None) -> dict:
+        """Extract `mine` in token-budget batches (`batches`: a plan given in the
+        consumer's order instead of batching.py's, longest first)."""
         done_mine = [i for i in mine if i in self.done]
         writer_box: list = []
         progress = Progress(total=len(mine), done=len(done_mine),
@@ -59,18 +66,21 @@ class Loop:
                                   bar=self.rank == 0,
                                   errors=lambda: writer_box[0].errors.count if writer_box else 0)
         writer = SampleWriter(self.args.writers, self.args.queue_size,
-                                    on_written=lambda idx, n: progress.add(1, n),
+                                    on_written=lambda idx, n: self._written(progress, idx, n),
                                     fsync=self.args.durable in ("fsync", "direct"),
                                     direct=self.args.durable == "direct")
         writer_box.append(writer)
         self.writer = writer
-        batches = batching.plan_batches(mine, self.lengths.__getitem__, self.args.token_budget)
+        if batches is None:
+            batches = batching.plan_batches(mine, self.lengths.__getitem__, self.args.token_budget)
         self.batches = batches
         oom_types = (torch.cuda.OutOfMemoryError,)
         try:
             for batch in batches:
                 if all(i in self.done for i in batch):
                     continue
+                if self.gate is not None and not self.gate(batch):
+                    break
                 batching.run_with_oom_retry(batch, self.lengths.__getitem__, self.args.token_budget,
                                             self._forward, oom_types, log, self._free_cache)
                 if writer.errors.disk_full is not None:
@@ -78,7 +88,8 @@ class Loop:
         except batching.SampleTooLarge as exc:
             writer.close()
             progress.close()
-            self.target.close()
+            if self.close_target:
+                self.target.close()
             print(str(exc), file=sys.stderr, flush=True)
             raise SystemExit(EXIT_FAILURE) from None
         writer.close()
@@ -90,13 +101,19 @@ class Loop:
         # before rank 0 writes "complete".
         log(durable.finish(self.out_dir, self.args.durable))
         progress.close()
-        self.target.close()
+        if self.close_target:
+            self.target.close()
         if writer.errors.disk_full is None:     # else one line says it (extract())
             for message in writer.errors.messages:
                 print(f"extract: write error: {message}", file=sys.stderr, flush=True)
         return {"new_samples": progress.new_samples, "new_tokens": progress.new_tokens,
                 "errors": writer.errors.count, "elapsed": progress.elapsed(),
                 "disk_full": writer.errors.disk_full}
+
+    def _written(self, progress, idx: int, tokens: int) -> None:
+        progress.add(1, tokens)
+        if self.on_written is not None:
+            self.on_written(idx)
 
     def _free_cache(self) -> None:
         if torch.cuda.is_available():

@@ -116,6 +116,12 @@ class _Run:
 
 def _extract(args, engine: Engine, argv: list[str], known: dict) -> int:
     run = _open_run(args, engine, argv, known)
+    if getattr(args, "spool_bytes", None):
+        # The producer of a spool: the consumer's plan and a byte cap decide what is extracted
+        # and when (ops/extract/spool_producer.py); no disk preflight of the whole extraction.
+        from ops.extract.spool_producer import produce
+
+        return produce(run, engine, lambda: _place(run))
     rewrite = _resume(run)
     if not _preflight(run, rewrite):
         return EXIT_BAD_INPUT
@@ -256,6 +262,14 @@ def _start(run: _Run, known: dict) -> target_mod.Placement:
         known["config_written"] = True
         output.write_sample_lengths(run.out_dir, dict(enumerate(run.lengths)))
     _barrier(run.world)
+    return placement
+
+
+def _place(run: _Run) -> target_mod.Placement:
+    """This process's placement of the target, its memory cap applied (a spool's producer: one process)."""
+    placement = target_mod.choose_placement(run.args.device, run.info, run.world, run.local_rank)
+    if run.args.memory_fraction is not None:
+        target_mod.cap_memory(placement, run.args.memory_fraction)
     return placement
 
 

@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ops.common import BadInput, progress
 from ops.train.setup import (Place, Plan, build_model, init_place, make_optimizer, open_output, plan_batches,
                              read_inputs, train_dtype, write_train_config)
-from ops.train.online import BOUND_WAIT_SHARE, args_online, bound_words
+from ops.train.online import args_online, bound_words
 from ops.train.targets import out_of_vocab
 
 # The held-out acceptance (ops/train/heldout.py) is measured at most this often, and at the last step.
@@ -55,7 +55,8 @@ def train(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
     # export's check and bench read the held-out samples' states from `data`: an
     # online run names prepare's samples instead (`samples`), and no `data`.
     inputs_meta = ({"data": str(Path(args.data).resolve())} if args.mode == "offline"
-                   else {"samples": str(Path(args.samples).resolve()), "layer_ids": info.layer_ids})
+                   else {"samples": str(Path(args.samples).resolve()), "layer_ids": info.layer_ids,
+                         **({"spool": str(Path(args.spool).resolve())} if args.mode == "streamed" else {})})
     meta_base = {"drafter_config": cfg.to_dict(), "target": str(Path(args.target).resolve()),
                  "mode": args.mode, **inputs_meta, "vocab": str(Path(args.vocab).resolve()),
                  "holdout": plan.held, "world_size": place.world, "grad_accum": args.grad_accum,
@@ -64,6 +65,10 @@ def train(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
         start = begin(output, args.resume, args.replace_checkpoints, cfg.to_dict(), place.is_main, place.log)
     except OwnerError as exc:
         raise BadInput(str(exc)) from None
+    if args.mode == "streamed":
+        # The spool is this run's (its token), and the producer's format is how its files are read.
+        info.claim(start.run.token, plan.train_ids, plan.held, args.resume)
+        info.wait_for_producer_config()
     step = load_resumed(start, model, opt, sched, place.device)
     ddp = DDP(model, device_ids=[place.local_rank] if place.use_cuda else None, broadcast_buffers=False) \
         if place.world > 1 else model
@@ -137,6 +142,7 @@ class Loop:
         if self.report is not None:
             self.report.close()
         if exit_code == 0:
+            self.info.finish()
             place.log(f"done: {step} steps; newest checkpoint {ck.newest(self.output)}")
         return exit_code
 
@@ -146,15 +152,21 @@ class Loop:
 
         sampler, per_epoch = self.plan.sampler, self.plan.per_epoch
         epoch, skip = divmod(consumed, per_epoch)
-        while True:
+        # The run's micro-batches and no more: the prefetcher reads ahead, and a streamed run's
+        # plan past the last step would have the producer extract what nobody reads.
+        left = self.plan.total * self.args.grad_accum - consumed
+        while left > 0:
             sampler.set_epoch(epoch)
-            order = list(iter(sampler))[skip:]
+            order = list(iter(sampler))[skip:][:left]
+            left -= len(order)
             # No pin_memory: its thread would copy each batch once more in this
             # process; the prefetcher's own thread (ops/train/prefetch.py), which
             # iterates this, copies straight from the workers' shared memory to
             # the device (benchmarks/RESULTS.md, train_throughput, measures both).
-            # Online, the target's forward makes each batch: in this process, where it is loaded.
+            # Online, the target's forward makes each batch: in this process, where it is loaded;
+            # streamed, the spool's plan for the epoch goes out first, and the batches wait for it here.
             workers = self.args.workers if self.args.mode == "offline" else 0
+            self.info.begin_epoch(epoch, skip, [self.plan.batches[b] for b in order])
             loader = DataLoader(self.plan.dataset, batch_size=None, sampler=order, num_workers=workers,
                                 pin_memory=False, persistent_workers=False)
             for batch in loader:
@@ -244,19 +256,12 @@ class Loop:
         self.window_tokens, self.window_t0 = 0, time.monotonic()
 
     def _online_window(self, elapsed: float) -> dict:
-        """The window's two sides: the target's forwards (in the prefetcher's
-        thread) and the drafter's steps; the share of the window the steps
-        waited for a batch says which side bounds the run."""
-        forward_s, forward_tokens = self.info.clock.take()
+        """The window's two sides (the target's forwards or the spool's producer,
+        and the drafter's steps): the time the steps waited for a batch is the
+        prefetcher's, the rest the state's own (online.py, streamed.py)."""
         waited = self.it.wait_s - self.wait_mark
         self.wait_mark = self.it.wait_s
-        wait_share = min(1.0, waited / elapsed)
-        return {"target_tok_s": round(forward_tokens / forward_s, 1) if forward_s > 0 else None,
-                "drafter_tok_s": round(self.window_tokens / max(1e-9, elapsed - waited), 1),
-                "forward_s": round(forward_s, 3), "waited_s": round(waited, 3),
-                "wait_share": round(wait_share, 4),
-                # Waiting for a third of the window or more: the forward is what the drafter waits on.
-                "bound": "target" if wait_share >= BOUND_WAIT_SHARE else "drafter"}
+        return self.info.window(elapsed, waited, self.window_tokens)
 
     def _save(self, step: int, sums) -> None:
         """A checkpoint by rank 0; every rank waits for it."""

@@ -35,17 +35,28 @@ BOUND_WAIT_SHARE = 1 / 3
 
 
 def args_online(args) -> bool:
-    return getattr(args, "mode", "offline") == "online"
+    """States computed by a target in this run or its producer (not read from an extraction)."""
+    return getattr(args, "mode", "offline") in ("online", "streamed")
 
 
 def bound_words(online: dict) -> str:
     """The online window in words: both rates, and which side bounds the run."""
     target = online.get("target_tok_s")
-    side = ("bound by the target's forward" if online.get("bound") == "target"
+    spool = "spool_cap" in online
+    side = ("bound by the " + ("producer" if spool else "target's forward") if online.get("bound") == "target"
             else "bound by the drafter's step")
-    return (f"target forward {target:.0f} tok/s, " if target else "") + \
+    words = (f"{'producer' if spool else 'target forward'} {target:.0f} tok/s, " if target else "") + \
         f"drafter step {online.get('drafter_tok_s', 0):.0f} tok/s; {side} (the drafter waited " \
-        f"{100 * online.get('wait_share', 0):.0f} % of the window)"
+        f"{100 * online.get('wait_share', 0):.0f} % of the window"
+    if spool:
+        from ops.spool import fill_words
+
+        blocked = online.get("producer_blocked_share") or 0
+        words += (f", the producer was blocked at the watermark {100 * blocked:.0f} %); spool "
+                  f"{fill_words(int(online.get('spool_bytes') or 0), int(online.get('spool_cap') or 0))}")
+    else:
+        words += ")"
+    return words
 
 
 @dataclass
@@ -73,6 +84,25 @@ class OnlineData:
 
     def describe(self) -> str:
         return f"online: states from the target's forward ({self.root}, layers {self.layer_ids})"
+
+    def begin_epoch(self, epoch: int, position: int, batches: list[list[int]]) -> None:
+        """Nothing to announce: the target computes whatever batch comes."""
+
+    def finish(self) -> None:
+        """Nothing to release: the run's end frees the target."""
+
+    def window(self, elapsed: float, waited: float, tokens: int) -> dict:
+        """The window's two sides: the target's forwards (in the prefetcher's
+        thread) and the drafter's steps; the share of the window the steps
+        waited for a batch says which side bounds the run."""
+        forward_s, forward_tokens = self.clock.take()
+        wait_share = min(1.0, waited / elapsed)
+        return {"target_tok_s": round(forward_tokens / forward_s, 1) if forward_s > 0 else None,
+                "drafter_tok_s": round(tokens / max(1e-9, elapsed - waited), 1),
+                "forward_s": round(forward_s, 3), "waited_s": round(waited, 3),
+                "wait_share": round(wait_share, 4),
+                # Waiting for a third of the window or more: the forward is what the drafter waits on.
+                "bound": "target" if wait_share >= BOUND_WAIT_SHARE else "drafter"}
 
     def stream(self):
         """The CUDA stream the target's forwards run on (None on the CPU)."""

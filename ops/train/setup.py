@@ -119,6 +119,10 @@ def read_inputs(args: argparse.Namespace) -> Inputs:
             from ops.train.online import open_online
 
             info = open_online(args, head.embed.shape[0])
+        elif args.mode == "streamed":
+            from ops.train.streamed import open_streamed
+
+            info = open_streamed(args, head.embed.shape[0], lambda msg: print(msg, flush=True))
         else:
             info = read_data(Path(args.data))
         vocab = load_vocab(Path(args.vocab), target_vocab_size=head.lm_head.shape[0])

@@ -20,7 +20,8 @@ from ops.train.levers import LOSS, SWITCH, TTT_ATTENTION, parse_bucket
 
 CHECKPOINT_BYTES_PER_PARAM = 12
 # offline: states read from extract's folder; online: computed by the target in this run.
-MODES = ("offline", "online")
+# streamed: read from a spool an extract run fills (ops/spool.py), deleted once read.
+MODES = ("offline", "online", "streamed")
 
 
 def estimate_bytes(ctx: EstimateContext) -> int | None:
@@ -40,12 +41,15 @@ def lint(ctx: EstimateContext, gpus: list[int] | None) -> list[Lint]:
     if mode == "offline" and not params.get("data"):
         out.append(Lint("error", f"{where}.data: mode offline reads extract's output (hidden states) and none "
                                  f"is named; set data, or mode = \"online\" with samples = prepare's output"))
-    if mode == "online":
+    if mode == "streamed" and not params.get("spool"):
+        out.append(Lint("error", f"{where}.spool: mode streamed reads a spool that an extract run with "
+                                 f"spool_bytes fills, and none is named; set spool = that run's output"))
+    if mode in ("online", "streamed"):
         if not params.get("samples"):
-            out.append(Lint("error", f"{where}.samples: mode online runs the target on prepare's samples and none "
-                                     f"are named; set samples = prepare's output directory"))
+            out.append(Lint("error", f"{where}.samples: mode {mode} runs the target on prepare's samples and "
+                                     f"none are named; set samples = prepare's output directory"))
         if params.get("data"):
-            out.append(Lint("warning", f"{where}.data: not read in mode online (the target computes the states)"))
+            out.append(Lint("warning", f"{where}.data: not read in mode {mode} (the target computes the states)"))
     return out
 
 
@@ -166,6 +170,10 @@ SPEC = OpSpec(
         Param("data", None, "offline: extract's output directory (hidden states)", type=str),
         Param("samples", None, "online: prepare's output directory (samples.safetensors), read again each "
               "epoch", type=str),
+        Param("spool", None, "streamed: the spool folder an extract run with spool_bytes produces into "
+              "(claimed by this run; what it reads is deleted)", type=str),
+        Param("keep_bytes", 0, "streamed: keep the first samples by id that fit this many bytes on the spool "
+              "across epochs (extracted once; the rest is extracted again each epoch)", low=0),
         LAYER_IDS,
         named(DTYPE, "target_dtype", "online: the target's dtype: "),
         Param("target_device", "auto", "online: where the target runs: auto (the drafter's device), cpu, cuda:N "
