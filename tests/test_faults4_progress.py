@@ -370,3 +370,16 @@ def test_the_log_pane_counts_one_error_line_in_the_singular():
             await pilot.pause()
             assert "filter 'memory': 1 line ·" in str(pane.border_subtitle)
     asyncio.run(main())
+
+
+def test_a_load_before_the_first_sample_is_no_part_of_the_rate():
+    """The passes that found nothing done (the target loading) mark the start once:
+    the first window's ETA counted the load's seconds as work (85 s, 13 s from the end)."""
+    from eagle3_console.monitor.rate import RateWindow
+
+    w = RateWindow(60)
+    for t in (0.0, 5.0, 10.0, 15.0):
+        w.observe(t, 0, None)
+    assert w.observe(20.0, 10, 1000) == (pytest.approx(2.0), pytest.approx(200.0))
+    # Once under way, a stall is part of the rate.
+    assert w.observe(30.0, 10, 1000) == (pytest.approx(10 / 15), pytest.approx(1000 / 15))

@@ -34,6 +34,10 @@ class RateWindow:
         while self._obs and self._obs[0][0] < start:
             self._obs.popleft()
         self._obs.append((now, done, tokens))
+        # Nothing done yet (a model's load): only the last such pass marks the start,
+        # or the load's minutes count as slow work (an ETA of 85 s, 13 s from the end).
+        while len(self._obs) >= 3 and self._obs[0][1] == 0 and self._obs[1][1] == 0:
+            self._obs.popleft()
         if len(self._obs) >= 2 and now > self._obs[0][0]:
             t0, d0, _k0 = self._obs[0]
             dt = now - t0
