@@ -280,7 +280,9 @@ class Collector:
                 disk_mon = DiskMonitor(stage.name, outs[0], estimate, index=mon.index)
                 self._disks[(stage.name, outs[0])] = disk_mon
             disk_mon.estimate_bytes = estimate
-            disks.append(disk_mon.refresh(fraction_done=fraction, refresh_index=False))
+            # A run's own count (files since its start) is no fraction of the whole output's bytes.
+            disks.append(disk_mon.refresh(fraction_done=fraction if mon.since_ns is None else None,
+                                          refresh_index=False))
         elif outs and run:
             for out in outs:
                 disk_mon = self._disks.get((stage.name, out))
