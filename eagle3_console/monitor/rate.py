@@ -57,6 +57,12 @@ class RateWindow:
                 return (tokens - k0) / (now - t0) if now > t0 else None
         return None
 
+    def drop_before(self, start: float) -> None:
+        """Forget the observations made before `start` (a run's start: another run's
+        counts, and the gap between the two, are no rate of this one)."""
+        while self._obs and self._obs[0][0] < start:
+            self._obs.popleft()
+
     def observations(self) -> list:
         """The window's (time, samples, tokens) observations, for the next process."""
         return list(self._obs)

@@ -64,6 +64,8 @@ class ShardMonitor:
         self._full_state: Callable[[float], "ShardMonitor | None"] | None = None
         # Count only the sample files written since (ns; None: all of them).
         self.since_ns: int | None = None
+        # The run writing it started then (s): the rate window holds nothing older.
+        self.run_started: float | None = None
 
     @property
     def index(self) -> "TreeIndex | settled.IndexTotals":
@@ -176,6 +178,8 @@ class ShardMonitor:
         return fmt
 
     def _rate(self, now: float, done: int, tokens: int | None) -> rate.Rate:
+        if self.run_started is not None:
+            self.window.drop_before(self.run_started)
         observed = self.window.observe(now, done, tokens)
         if observed is not None:
             return observed
@@ -187,6 +191,8 @@ class ShardMonitor:
         start_ns = int((now - self.window_s) * 1e9)
         if self.since_ns is not None:
             start_ns = max(start_ns, self.since_ns)
+        if self.run_started is not None:
+            start_ns = max(start_ns, int(self.run_started * 1e9))
         recent = self.files.recent(start_ns)
         return rate.from_mtimes(recent, lambda rel: self.files.sample_tokens(rel, self.root_json.lengths()),
                                 self._token_source())

@@ -264,6 +264,7 @@ class Collector:
             tokens = spec.expected_tokens(ctx) if spec else None
             mon = self._shard_monitor(stage.name, outs[0], expected, tokens, stage.sample_glob, now)
             mon.since_ns = run_own_since(spec, run)
+            mon.run_started = run.started if run is not None else None
             sp = mon.refresh(now=now)
             # A custom stage whose files match neither its pattern nor a known
             # layout counts nothing: its log says how far it is (0/40 next to
