@@ -199,12 +199,6 @@ class LogState:
         return self.findings.get("oom")
 
 
-# A slurm run's job_state when sbatch never took the job (its job_reason says why),
-# and the start of its job_reason while the controller does not answer (runs/slurm/).
-JOB_NOT_SUBMITTED = "NOT_SUBMITTED"
-SLURM_UNANSWERED = "Slurm did not answer"
-
-
 @dataclass
 class JobInfo:
     """A slurm run's job (eagle3_console/runs/slurm/) as its run last recorded it."""
@@ -215,17 +209,10 @@ class JobInfo:
     said: str | None = None             # the run's reason: how the console read the job's end
     stop_requested: bool = False        # the console asked for its end (stop, kill-workers)
 
-    @property
-    def unanswered(self) -> str | None:
-        """Why the job's state is only the last one seen (the controller does not answer), or None."""
-        return self.reason if self.reason and self.reason.startswith(SLURM_UNANSWERED) else None
-
     def line(self) -> str:
-        """The job in a few words: `job 7 PENDING (Resources)`, `job 7 RUNNING on gpu-[01-02]`."""
-        if self.id is None:
-            if self.state == JOB_NOT_SUBMITTED:
-                return f"job: not submitted ({self.reason or self.said or 'no cause recorded'})"
-            return "job: being submitted"
+        """The job in a few words: `job 7 PENDING (Resources)`, `job 7 RUNNING on gpu-[01-02]`, `job: not submitted`."""
+        if self.id is None:    # NOT_SUBMITTED: slurmparams.JOB_NOT_SUBMITTED, sbatch refused it (the reason says why)
+            return f"job: not submitted ({self.reason})" if self.state == "NOT_SUBMITTED" else "job: being submitted"
         return (f"slurm job {self.id} {self.state or 'unknown'}" + (f" on {self.nodes}" if self.nodes else "")
                 + (f" ({self.reason})" if self.reason else ""))
 

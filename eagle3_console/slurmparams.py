@@ -21,6 +21,11 @@ from typing import Any
 from eagle3_console.entry import EntryError, expect, str_list
 from ops.params import Param
 
+# A slurm run's job_state when sbatch never took the job (its job_reason says why), and
+# the start of its job_reason while the controller does not answer (runs/slurm/supervise.py).
+JOB_NOT_SUBMITTED = "NOT_SUBMITTED"
+SLURM_UNANSWERED = "Slurm did not answer"
+
 SLURM = "slurm"
 LAUNCHERS = ("local", SLURM)
 # The client commands the console runs on the login node.

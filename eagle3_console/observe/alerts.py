@@ -13,6 +13,7 @@ import re
 from eagle3_console.model import (CRITICAL, WARNING, Alert, GpuInfo, LogState, Snapshot, StageStatus,
                                   oom_finding)
 from eagle3_console.registry import MAY_BE_ALIVE, RunStatus
+from eagle3_console.slurmparams import SLURM_UNANSWERED
 from eagle3_console.units import human_bytes
 
 LOW_FREE_FRACTION = 0.05
@@ -124,10 +125,10 @@ JOB_END_CODES = {"TIMEOUT": "job_timeout", "NODE_FAIL": "node_fail", "OUT_OF_MEM
 
 def job_alerts(st: StageStatus) -> list[Alert]:
     job = st.job
-    if st.status in MAY_BE_ALIVE and job.unanswered:
+    if st.status in MAY_BE_ALIVE and (job.reason or "").startswith(SLURM_UNANSWERED):
         return [Alert(WARNING, "slurm_unreachable", f"{st.name}: the Slurm controller does not answer; job {job.id} "
                                                     f"{job.state or 'unknown'} is its last seen state", st.name,
-                      job.unanswered)]
+                      job.reason)]
     if st.status == RunStatus.FAILED and job.state in JOB_END_CODES:
         return [Alert(CRITICAL, JOB_END_CODES[job.state], f"{st.name}: {job.said or job.state}", st.name)]
     if st.status == RunStatus.KILLED and job.state == "CANCELLED" and not job.stop_requested:

@@ -22,8 +22,10 @@ from typing import Any
 from eagle3_console.runs import claims
 from eagle3_console.config import Pipeline, Stage
 # The names callers know runs by: each lives in the module of its own job.
-from eagle3_console.runs.liveness import PENDING_GRACE_S, apply_exit_record, reconcile, stage_alive  # noqa: F401
-from eagle3_console.monitor.procs import ProcessTable, RunRef, orphans
+from eagle3_console.runs.liveness import (PENDING_GRACE_S, apply_exit_record, leftover_workers,  # noqa: F401
+                                          reconcile, stage_alive)
+from eagle3_console.runs.paramtypes import quoted_number
+from eagle3_console.monitor.procs import ProcessTable, orphans
 from eagle3_console.runs.outputs import check_outputs_apart, output_paths
 from eagle3_console.runs.plan import Preflight, context, disk_estimate, preflight  # noqa: F401
 from eagle3_console.refused import NothingToDo, Refused  # noqa: F401
@@ -53,7 +55,7 @@ def stage_params(stage: Stage, overrides: dict[str, Any] | None = None, base: di
         # An override takes the type of the declared default (README): a typo
         # fails here, not minutes later in the program (and again on restart).
         for key, value in (overrides or {}).items():
-            wrong = value_type_error(stage.params[key], value) or _quoted_number(stage.params[key], None, value)
+            wrong = value_type_error(stage.params[key], value) or quoted_number(stage.params[key], None, value)
             if wrong:
                 raise Refused(f"stages.{stage.name}: param {key}: {wrong}", code=3, kind="params")
     else:
@@ -62,7 +64,7 @@ def stage_params(stage: Stage, overrides: dict[str, Any] | None = None, base: di
             raise Refused(f"op {stage.op!r} has no param(s) {unknown}; it takes {sorted(stage.spec.params)}", code=3,
                           kind="params")
         for key, value in params.items():
-            wrong = stage.spec.param_type_error(key, value) or _quoted_number(
+            wrong = stage.spec.param_type_error(key, value) or quoted_number(
                 None, stage.spec.params.declared.get(key), value)
             if wrong:
                 raise Refused(f"stages.{stage.name}: param {key}: {wrong}", code=3, kind="params")
@@ -75,24 +77,6 @@ def stage_params(stage: Stage, overrides: dict[str, Any] | None = None, base: di
         raise Refused(f"stages.{stage.name}: param {stage.batch_param}: {batch!r}: expected a batch of at least 1 "
                       f"(it is the stage's batch_param)", code=3, kind="params")
     return params
-
-
-def _quoted_number(default: Any, param: Any, value: Any) -> str | None:
-    """A string where a number is wanted (`tp = "8"` in the pipeline file, `--set tp='"8"'`):
-    the op's argparse would take "8", but the console would carry and compare a
-    string (the plan, tp x dp against the GPUs, a restart's halving). Said with the
-    fix; None when `value` is no quoted number or the param takes text."""
-    if param is not None:
-        if param.convert is not None or param.const is not None:
-            return None
-        kind = param.kind
-        default = param.default
-    else:
-        kind = type(default) if isinstance(default, (int, float)) and not isinstance(default, bool) else None
-    if kind not in (int, float) or not isinstance(value, str):
-        return None
-    return (f"expected {'an integer' if kind is int else 'a number'} (default {default!r}), got the string "
-            f"{value!r}: write it without quotes")
 
 
 def bind_servers(pipe: Pipeline, stage: Stage, params: dict[str, Any], overrides: dict[str, Any]) -> None:
@@ -172,13 +156,6 @@ def dependency_done(ws: Workspace, stage: Stage, run: Run | None) -> bool:
     if run.status == RunStatus.SUCCEEDED:
         return True
     return run.status == RunStatus.LOST and not stage_alive(run) and outputs_complete(ws, stage, run)
-
-
-def leftover_workers(run: Run, table: ProcessTable | None = None) -> list[int]:
-    """Live processes tied to `run` (its group, session, tree or environment), its
-    supervisor left out: after the run's end, the workers that outlived it."""
-    table = table or ProcessTable.snapshot()
-    return sorted(table.owners((RunRef.from_run(run),)))
 
 
 def check_can_start(reg: Registry, pipe: Pipeline, stage: Stage, force: bool, ws: Workspace | None = None,

@@ -13,7 +13,7 @@ import time
 
 from eagle3_console import exitrecord
 from eagle3_console.endclock import mark_end
-from eagle3_console.monitor.procs import process_alive
+from eagle3_console.monitor.procs import ProcessTable, RunRef, process_alive
 from eagle3_console.registry import Registry, Run, RunStatus
 from eagle3_console.slurmparams import SLURM
 
@@ -103,3 +103,10 @@ def _forged(run: Run) -> bool:
 def stage_alive(run: Run) -> bool:
     """Whether the stage's leader process still runs (pid trusted with its create_time)."""
     return run.pid is not None and process_alive(run.pid, run.create_time)
+
+
+def leftover_workers(run: Run, table: ProcessTable | None = None) -> list[int]:
+    """Live processes tied to `run` (its group, session, tree or environment), its
+    supervisor left out: after the run's end, the workers that outlived it."""
+    table = table or ProcessTable.snapshot()
+    return sorted(table.owners((RunRef.from_run(run),)))

@@ -17,9 +17,8 @@ import signal
 import sqlite3
 import time
 
-from eagle3_console.model import JOB_NOT_SUBMITTED, SLURM_UNANSWERED
 from eagle3_console.registry import Registry, RunStatus
-from eagle3_console.slurmparams import SlurmParams
+from eagle3_console.slurmparams import JOB_NOT_SUBMITTED, SLURM_UNANSWERED, SlurmParams
 from eagle3_console.runs.slurm import jobs, script
 
 POLL_S = 2.0
