@@ -66,6 +66,7 @@ class ShardMonitor:
         self.since_ns: int | None = None
         # The run writing it started then (s): the rate window holds nothing older.
         self.run_started: float | None = None
+        self.own_bytes = 0          # bytes of the files written since since_ns (last refresh)
 
     @property
     def index(self) -> "TreeIndex | settled.IndexTotals":
@@ -154,7 +155,10 @@ class ShardMonitor:
         per_dir: dict[str, int] = {}
         tokens: int | None = None
         lengths = self.root_json.lengths()
+        self.own_bytes = 0
         for _mtime, rel in recent:
+            entry = self.files.index.entry(rel)
+            self.own_bytes += entry.size if entry is not None else 0
             rel_dir = rel.rpartition("/")[0]
             per_dir[rel_dir] = per_dir.get(rel_dir, 0) + 1
             n = self.files.sample_tokens(rel, lengths)

@@ -281,9 +281,7 @@ class Collector:
                 disk_mon = DiskMonitor(stage.name, outs[0], estimate, index=mon.index)
                 self._disks[(stage.name, outs[0])] = disk_mon
             disk_mon.estimate_bytes = estimate
-            # A run's own count (files since its start) is no fraction of the whole output's bytes.
-            disks.append(disk_mon.refresh(fraction_done=fraction if mon.since_ns is None else None,
-                                          refresh_index=False))
+            disks.append(disk_mon.refresh(fraction_done=disk_fraction(fraction, mon), refresh_index=False))
         elif outs and run:
             for out in outs:
                 disk_mon = self._disks.get((stage.name, out))
@@ -353,6 +351,18 @@ class Collector:
 
 LEFTOVER_CHECK_S = 5.0
 LEFTOVER_GRACE_S = 10.0
+
+def disk_fraction(fraction: float | None, mon: ShardMonitor) -> float | None:
+    """The fraction the disk projection divides the output's bytes by. A run's own
+    count (files since its start) is not one of the folder's bytes, which hold the
+    previous run's files too (9/40 projected 178 KiB for 40 KiB): this run's bytes
+    / its fraction, at least what is there (a rerun overwrites the same names)."""
+    if mon.since_ns is None or not fraction:
+        return fraction
+    written = mon.index.total_bytes
+    final = max(written, mon.own_bytes / fraction)
+    return written / final if final else None
+
 
 def counter_rate(done: int | None, total: int, started: float | None,
                  now: float) -> tuple[float | None, float | None]:
