@@ -16,6 +16,8 @@ each file whole once it has its name) plus three records, each replaced whole
     need.json      the consumer's plan: the batches it reads next (`groups` of sample
                    ids), in order, from an epoch's position; `seq` grows with each new
                    plan; `done` at the end
+    read.json      the consumer's place in its plan: how many of the plan's batches it read
+                   (a restarted producer starts there, not at the plan's beginning)
     producer.json  the producer's heartbeat: state (producing / blocked / waiting),
                    its tok/s, the time it spent blocked at the watermark, pid, time
 
@@ -47,6 +49,7 @@ from ops.formats import SAMPLE_RE, SHARD_DIR_RE, sample_path
 SPOOL_FILE = "spool.json"
 NEED_FILE = "need.json"
 PRODUCER_FILE = "producer.json"
+READ_FILE = "read.json"
 # The low watermark, a share of the cap: a blocked producer resumes once the consumer read the spool down to it.
 LOW_SHARE = 0.5
 # A producer heartbeat older than this is a producer that is gone (it writes one every second at least).
@@ -193,10 +196,22 @@ def path_of(root: Path, idx: int) -> Path:
 
 
 def plan_record(seq: int, epoch: int, position: int, groups: list[list[int]], keep: list[int],
-                done: bool = False) -> dict:
-    """need.json: the consumer's batches (`groups`, each read whole) in the order it reads them."""
-    return {"seq": seq, "epoch": epoch, "position": position, "groups": groups, "keep": keep, "done": done,
-            "time": time.time()}
+                done: bool = False, first: list[int] | None = None) -> dict:
+    """need.json: the consumer's batches (`groups`, each read whole) in the order it reads them;
+    `first`: kept samples not on the spool yet, made before the batches (the held-out walk reads them)."""
+    return {"seq": seq, "epoch": epoch, "position": position, "first": first or [], "groups": groups,
+            "keep": keep, "done": done, "time": time.time()}
+
+
+def groups_read(root: Path, seq: int) -> int:
+    """How many of plan `seq`'s batches the consumer has read (0 when read.json is of another plan)."""
+    try:
+        record = read_record(root, READ_FILE)
+    except SpoolError:
+        return 0
+    if not record or record.get("seq") != seq or not isinstance(record.get("read"), int):
+        return 0
+    return max(0, record["read"])
 
 
 def as_int_list(value: Any, where: str) -> list[int]:

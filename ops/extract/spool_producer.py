@@ -138,7 +138,10 @@ class Producer:
         on_disk = sp.spool_files(self.root)
         seen: set[int] = set()
         todo: list[list[int]] = []
-        for k, group in enumerate(groups):
+        first = sp.as_int_list(need.get("first") or [], f"{where}: first")
+        # The batches the consumer has read already (this producer restarted mid-plan) are behind it.
+        read = sp.groups_read(self.root, need.get("seq"))
+        for k, group in [(-1, first)] + list(enumerate(groups))[read:]:
             ids = sp.as_int_list(group, f"{where}: groups[{k}]")
             bad = [i for i in ids if not 0 <= i < total]
             if bad:
@@ -147,6 +150,16 @@ class Producer:
             seen.update(left)
             if left:
                 todo.append(left)
+        # Files of an earlier plan that this one does not read (a consumer that resumed from its
+        # checkpoint, the writes that were in flight when the plan changed): never read, they would
+        # hold the spool above its low watermark for good.
+        keep = set(sp.as_int_list(need.get("keep") or [], f"{where}: keep"))
+        wanted = keep | {i for group in todo for i in group} | {i for group in groups[read:] for i in group}
+        stray = [path for idx, path in sp.spool_files(self.root).items() if idx not in wanted]
+        for path in stray:
+            path.unlink(missing_ok=True)
+        if stray:
+            log(f"extract: plan {need.get('seq')}: {len(stray)} sample file(s) of an earlier plan removed")
         if not todo:
             return
         band = self.cap - self.low

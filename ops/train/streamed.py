@@ -42,7 +42,9 @@ class StreamedData:
     keep_bytes: int = 0
     format: str = hidden_formats.DEFAULT
     keep: set = field(default_factory=set)
+    held: set = field(default_factory=set)
     seq: int = 0
+    read: int = 0
     waited_s: float = 0.0
     log: Any = print
     _beat: dict = field(default_factory=dict)
@@ -67,7 +69,7 @@ class StreamedData:
                 break
             keep.add(idx)
             used += cost
-        self.keep = keep
+        self.keep, self.held = keep, set(held)
         claim = sp.Claim(consumer=token, samples=self.config["samples"], total_tokens=sum(self.lengths.values()),
                          target=self.config["target"], layer_ids=self.layer_ids, hidden_size=self.hidden_size,
                          keep=sorted(keep))
@@ -115,11 +117,12 @@ class StreamedData:
         """need.json: this epoch's batches from `position` on, in the order they are read; the kept
         samples not yet on the spool first (the held-out walk reads them at the first window)."""
         missing = [i for i in sorted(self.keep) if i not in sp.spool_files(self.root)]
-        groups = [missing] if missing else []
         self.seq += 1
+        self.read = 0
+        sp.write_record(self.root, sp.READ_FILE, {"seq": self.seq, "read": 0})
         sp.write_record(self.root, sp.NEED_FILE,
-                        sp.plan_record(self.seq, epoch, position, groups + [list(b) for b in batches],
-                                       sorted(self.keep)))
+                        sp.plan_record(self.seq, epoch, position, [list(b) for b in batches], sorted(self.keep),
+                                       first=missing))
 
     def finish(self) -> None:
         self.seq += 1
@@ -206,6 +209,11 @@ class SpoolBatches:
                     os.unlink(p)
                 except FileNotFoundError:
                     pass
+        if not all(idx in data.held for idx in idxs):
+            # One of the plan's batches read (the held-out walk's are not the plan's): where a
+            # restarted producer starts.
+            data.read += 1
+            sp.write_record(data.root, sp.READ_FILE, {"seq": data.seq, "read": data.read})
         return batch
 
 
