@@ -218,3 +218,23 @@ def test_the_exporter_gauges_carry_both_sides(assets, tmp_path):
     assert gauges["eagle3_train_target_tokens_per_second"] > 0
     assert gauges["eagle3_train_drafter_tokens_per_second"] > 0
     assert 0 <= gauges["eagle3_train_wait_ratio"] <= 1 and gauges["eagle3_train_bound_by_target"] in (0, 1)
+
+
+def test_an_online_drafter_exports_checked_and_benches_on_its_held_out_samples(assets, tmp_path):
+    """No states were stored: export's check computes the held-out samples' states with the
+    target, bench reads its prompts from prepare's samples (export_info.json names them)."""
+    from ops.bench.__main__ import main as bench
+    from ops.export.__main__ import main as export
+
+    out = tmp_path / "on"
+    assert run_train(base_argv(assets, out, *online(assets))) == 0
+    exported = tmp_path / "export"
+    assert export(["--checkpoint", str(out), "--output", str(exported), "--dtype", "float32"]) == 0
+    info = json.loads((exported / "export_info.json").read_text())
+    assert info["check"]["ok"] and info["samples"] == str(assets["samples"].resolve()) and info["data"] is None
+    held = info["holdout"]
+    assert bench(["--drafter", str(exported / "sglang"), "--target", str(assets["target"]), "--output",
+                  str(tmp_path / "bench"), "--draft-tokens", "3", "--max-new-tokens", "8", "--num-prompts", "4",
+                  "--device", "cpu"]) == 0
+    result = json.loads((tmp_path / "bench" / "bench.json").read_text())
+    assert result["prompts"] == held[:4] and result["outputs_match"], result["prompts"]

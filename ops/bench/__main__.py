@@ -41,17 +41,27 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def prompts_from_data(data_dir: Path, indices: list[int], n: int) -> list[tuple[int, list[int]]]:
+    """Held-out prompts (the tokens before each sample's first answer token) from extract's
+    output, or from prepare's (an online run's data)."""
     from safetensors import safe_open
 
     from ops.drafter.data import read_data
+    from ops.extract.samples import SAMPLES_FILE, load_samples
 
-    info = read_data(data_dir)
-    chosen = [i for i in indices if i in info.samples] or sorted(info.samples)[-n:]
+    if (Path(data_dir) / SAMPLES_FILE).is_file():
+        # An online run's data: prepare's samples (the drafter's held-out ids are theirs too).
+        prepared = load_samples(Path(data_dir))
+        known = range(len(prepared))
+        rows = {i: tuple(a.tolist() for a in prepared.get(i)) for i in
+                ([i for i in indices if 0 <= i < len(prepared)] or list(known)[-n:])}
+    else:
+        info = read_data(data_dir)
+        rows = {}
+        for i in [i for i in indices if i in info.samples] or sorted(info.samples)[-n:]:
+            with safe_open(str(info.samples[i]), framework="pt") as fh:
+                rows[i] = (fh.get_tensor("input_ids").tolist(), fh.get_tensor("loss_mask").tolist())
     out = []
-    for idx in chosen:
-        with safe_open(str(info.samples[idx]), framework="pt") as fh:
-            ids = fh.get_tensor("input_ids").tolist()
-            mask = fh.get_tensor("loss_mask").tolist()
+    for idx, (ids, mask) in rows.items():
         first = next((i for i, m in enumerate(mask) if m), len(ids))
         if first >= 2:
             out.append((idx, ids[:first]))
@@ -79,7 +89,7 @@ def prompts_for(args) -> list[tuple[int, list[int]]]:
         ddir, _fmt = detect_format(Path(args.drafter))
         info_path = ddir.parent / INFO_FILE
         info = json.loads(info_path.read_text()) if info_path.exists() else {}
-    data = args.data or info.get("data")
+    data = args.data or info.get("data") or info.get("samples")
     if not data:
         raise ValueError("no prompts: pass --data or --prompts-file (or --drafter whose export_info.json names data)")
     return prompts_from_data(Path(data), list(info.get("holdout") or []), args.num_prompts)
@@ -168,7 +178,7 @@ def _main(argv=None) -> int:
         if args.prompts_file:
             prompts = prompts_from_file(Path(args.prompts_file), args.num_prompts, args.target)
         else:
-            data = args.data or info.get("data")
+            data = args.data or info.get("data") or info.get("samples")
             if not data:
                 raise ValueError(f"no prompts: pass --data or --prompts-file ({info_path} names no data)")
             prompts = prompts_from_data(Path(data), list(info.get("holdout") or []), args.num_prompts)

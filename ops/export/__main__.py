@@ -70,16 +70,38 @@ def target_head(candidates: list[str], cfg):
     return Path(local[0]), head
 
 
+def _stored_inputs(data, idx: int):
+    """(input_ids [1, T], aux [1, T, 3H] float32) of an extracted sample."""
+    import torch
+
+    from ops.drafter.data import collate, decode_batch, load_sample
+
+    batch = collate([load_sample(data.samples[idx], data.hidden_size, 4096, data.format)])
+    return batch["input_ids"], decode_batch(batch, data.format, data.hidden_size, torch.float32)["aux"]
+
+
 def check(ref_model, written: dict[str, Path], meta: dict, args, target: Path) -> dict:
     import torch
 
-    from ops.drafter.data import collate, decode_batch, load_sample, read_data
+    from ops.drafter.data import read_data
     from ops.drafter.target_head import load_target_head
     from ops.export.formats import read_export
 
-    data = read_data(Path(args.data or meta["data"]))
-    ids = list(meta.get("holdout") or []) or sorted(data.samples)
-    ids = ids[: args.check_samples]
+    if args.data or meta.get("data"):
+        data = read_data(Path(args.data or meta["data"]))
+        ids = list(meta.get("holdout") or []) or sorted(data.samples)
+        ids = ids[: args.check_samples]
+        inputs = {idx: _stored_inputs(data, idx) for idx in ids}
+    else:
+        # An online (or streamed) run stored no states: the check's are the target's own,
+        # computed here by extract's forward on prepare's samples (ops/train/online.py).
+        from ops.train.online import states_for
+
+        if not meta.get("samples"):
+            raise ValueError("the checkpoint names neither data (offline) nor samples (online); pass --data")
+        ids = (list(meta.get("holdout") or []) or [0])[: args.check_samples]
+        inputs = states_for(Path(meta["samples"]), target, meta.get("layer_ids") or ref_model.cfg.aux_layer_ids,
+                            ids)
     embed = load_target_head(target).embed.float()
     steps = int(meta.get("ttt_steps", 3))
     ref_model.eval()
@@ -98,10 +120,9 @@ def check(ref_model, written: dict[str, Path], meta: dict, args, target: Path) -
         worst, agree, total = 0.0, 0, 0
         with torch.no_grad():
             for idx in ids:
-                batch = collate([load_sample(data.samples[idx], data.hidden_size, 4096, data.format)])
-                aux = decode_batch(batch, data.format, data.hidden_size, torch.float32)["aux"]
-                ref = [lg for _, lg in ref_model.unroll(batch["input_ids"], aux, embed, steps)]
-                got = [lg for _, lg in model.unroll(batch["input_ids"], aux, embed, steps)]
+                input_ids, aux = inputs[idx]
+                ref = [lg for _, lg in ref_model.unroll(input_ids, aux, embed, steps)]
+                got = [lg for _, lg in model.unroll(input_ids, aux, embed, steps)]
                 for a, b in zip(ref, got):
                     worst = max(worst, float((a - b).norm() / a.norm().clamp(min=1e-12)))
                     agree += int((a.argmax(-1) == b.argmax(-1)).sum())
@@ -200,7 +221,7 @@ def _export(args, ckpt: Path, model, meta: dict, out: Path, stage: Path) -> int:
         "target": target_ref(args.target or meta.get("target", "")), "target_architecture": cfg.target_architecture,
         "target_model_type": cfg.target_model_type, "target_num_layers": cfg.target_num_layers,
         "draft_vocab_size": cfg.draft_vocab_size, "formats": {k: str(out / k) for k in written},
-        "holdout": meta.get("holdout", []), "data": meta.get("data"),
+        "holdout": meta.get("holdout", []), "data": meta.get("data"), "samples": meta.get("samples"),
         **layers.engine_ids(cfg.aux_layer_ids, cfg.target_num_layers or max(cfg.aux_layer_ids) + 1,
                             cfg.target_architecture),
     }
