@@ -22,6 +22,7 @@ from ops.common import TMP_SUFFIX
 from ops.formats import DATA_CONFIG, SAMPLE_RE, BadSampleFile, check_whole
 from ops.spec import EstimateContext, OpSpec, Param
 from ops.target_params import DEVICE, DTYPE, LAYER_IDS
+from ops.units import human_bytes
 
 
 def partial_files(root: Path) -> list[Path]:
@@ -93,7 +94,22 @@ def lint(ctx: EstimateContext, gpus: list[int] | None) -> list:
 
 
 def plan_lines(ctx: EstimateContext) -> list[str]:
-    return layer_line(ctx) + format_line(ctx)
+    cap = ctx.params.get("spool_bytes")
+    spool = ([f"spool: at most {human_bytes(int(cap))} on disk at once (spool_bytes), whatever the extraction's "
+              f"size: a train run with mode streamed reads and deletes it (ops/spool.py)"]
+             if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else [])
+    return layer_line(ctx) + format_line(ctx) + spool
+
+
+def spool_or_extract_estimate(ctx: EstimateContext):
+    """A spool's producer holds at most spool_bytes on disk; else the extraction's estimate."""
+    from ops.estimate import Estimate
+
+    est = extract_estimate(ctx)
+    cap = ctx.params.get("spool_bytes")
+    if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 and (est is None or est.bytes > cap):
+        return Estimate(cap, "declared", "the spool's cap (spool_bytes): the consumer deletes what it read")
+    return est
 
 
 SPEC = OpSpec(
@@ -153,6 +169,6 @@ SPEC = OpSpec(
     launch=sglang_args.launch,
     spreads=lambda params: "sglang" if params.get("engine") == "sglang" else "torchrun",
     lint=lint,
-    estimate=extract_estimate,
+    estimate=spool_or_extract_estimate,
     plan_lines=plan_lines,
 )
