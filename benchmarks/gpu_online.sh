@@ -29,13 +29,25 @@ COMMON=(--vocab $D/vocab --target $M --epochs "$EPOCHS" --lr 1e-3 --ttt-steps 3 
         --holdout 200 --seed 0 --device cuda --save-every 100000 --log-every 20 --workers 4)
 t train_offline python3 -m ops.train "${COMMON[@]}" --data $W/hs --output $W/off
 t train_online python3 -m ops.train "${COMMON[@]}" --mode online --samples $D/prepared --output $W/on
-du -sb $W/hs $W/off $W/on $D/prepared | tee "$OUT/du.txt"
+# Streamed: the producer (extract, HF engine) fills a 4 GB spool that the consumer reads and deletes;
+# the spool's size sampled every 0.2 s while they run.
+rm -rf $W/spool $W/str
+python3 -m ops.extract --input $D/prepared --output $W/spool --target $M --engine hf --dtype bfloat16 \
+  --max-seq-len 1024 --token-budget 16384 --spool-bytes "${SPOOL_BYTES:-4000000000}" > "$OUT/producer.log" 2>&1 &
+PROD=$!
+( while kill -0 $PROD 2>/dev/null; do du -sb $W/spool 2>/dev/null | cut -f1; sleep 0.2; done | sort -n | tail -1 \
+  > "$OUT/spool_max_bytes.txt" ) &
+t train_streamed python3 -m ops.train "${COMMON[@]}" --mode streamed --samples $D/prepared --spool $W/spool --output $W/str
+wait $PROD; echo "producer: exit $?" | tee -a "$OUT/times.txt"
+wait
+echo "spool max bytes: $(cat "$OUT/spool_max_bytes.txt") (cap ${SPOOL_BYTES:-4000000000})" | tee -a "$OUT/times.txt"
+du -sb $W/hs $W/off $W/on $W/str $W/spool $D/prepared | tee "$OUT/du.txt"
 python3 - "$W" "$OUT" <<'PY' | tee "$OUT/summary.txt"
 import json, sys
 from pathlib import Path
 w, out = Path(sys.argv[1]), Path(sys.argv[2])
 rows = {}
-for mode in ("off", "on"):
+for mode in ("off", "on", "str"):
     recs = [json.loads(x) for x in (w / mode / "metrics.jsonl").read_text().splitlines()]
     last = recs[-1]
     # Mean tok/s over the windows after the first (the first holds warm-up and the first held-out walk).
@@ -44,8 +56,10 @@ for mode in ("off", "on"):
                   "simulated_al": last["simulated_acceptance_length"], "tok_s_mean": sum(rates) / len(rates),
                   "online": last.get("online")}
     (out / f"metrics_{mode}.jsonl").write_text((w / mode / "metrics.jsonl").read_text())
-rows["al_diff"] = rows["on"]["simulated_al"] - rows["off"]["simulated_al"]
-rows["tok_s_ratio_online_over_offline"] = rows["on"]["tok_s_mean"] / rows["off"]["tok_s_mean"]
+for mode in ("on", "str"):
+    rows[f"al_diff_{mode}"] = rows[mode]["simulated_al"] - rows["off"]["simulated_al"]
+    rows[f"tok_s_ratio_{mode}_over_offline"] = rows[mode]["tok_s_mean"] / rows["off"]["tok_s_mean"]
 print(json.dumps(rows, indent=1))
 PY
-tail -3 "$OUT"/extract.log; grep -h "online:" "$OUT/train_online.log" | tail -3
+tail -3 "$OUT"/extract.log; grep -h "online:" "$OUT/train_online.log" "$OUT/train_streamed.log" | tail -4
+cd "$OUT" && tar czf /tmp/online-logs.tgz *.log *.txt *.jsonl && mv /tmp/online-logs.tgz "$OUT/"
