@@ -9,12 +9,14 @@
 # The same prepared samples feed extract -> train (offline) and train --mode online, with the same seed and
 # Params; the figures (held-out simulated AL, train tok/s, disk) are printed and left in $OUT.
 set -u
-OUT=${OUT:-/tmp/online-out}
+# $OUT gets three files back (a call returns 8 at most): summary.txt, times.txt and everything in online.tgz.
+RET=${OUT:-/tmp/online-out}
+OUT=/root/online/out
 M=/root/models/smollm2
 D=.devwork/online
 W=/root/online
 EPOCHS=${EPOCHS:-3}
-mkdir -p "$OUT" $W
+mkdir -p "$OUT" "$RET" $W
 [ -f $M/.devslices-smollm2 ] || bash .devslices/smollm2/bin/unpack.sh $M || exit 1
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
@@ -62,4 +64,4 @@ for mode in ("on", "str"):
 print(json.dumps(rows, indent=1))
 PY
 tail -3 "$OUT"/extract.log; grep -h "online:" "$OUT/train_online.log" "$OUT/train_streamed.log" | tail -4
-cd "$OUT" && tar czf /tmp/online-logs.tgz *.log *.txt *.jsonl && mv /tmp/online-logs.tgz "$OUT/"
+cp "$OUT/summary.txt" "$OUT/times.txt" "$RET/"; tar czf "$RET/online.tgz" -C "$OUT" .
