@@ -28,6 +28,7 @@ from eagle3_console.monitor.logs import LogFollower
 from eagle3_console.monitor.procs import ProcessTable, RunRef, attach_owners, orphans, process_alive
 from eagle3_console.monitor.shards import ShardMonitor
 from eagle3_console.monitor.shards import fraction as shard_fraction
+from eagle3_console.observe.runprogress import disk_fraction, from_log, run_own_since
 from eagle3_console.registry import ACTIVE, Registry, Run, RunStatus, id_path
 from eagle3_console.observe.savedmonitors import SavedMonitors
 from eagle3_console.runs.vouch import vanished
@@ -292,16 +293,7 @@ class Collector:
         elif outs and est is not None:      # nothing written yet: the figure is known before the run
             disks.append(plan.unwritten_usage(stage.name, outs[0], estimate))
         plan.label_usages(disks, est)
-        log = st.log
-        if fraction is None and log and log.progress_total:
-            fraction = min(1.0, (log.progress_done or 0) / log.progress_total)
-            st.rate, st.eta_s = log.rate, log.eta_s
-            st.rate_unit = log.rate_unit if log.rate is not None else None
-            if st.rate is None and still_running and run is not None:
-                st.rate, st.eta_s = counter_rate(log.progress_done, log.progress_total, run.started, now)
-                st.rate_unit = "it/s" if st.rate is not None else None
-        if st.tokens_per_s is None and log and log.tokens_per_s is not None:
-            st.tokens_per_s = log.tokens_per_s      # the run's own `progress:` line (tok/s)
+        fraction = from_log(st, fraction, run.started if run else None, still_running, now)
         if st.status == RunStatus.SUCCEEDED and not (st.shards and st.shards.samples_expected):
             # Done is all; but a count shown says how much, and the percentage is that count's.
             fraction = 1.0
@@ -351,39 +343,6 @@ class Collector:
 
 LEFTOVER_CHECK_S = 5.0
 LEFTOVER_GRACE_S = 10.0
-
-def disk_fraction(fraction: float | None, mon: ShardMonitor) -> float | None:
-    """The fraction the disk projection divides the output's bytes by. A run's own
-    count (files since its start) is not one of the folder's bytes, which hold the
-    previous run's files too (9/40 projected 178 KiB for 40 KiB): this run's bytes
-    / its fraction, at least what is there (a rerun overwrites the same names)."""
-    if mon.since_ns is None or not fraction:
-        return fraction
-    written = mon.index.total_bytes
-    final = max(written, mon.own_bytes / fraction)
-    return written / final if final else None
-
-
-def counter_rate(done: int | None, total: int, started: float | None,
-                 now: float) -> tuple[float | None, float | None]:
-    """(rate, ETA) of a plain `N/M` counter that prints neither (`progress: samples
-    9/40`): its count over the run's time so far (progress, but no rate or ETA,
-    before). None while nothing is counted yet."""
-    if not done or started is None or now <= started:
-        return None, None
-    rate = done / (now - started)
-    return rate, max(0, total - done) / rate
-
-
-def run_own_since(spec: Any, run: Run | None) -> int | None:
-    """For a custom stage's run that has not succeeded: count only the files it
-    wrote (ns since its start). Its output may hold a previous run's files (an
-    OOM restart, a rerun): they read 100 % (41/40) from the first second, and
-    a failed run 100 %. An op's own output is its progress (extract resumes)."""
-    if spec is not None or run is None or run.started is None or run.status == RunStatus.SUCCEEDED:
-        return None
-    return int(run.started * 1e9)
-
 
 def latest_success(reg: Registry, latest: Run | None) -> Run | None:
     """The stage's latest succeeded run (its latest run, most often)."""
