@@ -130,6 +130,8 @@ def test_status_shows_the_token_fraction_and_projects_the_disk_from_it(ws):
     assert st["progress"] == pytest.approx(frac)
     assert st["shards"]["tokens_expected"] == sum(lengths)
     assert disk["projected_bytes"] == int(disk["written_bytes"] / frac)
+    # The table says which count its percentage is of (13/100 next to 51.9 % read as a contradiction).
+    assert f"{100 * frac:.1f}% of tokens (13/100 samples)" in ws.cli("status", "--no-gpus").stdout
     # What the whole run writes: within a quarter of the projection (the samples' count gave 2.4-4x).
     assert disk["projected_bytes"] <= 1.25 * disk["estimate_bytes"] + 100 * 400
 

@@ -46,8 +46,12 @@ def print_status(console: Console, snap: Snapshot) -> None:
     for st in snap.stages:
         elapsed = ((st.ended or time.time()) - st.started) if st.started else None
         prog = "-" if st.progress is None else f"{st.progress * 100:.1f}%"
-        if st.shards and st.shards.samples_expected:
-            prog += f" ({st.shards.samples_done}/{st.shards.samples_expected})"
+        sp = st.shards
+        if sp and sp.samples_expected:
+            # The percentage is of the tokens once known (samples come longest first): said so.
+            by_tokens = sp.tokens_expected and sp.tokens_done is not None and sp.samples_done < sp.samples_expected
+            prog += (f" of tokens ({sp.samples_done}/{sp.samples_expected} samples)" if by_tokens
+                     else f" ({sp.samples_done}/{sp.samples_expected})")
         style = STATUS_STYLE.get(st.status, "")
         flag = " OOM" if st.log and "oom" in st.log.findings else ""
         t.add_row(st.name, f"[{style}]{st.status}{flag}[/]", str(st.run_id or "-"), str(st.pid or "-"),
