@@ -128,7 +128,7 @@ def main_sglang(args) -> int:
     write_result(Path(args.output), result)
     speed = f" | speed-up {result['speedup']:.2f}x (baseline {result['tok_s_plain']:.1f} tok/s)" \
         if result["speedup"] is not None else ""
-    from ops.bench.spec import cycle_words, drift_words
+    from ops.bench.view import cycle_words, drift_words
     cycle = cycle_words(result.get("cycle"))
     print(f"bench: engine sglang acceptance length {result['acceptance_length']:.2f} "
           f"({result['tokens']} tokens / {result['spec_verify_ct']} verify steps) | "

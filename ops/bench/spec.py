@@ -19,7 +19,7 @@ verify forward).
 from __future__ import annotations
 
 from ops.bench.figures import parse_concurrency, parse_settings
-from ops.bench.view import gauges, result_view
+from ops.bench.view import cycle_words, drift_words, gauges, result_view  # noqa: F401 - the words live with the view
 from ops.spec import EstimateContext, Lint, OpSpec, Param, ServerParam
 
 ENGINES = ("reference", "sglang")
@@ -74,31 +74,6 @@ def sglang_line(r: dict) -> str:
     elif r.get("outputs_match") is None:
         out += "; no baseline"
     return out + _extras(r)
-
-
-def drift_words(d: dict) -> str:
-    """bench.json's drift record in words: how many prompts differ, where they part first,
-    the target's own drift beside it, and the verdict (ops/bench/figures.py judge_drift)."""
-    floor = d.get("floor")
-    own = (f"target's own {floor.get('differing')}/{floor.get('prompts')} at x{floor.get('concurrency')}"
-           if isinstance(floor, dict) else "target's own drift not measured")
-    where = f"first at token {d.get('first_diff_min')}-{d.get('first_diff_max')}; {own}"
-    if d.get("verdict") == "broken":
-        return f"OUTPUT DIFFERS FROM BASELINE GREEDY on {d.get('differing')}/{d.get('prompts')} prompts ({where}): NOT NUMERICS"
-    return f"output differs from the baseline on {d.get('differing')}/{d.get('prompts')} prompts ({where}): numerics"
-
-
-def cycle_words(c) -> str:
-    """The verify cycle at batch 1 beside a plain target step, where bench.json has them."""
-    if not isinstance(c, dict) or not isinstance(c.get("cycle_s"), (int, float)):
-        return ""
-    out = f"cycle {1e3 * c['cycle_s']:.2f} ms"
-    if isinstance(c.get("draft_step_s"), (int, float)):
-        out += f" (draft step {1e3 * c['draft_step_s']:.2f} ms"
-        out += f", verify {1e3 * c['verify_s']:.2f} ms)" if isinstance(c.get("verify_s"), (int, float)) else ")"
-    if isinstance(c.get("plain_step_s"), (int, float)):
-        out += f" vs plain step {1e3 * c['plain_step_s']:.2f} ms"
-    return out
 
 
 def lint(ctx: EstimateContext, _gpus) -> list[Lint]:

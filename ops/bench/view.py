@@ -75,7 +75,6 @@ def details(r: dict) -> list[str]:
         lines.append("accept @k: share of draft k accepted when drafts 1..k-1 were")
     if r.get("drafter"):
         lines.append(f"drafter {r['drafter']}" + (f" ({r['format']})" if r.get("format") else ""))
-    from ops.bench.spec import cycle_words, drift_words
     cycle = cycle_words(r.get("cycle"))
     if cycle:
         c = r["cycle"]
@@ -175,4 +174,29 @@ def gauges(r: dict) -> list[Gauge]:
                       "setting at a concurrency.", _num(x.get("acceptance_length")), labels),
                 Gauge("eagle3_bench_table_output_tokens_per_second", "Completion tokens / wall time of the row.",
                       _num(x.get("tok_s")), labels)]
+    return out
+
+
+def drift_words(d: dict) -> str:
+    """bench.json's drift record in words: how many prompts differ, where they part first,
+    the target's own drift beside it, and the verdict (ops/bench/figures.py judge_drift)."""
+    floor = d.get("floor")
+    own = (f"target's own {floor.get('differing')}/{floor.get('prompts')} at x{floor.get('concurrency')}"
+           if isinstance(floor, dict) else "target's own drift not measured")
+    where = f"first at token {d.get('first_diff_min')}-{d.get('first_diff_max')}; {own}"
+    if d.get("verdict") == "broken":
+        return f"OUTPUT DIFFERS FROM BASELINE GREEDY on {d.get('differing')}/{d.get('prompts')} prompts ({where}): NOT NUMERICS"
+    return f"output differs from the baseline on {d.get('differing')}/{d.get('prompts')} prompts ({where}): numerics"
+
+
+def cycle_words(c) -> str:
+    """The verify cycle at batch 1 beside a plain target step, where bench.json has them."""
+    if not isinstance(c, dict) or not isinstance(c.get("cycle_s"), (int, float)):
+        return ""
+    out = f"cycle {1e3 * c['cycle_s']:.2f} ms"
+    if isinstance(c.get("draft_step_s"), (int, float)):
+        out += f" (draft step {1e3 * c['draft_step_s']:.2f} ms"
+        out += f", verify {1e3 * c['verify_s']:.2f} ms)" if isinstance(c.get("verify_s"), (int, float)) else ")"
+    if isinstance(c.get("plain_step_s"), (int, float)):
+        out += f" vs plain step {1e3 * c['plain_step_s']:.2f} ms"
     return out
