@@ -28,6 +28,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from ops.common import BadInput
 
@@ -203,3 +204,37 @@ def _tokenizer(tokenizer_dir: str | None, where: str):
     if not tok.chat_template:
         raise ValueError(f"{where}: {tokenizer_dir}'s tokenizer has no chat template to render the row with")
     return tok
+
+
+# How much of a JSON array file json_array reads at a time (ShareGPT's file is 125 MB).
+JSON_CHUNK = 1 << 22
+
+
+def json_array(path: Path) -> Iterator[dict]:
+    """The objects of the JSON array at `path`, one at a time; a torn last one ends it."""
+    decoder = json.JSONDecoder()
+    with open(path, encoding="utf-8") as fh:
+        buf, pos, eof = fh.read(JSON_CHUNK).lstrip(), 1, False
+        if not buf.startswith("["):
+            raise BadInput(f"{path}: not a JSON array")
+        while True:
+            while pos < len(buf) and buf[pos] in " \t\r\n,":
+                pos += 1
+            if pos < len(buf) and buf[pos] == "]":
+                return
+            try:
+                obj, end = decoder.raw_decode(buf, pos)
+            except json.JSONDecodeError:
+                if eof:
+                    return              # the torn record at the cut
+                more = fh.read(JSON_CHUNK)
+                eof = not more
+                buf, pos = buf[pos:] + more, 0
+                continue
+            if isinstance(obj, dict):
+                yield obj
+            pos = end
+            if len(buf) - pos < JSON_CHUNK // 4 and not eof:
+                more = fh.read(JSON_CHUNK)
+                eof = not more
+                buf, pos = buf[pos:] + more, 0

