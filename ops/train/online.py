@@ -241,6 +241,10 @@ def load_target(data: OnlineData, args, place) -> None:
     model = target_mod.load_model(info, data.config["dtype"], placement)
     for p in model.parameters():
         p.requires_grad_(False)
+    if getattr(args, "target_compile", False):
+        from ops.extract.capture import compile_layers
+
+        place.log(f"online: target_compile: {compile_layers(model)} decoder layers compiled")
     place.log(f"online: target {info.path} loaded on {placement.describe()} in "
               f"{time.monotonic() - t0:.1f} s ({data.config['dtype']}, aux layers {data.layer_ids})")
     data.target = HFTarget(model, data.layer_ids)

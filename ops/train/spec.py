@@ -176,6 +176,8 @@ SPEC = OpSpec(
               "across epochs (extracted once; the rest is extracted again each epoch)", low=0),
         LAYER_IDS,
         named(DTYPE, "target_dtype", "online: the target's dtype: "),
+        Param("target_compile", False, "online: torch.compile the target's decoder layers (extract's compile: "
+              "fuses the eager forward's small kernels; the first batches pay the compile)"),
         Param("target_device", "auto", "online: where the target runs: auto (the drafter's device), cpu, cuda:N "
               "(a GPU of its own)"),
         Param("vocab", help="vocab's output directory (vocab.safetensors)"),
