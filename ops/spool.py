@@ -153,9 +153,11 @@ def check_claim(root: Path, claim: Claim, resume: bool) -> None:
                              f"consumer deletes what it reads: name an empty folder")
         return
     owner = existing.get("consumer")
-    if owner != claim.consumer and not (resume and owner == claim.consumer):
+    # A resumed run keeps its token (ops/train/owner.py), so only the run that claimed the spool passes.
+    if owner != claim.consumer:
         raise SpoolError(f"spool {root}: owned by train run {owner} ({root / SPOOL_FILE}); this run is "
-                         f"{claim.consumer}: resume that run (resume=true) or use another spool")
+                         f"{claim.consumer}" + ("" if resume else ": resume that run (resume=true)") +
+                         ", delete the spool's folder, or use another spool")
 
 
 def check_producer(root: Path, layer_ids: list[int], target: str, samples: str, total_tokens: int) -> dict:
