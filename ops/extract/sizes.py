@@ -53,8 +53,14 @@ def _param_or_summary(ctx: EstimateContext, param: str, key: str) -> int | None:
     return count(summary.get(key)) if isinstance(summary, dict) else None
 
 
+def _spool(ctx: EstimateContext) -> bool:
+    """A spool's producer (spool_bytes): its files come and go as the consumer reads them, so
+    no count of them is progress (the log's `progress:` lines are, per plan)."""
+    return bool(ctx.params.get("spool_bytes"))
+
+
 def expected_tokens(ctx: EstimateContext) -> int | None:
-    return tokens_and_source(ctx)[0]
+    return None if _spool(ctx) else tokens_and_source(ctx)[0]
 
 
 def tokens_and_source(ctx: EstimateContext) -> tuple[int | None, str]:
@@ -136,7 +142,7 @@ def prepared_lengths(directory: Path | None) -> list[int] | None:
 
 
 def expected_samples(ctx: EstimateContext) -> int | None:
-    return _param_or_summary(ctx, "num_samples", "samples")
+    return None if _spool(ctx) else _param_or_summary(ctx, "num_samples", "samples")
 
 
 def state_dtype(params: dict, target: dict) -> str:

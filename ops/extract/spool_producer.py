@@ -60,7 +60,9 @@ class Producer:
 
     def produce(self) -> int:
         self.root.mkdir(parents=True, exist_ok=True)
-        config = dict(self.run.config, status="spool", spool_bytes=self.cap)
+        # No totals: a spool's files come and go, so the console counts no progress from them.
+        config = {k: v for k, v in self.run.config.items() if k not in ("total_samples", "total_tokens")}
+        config.update(status="spool", spool_bytes=self.cap)
         from ops.extract import output
 
         output.write_data_config(self.root, config)
