@@ -33,7 +33,6 @@ from ops.train.targets import out_of_vocab
 HELDOUT_EVERY_S = 60.0
 
 
-
 def train(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
     """The run, step by step; its exit code (3: the loss went non-finite)."""
     from ops.train.owner import OwnerError, begin, load_resumed
@@ -65,6 +64,9 @@ def train(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
         start = begin(output, args.resume, args.replace_checkpoints, cfg.to_dict(), place.is_main, place.log)
     except OwnerError as exc:
         raise BadInput(str(exc)) from None
+    if args.mode == "streamed" and place.world > 1:
+        raise BadInput("mode streamed: a spool has one consumer; run it without torchrun (or mode online, "
+                       "where each rank holds the target)")
     if args.mode == "streamed":
         # The spool is this run's (its token), and the producer's format is how its files are read.
         info.claim(start.run.token, plan.train_ids, plan.held, args.resume)
@@ -110,7 +112,8 @@ class Loop:
         self.it, self.wait_mark = it, 0.0
         place.log(f"train: {len(info.samples)} samples ({len(plan.train_ids)} train, {len(plan.held)} held out), "
                   f"{len(plan.batches)} batches, {place.world} rank(s) x accum {args.grad_accum}, {plan.total} "
-                  f"steps, ttt {args.ttt_steps}, device {place.device}; {self.levers.describe()}")
+                  f"steps, ttt {args.ttt_steps}, device {place.device}; {self.levers.describe()}; "
+                  f"{info.describe()}")
         # One line per refresh (not tqdm's carriage returns): the log is a file
         # that other lines are printed into between refreshes.
         bar = progress(total=plan.total, initial=step, disable=not place.is_main, desc="train", unit="step",
