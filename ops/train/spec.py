@@ -81,8 +81,8 @@ def plan_lines(ctx: EstimateContext) -> list[str]:
     lines = [f"mode {params.get('mode')}: online needs checkpoints only ({ckpt_words}); offline also the "
              f"extracted states"]
     if tokens and hidden:
-        dtype = str(ctx.target.get("dtype") or "bfloat16")
-        by_format = " | ".join(f"{fmt} {human_bytes(hidden_formats.state_bytes(fmt, tokens, 4, int(hidden), dtype_bytes(dtype)))}"
+        width = dtype_bytes(str(ctx.target.get("dtype") or "bfloat16"))
+        by_format = " | ".join(f"{fmt} {human_bytes(hidden_formats.state_bytes(fmt, tokens, 4, int(hidden), width))}"
                                for fmt in hidden_formats.FORMATS)
         epochs = int(params.get("epochs") or 1)
         lines.append(f"offline states for {tokens:,} tokens ({source}): {by_format}; online instead runs the "
