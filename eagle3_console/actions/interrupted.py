@@ -3,9 +3,10 @@ interrupted: recorded `started` before it acts, and `interrupted: SIGTERM`
 (with how far it got) if SIGTERM, SIGINT or SIGHUP ends it; its normal end is
 the action's own record. The CLI wraps execute_clean / execute_kill in it.
 
-SIGTERM and SIGHUP are turned into an exception in the main thread, so the
-action unwinds through its own cleanup (open folders closed, locks released)
-instead of dying between two files; what was done stays done.
+SIGTERM and SIGHUP are turned into an exception in the main thread
+(eagle3_console/interrupts.py, which `stop` uses too), so the action unwinds
+through its own cleanup (open folders closed, locks released) instead of dying
+between two files; what was done stays done.
 """
 
 from __future__ import annotations
@@ -15,30 +16,10 @@ import signal
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
+from eagle3_console.interrupts import Interrupted, Signalled, held_off, signals_raise, signum_of
 from eagle3_console.refused import Refused
 from eagle3_console.registry import Registry
 from eagle3_console.workspace import Workspace
-
-SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-
-
-class Interrupted(Exception):
-    """The action was ended by a signal; `said` is the line the CLI prints, `code` its exit code."""
-
-    def __init__(self, said: str, signum: int):
-        super().__init__(said)
-        self.said = said
-        self.code = 128 + signum
-
-
-class _Signalled(BaseException):
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _raise(signum, _frame):
-    raise _Signalled(signum)
 
 
 @contextmanager
@@ -49,18 +30,14 @@ def recorded(ws: Workspace, action: str, stage: str, run_id: int | None, what: s
     # The handlers first, the `started` record inside the try: a signal landing
     # right after that record is committed (or while it is written) still gets
     # its `interrupted` end; before, it left `started` alone and said nothing.
-    before = {}
     signum = None
     try:
-        for s in SIGNALS:
-            before[s] = signal.signal(s, _raise)
-        with Registry(ws.db_path) as reg:
-            reg.record(action, "started", stage=stage, run_id=run_id, detail=what)
-        yield
-    except _Signalled as exc:
-        signum = exc.signum
-    except KeyboardInterrupt:
-        signum = signal.SIGINT
+        with signals_raise():
+            with Registry(ws.db_path) as reg:
+                reg.record(action, "started", stage=stage, run_id=run_id, detail=what)
+            yield
+    except (Signalled, KeyboardInterrupt) as exc:
+        signum = signum_of(exc)
     except Refused as exc:
         # Re-planned at execution and refused (a parallel clean took the files): the
         # `started` record gets its end here, the action recorded nothing of its own.
@@ -69,23 +46,15 @@ def recorded(ws: Workspace, action: str, stage: str, run_id: int | None, what: s
                                                                        else "refused"),
                        stage=stage, run_id=run_id, detail=str(exc))
         raise
-    finally:
-        for s, handler in before.items():
-            signal.signal(s, handler)
     if signum is None:
         return
-    # A second signal while this is written would lose the record: held off meanwhile.
-    held = {s: signal.signal(s, signal.SIG_IGN) for s in (*SIGNALS, signal.SIGINT)}
-    try:
+    with held_off():
         name = signal.Signals(signum).name
         progress = done()
         with Registry(ws.db_path) as reg:
             reg.record(action, f"interrupted: {name}", stage=stage, run_id=run_id, detail=progress)
         said = (f"{action} {stage}: interrupted by {name}: {progress} "
                 f"(recorded in the audit log: `events --stage {stage}`)")
-    finally:
-        for s, handler in held.items():
-            signal.signal(s, handler)
     raise Interrupted(said, signum)
 
 

@@ -66,7 +66,8 @@ def stop(ctx: typer.Context, stage: str,
                                      callback=cliopts.seconds())) -> None:
     """SIGTERM the stage's process group, SIGKILL after the grace period."""
     from eagle3_console import runs
-    from eagle3_console.runs.stopper import StopInterrupted, Survivors
+    from eagle3_console.interrupts import Interrupted
+    from eagle3_console.runs.stopper import Survivors
     c = ctx_of(ctx)
     c.stage_or_live(stage)
     try:
@@ -76,7 +77,7 @@ def stop(ctx: typer.Context, stage: str,
         out.print(f"run {exc.run.id} of {stage}: {exc.run.status}", highlight=False)
         warn(f"warning: {exc}")
         raise typer.Exit(EXIT_CRITICAL) from None
-    except StopInterrupted as exc:
+    except Interrupted as exc:
         # Ctrl-C or a SIGTERM mid-grace: what was sent and what still runs, said and in the audit log.
         warn(exc.said)
         raise typer.Exit(exc.code) from None

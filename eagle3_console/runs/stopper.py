@@ -27,15 +27,13 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
-from contextlib import contextmanager
-from typing import Iterator
 
 import psutil
 
 from eagle3_console.runs.liveness import reconcile, stage_alive
 from eagle3_console.monitor.procs import LEADER, PGID, TREE, ProcessTable, RunRef, process_alive, run_processes
+from eagle3_console.interrupts import Interrupted, Signalled, held_off, signals_raise, signum_of
 from eagle3_console.refused import NothingToDo, Refused
 from eagle3_console.registry import Registry, Run, RunStatus
 from eagle3_console.slurmparams import SLURM
@@ -143,42 +141,6 @@ def _survivors_refusal(run: Run, stage_name: str, pids: list[int], status: str) 
                      f"`kill-workers {stage_name}` ends them", run, pids)
 
 
-class StopInterrupted(Exception):
-    """SIGINT, SIGTERM or SIGHUP ended a stop part-way: `said` is the CLI's line, `code` 128 + N."""
-
-    def __init__(self, said: str, signum: int):
-        super().__init__(said)
-        self.said = said
-        self.code = 128 + signum
-
-
-class _Signalled(BaseException):
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _raise(signum, _frame):
-    raise _Signalled(signum)
-
-
-@contextmanager
-def _signals_as_exceptions() -> Iterator[None]:
-    """SIGTERM and SIGHUP, like SIGINT's KeyboardInterrupt, unwind the stop (main thread only: the TUI's
-    workers keep their process's handlers)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    before = {}
-    try:
-        for s in (signal.SIGTERM, signal.SIGHUP):
-            before[s] = signal.signal(s, _raise)
-        yield
-    finally:
-        for s, handler in before.items():
-            signal.signal(s, handler)
-
-
 def stop(ws: Workspace, stage_name: str, grace_s: float = 10.0) -> Run:
     with Registry(ws.db_path) as reg:
         reconcile(reg)
@@ -193,21 +155,18 @@ def stop(ws: Workspace, stage_name: str, grace_s: float = 10.0) -> Run:
             raise NothingToDo(f"stage {stage_name!r} has no live run to stop")
         progress = {"sent": None, "killed": False}
         try:
-            with _signals_as_exceptions():
+            with signals_raise():
                 return _stop(reg, run, stage_name, grace_s, progress)
-        except (KeyboardInterrupt, _Signalled) as exc:
-            raise _interrupted(reg, run, stage_name, progress,
-                               signal.SIGINT if isinstance(exc, KeyboardInterrupt) else exc.signum) from None
+        except (KeyboardInterrupt, Signalled) as exc:
+            raise _interrupted(reg, run, stage_name, progress, signum_of(exc)) from None
 
 
-def _interrupted(reg: Registry, run: Run, stage_name: str, progress: dict, signum: int) -> StopInterrupted:
+def _interrupted(reg: Registry, run: Run, stage_name: str, progress: dict, signum: int) -> Interrupted:
     """A stop ended part-way by a signal: recorded and said. The SIGTERM it sent
     cannot be taken back, so the stop request stays where it went out (what the
     stage does after it is not trusted as finished work: exit 0 reads `killed`);
     before anything was signalled it is withdrawn, as if the stop never ran."""
-    held = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)} \
-        if threading.current_thread() is threading.main_thread() else {}
-    try:
+    with held_off():
         name = signal.Signals(signum).name
         current = reg.get(run.id)
         alive = group_members(current) if current.pgid is not None else []
@@ -228,10 +187,7 @@ def _interrupted(reg: Registry, run: Run, stage_name: str, progress: dict, signu
                 f"; run {run.id} goes on" if alive else "")
         said = (f"stop {stage_name}: interrupted by {name}: {how}; {state}{tail} "
                 f"(recorded in the audit log: `events --stage {stage_name}`)")
-    finally:
-        for s, handler in held.items():
-            signal.signal(s, handler)
-    return StopInterrupted(said, signum)
+    return Interrupted(said, signum)
 
 
 def _stop(reg: Registry, run: Run, stage_name: str, grace_s: float, progress: dict) -> Run:
