@@ -211,6 +211,11 @@ class Producer:
             pending = sum(self.pending.values())
         return sp.spool_bytes(self.root) + pending
 
+    def _replanned(self) -> bool:
+        """The consumer wrote another plan (a resume, the next epoch) or is done."""
+        plan = self._read_need()
+        return plan is not None and (plan.get("seq") != self.seq or bool(plan.get("done")))
+
     def _gate(self, batch: list[int]) -> bool:
         """Before the first forward batch of each of the consumer's batches: wait
         while that batch would take the spool past the cap (then until the
@@ -219,27 +224,23 @@ class Producer:
         its batches: the consumer reads whole batches, so a half-made one would
         hold the spool while the consumer waits for the rest."""
         group = self.heads.get(tuple(batch))
-        if group is None:
-            with self.lock:
-                for i in batch:
-                    self.pending[i] = self.est[i]
-            return True
-        need = sum(self.est[i] for i in group)
-        if self._held() + need > self.cap:
-            t0 = time.monotonic()
-            log(f"extract: blocked at the high watermark: spool {sp.fill_words(self._held(), self.cap)}; "
-                f"waiting for the consumer to read it down to {self.low} bytes")
-            while self._held() > self.low or self._held() + need > self.cap:
-                plan = self._read_need()
-                if plan is not None and (plan.get("seq") != self.seq or plan.get("done")):
-                    self.blocked_s += time.monotonic() - t0
-                    return False
-                self.beat("blocked", blocked_now_s=round(time.monotonic() - t0, 3))
-                time.sleep(POLL_S)
-            self.blocked_s += time.monotonic() - t0
-        plan = self._read_need()
-        if plan is not None and (plan.get("seq") != self.seq or plan.get("done")):
-            return False
+        if group is not None:
+            need = sum(self.est[i] for i in group)
+            held = self._held()
+            if held + need > self.cap:
+                t0 = time.monotonic()
+                log(f"extract: blocked at the high watermark: spool {sp.fill_words(held, self.cap)}; "
+                    f"waiting for the consumer to read it down to {self.low} bytes")
+                while held > self.low or held + need > self.cap:
+                    if self._replanned():
+                        self.blocked_s += time.monotonic() - t0
+                        return False
+                    self.beat("blocked", blocked_now_s=round(time.monotonic() - t0, 3))
+                    time.sleep(POLL_S)
+                    held = self._held()
+                self.blocked_s += time.monotonic() - t0
+            if self._replanned():
+                return False
         with self.lock:
             for i in batch:
                 self.pending[i] = self.est[i]

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ops import hidden_formats
+from ops.drafter.data import BatchDataset
 
 
 # Online: the drafter's steps waited for the target's batches this share of a window or more -> the
@@ -140,16 +141,8 @@ def _nothing():
     return contextlib.nullcontext()
 
 
-class OnlineBatches:
+class OnlineBatches(BatchDataset):
     """Item i = batch i: its token ids through the target, collated as a batch read from disk is."""
-
-    def __init__(self, data: OnlineData, batches: list[list[int]], max_len: int, bucket: int = 0,
-                 token_budget: int = 0) -> None:
-        self.data, self.batches, self.max_len = data, batches, max_len
-        self.bucket, self.token_budget = bucket, token_budget
-
-    def __len__(self) -> int:
-        return len(self.batches)
 
     def __getitem__(self, i: int) -> dict:
         import torch
@@ -157,17 +150,17 @@ class OnlineBatches:
         from ops.drafter.data import padded_shape
 
         idxs = self.batches[i]
-        rows = [self.data.prepared.get(idx) for idx in idxs]
+        rows = [self.info.prepared.get(idx) for idx in idxs]
         ids = [tok[: self.max_len] for tok, _ in rows]
         own = [len(tok) for tok in ids]
         b, t = padded_shape(own, self.bucket, self.max_len, self.token_budget)
         t0 = time.perf_counter()
-        stream = self.data.stream()
+        stream = self.info.stream()
         # One forward at a time: the prefetcher's thread and the held-out walk (the
         # training thread) share the target, whose hooks keep one batch's layers.
-        with self.data.lock, (torch.cuda.stream(stream) if stream is not None else _nothing()):
-            out = self.data.target.forward(ids)
-            hidden = self.data.hidden_size
+        with self.info.lock, (torch.cuda.stream(stream) if stream is not None else _nothing()):
+            out = self.info.target.forward(ids)
+            hidden = self.info.hidden_size
             # Fresh tensors, outside the forward's inference mode (autograd may save
             # them); the padding zeroed as collate zeroes a batch read from disk.
             aux = torch.zeros((b, t, out.aux.shape[-1]), dtype=out.aux.dtype, device=out.aux.device)
@@ -182,7 +175,7 @@ class OnlineBatches:
                 # forward's own. The prefetcher records the compute stream's use of
                 # them (record_stream) before the allocator may hand them back.
                 stream.synchronize()
-        self.data.clock.add(time.perf_counter() - t0, sum(own))
+        self.info.clock.add(time.perf_counter() - t0, sum(own))
         input_ids = torch.zeros((b, t), dtype=torch.long)
         loss_mask = torch.zeros((b, t), dtype=torch.bool)
         for row, (tok, mask) in enumerate(rows):

@@ -22,6 +22,7 @@ from typing import Any
 
 from ops import hidden_formats
 from ops import spool as sp
+from ops.drafter.data import BatchDataset
 from ops.train.online import BOUND_WAIT_SHARE
 
 POLL_S = 0.05
@@ -172,25 +173,14 @@ class StreamedData:
                 "bound": "target" if wait_share >= BOUND_WAIT_SHARE else "drafter"}
 
 
-class SpoolBatches:
-    """Item i = batch i, read from the spool once its files are there; deleted once read unless kept."""
-
-    def __init__(self, data: StreamedData, batches: list[list[int]], max_len: int, bucket: int = 0,
-                 token_budget: int = 0) -> None:
-        self.data, self.batches, self.max_len = data, batches, max_len
-        self.bucket, self.token_budget = bucket, token_budget
-
-    def __len__(self) -> int:
-        return len(self.batches)
+class SpoolBatches(BatchDataset):
+    """Item i = batch i, read from the spool once its files are there (as a batch read from an
+    extraction is); deleted once read unless kept."""
 
     def __getitem__(self, i: int) -> dict:
-        import torch
-
-        from ops.drafter.data import collate, load_sample
-
-        data = self.data
+        data = self.info
         idxs = self.batches[i]
-        paths = [sp.path_of(data.root, idx) for idx in idxs]
+        paths = [data.samples[idx] for idx in idxs]
         t0, said = time.monotonic(), 0.0
         while True:
             missing = [idx for idx, p in zip(idxs, paths) if not p.exists()]
@@ -200,9 +190,7 @@ class SpoolBatches:
                                            f"spool yet (first: {missing[0]})")
             time.sleep(POLL_S)
         data.waited_s += time.monotonic() - t0
-        batch = collate([load_sample(p, data.hidden_size, self.max_len, data.format) for p in paths],
-                        self.bucket, self.max_len, self.token_budget)
-        batch["samples"] = torch.tensor(idxs)
+        batch = super().__getitem__(i)
         for idx, p in zip(idxs, paths):
             if idx not in data.keep:
                 try:
