@@ -12,6 +12,7 @@ console's runs and log monitors read. Nothing here imports torch.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -24,6 +25,16 @@ from typing import Any, Callable, Iterable, Sequence
 CLAIM_FILE = ".eagle3-lock"
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
+
+# A full disk, or a quota: every later write fails the same way (extract's writers, train's
+# checkpoints, regenerate's journal stop on it and say the file in one line).
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full_text(exc: OSError, where: Path | str) -> str:
+    """`<file>: No space left on device (ENOSPC)`: the file the error names, else `where`."""
+    name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+    return f"{exc.filename or where}: {exc.strerror or os.strerror(exc.errno or 0)} ({name})"
 TMP_SUFFIX = ".tmp"
 
 Coords = tuple[int, int, int]       # (rank, world size, local rank)

@@ -13,23 +13,15 @@ as extract does (ops/extract/run.py).
 from __future__ import annotations
 
 import contextlib
-import errno
 import io
 import os
 from pathlib import Path
 
-# A full disk, or a quota: the next write fails the same way.
-DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+from ops.common import DISK_FULL, disk_full_text  # noqa: F401 - train's names for them
 
 
 def is_disk_full(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in DISK_FULL
-
-
-def disk_full_text(exc: OSError, where: Path | str) -> str:
-    """`<file>: No space left on device (ENOSPC)`."""
-    name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
-    return f"{exc.filename or where}: {exc.strerror or os.strerror(exc.errno or 0)} ({name})"
 
 
 @contextlib.contextmanager

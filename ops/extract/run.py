@@ -29,12 +29,11 @@ from pathlib import Path
 
 import torch
 
-from ops.common import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, TMP_SUFFIX, BadInput, torchrun_coords
+from ops.common import DISK_FULL, EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, TMP_SUFFIX, BadInput, torchrun_coords
 from ops.extract import output, preflight, target as target_mod
 from ops.extract.engine import Engine
 from ops.extract.loop import Loop, log
 from ops.extract.samples import load_samples
-from ops.extract.writer import DISK_FULL
 from ops.formats import DATA_CONFIG, SAMPLE_RE, SHARD_ROWS, sample_path
 from ops import hidden_formats
 from ops.layers import engine_ids, parse_layer_ids

@@ -11,7 +11,6 @@ file, so the bytes depend on the tensors alone (resume is byte-identical).
 
 from __future__ import annotations
 
-import errno
 import os
 import queue
 import threading
@@ -20,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ops.common import TMP_SUFFIX
+from ops.common import DISK_FULL, TMP_SUFFIX
 from ops.extract.sample_file import SampleImage, sample_image, write_image
 
 
@@ -31,10 +30,6 @@ class WriteJob:
     image: SampleImage | None     # the file's bytes; its hidden states may still be in flight
     ready: object | None = None   # a torch.cuda.Event recorded after the copy, or None
     tokens: int = 0
-
-
-# A full disk (or quota): every later write fails the same way, so the loop stops.
-DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 @dataclass

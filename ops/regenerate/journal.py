@@ -20,27 +20,22 @@ file: the rows journaled before stay, the torn line is cut off next time.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import os
 import time
 from pathlib import Path
 
-from ops.common import TMP_SUFFIX, BadInput, write_json_atomic
+from ops.common import DISK_FULL, TMP_SUFFIX, BadInput, disk_full_text, write_json_atomic
 from ops.regenerate.spec import INDEX, JOURNAL, OUTPUT, SETTINGS
 
 LOCK = ".regenerate.lock"
 FSYNC_EVERY_S = 2.0
-DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
-
-
 class DiskFull(Exception):
     """A write of `path` found the disk (or the quota) full: `<path>: No space left on device (ENOSPC)`."""
 
     def __init__(self, path: Path, exc: OSError):
-        name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
-        super().__init__(f"{path}: {exc.strerror or os.strerror(exc.errno or 0)} ({name})")
+        super().__init__(disk_full_text(exc, path))
         self.path = path
 
 
