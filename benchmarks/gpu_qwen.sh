@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Issue 36 item 7: examples/qwen-coder-1.5b-h100-sglang.toml end to end on one H100 with SGLang 0.5.23, under
+# `watch --advance --until-done` (sessions of their own, so the pipeline outlives each device call), observed
+# by benchmarks/gpu_pipeline.py. From the repository root, staged first (../shared/device-sglang/README.md):
+#   .sglang-rt:        python3 ../shared/device-sglang/build.py, slices re-cut to 48 MiB (benchmarks/gpu_real.sh)
+#   .devslices/qwen:   the joined, checked GGUF (ops.demo.realmodel.assemble) sliced by a copy of
+#                      ../shared/device-sglang/slices.py with SLICE = 48 MiB: 22 slices
+#   .devwork/qwen:     `python -m ops.regenerate.sources --output .devwork/qwen/prompts` (28 MB; the device has
+#                      no prompt packages)
+#   .whl:              textual, typer, rich, gguf and what they need beyond the image (pip download ... -d .whl)
+# then, each a device call:
+#   bash benchmarks/gpu_qwen.sh convert   # carry .devslices/qwen/bin, .whl: the GGUF unpacked and converted to
+#                                         # a bf16 folder in a session of its own (image torch, transformers)
+#   bash benchmarks/gpu_qwen.sh start     # carry .sglang-rt/bin, .whl, .devwork/qwen: the workspace, the
+#                                         # pipeline under watch (LIMIT: regenerate's rows), until START_S
+#   bash benchmarks/gpu_qwen.sh wait      # until the observer saw every stage end, or WAIT_S
+#   bash benchmarks/gpu_qwen.sh finish    # servers stopped, summary, captures, the conversations (gzip parts)
+# Train and export run on the image's own torch (SGLang's torch 2.14.1 beside the image's cuDNN fails in
+# train's backward: session 19), the others in SGLang's runtime.
+set -u
+PHASE=${1:?convert, start, wait or finish}
+OUT=${OUT:-/tmp/qwen-out}
+P=/root/qwen
+M=/root/models/qwen
+T0=$SECONDS
+mkdir -p $P/out "$OUT"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+[ -d /tmp/site/textual ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+  --target /tmp/site .whl/*.whl
+save() { echo "== phase $PHASE: $((SECONDS - T0)) s"; cp $P/out/*.txt "$OUT/" 2>/dev/null; true; }
+trap save EXIT
+
+if [ "$PHASE" = convert ]; then
+  bash .devslices/qwen/bin/unpack.sh /root/qgguf || exit 1
+  mkdir -p $P/src && tar --exclude=./.sglang-rt --exclude=./.git --exclude=./.devslices -cf - . | tar -xf - -C $P/src
+  cat > $P/convert.py <<'EOF'
+import json, os, shutil, sys, time
+from pathlib import Path
+from ops.demo.realmodel import MODELS, convert_gguf
+t = time.time()
+dest, tmp = Path(sys.argv[1]), Path(sys.argv[1] + ".building")
+shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir(parents=True)
+info = convert_gguf(Path("/root/qgguf/model.gguf"), tmp, MODELS["qwen-coder-1.5b"])
+(tmp / "conversion.json").write_text(json.dumps({**info, "seconds": round(time.time() - t, 1)}, default=str))
+os.rename(tmp, dest)
+print("converted in", round(time.time() - t, 1), "s", flush=True)
+EOF
+  (cd $P/src && PYTHONPATH=$P/src:/tmp/site setsid nohup python3 $P/convert.py $M >/root/convert.log 2>&1 &)
+  python3 -c 'import torch, transformers; print("image: torch", torch.__version__, "transformers", transformers.__version__)'
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  df -h /root | tail -1
+  echo "convert started"
+  exit 0
+fi
+
+source .sglang-rt/bin/env.sh || exit 1
+mkdir -p $P/src && tar --exclude=./.sglang-rt --exclude=./.git --exclude=./.devslices -cf - . | tar -xf - -C $P/src
+cd $P/src
+export PYTHONPATH=$P/src:$PYTHONPATH:/tmp/site
+WS=$P/ws
+
+case $PHASE in
+start)
+  for i in $(seq 1 300); do [ -f $M/config.json ] && break; sleep 1; done
+  cat /root/convert.log; [ -f $M/config.json ] || { echo "no converted model"; exit 1; }
+  { date -u; nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
+    python3 -c 'import torch, sglang, textual, typer; print("torch", torch.__version__, "sglang", sglang.__version__, "textual", textual.__version__)'
+    df -h /root /dev/shm; } 2>&1 | tee $P/out/env.txt
+  rm -rf $P/assets && mkdir -p $P/assets && cp -r .devwork/qwen/prompts $P/assets/prompts
+  python3 - "$P" "$M" "${LIMIT:-}" <<'EOF'
+import re, sys
+from pathlib import Path
+p, model, limit = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+text = Path("examples/qwen-coder-1.5b-h100-sglang.toml").read_text()
+text = text.replace('path = "models/qwen-coder-1.5b"', f'path = "{model}"')
+text = re.sub(r"\[stages\.prompts\]\n(?:(?!\n\[).)*\n", "", text, flags=re.S)   # its output came along
+text = text.replace('"prompts", ', "").replace("data/prompts/", "assets/prompts/")
+if limit:
+    text = re.sub(r"limit = \d+", f"limit = {limit}", text)
+(p / "pipeline.toml").write_text(text)
+EOF
+  python3 benchmarks/gpu_pipeline.py start --ws $WS --out $P/out --pipeline $P/pipeline.toml \
+    --assets $P/assets --train-pythonpath "$P/src:/tmp/site"
+  python3 benchmarks/gpu_pipeline.py wait --out $P/out --seconds $((${START_S:-540} - (SECONDS - T0))) --rescue-set ""
+  python3 -m eagle3_console.cli -w $WS status 2>&1 | tail -30
+  ;;
+wait)
+  python3 benchmarks/gpu_pipeline.py wait --out $P/out --seconds ${WAIT_S:-540} --rescue-set ""
+  python3 -m eagle3_console.cli -w $WS status 2>&1 | tail -30
+  ;;
+finish)
+  timeout -k 5 200 python3 benchmarks/gpu_pipeline.py finish --ws $WS --out $P/out
+  cp $WS/data/regenerated/regenerate.json $WS/data/prepared/summary.json $WS/runs/export/export_info.json $P/out/ 2>/dev/null
+  cp $WS/runs/drafter/metrics.jsonl $P/out/train_metrics.jsonl 2>/dev/null
+  find $WS/runs -name 'bench*.json' -exec cp {} $P/out/ \; 2>/dev/null
+  for s in regenerate prepare vocab train export bench serve_spec serve_target; do
+    python3 -m eagle3_console.cli -w $WS logs $s -n 80 > $P/out/log_$s.txt 2>&1; done
+  tar czf "$OUT/out.tgz" -C $P out
+  gzip -c $WS/data/regenerated/conversations.jsonl | split -b 15M -d -a 1 - "$OUT/conversations.jsonl.gz."
+  ls -la "$OUT"
+  ;;
+esac
