@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3_console import configchecks, hosts
+from eagle3_console import configchecks
 from eagle3_console.configchecks import MAX_DEPTH, too_deep
 from eagle3_console.entry import EntryError
 from eagle3_console import slurmparams as slurm_params
@@ -120,7 +120,7 @@ class Pipeline:
     path: Path
     target: dict[str, Any]
     stages: dict[str, Stage]
-    hosts: list[str] = field(default_factory=list)     # other nodes' exporters (hosts.py)
+    hosts: list[str] = field(default_factory=list)     # other nodes' exporters (monitor/hosts.py)
 
     def order(self) -> list[str]:
         """Stage names in dependency order (file order among independent ones)."""
@@ -234,7 +234,8 @@ def parse(raw: dict[str, Any], path: Path) -> Pipeline:
                               "unsafe stage name; expected 1-64 of letters, digits, _ . - (first a letter, digit "
                               "or _), e.g. extract_2 or bench-1.5")
     stages = {name: _parse_stage(path, name, body) for name, body in stages_raw.items()}
-    pipe = Pipeline(path=path, target=target, stages=stages, hosts=hosts.parse(raw.get("hosts", [])))
+    pipe = Pipeline(path=path, target=target, stages=stages,
+                    hosts=configchecks.parse_hosts(raw.get("hosts", [])))
     _check_graph(pipe)
     _check_outputs(pipe)
     return pipe

@@ -6,12 +6,18 @@ Every number that enters through the pipeline file is bounded here where the
 type alone lets nonsense through: a NaN backoff compares false with
 everything (no wait at all), 1e300 seconds is a wait no clock reaches, a GPU
 index of -1 or 99999999999 is passed to CUDA_VISIBLE_DEVICES as it is.
+The `hosts` list (other nodes' exporters, read by monitor/hosts.py) is
+checked here too: parse_hosts raises the EntryError that names hosts[i].
 """
 
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Iterator
+
+from eagle3_console.entry import EntryError, str_list
+from eagle3_console.text import printable
 
 # A day: longer than any backoff an operator means (and what `watch --interval` takes at most).
 MAX_BACKOFF_S = 86400.0
@@ -23,6 +29,11 @@ MAX_GPU_INDEX = 1023
 # Levels from the top of the file (stages.x.params.y is 4): params are scalars and short lists;
 # deeper is a mistake, and at some hundreds every recursive walk of them dies of RecursionError.
 MAX_DEPTH = 32
+
+# Other nodes' exporters a pipeline file lists (`hosts`): a cluster's nodes, not thousands.
+MAX_HOSTS = 64
+HOST_URL_RE = re.compile(r"https?://[A-Za-z0-9_.:\[\]-]+(:\d{1,5})?/?")
+DEFAULT_PORT = {"http": 80, "https": 443}
 
 
 def too_deep(value: Any, key: str = "", depth: int = 0) -> str | None:
@@ -80,3 +91,36 @@ def backoff_problem(value: float) -> str | None:
     if not (math.isfinite(value) and 0 <= value <= MAX_BACKOFF_S):
         return f"expected a finite number of seconds from 0 to {MAX_BACKOFF_S:g}, got {value!r}"
     return None
+
+
+def parse_hosts(raw: Any) -> list[str]:
+    """The pipeline file's `hosts`: a list of exporter URLs (http://host:port), each once; EntryError when not."""
+    urls = str_list("hosts", raw)
+    if len(urls) > MAX_HOSTS:
+        raise EntryError("hosts", f"{len(urls)} hosts; expected at most {MAX_HOSTS}")
+    if not urls:
+        return []
+    from urllib.parse import urlsplit      # only where hosts are listed (status --json's import cost)
+    seen: dict[tuple, int] = {}
+    for i, url in enumerate(urls):
+        if not HOST_URL_RE.fullmatch(url):
+            raise EntryError(f"hosts[{i}]", f"{printable(url)!r}: expected an exporter's URL, e.g. "
+                             "\"http://gpu-node-01:9457\"")
+        parts = urlsplit(url)
+        if not parts.hostname:
+            raise EntryError(f"hosts[{i}]", f"{url!r}: no host name; expected e.g. \"http://gpu-node-01:9457\"")
+        try:
+            port = parts.port
+        except ValueError:
+            port = -1
+        if port is None:
+            port = DEFAULT_PORT[parts.scheme]
+        elif not 1 <= port <= 65535:
+            said = parts.netloc.rpartition(":")[2]
+            raise EntryError(f"hosts[{i}]", f"{url!r}: port {said} out of range; expected 1 to 65535")
+        key = (parts.scheme, (parts.hostname or "").lower(), port)
+        if key in seen:
+            raise EntryError(f"hosts[{i}]", f"{url!r} is listed twice (hosts[{seen[key]}] is the same "
+                             "exporter); expected each host once")
+        seen[key] = i
+    return [u.rstrip("/") for u in urls]

@@ -1,7 +1,7 @@
 """Checks of one pipeline-file entry for the modules that parse their own part
-of it (slurm/params.py, hosts.py), without importing config (which calls them):
-an EntryError names the key and what was expected; config.py makes it the
-ConfigError that names the file (exit 3)."""
+of it (slurmparams.py, configchecks.py's `hosts`), without importing config
+(which calls them): an EntryError names the key and what was expected;
+config.py makes it the ConfigError that names the file (exit 3)."""
 
 from __future__ import annotations
 

@@ -324,7 +324,7 @@ def test_q50_a_bad_value_that_reads_as_rich_markup_is_printed_as_it_is(ws, host)
 def test_q49_the_depth_check_reads_json_as_the_parser_does():
     """Brackets inside strings (escaped quotes and backslashes too) are no nesting; 64 levels pass, 65 do not
     (a real snapshot nests a stage's params, up to 32 levels in eagle3.toml, below its own 4)."""
-    from eagle3_console.hosts import nesting, parse_answer
+    from eagle3_console.monitor.hosts import nesting, parse_answer
 
     def doc(levels: int) -> bytes:
         v: object = 1

@@ -16,30 +16,22 @@ same caps and escaping, and ends when the run does (`tail --pid`).
 from __future__ import annotations
 
 import os
-import re
 import stat
 import time
 from pathlib import Path
 from typing import BinaryIO, Callable, TextIO
+
+from eagle3_console.text import printable as text_printable
 
 WINDOW = 8 << 20
 MAX_LINE = 8 << 10
 CUT = "[line cut: "
 
 
-# ANSI control sequences (colours, cursor moves): dropped, as the monitor's tail does.
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
-
-
 def printable(text: str) -> str:
     """`text` without ANSI control sequences, every other non-printable
     character but the tab escaped the way repr() writes it."""
-    if text.isprintable():
-        return text
-    if "\x1b" in text:
-        text = _ANSI.sub("", text)
-    return "".join(c if c.isprintable() or c == "\t" else c.encode("unicode_escape").decode("ascii")
-                   for c in text)
+    return text_printable(text, keep="\t")
 
 
 def _decode(data: bytes, mid_char: bool = False) -> str:

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from eagle3_console.model import LogFinding, LogState
 from eagle3_console.monitor.logparse import LineParser
+from eagle3_console.text import ANSI
 
 CHUNK = 1 << 20
 FIRST_OPEN_BYTES = 1 << 20
@@ -48,7 +49,6 @@ TAIL_PRIME_BYTES = 64 << 10
 MAX_LINE = 256 << 10
 STATE_VERSION = 1
 
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 # Every line a parser can match holds one of these (found chunk-wide, see _hits);
 # tqdm's rate is `X<unit>/s]`, `X<unit>/s, <postfix>]` or, below 1/s, `Xs/<unit>`.
 _KEYS = (b"/s]", b"/s,", b"s/it", b"s/sample", b"s/step", b"s/batch", b"checkpoint shards",
@@ -247,7 +247,7 @@ class LogFollower:
     @staticmethod
     def _text(seg: bytes) -> str:
         text = seg.rstrip(b"\r\n").decode("utf-8", "replace")
-        return _ANSI.sub("", text) if "\x1b" in text else text
+        return ANSI.sub("", text) if "\x1b" in text else text
 
     def _to_tail(self, seg: bytes, text: str) -> None:
         if text:

@@ -159,7 +159,7 @@ class Collector:
         leftovers = self._leftover_workers(latest)
         snap.gpus = self._sample_gpus(refs)
         if pipe.hosts and self._want_gpus:
-            from eagle3_console import hosts
+            from eagle3_console.monitor import hosts
             snap.hosts = hosts.read(pipe.hosts)
         snap.alerts = alerts.derive(snap)
         for name, pids in strays.items():

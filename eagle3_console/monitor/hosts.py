@@ -21,11 +21,11 @@ every field the type and range a snapshot's has (a byte count an integer in
 GpuInfo / GpuProcess model), so nothing else of the answer is relayed (by
 status --json or this node's own exporter); text is cut to MAX_TEXT
 characters and control characters are escaped as the console escapes logs
-(ANSI sequences dropped, the rest as repr() writes them), so a host's name
-never sets a terminal's title or clears it.
+(text.py: ANSI sequences dropped, the rest as repr() writes them), so a
+host's name never sets a terminal's title or clears it.
 
-Data flow: config (hosts) -> (this) -> Snapshot.hosts -> status --json, the
-GPU pane, alerts (host_unreachable).
+Data flow: config (`hosts`, its URLs checked at load by configchecks.py) ->
+(this) -> Snapshot.hosts -> status --json, the GPU pane, alerts (host_unreachable).
 """
 
 from __future__ import annotations
@@ -36,12 +36,11 @@ import re
 import time
 from typing import Any, Callable
 
-from eagle3_console.entry import EntryError, str_list
 from eagle3_console.model import GpuInfo, GpuProcess, HostGpus
+from eagle3_console.text import clip
 
 READ_TIMEOUT_S = 2.0
 MAX_BYTES = 8 << 20
-MAX_HOSTS = 64
 MAX_GPUS = 64               # a host's GPUs (a node has 8 or 16)
 MAX_PROCESSES = 256         # one GPU's processes
 MAX_DEPTH = 64              # the GPUs nest 5 levels; a stage's params (up to 32 in eagle3.toml) and records more
@@ -49,61 +48,6 @@ MAX_TEXT = 200              # characters kept of a name, a reason
 MAX_BYTE_COUNT = 1 << 50    # 1 PiB: no GPU holds more (and a float keeps it exact)
 MAX_INDEX = 4095
 PATH = "/snapshot.json"
-URL_RE = re.compile(r"https?://[A-Za-z0-9_.:\[\]-]+(:\d{1,5})?/?")
-DEFAULT_PORT = {"http": 80, "https": 443}
-
-
-def parse(raw: Any) -> list[str]:
-    """The pipeline file's `hosts`: a list of exporter URLs (http://host:port), each once; EntryError when not."""
-    urls = str_list("hosts", raw)
-    if len(urls) > MAX_HOSTS:
-        raise EntryError("hosts", f"{len(urls)} hosts; expected at most {MAX_HOSTS}")
-    if not urls:
-        return []
-    from urllib.parse import urlsplit      # only where hosts are listed (status --json's import cost)
-    seen: dict[tuple, int] = {}
-    for i, url in enumerate(urls):
-        if not URL_RE.fullmatch(url):
-            raise EntryError(f"hosts[{i}]", f"{printable(url)!r}: expected an exporter's URL, e.g. "
-                             "\"http://gpu-node-01:9457\"")
-        parts = urlsplit(url)
-        if not parts.hostname:
-            raise EntryError(f"hosts[{i}]", f"{url!r}: no host name; expected e.g. \"http://gpu-node-01:9457\"")
-        try:
-            port = parts.port
-        except ValueError:
-            port = -1
-        if port is None:
-            port = DEFAULT_PORT[parts.scheme]
-        elif not 1 <= port <= 65535:
-            said = parts.netloc.rpartition(":")[2]
-            raise EntryError(f"hosts[{i}]", f"{url!r}: port {said} out of range; expected 1 to 65535")
-        key = (parts.scheme, (parts.hostname or "").lower(), port)
-        if key in seen:
-            raise EntryError(f"hosts[{i}]", f"{url!r} is listed twice (hosts[{seen[key]}] is the same "
-                             "exporter); expected each host once")
-        seen[key] = i
-    return [u.rstrip("/") for u in urls]
-
-
-# ANSI control sequences (colours, cursor moves): dropped, as the console's log views drop them.
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
-
-
-def printable(text: str) -> str:
-    """`text` without ANSI control sequences, every other non-printable
-    character escaped the way repr() writes it (as logs are shown)."""
-    if text.isprintable():
-        return text
-    if "\x1b" in text:
-        text = _ANSI.sub("", text)
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
-
-
-def clip(text: str, limit: int = MAX_TEXT) -> str:
-    """Printable, and at most `limit` characters (cut with an ellipsis)."""
-    text = printable(text[:limit * 4])
-    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 class Bad(ValueError):
@@ -125,7 +69,7 @@ def _text(v: Any, where: str) -> str:
         return ""
     if not isinstance(v, str):
         raise Bad(f"{where}: expected a string, got {_said(v)}")
-    return clip(v)
+    return clip(v, MAX_TEXT)
 
 
 def _opt_text(v: Any, where: str) -> str | None:
@@ -285,9 +229,9 @@ def fetch(url: str, timeout: float) -> HostGpus:
         why = getattr(exc, "reason", exc)
         if isinstance(why, (socket.timeout, TimeoutError)):
             return HostGpus(url, "no_answer", reason=f"no answer within {timeout:g} s")
-        return HostGpus(url, "unreachable", reason=clip(str(getattr(why, "strerror", None) or why)))
+        return HostGpus(url, "unreachable", reason=clip(str(getattr(why, "strerror", None) or why), MAX_TEXT))
     except http.client.HTTPException as exc:     # BadStatusLine, a broken chunk, too many headers...
-        return HostGpus(url, "bad_answer", reason=clip(f"not HTTP: {type(exc).__name__} {exc}"))
+        return HostGpus(url, "bad_answer", reason=clip(f"not HTTP: {type(exc).__name__} {exc}", MAX_TEXT))
     return parse_answer(url, body)
 
 
@@ -312,7 +256,8 @@ def read(urls: list[str], timeout: float = READ_TIMEOUT_S,
         try:
             found[url] = fetch_one(url, timeout)
         except Exception as exc:  # noqa: BLE001 - whatever a host sends ends as its reason, never a thread's traceback
-            found[url] = HostGpus(url, "bad_answer", reason=clip(f"reading it failed: {type(exc).__name__}: {exc}"))
+            found[url] = HostGpus(url, "bad_answer",
+                                  reason=clip(f"reading it failed: {type(exc).__name__}: {exc}", MAX_TEXT))
 
     threads = [threading.Thread(target=one, args=(u,), name=f"eagle3-host-{i}", daemon=True)
                for i, u in enumerate(urls)]
