@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from eagle3_console import config as cfg  # noqa: E402
 from eagle3_console.cli import watchloop  # noqa: E402
-from eagle3_console.cli.clictx import Ctx  # noqa: E402
+from eagle3_console.cli.ctx import Ctx  # noqa: E402
 from eagle3_console.workspace import Workspace  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""cliexit.failure: the one mapping from what a command raises to README's
+"""cli/exit.py's failure(): the one mapping from what a command raises to README's
 exit code and the line it prints; a bug (anything else) maps to None and
 keeps its traceback."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_console.cli.cliexit import CommandError, Failure, Unreadable, failure
+from eagle3_console.cli.exit import CommandError, Failure, Unreadable, failure
 from eagle3_console.config import ConfigError
 from eagle3_console.actions.policy import LockHeld
 from eagle3_console.registry import StateError

@@ -1,4 +1,4 @@
-"""`status --json` without typer (eagle3_console/cli.py): the same bytes on
+"""`status --json` without typer (eagle3_console/cli/__init__.py): the same bytes on
 stdout and stderr and the same exit code as the typer command, and neither
 typer nor click imported; anything else about the arguments goes to typer."""
 

@@ -1,19 +1,19 @@
 """The entry point (`eagle3-console`, `python -m eagle3_console.cli`). The
 bare command opens the TUI; the commands are typer's (commands.py, the app,
-which registers those of cli_runs.py and cli_actions.py).
+which registers those of cli/runs.py and cli/actions.py).
 
 `status --json` (cron, every minute) is answered here without typer: its
-arguments are few and fixed (cliargs.status_json_args), and click and typer
+arguments are few and fixed (args.status_json_args), and click and typer
 are a third of the process's imports. Anything else, or anything unusual
 about those arguments, goes through typer. Both paths run
-clictx.status_json(), so the output and the exit code are the same
+ctx.status_json(), so the output and the exit code are the same
 (tests/test_status.py runs both), and both say a failure through
-cliexit.report(), the one mapping from an exception to its exit code.
+exit.report(), the one mapping from an exception to its exit code.
 
-Data flow: cli -> cliargs -> clictx (or the typer app) -> config / runs /
+Data flow: cli -> args.py -> ctx.py (or the typer app) -> config / runs /
 actions / snapshot. Nothing imports this module. It must never import
 textual or torch at import time: `status --json` runs from cron.
-Exit codes (cliexit, README): 0 OK, 1 WARNING, 2 CRITICAL or refused,
+Exit codes (exit.py, README): 0 OK, 1 WARNING, 2 CRITICAL or refused,
 3 UNKNOWN / bad input, 75 another `watch` holds the lock.
 """
 
@@ -25,9 +25,9 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from eagle3_console.cli import cliexit
-from eagle3_console.cli.cliargs import status_json_args
-from eagle3_console.cli.clictx import Ctx, status_json
+from eagle3_console.cli import exit
+from eagle3_console.cli.args import status_json_args
+from eagle3_console.cli.ctx import Ctx, status_json
 
 __all__ = ["main", "run", "status_json_args"]
 
@@ -53,8 +53,8 @@ def _status_without_typer(args: tuple[Optional[str], bool]) -> None:
 
 
 def _exit_for(exc: Exception, c: Optional[Ctx] = None) -> None:
-    """Exit with `exc`'s code and line (cliexit); re-raise a bug."""
-    code = cliexit.report(exc, c.ws.db_path if c else None)
+    """Exit with `exc`'s code and line (exit.py); re-raise a bug."""
+    code = exit.report(exc, c.ws.db_path if c else None)
     if code is None:
         raise exc
     sys.exit(code)
@@ -84,7 +84,7 @@ def _flush_or_exit_3() -> None:
     except OSError as exc:
         if exc.errno == errno.EPIPE:
             return
-        code = cliexit.report(exc)
+        code = exit.report(exc)
         if code is None:
             raise
         # What is left in the buffer is lost (said above): the exit's own flush writes it to /dev/null.
@@ -106,7 +106,7 @@ def _exit_now(code: Any) -> None:
     import atexit
 
     if code is None:
-        code = cliexit.EXIT_OK
+        code = exit.EXIT_OK
     elif not isinstance(code, int):
         sys.stderr.write(f"{code}\n")
         code = 1
@@ -115,9 +115,9 @@ def _exit_now(code: Any) -> None:
         sys.stderr.flush()
     except OSError as exc:
         if exc.errno == errno.EPIPE:
-            pass            # a reader that went away: the command's own code stands (cliout.reader_gone)
+            pass            # a reader that went away: the command's own code stands (out.reader_gone)
         else:
-            code = cliexit.report(exc)
+            code = exit.report(exc)
             if code is None:
                 raise
     atexit._run_exitfuncs()
@@ -127,9 +127,9 @@ def _exit_now(code: Any) -> None:
 def run(argv: list[str], fast: bool = True) -> None:
     """The command line; fast=False sends `status --json` through typer too (tests compare the two)."""
     args = status_json_args(argv) if fast else None
-    from eagle3_console.cli import cliout
+    from eagle3_console.cli import out
     from eagle3_console import registrybusy
-    registrybusy.notice = cliout.warn       # a busy state database is said while it is waited for
+    registrybusy.notice = out.warn          # a busy state database is said while it is waited for
     try:
         if args is not None:
             _status_without_typer(args)

@@ -1,12 +1,12 @@
 """The typer app: the group (its -w/--workspace and --readonly), the commands
 that open or set up a workspace, and every command registered in the order
-`--help` lists them. Runs and their logs are cli_runs.py's, the actions,
-watch and the exporter cli_actions.py's; neither imports this module.
+`--help` lists them. Runs and their logs are cli/runs.py's, the actions,
+watch and the exporter cli/actions.py's; neither imports this module.
 
-Data flow: cli.py (the entry point) -> this app -> the command modules ->
-clictx (the workspace, the snapshot) -> config / runs / actions / snapshot.
-A command's failure is raised and said by cliexit through the group
-(cliopts.ExitCodeGroup). This module must never import textual or torch at
+Data flow: cli/__init__.py (the entry point) -> this app -> the command modules ->
+ctx.py (the workspace, the snapshot) -> config / runs / actions / snapshot.
+A command's failure is raised and said by exit.py through the group
+(opts.ExitCodeGroup). This module must never import textual or torch at
 import time.
 """
 
@@ -19,18 +19,18 @@ from typing import Optional
 
 import typer
 
-from eagle3_console.cli import cli_actions, cli_runs, cliargs, cliopts
-from eagle3_console.cli.cliexit import EXIT_CRITICAL, CommandError
-from eagle3_console.cli.clictx import Ctx, collect, ctx_of, status_json
-from eagle3_console.cli.cliout import closed_pipe, out, reader_gone, say
+from eagle3_console.cli import actions, args, opts, runs
+from eagle3_console.cli.exit import EXIT_CRITICAL, CommandError
+from eagle3_console.cli.ctx import Ctx, collect, ctx_of, status_json
+from eagle3_console.cli.out import closed_pipe, out, reader_gone, say
 from eagle3_console.workspace import ENV_WORKSPACE, Workspace
 
-app = typer.Typer(cls=cliopts.ExitCodeGroup, add_completion=False, no_args_is_help=False, rich_markup_mode=None,
+app = typer.Typer(cls=opts.ExitCodeGroup, add_completion=False, no_args_is_help=False, rich_markup_mode=None,
                   help="Operations console for training EAGLE-3 drafters. No command: open the console (TUI).\n\n"
                        "Exit codes: 0 OK (or nothing to do), 1 WARNING, 2 CRITICAL or refused, 3 UNKNOWN or bad "
                        "input, 75 another `watch` holds .eagle3/watch.lock, 128+N ended by signal N.")
 
-WORKSPACE_FLAGS = cliargs.WORKSPACE_FLAGS
+WORKSPACE_FLAGS = args.WORKSPACE_FLAGS
 
 
 @app.callback(invoke_without_command=True)
@@ -108,7 +108,7 @@ def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", hel
            no_gpus: bool = typer.Option(False, "--no-gpus", help="Skip NVML.")) -> None:
     """Stages, GPUs, disk and alerts. Exit: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN."""
     if as_json:
-        # cli.py answers most of these calls without typer, through the same function.
+        # cli/__init__.py answers most of these calls without typer, through the same function.
         raise typer.Exit(status_json(ctx_of(ctx), no_gpus))
     snap = collect(ctx_of(ctx), no_gpus)
     from eagle3_console.observe.report import print_status
@@ -124,16 +124,16 @@ def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", hel
 
 # The commands, in the order --help lists them.
 for _name, _command in (
-        ("tui", tui), ("init", init), ("run", cli_runs.run), ("stop", cli_runs.stop), ("runs", cli_runs.runs_cmd),
-        ("logs", cli_runs.logs), ("events", cli_runs.events), ("demo", demo), ("status", status),
-        ("kill-workers", cli_actions.kill_workers), ("clean", cli_actions.clean), ("restart", cli_actions.restart),
-        ("watch", cli_actions.watch), ("exporter", cli_actions.exporter)):
+        ("tui", tui), ("init", init), ("run", runs.run), ("stop", runs.stop), ("runs", runs.runs_cmd),
+        ("logs", runs.logs), ("events", runs.events), ("demo", demo), ("status", status),
+        ("kill-workers", actions.kill_workers), ("clean", actions.clean), ("restart", actions.restart),
+        ("watch", actions.watch), ("exporter", actions.exporter)):
     app.command(_name)(_command)
 
 
 def hoist_workspace(argv: list[str]) -> list[str]:
     """argv with a -w/--workspace given after the command moved in front of it
-    (cliargs.hoist_workspace), for this app's command names."""
+    (args.hoist_workspace), for this app's command names."""
     names = {c.name for c in app.registered_commands} | {c.callback.__name__.replace("_", "-")
                                                          for c in app.registered_commands if c.callback}
-    return cliargs.hoist_workspace(argv, names)
+    return args.hoist_workspace(argv, names)

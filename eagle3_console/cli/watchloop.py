@@ -10,7 +10,7 @@ pass meets it says so once and retries, as later. A pass rests at least as
 long as it took, so a short interval on a large pipeline never keeps a core
 busy.
 
-Data flow: config.load (once a pass) -> clictx.collect -> policy.apply /
+Data flow: config.load (once a pass) -> ctx.collect -> policy.apply /
 policy.advance -> `tell` (the terminal) and the registry's events.
 """
 
@@ -23,8 +23,8 @@ from typing import Callable
 
 from eagle3_console import config as cfg
 from eagle3_console.actions import policy
-from eagle3_console.cli.cliexit import Unreadable
-from eagle3_console.cli.clictx import Ctx, collect
+from eagle3_console.cli.exit import Unreadable
+from eagle3_console.cli.ctx import Ctx, collect
 from eagle3_console.registry import StateError
 
 

@@ -1,6 +1,6 @@
 """The embedded demo workspace's assets: corpus, tokenizer and tiny target.
 
-`eagle3-console demo [DIR]` (eagle3_console/cli.py) calls build_demo_assets()
+`eagle3-console demo [DIR]` (eagle3_console/cli/demo.py) calls build_demo_assets()
 and writes the workspace's eagle3.toml from what it returns; the demo's
 prepare -> vocab -> extract -> ... stages then run on these files like on a
 real server's. Layout under `dest`:

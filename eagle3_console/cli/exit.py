@@ -2,8 +2,8 @@
 from an exception to its code and its line on the terminal.
 
 Every command's failure goes through report(): the typer group catches what
-a command raises (cliopts.ExitCodeGroup), and the entry point catches what
-`status --json` without typer raises (cli.py). A bug, an exception this
+a command raises (opts.ExitCodeGroup), and the entry point catches what
+`status --json` without typer raises (cli/__init__.py). A bug, an exception this
 does not know, keeps its traceback.
 
 No typer or click here: the path without typer uses it.
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from eagle3_console.cli.cliout import Unwritable, out, warn, write_failed
+from eagle3_console.cli.out import Unwritable, out, warn, write_failed
 from eagle3_console.config import ConfigError
 from eagle3_console.registry import StateError
 

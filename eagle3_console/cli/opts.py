@@ -1,7 +1,7 @@
 """Checks the typer commands share: numeric options validated at parse time;
 and the typer app's group, which gives click's usage errors the README's exit
 code for bad input (3) and every command's failure its exit code and line
-(through cliexit, the one mapping).
+(through exit.py, the one mapping).
 
 Click parses `--interval nan`, `--interval inf` and `--port 70000` happily
 (FloatRange lets NaN through: every comparison with it is false); each then
@@ -19,10 +19,10 @@ from typing import Any, Callable
 import click
 from typer.core import TyperGroup
 
-from eagle3_console.cli import cliexit
-from eagle3_console.cli.clictx import Ctx
+from eagle3_console.cli import exit
+from eagle3_console.cli.ctx import Ctx
 
-EXIT_BAD_INPUT = cliexit.EXIT_BAD_INPUT
+EXIT_BAD_INPUT = exit.EXIT_BAD_INPUT
 
 # A day: longer than any wait or interval an operator means (and inside what
 # time.sleep and Event.wait accept: 1e300 raises OverflowError in both).
@@ -64,7 +64,7 @@ class ExitCodeGroup(TyperGroup):
     argument, a value a callback refused) exits 3, bad input, instead of
     click's 2, which the README's table (and cron) reads as CRITICAL.
     What a command raises is said in one line with its exit code
-    (cliexit.report); a bug keeps its traceback.
+    (exit.report); a bug keeps its traceback.
 
     The group's own arguments are parsed in make_context, a command's inside
     the group's invoke; both re-raise a usage error with the code changed, so
@@ -87,7 +87,7 @@ class ExitCodeGroup(TyperGroup):
             raise
         except Exception as exc:
             db_path = ctx.obj.ws.db_path if isinstance(ctx.obj, Ctx) else None
-            code = cliexit.report(exc, db_path)
+            code = exit.report(exc, db_path)
             if code is None:
                 raise
             raise click.exceptions.Exit(code) from None

@@ -3,9 +3,9 @@ hands each command as ctx.obj) and the snapshot a command reads
 (collect, status_json).
 
 Data flow: config / registry -> Ctx -> snapshot.Collector -> the commands.
-No typer or click here: `status --json` without typer (cli.py) runs
+No typer or click here: `status --json` without typer (cli/__init__.py) runs
 status_json() too, so both paths print the same bytes and exit alike.
-Failures are raised (cliexit says them and picks the exit code).
+Failures are raised (exit.py says them and picks the exit code).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from eagle3_console import config as cfg
-from eagle3_console.cli import cliexit
-from eagle3_console.cli.cliexit import Unreadable
-from eagle3_console.cli.cliout import closed_pipe, reader_gone
+from eagle3_console.cli import exit
+from eagle3_console.cli.exit import Unreadable
+from eagle3_console.cli.out import closed_pipe, reader_gone
 from eagle3_console.registry import StateError
 from eagle3_console.workspace import Workspace
 
@@ -90,7 +90,7 @@ def status_json(c: Ctx, no_gpus: bool) -> int:
         snap = _collect(c, no_gpus)
     except Unreadable as exc:
         import time
-        code = cliexit.report(exc)
+        code = exit.report(exc)
         alert = {"level": "unknown", "code": exc.alert, "message": str(exc), "stage": None, "line": None}
         print(json.dumps({"schema": 1, "workspace": str(c.ws.root), "host": os.uname().nodename,
                           "time": time.time(), "health": "unknown", "error": str(exc), "stages": [],

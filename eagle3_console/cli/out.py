@@ -6,7 +6,7 @@ A standard stream closed by the caller (`watch --once >&-`) is opened on
 /dev/null at import: otherwise the next file this process opens (state.db)
 takes its number, and a print, or a stage inheriting it, writes into that
 file. A stream that refuses a write (a full disk, /dev/full) raises
-Unwritable, which cliexit says in one line (exit 3).
+Unwritable, which exit.py says in one line (exit 3).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ only with --yes), watch (the policies acting on their own) and the
 Prometheus exporter. commands.py registers them on the typer app; this
 module does not import it.
 
-Data flow: clictx (the workspace, the snapshot) -> actions / policy /
-exporter -> the terminal. A refusal is raised (cliexit says it).
+Data flow: ctx.py (the workspace, the snapshot) -> actions / policy /
+exporter -> the terminal. A refusal is raised (exit.py says it).
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from typing import Iterator
 
 import typer
 
-from eagle3_console.cli import cliopts
+from eagle3_console.cli import opts
 from eagle3_console import config as cfg
-from eagle3_console.cli.cliexit import EXIT_CRITICAL, EXIT_OK, CommandError
-from eagle3_console.cli.clictx import collect, ctx_of
-from eagle3_console.cli.cliout import Unwritable, out, say, warn
+from eagle3_console.cli.exit import EXIT_CRITICAL, EXIT_OK, CommandError
+from eagle3_console.cli.ctx import collect, ctx_of
+from eagle3_console.cli.out import Unwritable, out, say, warn
 
 
 def _show(lines: list[str]) -> None:
@@ -52,9 +52,9 @@ def _go_ahead(plan, yes: bool) -> bool:
 def kill_workers(ctx: typer.Context, stage: str,
                  yes: bool = typer.Option(False, "--yes", help="Act; without it only the plan is printed."),
                  grace: float = typer.Option(10.0, "--grace", help="Seconds between SIGTERM and SIGKILL.",
-                                             callback=cliopts.seconds()),
+                                             callback=opts.seconds()),
                  wait: float = typer.Option(60.0, "--wait", help="Seconds to wait for GPU memory to come back.",
-                                            callback=cliopts.seconds())) -> None:
+                                            callback=opts.seconds())) -> None:
     """Kill every process of STAGE's run and every GPU process tied to it; prove the memory came back."""
     from eagle3_console import actions
     c = ctx_of(ctx)
@@ -133,7 +133,7 @@ def _restart_removed(c, stage: str, kill: bool, yes: bool) -> None:
 def watch(ctx: typer.Context,
           once: bool = typer.Option(False, "--once", help="One pass, then exit with the status code."),
           interval: float = typer.Option(30.0, "--interval", help="Seconds between passes.",
-                                         callback=cliopts.seconds(cliopts.MIN_INTERVAL_S)),
+                                         callback=opts.seconds(opts.MIN_INTERVAL_S)),
           no_gpus: bool = typer.Option(False, "--no-gpus", help="Skip NVML: no GPU view, GPU memory not checked."),
           advance: bool = typer.Option(False, "--advance", help="Also start each stage that never ran (or is stale) once its dependencies are done."),
           until_done: bool = typer.Option(False, "--until-done", help="Exit once every stage succeeded (or nothing more can start).")) -> None:
@@ -156,7 +156,7 @@ def watch(ctx: typer.Context,
         except Unwritable as exc:
             lost.append(exc)
 
-    # Another watch holding the lock raises policy.LockHeld: exit 75 (cliexit).
+    # Another watch holding the lock raises policy.LockHeld: exit 75 (exit.py).
     code = watchloop.run(c, watchloop.Options(once=once, interval_s=interval, no_gpus=no_gpus, advance=advance,
                                               until_done=until_done), tell)
     if lost:
@@ -170,10 +170,10 @@ EXPORTER_PORT = 9457   # not nvitop-exporter's 8000 / 5050, dcgm-exporter's 9400
 
 def exporter(ctx: typer.Context,
              port: int = typer.Option(EXPORTER_PORT, "--port", help="TCP port (0: any free one, printed).",
-                                      callback=cliopts.integer(0, 65535, "a TCP port")),
+                                      callback=opts.integer(0, 65535, "a TCP port")),
              host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
              interval: float = typer.Option(5.0, "--interval", help="Seconds between snapshots (scrapes read the last one).",
-                                           callback=cliopts.seconds(cliopts.MIN_INTERVAL_S)),
+                                           callback=opts.seconds(opts.MIN_INTERVAL_S)),
              no_gpus: bool = typer.Option(False, "--no-gpus", help="Skip NVML.")) -> None:
     """Serve the snapshot as Prometheus metrics on http://HOST:PORT/metrics."""
     from eagle3_console.observe import exporter as exp

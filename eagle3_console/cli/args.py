@@ -1,7 +1,7 @@
 """The command line as words, before typer sees it: the one scanner of
 `-w/--workspace`, which both moves a workspace given after the command in
 front of it (click binds the option to the group) and tells a plain
-`status --json` (answered without typer, eagle3_console/cli.py) from
+`status --json` (answered without typer, eagle3_console/cli/__init__.py) from
 everything else.
 
 No typer or click here: `status --json` (cron, every minute) reads its

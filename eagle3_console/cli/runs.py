@@ -2,7 +2,7 @@
 run's log (logs) and the audit log of what was done to them (events).
 commands.py registers them on the typer app; this module does not import it.
 
-Data flow: clictx (the workspace) -> runs / registry / logtail -> the terminal.
+Data flow: ctx.py (the workspace) -> runs / registry / logtail -> the terminal.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from typing import Callable, Optional
 
 import typer
 
-from eagle3_console.cli import cliopts
+from eagle3_console.cli import opts
 from eagle3_console import config as cfg
-from eagle3_console.cli.cliexit import EXIT_CRITICAL, EXIT_OK, CommandError
-from eagle3_console.cli.clictx import Ctx, ctx_of
-from eagle3_console.cli.cliout import out, say, warn
+from eagle3_console.cli.exit import EXIT_CRITICAL, EXIT_OK, CommandError
+from eagle3_console.cli.ctx import Ctx, ctx_of
+from eagle3_console.cli.out import out, say, warn
 from eagle3_console.registry import Registry, RunStatus, id_path
 
 
@@ -63,7 +63,7 @@ def run(ctx: typer.Context, stage: str,
 
 def stop(ctx: typer.Context, stage: str,
          grace: float = typer.Option(10.0, "--grace", help="Seconds between SIGTERM and SIGKILL.",
-                                     callback=cliopts.seconds())) -> None:
+                                     callback=opts.seconds())) -> None:
     """SIGTERM the stage's process group, SIGKILL after the grace period."""
     from eagle3_console import runs
     from eagle3_console.interrupts import Interrupted
@@ -108,7 +108,7 @@ def _read_registry(c: Ctx, read: Callable[[Registry], list]) -> list:
 
 
 def runs_cmd(ctx: typer.Context, stage: Optional[str] = typer.Argument(None),
-             limit: int = typer.Option(20, "-n", help="How many runs.", callback=cliopts.integer(1)),
+             limit: int = typer.Option(20, "-n", help="How many runs.", callback=opts.integer(1)),
              as_json: bool = typer.Option(False, "--json", help="As JSON: each run's argv, params, env and pids.")) -> None:
     """Run history, newest first."""
     from eagle3_console import runs
@@ -140,7 +140,7 @@ def runs_cmd(ctx: typer.Context, stage: Optional[str] = typer.Argument(None),
 def events(ctx: typer.Context,
            stage: Optional[str] = typer.Option(None, "--stage", help="Only this stage's events."),
            limit: int = typer.Option(50, "--limit", "-n", help="How many events (repeated refusals count once).",
-                                     callback=cliopts.integer(1)),
+                                     callback=opts.integer(1)),
            as_json: bool = typer.Option(False, "--json", help="As JSON: each entry with its targets, "
                                                                 "repeats and first_time.")) -> None:
     """The audit log, newest first: who stopped, killed, cleaned or restarted what, and how it went."""
@@ -171,9 +171,9 @@ def events(ctx: typer.Context,
 def logs(ctx: typer.Context, stage: str,
          follow: bool = typer.Option(False, "-f", "--follow",
                                      help="Keep printing new lines (like tail -F) until the run ends."),
-         lines: int = typer.Option(50, "-n", help="Lines from the end.", callback=cliopts.integer(0)),
+         lines: int = typer.Option(50, "-n", help="Lines from the end.", callback=opts.integer(0)),
          run_id: Optional[int] = typer.Option(None, "--run", help="A run id (default: the latest).",
-                                               callback=cliopts.integer(1, cliopts.MAX_ID, "a run id"))) -> None:
+                                               callback=opts.integer(1, opts.MAX_ID, "a run id"))) -> None:
     """Print the tail of a stage's log."""
     from eagle3_console.cli.logtail import follow as follow_log, gone_message, open_log, run_ended, tail
     c = ctx_of(ctx)
