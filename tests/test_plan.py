@@ -325,7 +325,7 @@ def test_run_checks_a_launch_once(ws, monkeypatch):
     """`run` prints its plan (disk, lint) and launches on the same figures: the
     params, the op's lint and the disk preflight are computed once a launch (before,
     the CLI computed each and launch computed each again)."""
-    from eagle3_console import runs
+    from eagle3_console.runs import launching
 
     calls = {"preflight": 0, "lints": 0, "stage_params": 0}
 
@@ -335,8 +335,8 @@ def test_run_checks_a_launch_once(ws, monkeypatch):
             return real(*args, **kw)
         return wrapper
 
-    for name in calls:
-        monkeypatch.setattr(runs, name, counted(name, getattr(runs, name)))
+    for name in calls:      # where a launch looks them up
+        monkeypatch.setattr(launching, name, counted(name, getattr(launching, name)))
     ws.write('[stages.w]\nargv = ["true"]\noutputs = ["out/w"]\nestimate_bytes = 1000\n')
     proc = ws.call("run", "w", check=0)
     assert "disk:" in proc.stdout, proc.stdout

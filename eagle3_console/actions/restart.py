@@ -18,6 +18,7 @@ from eagle3_console.runs.plan import disk_line
 from eagle3_console.model import StageStatus, oom_finding
 from eagle3_console.registry import Registry, Run, RunStatus
 from eagle3_console.workspace import Workspace
+from ops.spec import refusing
 
 
 @dataclass
@@ -161,7 +162,7 @@ def plan_restart(ws: Workspace, stage_name: str, seen: StageStatus | None, overr
         return plan
     plan.lints = runs.lints(ws, pipe, stage, params)
     bad = [x.message for x in plan.lints if x.level == "error"]
-    refused = [x.message for x in runs.refusing(plan.lints, force)]
+    refused = [x.message for x in refusing(plan.lints, force)]
     if refused:
         plan.refusal, plan.refusal_kind = f"stage {stage_name!r}: " + "; ".join(refused), "lint"
         return plan

@@ -113,7 +113,7 @@ def connect_host(host: str) -> str:
 
 def server_url(host: str, port: int) -> str:
     """Where a serve stage's server is reached: the monitor's URL, and the one
-    the console gives a bench that names the stage (runs.bind_servers)."""
+    the console gives a bench that names the stage (runs/params.py's bind_servers)."""
     return f"http://{connect_host(host)}:{int(port)}"
 
 

@@ -1,21 +1,20 @@
 """`stop STAGE`: SIGTERM the run's process group, SIGKILL after the grace, and
 say "killed" only once no member of the group is left.
 
-Before, stop watched the group's leader alone: a worker of the group that
-ignores SIGTERM ran on after its leader exited, and with the supervisor held
-by `kill -STOP` (so nobody reaped the leader, a zombie) stop said "killed",
-exit 0, over a live group. Now every pass reads the process table (the
-members tied to the run, monitor/procs.py: trusted by the leader's
-create_time, never a reused group id), a stopped supervisor is continued so
-it can reap its stage and record the exit, a stopped member gets SIGCONT
-after SIGTERM (a stopped process acts on SIGTERM only once continued), and a
-member that outlives SIGKILL is named in a refusal (exit 2).
+The group's leader alone proves nothing: a worker of the group that ignores
+SIGTERM runs on after its leader exits, and a supervisor held by `kill -STOP`
+reaps nobody (the leader stays a zombie). So every pass reads the process
+table (the members tied to the run, monitor/procs.py: trusted by the
+leader's create_time, never a reused group id), a stopped supervisor is
+continued so it can reap its stage and record the exit, a stopped member
+gets SIGCONT after SIGTERM (a stopped process acts on SIGTERM only once
+continued), and a member that outlives SIGKILL is named in a refusal (exit 2).
 
 A worker outside the group (a session of its own, ignoring SIGTERM) never
 gets the group's signals: once the group is gone, stop looks for the run's
 processes everywhere (group, session, tree, environment) and names any left
 in a refusal that points at `kill-workers` (exit 2), at once; `run` refuses
-to start beside them (runs.check_can_start), as `restart` does. A stop
+to start beside them (startcheck.check_can_start), as `restart` does. A stop
 ended by SIGINT, SIGTERM or SIGHUP is recorded `interrupted: SIG...` with
 what it had sent and what still runs, and said (exit 128 + N).
 
