@@ -12,7 +12,8 @@
 #   bash benchmarks/gpu_qwen.sh convert   # carry .devslices/qwen/bin, .whl: the GGUF unpacked and converted to
 #                                         # a bf16 folder in a session of its own (image torch, transformers)
 #   bash benchmarks/gpu_qwen.sh start     # carry .sglang-rt/bin, .whl, .devwork/qwen: the workspace, the
-#                                         # pipeline under watch (LIMIT: regenerate's rows), until START_S
+#                                         # pipeline under watch (LIMIT: regenerate's rows, NUM_PROMPTS:
+#                                         # bench's), until START_S
 #   bash benchmarks/gpu_qwen.sh wait      # until the observer saw every stage end, or WAIT_S
 #   bash benchmarks/gpu_qwen.sh finish    # servers stopped, summary, captures, the conversations (gzip parts)
 # Train and export run on the image's own torch (SGLang's torch 2.14.1 beside the image's cuDNN fails in
@@ -67,16 +68,18 @@ start)
     python3 -c 'import torch, sglang, textual, typer; print("torch", torch.__version__, "sglang", sglang.__version__, "textual", textual.__version__)'
     df -h /root /dev/shm; } 2>&1 | tee $P/out/env.txt
   rm -rf $P/assets && mkdir -p $P/assets && cp -r .devwork/qwen/prompts $P/assets/prompts
-  python3 - "$P" "$M" "${LIMIT:-}" <<'EOF'
+  python3 - "$P" "$M" "${LIMIT:-}" "${NUM_PROMPTS:-}" <<'EOF'
 import re, sys
 from pathlib import Path
-p, model, limit = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+p, model, limit, prompts = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 text = Path("examples/qwen-coder-1.5b-h100-sglang.toml").read_text()
 text = text.replace('path = "models/qwen-coder-1.5b"', f'path = "{model}"')
 text = re.sub(r"\[stages\.prompts\]\n(?:(?!\n\[).)*\n", "", text, flags=re.S)   # its output came along
 text = text.replace('"prompts", ', "").replace("data/prompts/", "assets/prompts/")
 if limit:
     text = re.sub(r"limit = \d+", f"limit = {limit}", text)
+if prompts:
+    text = re.sub(r"num_prompts = \d+", f"num_prompts = {prompts}", text)
 (p / "pipeline.toml").write_text(text)
 EOF
   python3 benchmarks/gpu_pipeline.py start --ws $WS --out $P/out --pipeline $P/pipeline.toml \
