@@ -225,15 +225,23 @@ def test_the_one_gpu_sglang_pipeline_of_qwen_coder_matches_the_table_and_shares_
     m = QWEN_CODER_1_5B
     assert (pipe.target["num_layers"], pipe.target["hidden_size"], pipe.target["vocab_size"]) == (
         m.num_layers, m.hidden_size, m.vocab_size) == (28, 1536, 151936)
-    assert pipe.order() == ["prompts", "serve_target", "regenerate", "prepare", "vocab", "extract", "verify",
-                            "train", "export", "serve_spec", "serve_spec6", "serve_spec8", "bench"]
+    assert pipe.order() == ["prompts", "serve_target", "regenerate", "prepare", "vocab", "train", "export",
+                            "serve_spec", "serve_spec6", "serve_spec8", "bench"]
     st = pipe.stages
-    assert st["extract"].params["engine"] == "sglang" and st["bench"].params["engine"] == "sglang"
+    # Online training: the states of ~15M tokens never go to disk; train reads prepare's samples.
+    assert st["train"].params["mode"] == "online"
+    assert st["train"].params["samples"] == st["prepare"].params["output"]
+    assert st["regenerate"].params["max_tokens"] >= 1024 and st["bench"].params["engine"] == "sglang"
     spec = ("serve_spec", "serve_spec6", "serve_spec8")
-    shares = {n: st[n].params["mem_fraction_static"] for n in ("serve_target", "extract", *spec)}
-    assert shares["serve_target"] + shares["extract"] <= 0.85
-    assert shares["serve_target"] + sum(shares[n] for n in spec) <= 0.85 + 1e-9
-    assert all(st[n].gpus == [0] for n in ("serve_target", "extract", "train", *spec))
+    # SGLang's share is of the memory free when a server starts: serve_target leaves half the GPU to
+    # train's own copy of the target, and the speculative servers, started one after another once train
+    # ended, leave a quarter of it free.
+    assert st["serve_target"].params["mem_fraction_static"] <= 0.5
+    free = 1 - st["serve_target"].params["mem_fraction_static"]
+    for n in spec:
+        free -= free * st[n].params["mem_fraction_static"]
+    assert free >= 0.25
+    assert all(st[n].gpus == [0] for n in ("serve_target", "train", *spec))
     text = (ROOT / "examples" / "qwen-coder-1.5b-h100-sglang.toml").read_text()
     assert "--model qwen-coder-1.5b" in text and "ensure_model(MODELS['qwen-coder-1.5b'])" in text
 
