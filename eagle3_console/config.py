@@ -20,7 +20,7 @@ from eagle3_console.entry import EntryError
 from eagle3_console import slurmparams as slurm_params
 from eagle3_console.workspace import Workspace
 from ops import KNOWN_OPS, get_spec
-from ops.spec import DTYPE_BYTES, OpSpec
+from ops.spec import ARGV_OP, DTYPE_BYTES, OpSpec
 
 # `{{` and `}}` are literal braces in an argv (as in str.format); `{name}` a param.
 ARGV_TOKEN_RE = re.compile(r"\{\{|\}\}|\{(\w+)\}")
@@ -76,15 +76,16 @@ class Stage:
     slurm: Any = None                   # slurm.params.SlurmParams of a slurm stage
 
     @property
-    def spec(self) -> OpSpec | None:
-        return get_spec(self.op) if self.op else None
+    def spec(self) -> OpSpec:
+        """The stage's op; a stage of its own argv gets the null op (ARGV_OP), whose hooks say nothing."""
+        return get_spec(self.op) if self.op else ARGV_OP
 
     @property
     def batch_share(self) -> bool:
         """The batch param is a share of the GPU, not a count: its op's Param is
         bounded above by 1 (extract's mem_fraction_static). An OOM halves it too,
         since what SGLang does not reserve is what a forward's activations get."""
-        declared = self.spec.params.declared.get(self.batch_param) if self.spec and self.batch_param else None
+        declared = self.spec.params.declared.get(self.batch_param) if self.batch_param else None
         return declared is not None and declared.high is not None and declared.high <= 1
 
     def command(self, params: dict[str, Any], target: dict[str, Any]) -> list[str]:
@@ -301,7 +302,7 @@ def _parse_stage(path: Path, name: str, body: Any) -> Stage:
     st.depends_on = _str_list(path, f"{where}.depends_on", body.get("depends_on", []))
     if "batch_param" in body:
         st.batch_param = _expect(path, f"{where}.batch_param", body["batch_param"], str)
-        if st.batch_param not in st.params and not (st.spec and st.batch_param in st.spec.params):
+        if st.batch_param not in st.params and st.batch_param not in st.spec.params:
             raise ConfigError(path, f"{where}.batch_param", f"names {st.batch_param!r}, which is not in params")
     if "restart" in body:
         r = _expect(path, f"{where}.restart", body["restart"], dict)
@@ -372,7 +373,7 @@ def _check_outputs(pipe: Pipeline) -> None:
             p = ws.resolve(out)
             problem = ws.output_problem(p, guarded)
             if problem:
-                key = "params" if st.spec else "outputs"
+                key = "params" if st.op else "outputs"
                 raise ConfigError(pipe.path, f"stages.{st.name}.{key}", f"output {out!r}: {problem}")
             normal.append(str(p))
             owned.append((p, st.name))

@@ -110,7 +110,7 @@ def parse(where: str, body: dict[str, Any], stage: Any) -> tuple[str, SlurmParam
         raise EntryError(f"{where}.launcher", f"\"slurm\" needs the Slurm client commands, and "
                           f"{', '.join(missing)} not found on PATH; expected a login node of a Slurm cluster")
     stage.slurm = SlurmParams(**values)
-    why = check(stage, stage.spec.effective(stage.params) if stage.spec else stage.params)
+    why = check(stage, stage.spec.effective(stage.params))
     if why:
         raise EntryError(f"{where}.slurm.nodes", why)
     return launcher, stage.slurm
@@ -133,14 +133,13 @@ def _flags(key: str, value: Any) -> list[str]:
 
 
 def how_it_spreads(stage: Any, params: dict[str, Any]) -> str | None:
-    spec = stage.spec
-    return spec.spreads(params) if spec is not None and spec.spreads is not None else None
+    return stage.spec.spreads(params)
 
 
 def check(stage: Any, params: dict[str, Any]) -> str | None:
     """Why these slurm params cannot run this stage, or None."""
     sp = stage.slurm
-    if sp.nodes > 1 and stage.spec is not None and how_it_spreads(stage, params) is None:
+    if sp.nodes > 1 and stage.spec.builtin and how_it_spreads(stage, params) is None:
         return (f"op {stage.op!r} runs as one process on one node; expected slurm.nodes = 1 "
                 f"(got {sp.nodes})")
     return None

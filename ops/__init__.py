@@ -2,7 +2,8 @@
 
 - `ops/<name>/__main__.py`: the program (`python -m ops.<name> --flag value ...`);
   heavy imports (torch, transformers) live inside its main();
-- `ops/<name>/spec.py`: `SPEC = OpSpec(...)`, importable without torch.
+- `ops/<name>/spec.py`: a subclass of OpSpec (its Params beside its hooks) and
+  `SPEC`, its one instance; importable without torch.
 
 The console imports specs only (arrow: eagle3_console -> ops specs).
 Ops import nothing of ours but ops.
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 
-from ops.spec import OpSpec
+from ops.spec import ARGV_OP, OpSpec
 
 KNOWN_OPS = ("prepare", "vocab", "extract", "verify", "train", "export", "bench", "serve", "regenerate")
 
@@ -28,10 +29,10 @@ def get_spec(name: str) -> OpSpec:
     return module.SPEC
 
 
-def spec_of(name: str | None) -> OpSpec | None:
-    """The spec of a built-in op, None for a custom stage (no op) or an unknown
-    name: what the console's readers of a StageStatus ask its hooks of."""
+def spec_of(name: str | None) -> OpSpec:
+    """The spec of a built-in op; for a custom stage (no op) or an unknown name
+    the null op (ops.spec.ARGV_OP), whose hooks say nothing."""
     try:
-        return get_spec(name) if name else None
+        return get_spec(name) if name else ARGV_OP
     except KeyError:
-        return None
+        return ARGV_OP

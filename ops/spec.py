@@ -5,8 +5,9 @@ which params name its outputs, how big its output will be, how many samples
 it will produce, and which files under an output root are partial leftovers.
 Importing a spec must stay cheap: no torch, no transformers.
 
-Its hooks (the fields after `launch`) are what the console asks in place of
-knowing an op: a new stage, or a new figure of one, lives in its own spec.
+Its hooks (its methods, each with the answer of an op that has nothing to say)
+are what the console asks in place of knowing an op: a new stage, or a new
+figure of one, is a method of its own spec's class.
 """
 
 from __future__ import annotations
@@ -80,22 +81,19 @@ def unvouched_files(root: Path, record: str, payload: str) -> list[Path]:
     return out
 
 
-def _none(_ctx: EstimateContext) -> int | None:
-    return None
-
-
-def _no_partials(_root: Path) -> list[Path]:
-    return []
-
-
-@dataclass(frozen=True)
 class OpSpec:
-    name: str
-    summary: str
+    """A stage's op as the console sees it, without running it: a base class whose
+    hooks answer for an op that has nothing to say (harlequin's adapter pattern).
+    Each ops/<op>/spec.py subclasses it, its Params and its hooks side by side,
+    and its module's SPEC is one instance; a stage of the pipeline file's own
+    argv (no op) gets ArgvOp's, so the console asks every stage alike."""
+
+    name: str = ""
+    summary: str = ""
     # Every accepted param (ops/params.py): a tuple of Param, or a plain
     # {name: default} mapping (types from the defaults); kept as a ParamSet,
     # which reads as {name: default}. A default of REQUIRED means required.
-    params: ParamSet
+    params: ParamSet = ParamSet(())
     # Params whose values are output paths (relative to the workspace root).
     output_params: tuple[str, ...] = ()
     # Params naming paths the op reads, which must exist before it is launched
@@ -108,57 +106,98 @@ class OpSpec:
     # "shards": progress counted from sample files under the first output;
     # "log": progress parsed from the log's tqdm / summary lines.
     progress: str = "log"
-    estimate_bytes: Callable[[EstimateContext], int | None] = _none
-    expected_samples: Callable[[EstimateContext], int | None] = _none
-    expected_tokens: Callable[[EstimateContext], int | None] = _none
-    partial_files: Callable[[Path], list[Path]] = _no_partials
     # The stage's own record of what it did, under its first output (JSON, or
-    # JSON lines: the last one), and that record in one line for the console.
+    # JSON lines: the last one); result_line says it in one line for the console.
     result_file: str | None = None
-    result_line: Callable[[dict], str | None] | None = None
     # Or a param naming the record's path (verify writes no output but its report).
     result_path_param: str | None = None
     # Module run as `python -m <module>`; defaults to ops.<name>.
     module: str | None = None
-    # How the op's processes are started, given its params and its `python -m`
-    # argv: extract with engine sglang and tp > 1 runs one process per TP rank
-    # under torchrun. None: the argv as it is.
-    launch: Callable[[dict[str, Any], list[str]], list[str]] | None = None
-    # How the op spreads over several nodes (a slurm stage's nodes, gpus_per_node),
-    # given its params: "torchrun" (torch.distributed's RANK / WORLD_SIZE), "sglang"
-    # (SGLang's own --nnodes / --node-rank / --dist-init-addr, through its extra_args
-    # param); None: one process on one node.
-    spreads: Callable[[dict[str, Any]], str | None] | None = None
-    # ---- hooks: what the console asks the spec instead of knowing the op.
-    # runs.lints (`run`, before a launch): (ctx, the stage's gpus) -> [Lint].
-    lint: Callable[[EstimateContext, list[int] | None], list[Lint]] | None = None
-    # plan.disk_estimate: the figure with its kind and basis (ops/estimate.py),
-    # in place of estimate_bytes' bare number labelled "estimate".
-    estimate: Callable[[EstimateContext], Estimate | None] | None = None
     # plan.disk_estimate's words for estimate_bytes' rule ("about 1.5 x the input file's size").
     estimate_rule: str | None = None
-    # plan.launch_lines: more lines `run` prints before it launches (extract's aux layers).
-    plan_lines: Callable[[EstimateContext], list[str]] | None = None
-    # A serving stage (serve): where its server listens, from its effective
-    # params. snapshot probes it (monitor/serve.py), runs binds ServerParams to
-    # it, and a dependency on it means "its server is ready" (serve_deps.py).
-    serves: Callable[[dict[str, Any]], Server] | None = None
     # Params naming a serving stage whose URL another param gets (bench's server -> url): runs.bind_servers.
     server_params: tuple[ServerParam, ...] = ()
-    # The record (result_file's) as the TUI shows it (widgets/progress.py,
-    # widgets/stages.py): None when it says nothing.
-    result_view: Callable[[dict], ResultView | None] | None = None
-    # The record's figures for the Prometheus exporter (exporter.py): [] when it has none.
-    gauges: Callable[[dict], list[Gauge]] | None = None
     # Step records under the first output the console plots (monitor/metrics.py: train's metrics.jsonl).
     curves: CurveSource | None = None
     # A report on another stage's output naming its bad files (verify's), which
     # `clean` may offer even under that stage's succeeded run (actions/clean.py).
     bad_files: BadFiles | None = None
+    # A built-in op (False: ArgvOp, a stage of the pipeline file's own argv).
+    builtin: bool = True
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.params, ParamSet):
-            object.__setattr__(self, "params", ParamSet(self.params))
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        if not isinstance(cls.params, ParamSet):
+            cls.params = ParamSet(cls.params)
+
+    def __repr__(self) -> str:
+        return f"<op {self.name or '(argv)'}>"
+
+    # ---- hooks: what the console asks the op instead of knowing it.
+    def estimate_bytes(self, ctx: EstimateContext) -> int | None:
+        """The output's size by the op's rule, or None."""
+        return None
+
+    def expected_samples(self, ctx: EstimateContext) -> int | None:
+        return None
+
+    def expected_tokens(self, ctx: EstimateContext) -> int | None:
+        return None
+
+    def partial_files(self, root: Path) -> list[Path]:
+        """Files under an output root that are partial leftovers (what `clean` moves)."""
+        return []
+
+    def estimate(self, ctx: EstimateContext) -> Estimate | None:
+        """plan.disk_estimate: the figure with its kind and basis (ops/estimate.py);
+        by default estimate_bytes' number, labelled an estimate by estimate_rule."""
+        n = self.estimate_bytes(ctx)
+        if n is None:
+            return None
+        from ops.estimate import Estimate
+
+        rule = self.estimate_rule
+        return Estimate(int(n), "estimate", f"{self.name}'s rule: {rule}" if rule else f"{self.name}'s own estimate")
+
+    def result_line(self, record: dict) -> str | None:
+        """The record (result_file's) in one line for the console: None when it says nothing."""
+        return None
+
+    def result_view(self, record: dict) -> ResultView | None:
+        """The record as the TUI's panes show it (the snapshot carries it): None when it says nothing."""
+        return None
+
+    def gauges(self, record: dict) -> list[Gauge]:
+        """The record's figures for the Prometheus exporter: [] when it has none."""
+        return []
+
+    def launch(self, params: dict[str, Any], argv: list[str]) -> list[str]:
+        """How the op's processes are started, given its params and its `python -m`
+        argv (extract with engine sglang and tp > 1 runs one process per TP rank
+        under torchrun); by default the argv as it is."""
+        return argv
+
+    def spreads(self, params: dict[str, Any]) -> str | None:
+        """How the op spreads over several nodes (a slurm stage's nodes, gpus_per_node),
+        given its params: "torchrun" (torch.distributed's RANK / WORLD_SIZE), "sglang"
+        (SGLang's own --nnodes / --node-rank / --dist-init-addr, through its extra_args
+        param); None: one process on one node."""
+        return None
+
+    def lint(self, ctx: EstimateContext, gpus: list[int] | None) -> list[Lint]:
+        """runs.lints (`run`, before a launch): what is wrong with the params; an error refuses."""
+        return []
+
+    def plan_lines(self, ctx: EstimateContext) -> list[str]:
+        """plan.launch_lines: more lines `run` prints before it launches (extract's aux layers)."""
+        return []
+
+    def serves(self, params: dict[str, Any]) -> Server | None:
+        """A serving stage (serve): where its server listens, from its effective
+        params. snapshot probes it (monitor/serve.py), runs binds ServerParams to
+        it, and a dependency on it means "its server is ready" (serve_deps.py).
+        None: no server."""
+        return None
 
     @property
     def json_params(self) -> tuple[str, ...]:
@@ -204,7 +243,7 @@ class OpSpec:
                 out += [flag, ",".join(str(v) for v in value)]
             else:
                 out += [flag, str(value)]
-        return self.launch(merged, out) if self.launch else out
+        return self.launch(merged, out)
 
     def param_type_error(self, key: str, value: Any) -> str | None:
         """What is wrong with `value` for param `key`, judged by the type of its
@@ -214,6 +253,16 @@ class OpSpec:
 
     def missing_params(self, params: dict[str, Any]) -> list[str]:
         return [k for k in self.params.required() if k not in params]
+
+
+class ArgvOp(OpSpec):
+    """The null op of a stage of the pipeline file's own argv: no params of an op,
+    no hooks; its argv and outputs are the stage's (eagle3_console/config.py)."""
+
+    builtin = False
+
+
+ARGV_OP = ArgvOp()
 
 
 def value_type_error(default: Any, value: Any) -> str | None:

@@ -141,9 +141,9 @@ def _collect(plan: CleanPlan, stage: cfg.Stage, run: Run, roots: list[Path], vou
         except OSError:
             continue            # absent (nothing written), or no longer a folder
         with root:
-            if stage.spec or stage.expected_samples is not None:
+            if stage.spec.builtin or stage.expected_samples is not None:
                 # The op's own rule; a custom stage writing the hidden-state layout: whole samples are resume points.
-                lister = stage.spec.partial_files if stage.spec else sample_partials
+                lister = stage.spec.partial_files if stage.spec.builtin else sample_partials
                 _admit_paths(plan, root, lister(root_path))
                 why = "temp files and truncated or unreadable samples"
                 continue
@@ -157,7 +157,7 @@ def _collect(plan: CleanPlan, stage: cfg.Stage, run: Run, roots: list[Path], vou
                         _admit(plan, root, e)
                 elif e.mtime_ns / 1e9 >= since:
                     _admit(plan, root, e)
-    if stage.spec or stage.expected_samples is not None:
+    if stage.spec.builtin or stage.expected_samples is not None:
         return "temp files and truncated or unreadable samples"
     return why or f"temp files and files written since run {run.id} started (by the clock: no run recorded its files)"
 
@@ -270,7 +270,7 @@ def _reported_bad(ws: Workspace, pipe: cfg.Pipeline, roots: list[Path]) -> tuple
     the judging run's, which ran in the workspace: they resolve there, wherever
     clean is called from."""
     for other in pipe.stages.values():
-        judge = other.spec.bad_files if other.spec else None
+        judge = other.spec.bad_files
         if judge is None or not other.params.get(judge.output_param) or not other.params.get(judge.report_param):
             continue
         data = ws.resolve(str(other.params[judge.output_param]))

@@ -124,7 +124,7 @@ def plan_restart(ws: Workspace, stage_name: str, seen: StageStatus | None, overr
                        ignore_disk=ignore_disk)
     if last and last.status in (RunStatus.FAILED, RunStatus.KILLED, RunStatus.LOST):
         plan.oom_line = oom_line(seen, last)
-    if plan.oom_line and stage.batch_param and stage.batch_param not in params and stage.spec \
+    if plan.oom_line and stage.batch_param and stage.batch_param not in params \
             and stage.spec.params.get(stage.batch_param) is not None:
         # Left at the op's default (its Param): that default is what ran out of memory.
         params[stage.batch_param] = stage.spec.params[stage.batch_param]

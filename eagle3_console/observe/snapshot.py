@@ -225,10 +225,9 @@ class Collector:
     def _stage_status(self, pipe: cfg.Pipeline, stage: cfg.Stage, run: Run | None,
                       now: float) -> tuple[StageStatus, list[DiskUsage]]:
         params = dict(run.params) if run else dict(stage.params)
-        if stage.spec is not None:
-            # What the run gets (its op's defaults under its own): JSON, the TUI and
-            # watch's halve-after-OOM see the token_budget a stage left at its default.
-            params = stage.spec.effective(params)
+        # What the run gets (its op's defaults under its own): JSON, the TUI and
+        # watch's halve-after-OOM see the token_budget a stage left at its default.
+        params = stage.spec.effective(params)
         st = StageStatus(name=stage.name, op=stage.op, status=run.status if run else StageOnly.NEVER,
                          depends_on=list(stage.depends_on), params=params, batch_param=stage.batch_param)
         try:
@@ -254,15 +253,15 @@ class Collector:
         spec = stage.spec
         ctx = plan.context(self.ws, pipe, params)
         expected = stage.expected_samples
-        if expected is None and spec:
+        if expected is None:
             expected = spec.expected_samples(ctx)
         est = plan.disk_estimate(self.ws, pipe, stage, params)
         estimate = None if est is None else est.bytes
         disks: list[DiskUsage] = []
-        uses_shards = (spec is not None and spec.progress == "shards") or (spec is None and expected is not None)
+        uses_shards = spec.progress == "shards" or (not spec.builtin and expected is not None)
         fraction: float | None = None
         if outs and uses_shards and (run or Path(outs[0]).exists()):
-            tokens = spec.expected_tokens(ctx) if spec else None
+            tokens = spec.expected_tokens(ctx)
             mon = self._shard_monitor(stage.name, outs[0], expected, tokens, stage.sample_glob, now)
             mon.since_ns = run_own_since(spec, run)
             mon.run_started = run.started if run is not None else None
@@ -270,7 +269,7 @@ class Collector:
             # A custom stage whose files match neither its pattern nor a known
             # layout counts nothing: its log says how far it is (0/40 next to
             # the log's 21/40 was a count that disagreed).
-            if spec is not None or sp.samples_done:
+            if spec.builtin or sp.samples_done:
                 st.shards = sp
                 # In tokens once they are known (extract takes samples longest first): the
                 # disk projection below and its disk_short alert follow the same fraction.
@@ -302,12 +301,12 @@ class Collector:
             # gone) is no rate now, and nothing is coming.
             st.rate = st.tokens_per_s = st.rate_unit = st.eta_s = None
         st.progress = fraction
-        if run and spec is not None and spec.serves is not None:
+        if run and spec.serves(params) is not None:
             st.serve = self._serve_monitor(run, spec, params).sample(st.log, still_running, now)
         record = None
-        if spec is not None and spec.result_file and outs:
+        if spec.result_file and outs:
             record = self._result(spec, Path(outs[0]) / spec.result_file)
-        elif spec is not None and spec.result_path_param and params.get(spec.result_path_param):
+        elif spec.result_path_param and params.get(spec.result_path_param):
             record = self._result(spec, self.ws.resolve(str(params[spec.result_path_param])))
         if record is not None:
             st.result, st.result_line, st.result_time = record
@@ -330,7 +329,7 @@ class Collector:
         if not isinstance(record, dict):
             record = None
         line = None
-        if record is not None and spec.result_line is not None:
+        if record is not None:
             try:
                 line = spec.result_line(record)
             except Exception:  # noqa: BLE001 - a record of another version: shown raw in the JSON, no line

@@ -37,8 +37,7 @@ def lints(ws: Workspace, pipe: Pipeline, stage: Stage, params: dict[str, Any]) -
     """What the op's own lint says about this launch (serve's: flags, tp x dp
     against the gpus list, the drafter's aux layers; extract's layer ids);
     items print as `error: ...` / `warning: ...`."""
-    check = stage.spec.lint if stage.spec else None
-    return list(check(context(ws, pipe, params, stage), stage.gpus)) if check else []
+    return list(stage.spec.lint(context(ws, pipe, params, stage), stage.gpus))
 
 
 @contextmanager
@@ -55,7 +54,7 @@ def _recorded(reg: Registry, stage: Stage):
 def missing_inputs(ws: Workspace, stage: Stage, params: dict[str, Any]) -> list[str]:
     """The op's input paths (OpSpec.input_params) that do not exist, as `param path`."""
     out = []
-    for name in stage.spec.input_params if stage.spec else ():
+    for name in stage.spec.input_params:
         value = params.get(name)
         if value not in (None, ""):
             path = ws.resolve(str(value))
@@ -75,7 +74,7 @@ def launch_argv(stage: Stage, params: dict[str, Any], pipe: Pipeline, force: boo
     disk preflight): a launch past them (ignore_disk, or force over lint errors) says so
     in the argv, or the op would refuse at once. Not in the recorded params: a later
     restart is forced only when asked again. KeyError/ValueError: params it cannot fill."""
-    forced = stage.spec is not None and "force" in stage.spec.params and (ignore_disk or force)
+    forced = "force" in stage.spec.params and (ignore_disk or force)
     params = dict(params, force=True) if forced else params
     if stage.slurm is None:
         return stage.command(params, pipe.target)

@@ -40,7 +40,7 @@ def stage_params(stage: Stage, overrides: dict[str, Any] | None = None, base: di
     with `pipe`, a param naming a serve stage (bench's server) binds its URL."""
     params = dict(stage.params if base is None else base)
     params.update(overrides or {})
-    if not stage.spec:
+    if not stage.spec.builtin:
         # A custom stage takes the params its pipeline entry declares (their
         # types are its program's business: a default of 3 may well take 1.5).
         unknown = sorted(set(overrides or {}) - set(stage.params))
@@ -90,11 +90,11 @@ def bind_servers(pipe: Pipeline, stage: Stage, params: dict[str, Any], overrides
 def _server_url(pipe: Pipeline, stage: Stage, want, name: str, overrides: dict[str, Any]) -> str:
     where = f"stages.{stage.name}.params.{want.name_param}"
     serve = pipe.stages.get(name)
-    if serve is None or serve.spec is None or serve.spec.serves is None:
-        serves = [s.name for s in pipe.stages.values() if s.spec is not None and s.spec.serves is not None]
-        raise Refused(f"{where}: {name!r} is not a serve stage (serve stages: {', '.join(serves) or 'none'})",
+    server = serve.spec.serves(serve.spec.effective(serve.params)) if serve is not None else None
+    if server is None:
+        names = [s.name for s in pipe.stages.values() if s.spec.serves(s.spec.effective(s.params)) is not None]
+        raise Refused(f"{where}: {name!r} is not a serve stage (serve stages: {', '.join(names) or 'none'})",
                       code=3)
-    server = serve.spec.serves(serve.spec.effective(serve.params))
     if server.mode != want.mode:
         raise Refused(f"{where}: serve stage {name!r} has mode {server.mode!r}; {want.name_param} needs a "
                       f"{want.mode!r} server", code=3)

@@ -35,7 +35,7 @@ def context(ws: Workspace, pipe: Pipeline, params: dict[str, Any], stage: Stage 
             return None
         want = str(ws.resolve(str(params[key])))
         for other in pipe.stages.values():
-            if other.spec is None or (stage is not None and other.name == stage.name):
+            if stage is not None and other.name == stage.name:
                 continue
             if want in (str(ws.resolve(str(other.params[p]))) for p in other.spec.output_params
                         if other.params.get(p)):
@@ -50,16 +50,7 @@ def disk_estimate(ws: Workspace, pipe: Pipeline, stage: Stage, params: dict[str,
     """The best figure that can be made now for the stage's output, or None."""
     if stage.estimate_bytes is not None:
         return Estimate(stage.estimate_bytes, "declared", "estimate_bytes in the pipeline file")
-    spec = stage.spec
-    if spec is None:
-        return None
-    if spec.estimate is not None:
-        return spec.estimate(context(ws, pipe, spec.effective(params), stage))
-    n = spec.estimate_bytes(EstimateContext(root=ws.root, params=spec.effective(params), target=pipe.target))
-    if n is None:
-        return None
-    rule = spec.estimate_rule
-    return Estimate(int(n), "estimate", f"{stage.op}'s rule: {rule}" if rule else f"{stage.op}'s own estimate")
+    return stage.spec.estimate(context(ws, pipe, stage.spec.effective(params), stage))
 
 
 @dataclass
@@ -126,8 +117,7 @@ def launch_lines(ws: Workspace, pipe: Pipeline, stage: Stage, params: dict[str, 
     line = disk_line(pf) if pf is not None else None
     if line:
         out.append(line)
-    if stage.spec is not None and stage.spec.plan_lines is not None:
-        out += stage.spec.plan_lines(context(ws, pipe, params, stage))
+    out += stage.spec.plan_lines(context(ws, pipe, params, stage))
     return out
 
 

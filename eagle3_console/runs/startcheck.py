@@ -27,7 +27,7 @@ from ops.common import read_json
 
 def serves(stage: Stage | None) -> bool:
     """Whether the stage is a server (its spec's serves hook): depending on it means "its server is ready"."""
-    return stage is not None and stage.spec is not None and stage.spec.serves is not None
+    return stage is not None and stage.spec.serves(stage.spec.effective(stage.params)) is not None
 
 
 def outputs_complete(ws: Workspace, stage: Stage, run: Run) -> bool:
@@ -38,7 +38,7 @@ def outputs_complete(ws: Workspace, stage: Stage, run: Run) -> bool:
     or an op whose record grows as it goes (train's metrics.jsonl), cannot
     tell: False, and the policies treat the run as failed."""
     spec = stage.spec
-    if spec is None or not spec.result_file or spec.result_file.endswith(".jsonl"):
+    if not spec.result_file or spec.result_file.endswith(".jsonl"):
         return False
     try:
         outs = output_paths(ws, stage, run.params)

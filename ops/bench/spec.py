@@ -76,26 +76,10 @@ def sglang_line(r: dict) -> str:
     return out + _extras(r)
 
 
-def lint(ctx: EstimateContext, _gpus) -> list[Lint]:
-    """What each engine needs, said before the launch (argparse would say it only in the log)."""
-    # engine's choices and ready_timeout_s > 0 are the Params' (checked before the lint runs).
-    p = ctx.params
-    engine = p.get("engine") or SPEC.params["engine"]
-    if engine == "reference" and not p.get("drafter"):
-        return [Lint("error", "engine reference needs params.drafter (export's output directory)")]
-    if engine == "sglang" and not p.get("url"):
-        return [Lint("error", "engine sglang needs params.server (a speculative serve stage of this pipeline) "
-                              "or params.url (e.g. http://127.0.0.1:30000)")]
-    if engine == "sglang" and not (p.get("data") or p.get("prompts_file") or p.get("drafter")):
-        return [Lint("error", "engine sglang needs held-out prompts: params.data, prompts_file or drafter "
-                              "(whose export_info.json names the data)")]
-    return []
-
-
-SPEC = OpSpec(
-    name="bench",
-    summary="reference EAGLE-3 speculative decoding (chain, top-1) vs greedy: acceptance length, speed-up",
-    params=(
+class Bench(OpSpec):
+    name = "bench"
+    summary = "reference EAGLE-3 speculative decoding (chain, top-1) vs greedy: acceptance length, speed-up"
+    params = (
         Param("engine", "reference", "reference: decode here with HF transformers; sglang: measure a live "
               "SGLang server at --url", choices=ENGINES),
         Param("drafter", None, "export's output directory (or its sglang/ or speculators/); engine reference "
@@ -126,17 +110,36 @@ SPEC = OpSpec(
               "completions differ, their token counts and both acceptance lengths", type=str),
         Param("device", "auto", "auto | cpu | cuda"),
         Param("dtype", "auto", "auto (the target's), bfloat16, float16, float32"),
-    ),
-    output_params=("output",),
-    uses_target=True,
-    progress="log",
-    estimate_bytes=lambda ctx: 64 * 1024,
-    result_file="bench.json",
-    result_line=result_line,
-    lint=lint,
+    )
+    output_params = ("output",)
+    uses_target = True
+    result_file = "bench.json"
     # eagle3_console.runs.bind_servers: a serve stage named there gives the url param its URL.
-    server_params=(ServerParam("server", "url", "speculative"),
-                   ServerParam("baseline_server", "baseline_url", "target")),
-    result_view=result_view,
-    gauges=gauges,
-)
+    server_params = (ServerParam("server", "url", "speculative"),
+                     ServerParam("baseline_server", "baseline_url", "target"))
+
+    def estimate_bytes(self, ctx: EstimateContext) -> int | None:
+        return 64 * 1024
+
+    # bench.json's words: its line above, its view and gauges in ops/bench/view.py.
+    result_line = staticmethod(result_line)
+    result_view = staticmethod(result_view)
+    gauges = staticmethod(gauges)
+
+    def lint(self, ctx: EstimateContext, gpus: list[int] | None) -> list[Lint]:
+        """What each engine needs, said before the launch (argparse would say it only in the log)."""
+        # engine's choices and ready_timeout_s > 0 are the Params' (checked before the lint runs).
+        p = ctx.params
+        engine = p.get("engine") or self.params["engine"]
+        if engine == "reference" and not p.get("drafter"):
+            return [Lint("error", "engine reference needs params.drafter (export's output directory)")]
+        if engine == "sglang" and not p.get("url"):
+            return [Lint("error", "engine sglang needs params.server (a speculative serve stage of this pipeline) "
+                                  "or params.url (e.g. http://127.0.0.1:30000)")]
+        if engine == "sglang" and not (p.get("data") or p.get("prompts_file") or p.get("drafter")):
+            return [Lint("error", "engine sglang needs held-out prompts: params.data, prompts_file or drafter "
+                                  "(whose export_info.json names the data)")]
+        return []
+
+
+SPEC = Bench()

@@ -25,43 +25,6 @@ from ops.target_params import DEVICE, DTYPE, LAYER_IDS
 from ops.units import human_bytes
 
 
-def partial_files(root: Path) -> list[Path]:
-    """Temp files and sample files that are truncated or unreadable."""
-    out: list[Path] = []
-    if not root.is_dir():
-        return out
-    for path in sorted(root.rglob("*")):
-        if path.is_symlink() or not path.is_file():
-            continue
-        if path.name.endswith(TMP_SUFFIX):
-            out.append(path)
-            continue
-        m = SAMPLE_RE.match(path.name)
-        if m and m.group(2) == "safetensors":
-            try:
-                check_whole(path)
-            except BadSampleFile:
-                out.append(path)
-    return out
-
-
-def result_line(config: dict) -> str | None:
-    """data_config.json once complete: the counts and the layers, in the
-    canonical and SGLang conventions (the classic off-by-one, said twice)."""
-    if config.get("status") == "incomplete":
-        # Said where the stage is shown (status, TUI), not only inside the file.
-        missing = config.get("missing_samples")
-        count = f"{missing} of {config.get('total_samples', '?')} samples missing" if missing is not None else ""
-        reason = config.get("incomplete_reason") or ""
-        return "incomplete: " + "; ".join(x for x in (count, reason) if x) if count or reason else "incomplete"
-    if config.get("status") != "complete":
-        return None
-    return (f"{config.get('total_samples', 0):,} samples, {config.get('total_tokens', 0):,} tokens; "
-            f"aux layers {config.get('layer_ids')} + final {config.get('final_layer_id')} "
-            f"(SGLang capture {config.get('sglang_layers_to_capture')}), {config.get('dtype')}; "
-            f"format {stored_as(config)}")
-
-
 def stored_as(config: dict) -> str:
     """The format as written: "bf16" stores the states as computed, in the run's dtype,
     so a float32 target's are float32 (the panes said bf16)."""
@@ -85,22 +48,6 @@ def target_lints(ctx: EstimateContext) -> list:
                  forceable=False)]
 
 
-def lint(ctx: EstimateContext, gpus: list[int] | None) -> list:
-    """The target's folder, SGLang's flags against the gpus, the aux layer ids
-    against the target and the output's, the format against the output's and
-    the hidden size."""
-    return (target_lints(ctx) + list(sglang_args.lint(SPEC.effective(ctx.params), gpus)) + layer_lints(ctx)
-            + format_lints(ctx))
-
-
-def plan_lines(ctx: EstimateContext) -> list[str]:
-    cap = ctx.params.get("spool_bytes")
-    spool = ([f"spool: at most {human_bytes(int(cap))} on disk at once (spool_bytes), whatever the extraction's "
-              f"size: a train run with mode streamed reads and deletes it (ops/spool.py)"]
-             if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else [])
-    return layer_line(ctx) + format_line(ctx) + spool
-
-
 def spool_or_extract_estimate(ctx: EstimateContext):
     """A spool's producer holds at most spool_bytes on disk; else the extraction's estimate."""
     from ops.estimate import Estimate
@@ -112,10 +59,10 @@ def spool_or_extract_estimate(ctx: EstimateContext):
     return est
 
 
-SPEC = OpSpec(
-    name="extract",
-    summary="hidden states of the target's aux layers + final state, one safetensors file a sample",
-    params=(
+class Extract(OpSpec):
+    name = "extract"
+    summary = "hidden states of the target's aux layers + final state, one safetensors file a sample"
+    params = (
         Param("input", help="prepare's output directory (samples.safetensors)"),
         Param("output", help="hidden-state output directory"),
         LAYER_IDS,
@@ -154,21 +101,75 @@ SPEC = OpSpec(
               "SGLang's)", type=float, low=0, low_open=True, high=1, high_open=True),
         Param("extra_args", None, "sglang: JSON list of SGLang server flags added to the engine's own, e.g. "
               '["--attention-backend", "triton"] (ops/extract/sglang_args.py)', json=True),
-    ),
-    output_params=("output",),
-    input_params=("input",),
-    uses_target=True,
-    batch_param="token_budget",
-    progress="shards",
-    estimate_bytes=estimate_bytes,
-    expected_samples=expected_samples,
-    expected_tokens=expected_tokens,
-    partial_files=partial_files,
-    result_file=DATA_CONFIG,
-    result_line=result_line,
-    launch=sglang_args.launch,
-    spreads=lambda params: "sglang" if params.get("engine") == "sglang" else "torchrun",
-    lint=lint,
-    estimate=spool_or_extract_estimate,
-    plan_lines=plan_lines,
-)
+    )
+    output_params = ("output",)
+    input_params = ("input",)
+    uses_target = True
+    batch_param = "token_budget"
+    progress = "shards"
+    result_file = DATA_CONFIG
+
+    # The sizes (ops/extract/sizes.py), the estimate with its kind, the torchrun argv of tp > 1.
+    estimate_bytes = staticmethod(estimate_bytes)
+    expected_samples = staticmethod(expected_samples)
+    expected_tokens = staticmethod(expected_tokens)
+    estimate = staticmethod(spool_or_extract_estimate)
+    launch = staticmethod(sglang_args.launch)
+
+    def spreads(self, params: dict) -> str | None:
+        return "sglang" if params.get("engine") == "sglang" else "torchrun"
+
+    def partial_files(self, root: Path) -> list[Path]:
+        """Temp files and sample files that are truncated or unreadable."""
+        out: list[Path] = []
+        if not root.is_dir():
+            return out
+        for path in sorted(root.rglob("*")):
+            if path.is_symlink() or not path.is_file():
+                continue
+            if path.name.endswith(TMP_SUFFIX):
+                out.append(path)
+                continue
+            m = SAMPLE_RE.match(path.name)
+            if m and m.group(2) == "safetensors":
+                try:
+                    check_whole(path)
+                except BadSampleFile:
+                    out.append(path)
+        return out
+
+    def result_line(self, config: dict) -> str | None:
+        """data_config.json once complete: the counts and the layers, in the
+        canonical and SGLang conventions (the classic off-by-one, said twice)."""
+        if config.get("status") == "incomplete":
+            # Said where the stage is shown (status, TUI), not only inside the file.
+            missing = config.get("missing_samples")
+            count = f"{missing} of {config.get('total_samples', '?')} samples missing" if missing is not None else ""
+            reason = config.get("incomplete_reason") or ""
+            return "incomplete: " + "; ".join(x for x in (count, reason) if x) if count or reason else "incomplete"
+        if config.get("status") != "complete":
+            return None
+        return (f"{config.get('total_samples', 0):,} samples, {config.get('total_tokens', 0):,} tokens; "
+                f"aux layers {config.get('layer_ids')} + final {config.get('final_layer_id')} "
+                f"(SGLang capture {config.get('sglang_layers_to_capture')}), {config.get('dtype')}; "
+                f"format {stored_as(config)}")
+
+    def lint(self, ctx: EstimateContext, gpus: list[int] | None) -> list:
+        """The target's folder, SGLang's flags against the gpus, the aux layer ids
+        against the target and the output's, the format against the output's and
+        the hidden size."""
+        return (target_lints(ctx) + list(sglang_args.lint(self.effective(ctx.params), gpus)) + layer_lints(ctx)
+                + format_lints(ctx))
+
+    def plan_lines(self, ctx: EstimateContext) -> list[str]:
+        cap = ctx.params.get("spool_bytes")
+        spool = ([f"spool: at most {human_bytes(int(cap))} on disk at once (spool_bytes), whatever the "
+                  f"extraction's size: a train run with mode streamed reads and deletes it (ops/spool.py)"]
+                 if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else [])
+        return layer_line(ctx) + format_line(ctx) + spool
+
+
+SPEC = Extract()
+# Read by others as they were before the class: clean's sample partials, the tests' line.
+partial_files = SPEC.partial_files
+result_line = SPEC.result_line

@@ -48,35 +48,6 @@ def _input_shape(ctx: EstimateContext) -> tuple[int, float, int] | None:
     return size, rows, max(1, round(users / max(1, len(complete))))
 
 
-def estimate_bytes(ctx: EstimateContext) -> int | None:
-    shape = _input_shape(ctx)
-    if shape is None:
-        return None
-    size, rows, turns = shape
-    if ctx.params.get("limit"):
-        share = min(1.0, int(ctx.params["limit"]) / rows)
-        size, rows = int(size * share), min(rows, int(ctx.params["limit"]))
-    answers = (rows * turns * int(ctx.params.get("max_tokens") or SPEC.params["max_tokens"]) * BYTES_PER_TOKEN
-               * int(ctx.params.get("n") or 1))
-    # The journal and the final file each hold every row once.
-    return int(2 * (size + answers))
-
-
-def expected_samples(ctx: EstimateContext) -> int | None:
-    return int(ctx.params["limit"]) if ctx.params.get("limit") else None
-
-
-def partial_files(root: Path) -> list[Path]:
-    """Temp files, and the outputs no complete regenerate.json vouches for (the
-    journal too: `clean` means start over)."""
-    if not root.is_dir():
-        return []
-    out = sorted(p for p in root.iterdir() if p.is_file() and TMP_SUFFIX in p.name)
-    if (read_json(root / RESULT) or {}).get("status") != "complete":
-        out += [root / n for n in (OUTPUT, JOURNAL, INDEX, SETTINGS) if (root / n).is_file()]
-    return out
-
-
 def failed_words(r: dict) -> str:
     kinds = r.get("failed") or {}
     if not kinds:
@@ -85,41 +56,6 @@ def failed_words(r: dict) -> str:
     rows = [str(f.get("row")) for f in (r.get("failed_rows") or [])[:8]]
     more = "" if len(r.get("failed_rows") or []) <= 8 else ", ..."
     return f"{sum(kinds.values())} failed ({named}; rows {', '.join(rows)}{more})"
-
-
-def result_line(r: dict) -> str | None:
-    if r.get("status") != "complete":
-        return None
-    rate = r.get("tok_s")
-    samples = int(r.get("samples") or 1)
-    return (f"{r.get('answered', 0):,} of {r.get('rows', 0):,} rows answered ("
-            + (f"{r.get('conversations', 0):,} conversations of {samples} samples, " if samples > 1 else "")
-            + f"{r.get('turns', 0):,} turns, "
-            f"{r.get('completion_tokens', 0):,} tokens"
-            + (f", {rate:.1f} tok/s" if isinstance(rate, (int, float)) else "")
-            + f", engine {r.get('engine')}); {failed_words(r)}")
-
-
-def result_view(r: dict) -> ResultView | None:
-    line = result_line(r)
-    if line is None:
-        return None
-    failed = sum((r.get("failed") or {}).values())
-    head = ((f"{r.get('answered', 0):,} answered", "headline"), (f" of {r.get('rows', 0):,} rows\n", "label"),
-            (failed_words(r), "alarm" if failed else "ok"))
-    cell = (f"{r.get('answered', 0):,} ans" + (f", {failed} FAILED" if failed else ""), "alarm" if failed else "ok")
-    return ResultView(head=head, details=(line,), cell=cell)
-
-
-def gauges(r: dict) -> list[Gauge]:
-    if r.get("status") != "complete":
-        return []
-    out = [Gauge("regenerate_answered_rows", "Rows whose user turns the target answered.", r.get("answered")),
-           Gauge("regenerate_tokens_per_second", "Completion tokens a second of the regenerate run.", r.get("tok_s"))]
-    for kind in FAILURE_KINDS:
-        out.append(Gauge("regenerate_failed_rows", "Rows that failed, by cause.",
-                         (r.get("failed") or {}).get(kind, 0), (("cause", kind),)))
-    return out
 
 
 def url_problem(url: str) -> str | None:
@@ -152,26 +88,10 @@ def samples_problem(n: int, temperature: float) -> str | None:
     return None
 
 
-def lint(ctx: EstimateContext, _gpus) -> list[Lint]:
-    p = ctx.params
-    where = f"stages.{ctx.stage or 'regenerate'}.params"
-    if p.get("url"):
-        why = url_problem(str(p["url"]))
-        if why:
-            return [Lint("error", f"{where}.url {why}")]
-    why = samples_problem(int(p.get("n") or 1), float(p.get("temperature") or 0.0))
-    if why:
-        return [Lint("error", f"{where}.{why}")]
-    if not p.get("url") and not ctx.target.get("path"):
-        return [Lint("error", "without params.server (a serve stage of mode target) or params.url, regenerate "
-                              "generates with the [target] table's path here: set it")]
-    return []
-
-
-SPEC = OpSpec(
-    name="regenerate",
-    summary="the target answers the user turns of a prompts file (old answers dropped): SGLang or HF generate",
-    params=(
+class Regenerate(OpSpec):
+    name = "regenerate"
+    summary = "the target answers the user turns of a prompts file (old answers dropped): SGLang or HF generate"
+    params = (
         Param("input", help="prompts JSONL: conversations (ShareGPT `conversations` or OpenAI `messages`) "
                             "or {\"prompt\": text} rows"),
         Param("output", help="output directory (conversations.jsonl for prepare, regenerate.json)"),
@@ -195,18 +115,86 @@ SPEC = OpSpec(
         Param("device", "auto", "HF generate: auto | cpu | cuda", choices=("auto", "cpu", "cuda")),
         Param("dtype", "auto", "HF generate: auto (bf16 on CUDA, float32 on CPU), bfloat16, float16, float32",
               choices=("auto", "bfloat16", "float16", "float32")),
-    ),
-    output_params=("output",),
-    uses_target=True,
-    progress="log",
-    estimate_bytes=estimate_bytes,
-    estimate_rule="2 x (the input + rows x user turns x n x max_tokens x 5 B): the journal and the final file",
-    expected_samples=expected_samples,
-    partial_files=partial_files,
-    result_file=RESULT,
-    result_line=result_line,
-    result_view=result_view,
-    gauges=gauges,
-    lint=lint,
-    server_params=(ServerParam("server", "url", "target"),),
-)
+    )
+    output_params = ("output",)
+    uses_target = True
+    estimate_rule = "2 x (the input + rows x user turns x n x max_tokens x 5 B): the journal and the final file"
+    result_file = RESULT
+    server_params = (ServerParam("server", "url", "target"),)
+
+    def estimate_bytes(self, ctx: EstimateContext) -> int | None:
+        shape = _input_shape(ctx)
+        if shape is None:
+            return None
+        size, rows, turns = shape
+        if ctx.params.get("limit"):
+            share = min(1.0, int(ctx.params["limit"]) / rows)
+            size, rows = int(size * share), min(rows, int(ctx.params["limit"]))
+        answers = (rows * turns * int(ctx.params.get("max_tokens") or self.params["max_tokens"]) * BYTES_PER_TOKEN
+                   * int(ctx.params.get("n") or 1))
+        # The journal and the final file each hold every row once.
+        return int(2 * (size + answers))
+
+    def expected_samples(self, ctx: EstimateContext) -> int | None:
+        return int(ctx.params["limit"]) if ctx.params.get("limit") else None
+
+    def partial_files(self, root: Path) -> list[Path]:
+        """Temp files, and the outputs no complete regenerate.json vouches for (the
+        journal too: `clean` means start over)."""
+        if not root.is_dir():
+            return []
+        out = sorted(p for p in root.iterdir() if p.is_file() and TMP_SUFFIX in p.name)
+        if (read_json(root / RESULT) or {}).get("status") != "complete":
+            out += [root / n for n in (OUTPUT, JOURNAL, INDEX, SETTINGS) if (root / n).is_file()]
+        return out
+
+    def result_line(self, r: dict) -> str | None:
+        if r.get("status") != "complete":
+            return None
+        rate = r.get("tok_s")
+        samples = int(r.get("samples") or 1)
+        return (f"{r.get('answered', 0):,} of {r.get('rows', 0):,} rows answered ("
+                + (f"{r.get('conversations', 0):,} conversations of {samples} samples, " if samples > 1 else "")
+                + f"{r.get('turns', 0):,} turns, "
+                f"{r.get('completion_tokens', 0):,} tokens"
+                + (f", {rate:.1f} tok/s" if isinstance(rate, (int, float)) else "")
+                + f", engine {r.get('engine')}); {failed_words(r)}")
+
+    def result_view(self, r: dict) -> ResultView | None:
+        line = self.result_line(r)
+        if line is None:
+            return None
+        failed = sum((r.get("failed") or {}).values())
+        head = ((f"{r.get('answered', 0):,} answered", "headline"), (f" of {r.get('rows', 0):,} rows\n", "label"),
+                (failed_words(r), "alarm" if failed else "ok"))
+        cell = (f"{r.get('answered', 0):,} ans" + (f", {failed} FAILED" if failed else ""), "alarm" if failed else "ok")
+        return ResultView(head=head, details=(line,), cell=cell)
+
+    def gauges(self, r: dict) -> list[Gauge]:
+        if r.get("status") != "complete":
+            return []
+        out = [Gauge("regenerate_answered_rows", "Rows whose user turns the target answered.", r.get("answered")),
+               Gauge("regenerate_tokens_per_second", "Completion tokens a second of the regenerate run.",
+                     r.get("tok_s"))]
+        for kind in FAILURE_KINDS:
+            out.append(Gauge("regenerate_failed_rows", "Rows that failed, by cause.",
+                             (r.get("failed") or {}).get(kind, 0), (("cause", kind),)))
+        return out
+
+    def lint(self, ctx: EstimateContext, gpus: list[int] | None) -> list[Lint]:
+        p = ctx.params
+        where = f"stages.{ctx.stage or 'regenerate'}.params"
+        if p.get("url"):
+            why = url_problem(str(p["url"]))
+            if why:
+                return [Lint("error", f"{where}.url {why}")]
+        why = samples_problem(int(p.get("n") or 1), float(p.get("temperature") or 0.0))
+        if why:
+            return [Lint("error", f"{where}.{why}")]
+        if not p.get("url") and not ctx.target.get("path"):
+            return [Lint("error", "without params.server (a serve stage of mode target) or params.url, regenerate "
+                                  "generates with the [target] table's path here: set it")]
+        return []
+
+
+SPEC = Regenerate()

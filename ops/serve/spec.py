@@ -14,31 +14,10 @@ from ops.serve.readiness import SERVE_READY_TIMEOUT_S
 from ops.spec import EstimateContext, Lint, OpSpec, Param, Server
 
 
-def lint(ctx: EstimateContext, gpus: list[int] | None) -> list[Lint]:
-    """The stage's lints for the plan (`run` prints them; errors refuse the launch).
-    Paths resolve against the workspace, as the supervisor's cwd makes them at run time."""
-    params = SPEC.effective(ctx.params)
-    if not params["model_path"]:
-        params["model_path"] = ctx.target.get("path")
-    resolved = EstimateContext(root=ctx.root, params=params, target=ctx.target)
-    model = resolved.path("model_path")
-    if params.get("drafter"):
-        params["drafter"] = str(resolved.path("drafter"))
-    return command.lint(params, str(model) if model else None, gpus, ctx.target)
-
-
-def server(params: dict) -> Server:
-    """Where the server listens and what it serves, from the stage's effective params
-    (the snapshot's ServeMonitor, a bench bound to it, a dependency on it)."""
-    rts = params.get("ready_timeout_s")
-    return Server(host=str(params.get("host") or SPEC.params["host"]), port=int(params.get("port") or SPEC.params["port"]),
-                  mode=params.get("mode"), ready_timeout_s=float(rts) if rts else None)
-
-
-SPEC = OpSpec(
-    name="serve",
-    summary="a managed SGLang server (python -m sglang.launch_server): the target alone or speculative EAGLE3",
-    params=(
+class Serve(OpSpec):
+    name = "serve"
+    summary = "a managed SGLang server (python -m sglang.launch_server): the target alone or speculative EAGLE3"
+    params = (
         Param("model_path", None, "the model (default: [target].path, passed as --target)", type=str),
         Param("tp", 1, "tensor parallel size", low=1),
         Param("dp", 1, "data parallel replicas", low=1),
@@ -61,10 +40,31 @@ SPEC = OpSpec(
               "is CRITICAL (not passed to SGLang)", low=0, low_open=True),
         Param("force", False, "exec the server despite lint errors (`run --force` sets it)"),
         Param("launcher", command.SGLANG_LAUNCHER, "module run as `python -m` (tests use a fake)"),
-    ),
-    uses_target=True,
-    progress="log",
-    lint=lint,
-    serves=server,
-    spreads=lambda params: "sglang",
-)
+    )
+    uses_target = True
+
+    def lint(self, ctx: EstimateContext, gpus: list[int] | None) -> list[Lint]:
+        """The stage's lints for the plan (`run` prints them; errors refuse the launch).
+        Paths resolve against the workspace, as the supervisor's cwd makes them at run time."""
+        params = self.effective(ctx.params)
+        if not params["model_path"]:
+            params["model_path"] = ctx.target.get("path")
+        resolved = EstimateContext(root=ctx.root, params=params, target=ctx.target)
+        model = resolved.path("model_path")
+        if params.get("drafter"):
+            params["drafter"] = str(resolved.path("drafter"))
+        return command.lint(params, str(model) if model else None, gpus, ctx.target)
+
+    def serves(self, params: dict) -> Server:
+        """Where the server listens and what it serves, from the stage's effective params
+        (the snapshot's ServeMonitor, a bench bound to it, a dependency on it)."""
+        rts = params.get("ready_timeout_s")
+        return Server(host=str(params.get("host") or self.params["host"]),
+                      port=int(params.get("port") or self.params["port"]),
+                      mode=params.get("mode"), ready_timeout_s=float(rts) if rts else None)
+
+    def spreads(self, params: dict) -> str | None:
+        return "sglang"
+
+
+SPEC = Serve()

@@ -24,35 +24,6 @@ CHECKPOINT_BYTES_PER_PARAM = 12
 MODES = ("offline", "online", "streamed")
 
 
-def estimate_bytes(ctx: EstimateContext) -> int | None:
-    params = drafter_params(ctx)
-    if params is None:
-        return None
-    keep = int(ctx.params.get("keep", SPEC.params["keep"]) or 0) or 1
-    return params * CHECKPOINT_BYTES_PER_PARAM * keep
-
-
-def lint(ctx: EstimateContext, gpus: list[int] | None) -> list[Lint]:
-    """Where the states come from, said before a launch: each mode's own input set."""
-    params = SPEC.effective(ctx.params)
-    where = f"stages.{ctx.stage or 'train'}.params"
-    mode = params.get("mode")
-    out: list[Lint] = []
-    if mode == "offline" and not params.get("data"):
-        out.append(Lint("error", f"{where}.data: mode offline reads extract's output (hidden states) and none "
-                                 f"is named; set data, or mode = \"online\" with samples = prepare's output"))
-    if mode == "streamed" and not params.get("spool"):
-        out.append(Lint("error", f"{where}.spool: mode streamed reads a spool that an extract run with "
-                                 f"spool_bytes fills, and none is named; set spool = that run's output"))
-    if mode in ("online", "streamed"):
-        if not params.get("samples"):
-            out.append(Lint("error", f"{where}.samples: mode {mode} runs the target on prepare's samples and "
-                                     f"none are named; set samples = prepare's output directory"))
-        if params.get("data"):
-            out.append(Lint("warning", f"{where}.data: not read in mode {mode} (the target computes the states)"))
-    return out
-
-
 def _tokens(ctx: EstimateContext) -> tuple[int | None, str]:
     """The tokens an epoch trains on: prepare's summary (online), else extract's data_config."""
     from ops.extract.sizes import count
@@ -66,39 +37,6 @@ def _tokens(ctx: EstimateContext) -> tuple[int | None, str]:
     return None, ""
 
 
-def plan_lines(ctx: EstimateContext) -> list[str]:
-    """The disk each mode needs and what online costs instead: states stored
-    once (offline, in each format) against one target forward a token an epoch."""
-    from ops import hidden_formats
-    from ops.spec import dtype_bytes
-    from ops.units import human_bytes
-
-    params = SPEC.effective(ctx.params)
-    hidden = ctx.target.get("hidden_size")
-    tokens, source = _tokens(ctx)
-    ckpt = estimate_bytes(ctx)
-    ckpt_words = human_bytes(ckpt) if ckpt else "unknown"
-    lines = [f"mode {params.get('mode')}: online needs checkpoints only ({ckpt_words}); offline also the "
-             f"extracted states"]
-    if tokens and hidden:
-        width = dtype_bytes(str(ctx.target.get("dtype") or "bfloat16"))
-        by_format = " | ".join(f"{fmt} {human_bytes(hidden_formats.state_bytes(fmt, tokens, 4, int(hidden), width))}"
-                               for fmt in hidden_formats.FORMATS)
-        epochs = int(params.get("epochs") or 1)
-        lines.append(f"offline states for {tokens:,} tokens ({source}): {by_format}; online instead runs the "
-                     f"target's forward once a token an epoch: {epochs} x {tokens:,} = {epochs * tokens:,} "
-                     f"token forwards")
-    return lines
-
-
-def partial_files(root: Path) -> list[Path]:
-    """Checkpoint directories left half-written (step_<N>.tmp-<pid>)."""
-    ckpts = Path(root) / "checkpoints"
-    if not ckpts.is_dir():
-        return []
-    return sorted(p for p in ckpts.iterdir() if ".tmp-" in p.name)
-
-
 def step_point(rec: dict) -> CurvePoint | None:
     """A step record (metrics.jsonl's line: step, loss, acc) as a point of the curves."""
     step, loss = rec.get("step"), rec.get("loss")
@@ -109,61 +47,10 @@ def step_point(rec: dict) -> CurvePoint | None:
                                                for a in acc), from_record(rec))
 
 
-def result_line(metrics: dict) -> str | None:
-    """The last line of metrics.jsonl: where the loss and the per-step
-    accuracy stand (step 1 is what the first draft token's acceptance follows),
-    and the simulated acceptance length (bench's scale; ops/drafter/metrics.py)."""
-    if "step" not in metrics:
-        return None
-    acc = metrics.get("acc") or []
-    sim = from_record(metrics)
-    # The step says when the loss was measured; how far training is comes from
-    # the log's `progress: step S/T` alone (one source for that figure).
-    return (f"loss {metrics.get('loss', float('nan')):.4f} at step {metrics['step']}"
-            + (f", accuracy per step {'/'.join(f'{a:.2f}' for a in acc)}" if acc else "")
-            + (f", simulated AL {sim:.2f}" if sim is not None else "")
-            # Said, since the accuracies before it are the training window's.
-            + (" on held-out samples" if sim is not None and metrics.get("heldout") else "")
-            + (f"; online, {bound_words(metrics['online'])}" if isinstance(metrics.get("online"), dict) else ""))
-
-def gauges(r: dict) -> list[Gauge]:
-    """metrics.jsonl's last record for the exporter."""
-    if "step" not in r:
-        return []
-    out = [Gauge("eagle3_train_step", "Optimizer steps done (metrics.jsonl's last record).", r.get("step")),
-           Gauge("eagle3_train_planned_steps", "Optimizer steps the run plans.", r.get("total")),
-           Gauge("eagle3_train_loss", "Training loss of the last logged window.", r.get("loss")),
-           Gauge("eagle3_train_simulated_acceptance_length", "Bench's count (completion tokens / verify steps) "
-                 "of a decode over the held-out answers at the last window; without held-out samples "
-                 "1 + sum_k prod_{j<=k} acc_j of its per-step accuracies.", from_record(r)),
-           Gauge("eagle3_train_learning_rate", "Learning rate.", r.get("lr")),
-           Gauge("eagle3_train_grad_norm", "Gradient norm before clipping.", r.get("grad_norm")),
-           Gauge("eagle3_train_tokens_per_second", "Training tokens per second over the last window.",
-                 r.get("tok_s"))]
-    online = r.get("online")
-    if isinstance(online, dict):
-        # Online mode: both sides of the pipeline and which one bounds it (ops/train/online.py).
-        out += [Gauge("eagle3_train_target_tokens_per_second", "Online: tokens a second through the target's "
-                      "forward over the last window (the producer).", online.get("target_tok_s")),
-                Gauge("eagle3_train_drafter_tokens_per_second", "Online: tokens a second through the drafter's "
-                      "steps over the last window, waiting apart (the consumer).", online.get("drafter_tok_s")),
-                Gauge("eagle3_train_wait_ratio", "Online: share of the last window the drafter waited for the "
-                      "target's states, 0..1.", online.get("wait_share")),
-                Gauge("eagle3_train_bound_by_target", "Online: 1 when the target's forward bounds the run (the "
-                      "drafter waited a third of the window or more), 0 when the drafter's step does.",
-                      1 if online.get("bound") == "target" else 0)]
-    for name, key, doc in (("eagle3_train_step_accuracy_ratio", "acc", "Accuracy of TTT step k, 0..1."),
-                           ("eagle3_train_step_loss", "step_loss", "Loss of TTT step k.")):
-        values = r.get(key)
-        if isinstance(values, list):
-            out += [Gauge(name, doc, v, (("ttt_step", str(k)),)) for k, v in enumerate(values, 1)]
-    return out
-
-
-SPEC = OpSpec(
-    name="train",
-    summary="fit the EAGLE-3 drafter (fc + one decoder layer, training-time test over K steps)",
-    params=(
+class Train(OpSpec):
+    name = "train"
+    summary = "fit the EAGLE-3 drafter (fc + one decoder layer, training-time test over K steps)"
+    params = (
         Param("mode", "offline", "where the states come from: offline (extract's folder, `data`), online (the "
               "target, loaded by this run, computes each batch's states: nothing of size on disk)",
               choices=MODES),
@@ -226,20 +113,128 @@ SPEC = OpSpec(
         Param("length_bucket", "auto", "pad each batch's length up to a multiple of this many tokens (0: to "
               "its longest sample; auto: 256 where flex or compile builds a kernel per shape)",
               convert=parse_bucket),
-    ),
-    output_params=("output",),
-    input_params=("data", "samples", "vocab"),
-    uses_target=True,
-    batch_param="token_budget",
-    progress="log",
-    spreads=lambda params: "torchrun",
-    estimate_bytes=estimate_bytes,
-    partial_files=partial_files,
-    result_file="metrics.jsonl",
-    result_line=result_line,
-    estimate_rule="drafter parameters x bytes per parameter x checkpoints kept",
-    gauges=gauges,
-    curves=CurveSource("metrics.jsonl", step_point),
-    lint=lint,
-    plan_lines=plan_lines,
-)
+    )
+    output_params = ("output",)
+    input_params = ("data", "samples", "vocab")
+    uses_target = True
+    batch_param = "token_budget"
+    result_file = "metrics.jsonl"
+    estimate_rule = "drafter parameters x bytes per parameter x checkpoints kept"
+    curves = CurveSource("metrics.jsonl", step_point)
+
+    def spreads(self, params: dict) -> str | None:
+        return "torchrun"
+
+    def estimate_bytes(self, ctx: EstimateContext) -> int | None:
+        params = drafter_params(ctx)
+        if params is None:
+            return None
+        keep = int(ctx.params.get("keep", self.params["keep"]) or 0) or 1
+        return params * CHECKPOINT_BYTES_PER_PARAM * keep
+
+    def lint(self, ctx: EstimateContext, gpus: list[int] | None) -> list[Lint]:
+        """Where the states come from, said before a launch: each mode's own input set."""
+        params = self.effective(ctx.params)
+        where = f"stages.{ctx.stage or 'train'}.params"
+        mode = params.get("mode")
+        out: list[Lint] = []
+        if mode == "offline" and not params.get("data"):
+            out.append(Lint("error", f"{where}.data: mode offline reads extract's output (hidden states) and none "
+                                     f"is named; set data, or mode = \"online\" with samples = prepare's output"))
+        if mode == "streamed" and not params.get("spool"):
+            out.append(Lint("error", f"{where}.spool: mode streamed reads a spool that an extract run with "
+                                     f"spool_bytes fills, and none is named; set spool = that run's output"))
+        if mode in ("online", "streamed"):
+            if not params.get("samples"):
+                out.append(Lint("error", f"{where}.samples: mode {mode} runs the target on prepare's samples and "
+                                         f"none are named; set samples = prepare's output directory"))
+            if params.get("data"):
+                out.append(Lint("warning", f"{where}.data: not read in mode {mode} (the target computes the states)"))
+        return out
+
+    def plan_lines(self, ctx: EstimateContext) -> list[str]:
+        """The disk each mode needs and what online costs instead: states stored
+        once (offline, in each format) against one target forward a token an epoch."""
+        from ops import hidden_formats
+        from ops.spec import dtype_bytes
+        from ops.units import human_bytes
+
+        params = self.effective(ctx.params)
+        hidden = ctx.target.get("hidden_size")
+        tokens, source = _tokens(ctx)
+        ckpt = self.estimate_bytes(ctx)
+        ckpt_words = human_bytes(ckpt) if ckpt else "unknown"
+        lines = [f"mode {params.get('mode')}: online needs checkpoints only ({ckpt_words}); offline also the "
+                 f"extracted states"]
+        if tokens and hidden:
+            width = dtype_bytes(str(ctx.target.get("dtype") or "bfloat16"))
+            by_format = " | ".join(
+                f"{fmt} {human_bytes(hidden_formats.state_bytes(fmt, tokens, 4, int(hidden), width))}"
+                for fmt in hidden_formats.FORMATS)
+            epochs = int(params.get("epochs") or 1)
+            lines.append(f"offline states for {tokens:,} tokens ({source}): {by_format}; online instead runs the "
+                         f"target's forward once a token an epoch: {epochs} x {tokens:,} = {epochs * tokens:,} "
+                         f"token forwards")
+        return lines
+
+    def partial_files(self, root: Path) -> list[Path]:
+        """Checkpoint directories left half-written (step_<N>.tmp-<pid>)."""
+        ckpts = Path(root) / "checkpoints"
+        if not ckpts.is_dir():
+            return []
+        return sorted(p for p in ckpts.iterdir() if ".tmp-" in p.name)
+
+    def result_line(self, metrics: dict) -> str | None:
+        """The last line of metrics.jsonl: where the loss and the per-step
+        accuracy stand (step 1 is what the first draft token's acceptance follows),
+        and the simulated acceptance length (bench's scale; ops/drafter/metrics.py)."""
+        if "step" not in metrics:
+            return None
+        acc = metrics.get("acc") or []
+        sim = from_record(metrics)
+        # The step says when the loss was measured; how far training is comes from
+        # the log's `progress: step S/T` alone (one source for that figure).
+        return (f"loss {metrics.get('loss', float('nan')):.4f} at step {metrics['step']}"
+                + (f", accuracy per step {'/'.join(f'{a:.2f}' for a in acc)}" if acc else "")
+                + (f", simulated AL {sim:.2f}" if sim is not None else "")
+                # Said, since the accuracies before it are the training window's.
+                + (" on held-out samples" if sim is not None and metrics.get("heldout") else "")
+                + (f"; online, {bound_words(metrics['online'])}" if isinstance(metrics.get("online"), dict) else ""))
+
+    def gauges(self, r: dict) -> list[Gauge]:
+        """metrics.jsonl's last record for the exporter."""
+        if "step" not in r:
+            return []
+        out = [Gauge("eagle3_train_step", "Optimizer steps done (metrics.jsonl's last record).", r.get("step")),
+               Gauge("eagle3_train_planned_steps", "Optimizer steps the run plans.", r.get("total")),
+               Gauge("eagle3_train_loss", "Training loss of the last logged window.", r.get("loss")),
+               Gauge("eagle3_train_simulated_acceptance_length", "Bench's count (completion tokens / verify steps) "
+                     "of a decode over the held-out answers at the last window; without held-out samples "
+                     "1 + sum_k prod_{j<=k} acc_j of its per-step accuracies.", from_record(r)),
+               Gauge("eagle3_train_learning_rate", "Learning rate.", r.get("lr")),
+               Gauge("eagle3_train_grad_norm", "Gradient norm before clipping.", r.get("grad_norm")),
+               Gauge("eagle3_train_tokens_per_second", "Training tokens per second over the last window.",
+                     r.get("tok_s"))]
+        online = r.get("online")
+        if isinstance(online, dict):
+            # Online mode: both sides of the pipeline and which one bounds it (ops/train/online.py).
+            out += [Gauge("eagle3_train_target_tokens_per_second", "Online: tokens a second through the target's "
+                          "forward over the last window (the producer).", online.get("target_tok_s")),
+                    Gauge("eagle3_train_drafter_tokens_per_second", "Online: tokens a second through the drafter's "
+                          "steps over the last window, waiting apart (the consumer).", online.get("drafter_tok_s")),
+                    Gauge("eagle3_train_wait_ratio", "Online: share of the last window the drafter waited for the "
+                          "target's states, 0..1.", online.get("wait_share")),
+                    Gauge("eagle3_train_bound_by_target", "Online: 1 when the target's forward bounds the run (the "
+                          "drafter waited a third of the window or more), 0 when the drafter's step does.",
+                          1 if online.get("bound") == "target" else 0)]
+        for name, key, doc in (("eagle3_train_step_accuracy_ratio", "acc", "Accuracy of TTT step k, 0..1."),
+                               ("eagle3_train_step_loss", "step_loss", "Loss of TTT step k.")):
+            values = r.get(key)
+            if isinstance(values, list):
+                out += [Gauge(name, doc, v, (("ttt_step", str(k)),)) for k, v in enumerate(values, 1)]
+        return out
+
+
+SPEC = Train()
+# Read by others as it was before the class (the tests' line).
+result_line = SPEC.result_line

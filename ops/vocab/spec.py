@@ -32,46 +32,43 @@ def _target_vocab(ctx: EstimateContext) -> int | None:
     return None
 
 
-def estimate_bytes(ctx: EstimateContext) -> int | None:
-    target = _target_vocab(ctx)
-    if not target:
-        return None
-    draft = min(int(ctx.params.get("draft_vocab_size") or SPEC.params["draft_vocab_size"]), target)
-    return draft * 8 + target + HEADER_BYTES
-
-
-def partial_files(root: Path) -> list[Path]:
-    return unvouched_files(root, VOCAB_JSON, VOCAB)
-
-
-def result_line(info: dict) -> str | None:
-    if info.get("status") != "complete":
-        return None
-    cov = info.get("coverage")
-    return (f"draft vocabulary {info.get('draft_vocab_size')} of {info.get('target_vocab_size')} ids"
-            + (f" ({info['distinct_masked_ids']:,} distinct under the mask)" if "distinct_masked_ids" in info else "")
-            + (f", coverage {cov:.2%} of {info.get('masked_tokens', 0):,} masked target tokens"
-               if isinstance(cov, (int, float)) else "")
-            + (f", {info['padded']} padded" if info.get("padded") else ""))
-
-SPEC = OpSpec(
-    name="vocab",
-    summary="draft vocabulary: the most frequent token ids under the loss mask (d2t, t2d)",
-    params=(
+class Vocab(OpSpec):
+    name = "vocab"
+    summary = "draft vocabulary: the most frequent token ids under the loss mask (d2t, t2d)"
+    params = (
         Param("input", help="prepare's output directory"),
         Param("output", help="output directory"),
         Param("draft_vocab_size", 32000, "token ids of the draft vocabulary (the most frequent under the mask)",
               low=1),
         Param("target_vocab_size", None, "default: the target's config.json vocab_size, else the tokenizer's size",
               type=int, low=1),
-    ),
-    output_params=("output",),
-    input_params=("input",),
-    uses_target=True,
-    progress="log",
-    estimate_bytes=estimate_bytes,
-    partial_files=partial_files,
-    result_file="vocab.json",
-    result_line=result_line,
-    estimate_rule='the draft/target id maps',
-)
+    )
+    output_params = ("output",)
+    input_params = ("input",)
+    uses_target = True
+    result_file = VOCAB_JSON
+    estimate_rule = "the draft/target id maps"
+
+    def estimate_bytes(self, ctx: EstimateContext) -> int | None:
+        target = _target_vocab(ctx)
+        if not target:
+            return None
+        draft = min(int(ctx.params.get("draft_vocab_size") or self.params["draft_vocab_size"]), target)
+        return draft * 8 + target + HEADER_BYTES
+
+    def partial_files(self, root: Path) -> list[Path]:
+        return unvouched_files(root, VOCAB_JSON, VOCAB)
+
+    def result_line(self, info: dict) -> str | None:
+        if info.get("status") != "complete":
+            return None
+        cov = info.get("coverage")
+        return (f"draft vocabulary {info.get('draft_vocab_size')} of {info.get('target_vocab_size')} ids"
+                + (f" ({info['distinct_masked_ids']:,} distinct under the mask)" if "distinct_masked_ids" in info
+                   else "")
+                + (f", coverage {cov:.2%} of {info.get('masked_tokens', 0):,} masked target tokens"
+                   if isinstance(cov, (int, float)) else "")
+                + (f", {info['padded']} padded" if info.get("padded") else ""))
+
+
+SPEC = Vocab()
