@@ -28,12 +28,21 @@ mkdir -p $P/out "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 [ -d /tmp/site/textual ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
   --target /tmp/site .whl/*.whl
+# The code the pipeline runs: SRC_TGZ (`git archive` of one commit, carried) when given, so that a later call's
+# tree cannot change files under running stages; else this call's tree. Copied once per machine.
+src_tree() {
+  [ -f $P/src/.copied ] && return 0
+  mkdir -p $P/src
+  if [ -n "${SRC_TGZ:-}" ]; then tar xzf "$SRC_TGZ" -C $P/src
+  else tar --exclude=./.sglang-rt --exclude=./.git --exclude=./.devslices -cf - . | tar -xf - -C $P/src; fi
+  cp -r .devwork $P/src/ 2>/dev/null; touch $P/src/.copied
+}
 save() { echo "== phase $PHASE: $((SECONDS - T0)) s"; cp $P/out/*.txt "$OUT/" 2>/dev/null; true; }
 trap save EXIT
 
 if [ "$PHASE" = convert ]; then
   bash .devslices/qwen/bin/unpack.sh /root/qgguf || exit 1
-  mkdir -p $P/src && tar --exclude=./.sglang-rt --exclude=./.git --exclude=./.devslices -cf - . | tar -xf - -C $P/src
+  src_tree
   cat > $P/convert.py <<'EOF'
 import json, os, shutil, sys, time
 from pathlib import Path
@@ -55,7 +64,7 @@ EOF
 fi
 
 source .sglang-rt/bin/env.sh || exit 1
-mkdir -p $P/src && tar --exclude=./.sglang-rt --exclude=./.git --exclude=./.devslices -cf - . | tar -xf - -C $P/src
+src_tree
 cd $P/src
 export PYTHONPATH=$P/src:$PYTHONPATH:/tmp/site
 WS=$P/ws
