@@ -35,7 +35,7 @@ src_tree() {
   mkdir -p $P/src
   if [ -n "${SRC_TGZ:-}" ]; then tar xzf "$SRC_TGZ" -C $P/src
   else tar --exclude=./.sglang-rt --exclude=./.git --exclude=./.devslices -cf - . | tar -xf - -C $P/src; fi
-  cp -r .devwork $P/src/ 2>/dev/null; touch $P/src/.copied
+  touch $P/src/.copied
 }
 save() { echo "== phase $PHASE: $((SECONDS - T0)) s"; cp $P/out/*.txt "$OUT/" 2>/dev/null; true; }
 trap save EXIT
@@ -65,6 +65,7 @@ fi
 
 source .sglang-rt/bin/env.sh || exit 1
 src_tree
+TREE=$PWD
 cd $P/src
 export PYTHONPATH=$P/src:$PYTHONPATH:/tmp/site
 WS=$P/ws
@@ -76,7 +77,7 @@ start)
   { date -u; nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
     python3 -c 'import torch, sglang, textual, typer; print("torch", torch.__version__, "sglang", sglang.__version__, "textual", textual.__version__)'
     df -h /root /dev/shm; } 2>&1 | tee $P/out/env.txt
-  rm -rf $P/assets && mkdir -p $P/assets && cp -r .devwork/qwen/prompts $P/assets/prompts
+  rm -rf $P/assets && mkdir -p $P/assets && cp -r $TREE/.devwork/qwen/prompts $P/assets/prompts
   python3 - "$P" "$M" "${LIMIT:-}" "${NUM_PROMPTS:-}" <<'EOF'
 import re, sys
 from pathlib import Path
