@@ -163,7 +163,7 @@ def http_code(url: str, timeout: float) -> int:
 def readiness_timeline(port: int, out: Path, stop: threading.Event) -> None:
     """The real server asked the way each SGLang release can be: /ready, /health_generate
     (the fallback where /ready is absent), /model_info; every change of answer, timed."""
-    from ops.serve.readiness import HEALTH, MODEL_INFO, READY, Readiness
+    from ops.readiness import HEALTH, MODEL_INFO, READY, Readiness
 
     base = f"http://127.0.0.1:{port}"
     probes = {}

@@ -321,7 +321,7 @@ def test_speculators_loads_the_export_with_our_logits_in_a_fresh_process(assets,
 
     from ops.drafter.data import collate, load_sample, read_data
     from ops.drafter.target_head import load_target_head
-    from ops.export.formats import read_export
+    from ops.drafter.formats import read_export
 
     out = tmp_path / "export"
     proc = run(export_argv(trained, out, "--check"))

@@ -1,5 +1,5 @@
 """ops.export: both formats carry the names, shapes and config keys the
-engines' loaders take (ops/export/formats.py cites them), --check reloads and
+engines' loaders take (ops/drafter/formats.py cites them), --check reloads and
 matches the training model, and a damaged export is caught."""
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def test_sglang_ids_for_a_deepseek_family_target():
     """deepseek_v2.py takes the config ids as they are unless the first is 1:
     canonical [2, 30, 58] must be written as [3, 31, 59] (the real Kimi run)."""
     from ops.drafter.config import DrafterConfig
-    from ops.export.formats import canonical_ids, sglang_config
+    from ops.drafter.formats import canonical_ids, sglang_config
 
     cfg = DrafterConfig(hidden_size=7168, num_attention_heads=64, num_key_value_heads=64, head_dim=112,
                         intermediate_size=18432, draft_vocab_size=32000, target_vocab_size=163840,
@@ -90,7 +90,7 @@ def test_check_catches_damaged_exports(assets, trained, tmp_path):
 
     from ops.drafter.checkpoint import load_drafter
     from ops.export.__main__ import check
-    from ops.export.formats import ExportFormatError, read_export
+    from ops.drafter.formats import ExportFormatError, read_export
 
     out = tmp_path / "export"
     assert export(trained, out, "--dtype", "float32", "--format", "sglang") == 0

@@ -8,14 +8,14 @@ States (what the operator waits through on a 22-minute load):
 - loading: the port is closed (weight-load % from the log's tqdm bar);
 - warming_up: the port accepts, but the server is not ready yet (SGLang's
   warm-up request compiles kernels for minutes on a first start);
-- ready: the readiness endpoint says so (ops/serve/readiness.py);
+- ready: the readiness endpoint says so (ops/readiness.py);
 - unhealthy: after ready, not ready, a timeout, the port closed while the
   process lives, or the log says a child died (scheduler, detokenizer); before
   ready, only once ready_timeout_s (serve's param) passed since the start:
   loading and warming up are never an alert;
 - stopped: the run is not running.
 
-Readiness across SGLang versions (ops/serve/readiness.py, which cites both
+Readiness across SGLang versions (ops/readiness.py, which cites both
 sources): `/ready` (0.5.23: 200 when Up, 503 else, at once); where it answers
 404 (0.5.17 has none) `/health_generate`, asked with the same short timeout:
 503 at once while Starting, and a pending answer means past Starting (it
@@ -48,7 +48,7 @@ import time
 
 from eagle3_console.model import LogState, ServeState
 from eagle3_console.monitor.logparse import line_time
-from ops.serve.readiness import HEALTH, SERVE_READY_TIMEOUT_S, Readiness
+from ops.readiness import HEALTH, SERVE_READY_TIMEOUT_S, Readiness
 from ops.units import human_duration
 
 TIMEOUT_S = 0.3

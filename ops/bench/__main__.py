@@ -1,7 +1,7 @@
 """python -m ops.bench: acceptance and speed-up of an exported drafter on held-out prompts.
 
 Data flow: export's directory (SGLang or speculators format, read back by
-ops.export.formats) + the Hugging Face target + prompts (the held-out samples
+ops.drafter.formats) + the Hugging Face target + prompts (the held-out samples
 of the hidden-state data: each sample's tokens before its first loss-masked
 token, i.e. the conversation up to the assistant's answer; or --prompts-file
 JSONL with "input_ids") -> ops.bench.speculative -> <output>/bench.json and a
@@ -85,7 +85,7 @@ def prompts_for(args) -> list[tuple[int, list[int]]]:
         return prompts_from_file(Path(args.prompts_file), args.num_prompts, args.target)
     info: dict = {}
     if args.drafter:
-        from ops.export.formats import INFO_FILE, detect_format
+        from ops.drafter.formats import INFO_FILE, detect_format
         ddir, _fmt = detect_format(Path(args.drafter))
         info_path = ddir.parent / INFO_FILE
         info = json.loads(info_path.read_text()) if info_path.exists() else {}
@@ -166,7 +166,7 @@ def _main(argv=None) -> int:
     from ops.bench.speculative import SpecStats, TargetRunner, greedy, speculative
     from ops.bench.table import Decoded
     from ops.drafter.config import read_target_config
-    from ops.export.formats import INFO_FILE, read_export
+    from ops.drafter.formats import INFO_FILE, read_export
 
     out_dir = Path(args.output)
     try:

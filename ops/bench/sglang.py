@@ -27,7 +27,7 @@ splits a cycle into the target's verify forward (`target_verify`) and the drafte
 num_steps - 1): a draft step = drafter time / verify steps / num_steps.
 
 Before its first probe the bench waits for each server to be ready
-(ops/serve/readiness.py: `/ready`, or on a release without it `/health_generate`,
+(ops/readiness.py: `/ready`, or on a release without it `/health_generate`,
 else `/model_info`), at most ready_timeout_s from its start: a server started
 beside it loads and compiles its kernels for minutes first.
 
@@ -43,7 +43,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
-from ops.serve.readiness import HEALTH_ANSWER_S, HEALTH_SLEEP_S, Readiness
+from ops.readiness import HEALTH_ANSWER_S, HEALTH_SLEEP_S, Readiness
 
 # /server_info and /flush_cache answer at once on a live server; the bench's timeout
 # is sized for one generation, and a hung server would hold the bench that long.

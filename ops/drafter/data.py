@@ -145,8 +145,8 @@ def make_batches(lengths: dict[int, int], token_budget: int, max_len: int, bucke
     """Length-sorted batches (shortest first) whose count x padded length (the
     longest, capped at max_len, rounded up to its bucket) <= token_budget; with
     a bucket, a batch holds one bucket's samples only (extract's planner:
-    ops/extract/batching.py token_batches)."""
-    from ops.extract.batching import token_batches
+    ops/batching.py token_batches)."""
+    from ops.batching import token_batches
 
     return token_batches(lengths, lambda i: min(lengths[i], max_len), token_budget, longest_first=False,
                          padded=lambda n: bucket_length(n, bucket, max_len), one_length=bucket > 0)

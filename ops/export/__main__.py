@@ -7,7 +7,7 @@ embed_tokens.weight), verifier/ (what speculators reads of the target:
 ops/export/verifier.py)}, plus <output>/export_info.json (layer ids in every
 convention, source step, the --check result). bench reads either directory
 back. Formats and the loader code they were checked against:
-ops/export/formats.py. The whole output is built beside the old one and
+ops/drafter/formats.py. The whole output is built beside the old one and
 switched in at once (ops/export/switch.py); a full disk ends in one line
 naming the file, the old export unchanged.
 
@@ -85,7 +85,7 @@ def check(ref_model, written: dict[str, Path], meta: dict, args, target: Path) -
 
     from ops.drafter.data import read_data
     from ops.drafter.target_head import load_target_head
-    from ops.export.formats import read_export
+    from ops.drafter.formats import read_export
 
     if args.data or meta.get("data"):
         data = read_data(Path(args.data or meta["data"]))
@@ -188,7 +188,7 @@ def _export(args, ckpt: Path, model, meta: dict, out: Path, stage: Path) -> int:
 
     from ops import layers
     from ops.drafter import diskio
-    from ops.export import formats as fm
+    from ops.drafter import formats as fm
     from ops.export import switch
     from ops.export.verifier import write_verifier
 

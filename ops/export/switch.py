@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ops.drafter import diskio
 from ops.common import CLAIM_FILE
-from ops.export.formats import INFO_FILE, SGLANG_DIR, SPECULATORS_DIR
+from ops.drafter.formats import INFO_FILE, SGLANG_DIR, SPECULATORS_DIR
 
 # Test hooks: stop (SIGSTOP) at a point of the switch so that a test can kill -9
 # exactly there (points: built, aside, switched); "no-exchange" forces the two-rename path.

@@ -1,6 +1,6 @@
-"""Token-budget batches over length-sorted samples (token_batches: extract's
-forward batches and train's, ops/drafter/data.py make_batches), and extract's
-OOM retry that halves one batch's budget.
+"""Extract's forward batches (plan_batches: the token-budget planner of
+ops/batching.py, longest first), and its OOM retry that halves one batch's
+budget.
 
 Sits between the sample list (samples.py) and the forward pass (the engine's
 Target, engine.py). The plan is a pure function of (indices, lengths, budget), so an interrupted
@@ -10,31 +10,9 @@ same shapes: its files come out byte-identical to an uninterrupted run's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 
-
-def token_batches(indices: Iterable[int], length: Callable[[int], int], budget: int, *,
-                  longest_first: bool, padded: Callable[[int], int] | None = None,
-                  one_length: bool = False) -> list[list[int]]:
-    """Samples sorted by length (ties by index), cut into batches whose padded
-    tokens (count x the longest's `padded` length) stay within `budget`; a
-    sample over the budget gets a batch of its own. `one_length`: a batch
-    holds samples of one padded length only (train's length buckets)."""
-    pad = padded or (lambda n: n)
-    order = sorted(indices, key=lambda i: (-length(i) if longest_first else length(i), i))
-    batches: list[list[int]] = []
-    current: list[int] = []
-    width = 0
-    for idx in order:
-        n = pad(length(idx))
-        if current and ((len(current) + 1) * max(width, n) > budget or (one_length and n != width)):
-            batches.append(current)
-            current, width = [], 0
-        current.append(idx)
-        width = max(width, n)
-    if current:
-        batches.append(current)
-    return batches
+from ops.batching import token_batches
 
 
 def plan_batches(indices: Sequence[int], lengths: Callable[[int], int] | Sequence[int],

@@ -12,7 +12,7 @@ Rank 0 owns data_config.json and sample_lengths.json. Imported by
 __main__.main() only, so torch stays out of the spec's imports.
 
 Resume: a sample file on disk counts as done only when verify's header
-check (ops/verify/check.py check_files: header whole, file as long as it
+check (ops/sample_check.py check_files: header whole, file as long as it
 says, shapes and token count right) passes; the others are rewritten, and
 the log says how many and why. A full disk (ENOSPC/EDQUOT) stops the loop
 and ends the run with one line naming the path, data_config.json saying
@@ -324,7 +324,7 @@ def _check_existing(out_dir: Path, config: dict, done: set[int], lengths: list[i
     """idx -> why, for the sample files on disk that verify's header check finds bad.
     A file in another format than the run's is no damage to repair but a mix
     of runs: refused (BadFormat), nothing deleted."""
-    from ops.verify.check import FORMAT_MISMATCH, check_files, expected_from
+    from ops.sample_check import FORMAT_MISMATCH, check_files, expected_from
 
     paths = {i: str(sample_path(out_dir, i)) for i in done}
     bad = {idx: (path, reason) for idx, path, _tokens, reason in

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ops.serve.command import extra_args_of, flags
+from ops.sglang_flags import extra_args_of, flags
 from ops.spec import Lint
 
 # flag -> the param that sets it, or why the engine fixes it.

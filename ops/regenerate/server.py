@@ -40,7 +40,7 @@ import urllib.request
 
 from ops.conversations import lone_surrogate
 from ops.regenerate.engine import Answer, ConnectionLost, RowFailed
-from ops.serve.readiness import HEALTH_ANSWER_S, HEALTH_SLEEP_S, Readiness
+from ops.readiness import HEALTH_ANSWER_S, HEALTH_SLEEP_S, Readiness
 
 CHAT = "/v1/chat/completions"
 CONTEXT_WORDS = ("context length", "context_length")

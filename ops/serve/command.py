@@ -9,12 +9,12 @@ ServerArgs.from_cli_args), so an upgrade that renames a flag breaks a test.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Sequence
 
 from ops import layers
 from ops.common import read_json
+from ops.sglang_flags import extra_args_of, flags
 from ops.spec import Lint
 
 PINNED_SGLANG = "0.5.23"
@@ -89,20 +89,6 @@ ALGORITHMS = ("EAGLE3", "EAGLE")
 DRAFTER_ARCH = "LlamaForCausalLMEagle3"
 
 
-def extra_args_of(value: Any) -> list[str]:
-    """The extra_args param: a list of strings, or the JSON of one (as the argv carries it)."""
-    if value in (None, ""):
-        return []
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            raise ValueError(f"extra_args: expected a list of strings (JSON), got {value!r}") from None
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-        raise ValueError(f"extra_args: expected a list of strings, got {value!r}")
-    return list(value)
-
-
 def server_argv(p: dict[str, Any], model_path: str) -> list[str]:
     """SGLang's flags (without the interpreter and module) for the stage's
     effective params `p` (serve's SPEC.effective: every Param is there)."""
@@ -127,11 +113,6 @@ def server_argv(p: dict[str, Any], model_path: str) -> list[str]:
         if not set(flags(extra_args_of(p.get("extra_args")))) & set(DECODE_GRAPH_FLAGS):
             out += CYCLE_ARGS
     return out + extra_args_of(p.get("extra_args"))
-
-
-def flags(args: Sequence[str]) -> list[str]:
-    """The flag names of argv words (`--x 2` and `--x=2` both give `--x`)."""
-    return [a.split("=", 1)[0] for a in args if a.startswith("--")]
 
 
 def _flag_int(args: Sequence[str], names: Sequence[str], default: int = 1) -> int:

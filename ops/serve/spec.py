@@ -10,7 +10,7 @@ from __future__ import annotations
 
 
 from ops.serve import command
-from ops.serve.readiness import SERVE_READY_TIMEOUT_S
+from ops.readiness import SERVE_READY_TIMEOUT_S
 from ops.spec import EstimateContext, Lint, OpSpec, Param, Server
 
 

@@ -1,8 +1,11 @@
 """Is an SGLang server ready? The same answer across SGLang versions, standard library only.
 
 Used by the console's serve monitor (eagle3_console/monitor/serve.py, where a
-refresh waits a fraction of a second at most) and by bench with engine sglang
-(ops/bench/sglang.py, which waits for its servers before the first probe).
+refresh waits a fraction of a second at most), by the serve stage (its
+ready_timeout_s default), by bench with engine sglang (ops/bench/sglang.py,
+which waits for its servers before the first probe) and by regenerate's
+server (ops/regenerate/server.py): below the stages, so none borrows it from
+another.
 
 What the endpoints answer, read from python/sglang/srt/entrypoints/http_server.py:
 - 0.5.23 (installed, pinned): `/ready` answers at once, 200 when
