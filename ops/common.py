@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 # The console's supervisor holds this file in each output folder of a live run
-# (eagle3_console/claims.py): an op that owns its folder whole leaves it alone.
+# (eagle3_console/runs/claims.py): an op that owns its folder whole leaves it alone.
 CLAIM_FILE = ".eagle3-lock"
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2

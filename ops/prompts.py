@@ -3,7 +3,7 @@
 One JSON object a line, each of them one of:
 - a conversation, ShareGPT (`{"conversations": [{"from", "value"}, ...]}`) or
   OpenAI (`{"messages": [{"role", "content"}, ...]}`), the rows prepare reads
-  (ops/prepare/reader.py parses both, with the same errors);
+  (ops/conversations.py parses both, with the same errors);
 - a bare prompt, `{"prompt": "text"}`: one user turn.
 An `"id"` is kept when a row has one. regenerate answers the user turns of each
 row; bench asks the first user turn (with a system turn before it) as its prompt.

@@ -11,7 +11,7 @@ serve op takes them. Flags the engine sets from its params or needs as they
 are (MANAGED, with every alias the 0.5.23 parser gives the same field:
 argparse keeps the last value, so an alias later in the argv would win
 silently) and flags that split the tokens over ranks (INCOMPATIBLE) are
-refused. tests/test_extract_sglang_args.py checks both tables against
+refused. tests/test_extract_sglang_launch.py checks both tables against
 SGLang's parser.
 """
 

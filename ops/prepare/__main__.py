@@ -1,7 +1,7 @@
 """`python -m ops.prepare`: conversations JSONL -> tokenized samples with a loss mask.
 
 First stage of the pipeline (prepare -> vocab -> extract -> ...). Reads the
-JSONL (reader.py), renders + tokenizes + masks in batches (mask.py, in
+JSONL (ops/conversations.py), renders + tokenizes + masks in batches (mask.py, in
 worker processes when the input is large), truncates to max_seq_len and
 writes samples.safetensors + summary.json (output.py). Progress goes to
 stdout as tqdm lines; exit 0 ok, 2 bad input, 1 other failure.

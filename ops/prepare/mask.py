@@ -1,6 +1,6 @@
 """Chat template + tokenization + loss mask of a batch of conversations.
 
-The middle of prepare: reader.py gives message lists, this module renders
+The middle of prepare: ops/conversations.py gives message lists, this module renders
 each with the tokenizer's own chat template, tokenizes the batch with the
 fast tokenizer (offset mapping on) or a slow one (below), and marks the
 tokens of the assistant turns. __main__.py runs it in worker processes and writes the arrays.
