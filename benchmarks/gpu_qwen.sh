@@ -14,6 +14,8 @@
 #   bash benchmarks/gpu_qwen.sh start     # carry .sglang-rt/bin, .whl, .devwork/qwen: the workspace, the
 #                                         # pipeline under watch (LIMIT: regenerate's rows, NUM_PROMPTS:
 #                                         # bench's), until START_S
+#   bash benchmarks/gpu_qwen.sh data      # instead of start/wait/finish: serve_target -> regenerate -> prepare ->
+#                                         # vocab until DATA_S, then regenerate's folder back (gzip parts)
 #   bash benchmarks/gpu_qwen.sh wait      # until the observer saw every stage end, or WAIT_S
 #   bash benchmarks/gpu_qwen.sh finish    # servers stopped, summary, captures, the conversations (gzip parts)
 # Train and export run on the image's own torch (SGLang's torch 2.14.1 beside the image's cuDNN fails in
@@ -70,18 +72,17 @@ cd $P/src
 export PYTHONPATH=$P/src:$PYTHONPATH:/tmp/site
 WS=$P/ws
 
-case $PHASE in
-start)
+setup() {
   for i in $(seq 1 300); do [ -f $M/config.json ] && break; sleep 1; done
   cat /root/convert.log; [ -f $M/config.json ] || { echo "no converted model"; exit 1; }
   { date -u; nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
     python3 -c 'import torch, sglang, textual, typer; print("torch", torch.__version__, "sglang", sglang.__version__, "textual", textual.__version__)'
     df -h /root /dev/shm; } 2>&1 | tee $P/out/env.txt
   rm -rf $P/assets && mkdir -p $P/assets && cp -r $TREE/.devwork/qwen/prompts $P/assets/prompts
-  python3 - "$P" "$M" "${LIMIT:-}" "${NUM_PROMPTS:-}" <<'EOF'
+  python3 - "$P" "$M" "${LIMIT:-}" "${NUM_PROMPTS:-}" "${1:-all}" <<'EOF'
 import re, sys
 from pathlib import Path
-p, model, limit, prompts = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+p, model, limit, prompts, first = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5] == "first"
 text = Path("examples/qwen-coder-1.5b-h100-sglang.toml").read_text()
 text = text.replace('path = "models/qwen-coder-1.5b"', f'path = "{model}"')
 text = re.sub(r"\[stages\.prompts\]\n(?:(?!\n\[).)*\n", "", text, flags=re.S)   # its output came along
@@ -90,12 +91,33 @@ if limit:
     text = re.sub(r"limit = \d+", f"limit = {limit}", text)
 if prompts:
     text = re.sub(r"num_prompts = \d+", f"num_prompts = {prompts}", text)
+if first:
+    # serve_target, regenerate, prepare, vocab: what follows starts at train's comment.
+    text = text[:text.index("# Online: each batch")]
 (p / "pipeline.toml").write_text(text)
 EOF
   python3 benchmarks/gpu_pipeline.py start --ws $WS --out $P/out --pipeline $P/pipeline.toml \
     --assets $P/assets --train-pythonpath "$P/src:/tmp/site"
+}
+
+case $PHASE in
+start)
+  setup
   python3 benchmarks/gpu_pipeline.py wait --out $P/out --seconds $((${START_S:-540} - (SECONDS - T0))) --rescue-set ""
   python3 -m eagle3_console.cli -w $WS status 2>&1 | tail -30
+  ;;
+data)
+  # The data stages alone in one call (serve_target -> regenerate -> prepare -> vocab), then whatever
+  # regenerate journaled comes back: a later session resumes it (same settings) or trains on it.
+  setup first
+  python3 benchmarks/gpu_pipeline.py wait --out $P/out --seconds $((${DATA_S:-540} - (SECONDS - T0))) --rescue-set ""
+  for s in regenerate serve_target; do timeout 60 python3 -m eagle3_console.cli -w $WS stop $s; done
+  python3 -m eagle3_console.cli -w $WS status 2>&1 | tee $P/out/data-status.txt | tail -30
+  python3 -m eagle3_console.cli -w $WS logs regenerate -n 60 > $P/out/log_regenerate.txt 2>&1
+  cp $WS/data/regenerated/regenerate.json $WS/data/prepared/summary.json $P/out/ 2>/dev/null
+  tar czf "$OUT/out.tgz" -C $P out
+  tar czf - -C $WS/data --exclude=regenerated/conversations.jsonl regenerated | split -b 15M -d -a 1 - "$OUT/regenerated.tgz."
+  ls -la "$OUT"
   ;;
 wait)
   python3 benchmarks/gpu_pipeline.py wait --out $P/out --seconds ${WAIT_S:-540} --rescue-set ""
