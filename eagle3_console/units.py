@@ -5,6 +5,6 @@ so a stage's log, the panes, `status`, plans and alerts print a figure alike.
 
 from __future__ import annotations
 
-from ops.units import human_bytes, human_duration
+from ops.units import human_bytes, human_duration, si_bytes
 
-__all__ = ["human_bytes", "human_duration"]
+__all__ = ["human_bytes", "human_duration", "si_bytes"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ops.units import human_bytes
+from ops.units import human_bytes, si_bytes  # noqa: F401 - si_bytes: estimate's figures in both units
 
 KIND_LABEL = {"exact": "exact", "metadata": "from the tree's metadata", "upper_bound": "upper bound",
               "declared": "declared", "estimate": "estimate", "measured": "measured"}
@@ -38,15 +38,3 @@ class Estimate:
 
     def describe(self) -> str:
         return f"{self.label} {human_bytes(self.bytes)} ({si_bytes(self.bytes)}) = {self.basis}"
-
-
-def si_bytes(n: int) -> str:
-    """Decimal units (what `df -H` and a disk's label say): 2.35 TB next to 2.1 TiB."""
-    value = float(n)
-    for unit in ("B", "kB", "MB", "GB", "TB", "PB"):
-        if abs(value) < 1000 or unit == "PB":
-            break
-        value /= 1000
-    if unit == "B":
-        return f"{int(value)} B"
-    return f"{value:.2f} {unit}" if value < 10 else f"{value:.1f} {unit}" if value < 100 else f"{value:.0f} {unit}"

@@ -1,4 +1,4 @@
-"""The one byte formatter and the one duration formatter, for every program
+"""The byte formatters (binary; decimal, as a disk's label says) and the one duration formatter, for every program
 here: the console's panes, `status`, plans and alerts (eagle3_console imports
 them from here) and the ops' own log lines. A figure reads the same wherever
 it is printed ("909.5 TiB" in the table and in the alert next to it).
@@ -40,3 +40,15 @@ def human_duration(s: float | None, missing: str = "-", coarse: bool = False) ->
     if s < 86400:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def si_bytes(n: int) -> str:
+    """Decimal units (what `df -H` and a disk's label say): 2.35 TB next to 2.1 TiB."""
+    value = float(n)
+    for unit in ("B", "kB", "MB", "GB", "TB", "PB"):
+        if abs(value) < 1000 or unit == "PB":
+            break
+        value /= 1000
+    if unit == "B":
+        return f"{int(value)} B"
+    return f"{value:.2f} {unit}" if value < 10 else f"{value:.1f} {unit}" if value < 100 else f"{value:.0f} {unit}"

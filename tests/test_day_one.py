@@ -9,6 +9,7 @@ import json
 import time
 
 from eagle3_console.model import StageStatus
+from ops import get_spec
 from tests.conftest import stage_cmd
 from widgets.stages import result_text
 
@@ -81,9 +82,10 @@ def test_status_json_on_an_unreadable_state_database_is_a_json_unknown(ws):
 def test_a_killed_bench_does_not_show_the_earlier_runs_acceptance_length():
     now = time.time()
     earlier = {"acceptance_length": 2.51, "outputs_match": True}
+    view = get_spec("bench").result_view(earlier)       # what the snapshot carries
     killed = StageStatus(name="bench", op="bench", status="killed", run_id=9, started=now - 30,
-                         result=earlier, result_line="acceptance length 2.51", result_time=now - 3600)
+                         result=earlier, result_line="acceptance length 2.51", result_time=now - 3600, view=view)
     assert result_text(killed).plain == "-"
     done = StageStatus(name="bench", op="bench", status="succeeded", run_id=9, started=now - 30,
-                       result=earlier, result_line="acceptance length 2.51", result_time=now - 1)
+                       result=earlier, result_line="acceptance length 2.51", result_time=now - 1, view=view)
     assert result_text(done).plain == "AL 2.51"

@@ -216,6 +216,7 @@ def test_the_disk_pane_labels_the_estimate():
     from widgets.disk import usage_lines
     d = DiskUsage(stage="extract", path="/data/hs", estimate_bytes=UPPER, free_bytes=68 * GiB,
                   total_bytes=3 * 2**40, fits=False, estimate_kind="upper_bound", final_kind="upper_bound",
+                  estimate_label="upper bound",      # the kind in words, as the snapshot's pass labels it
                   estimate_basis="10,000 samples (prepare's limit) x 4,096 tokens")
     console = Console(width=60, file=io.StringIO(), color_system=None)
     with console.capture() as cap:

@@ -43,37 +43,56 @@ def pipeline(tmp_path: Path, stages: str) -> tuple[Workspace, cfg.Pipeline]:
 VOCAB = '[stages.vocab]\nop = "vocab"\nparams = { input = "runs/prep", output = "runs/vocab" }\n'
 
 
-def test_a_specs_gauges_reach_the_exporter(hook):
+def collected(ws: Workspace, pipe: cfg.Pipeline, stage: str) -> StageStatus:
+    """The stage as a snapshot's pass reads it (the one place that asks its op of its record)."""
+    from eagle3_console.observe.snapshot import Collector
+    col = Collector(ws, gpus=False)
+    try:
+        return col.collect(pipe).stage(stage)
+    finally:
+        col.close()
+
+
+def test_a_specs_gauges_reach_the_exporter(hook, tmp_path):
     from eagle3_console.observe.exporter import families
     hook("vocab", gauges=lambda r: [Gauge("eagle3_vocab_coverage_ratio", "Coverage.", r.get("coverage"),
                                           (("kind", "masked"),))])
-    snap = Snapshot(workspace="/w", host="h", time=0.0,
-                    stages=[StageStatus(name="v", op="vocab", status="succeeded", result={"coverage": 0.9})])
+    ws, pipe = pipeline(tmp_path, VOCAB)
+    (tmp_path / "runs/vocab").mkdir(parents=True)
+    (tmp_path / "runs/vocab/vocab.json").write_text(json.dumps({"coverage": 0.9}))
+    snap = Snapshot(workspace="/w", host="h", time=0.0, stages=[collected(ws, pipe, "vocab")])
     fam = {f.name: f for f in families(snap)}["eagle3_vocab_coverage_ratio"]
-    assert [(s.labels, s.value) for s in fam.samples] == [({"stage": "v", "kind": "masked"}, 0.9)]
+    assert [(s.labels, s.value) for s in fam.samples] == [({"stage": "vocab", "kind": "masked"}, 0.9)]
 
 
 def test_a_specs_curves_are_read_from_its_file(hook, tmp_path):
     from eagle3_console.monitor.metrics import CurveTracker
     (tmp_path / "steps.jsonl").write_text("".join(json.dumps({"n": n, "err": 1.0 / n}) + "\n" for n in (1, 2)))
-    hook("export", curves=CurveSource("steps.jsonl", lambda r: CurvePoint(r["n"], r["err"], (), None)))
-    c = CurveTracker().curves(StageStatus(name="x", op="export", status="running", outputs=[str(tmp_path)]), 0.0)
+    spec = hook("export", curves=CurveSource("steps.jsonl", lambda r: CurvePoint(r["n"], r["err"], (), None)))
+    # The snapshot hands the stage's spec's curves to its tracker.
+    c = CurveTracker().curves(StageStatus(name="x", op="export", status="running", outputs=[str(tmp_path)]), 0.0,
+                              spec.curves)
     assert c.steps == [1, 2] and c.loss == [1.0, 0.5]
 
 
-def test_a_specs_result_view_is_what_the_panes_show(hook):
+def test_a_specs_result_view_is_what_the_panes_show(hook, tmp_path):
     from widgets import progress, stages
     hook("vocab", result_view=lambda r: ResultView(head=(("coverage ", "label"), (f"{r['c']:.0%}", "headline")),
                                                    bars=(("masked", r["c"]),), details=("from prepare",),
                                                    cell=(f"cov {r['c']:.0%}", "ok")))
-    st = StageStatus(name="v", op="vocab", status="succeeded", run_id=1, started=10.0,
-                     result={"c": 0.5}, result_time=20.0)
+    ws, pipe = pipeline(tmp_path, VOCAB)
+    (tmp_path / "runs/vocab").mkdir(parents=True)
+    (tmp_path / "runs/vocab/vocab.json").write_text(json.dumps({"c": 0.5}))
+    # The view as the snapshot read it, on a run that wrote the record.
+    st = dataclasses.replace(collected(ws, pipe, "vocab"), status="succeeded", run_id=1, started=10.0, result_time=20.0)
     assert progress.result_text(st).plain == "coverage 50%"
     assert progress.result_details(st).plain == "from prepare"
     assert ("masked", "", 0.5, "50%") in progress.bar_rows(st)
     assert stages.result_text(st).plain == "cov 50%"
     # The same record under a spec without the hook: nothing shown.
-    assert progress.result_text(dataclasses.replace(st, op="export")) is None
+    importlib.import_module("ops.vocab.spec").SPEC.result_view = lambda r: None
+    (tmp_path / "runs/vocab/vocab.json").write_text(json.dumps({"c": 0.5, "again": True}))
+    assert collected(ws, pipe, "vocab").view is None
 
 
 def test_a_specs_bad_files_are_what_clean_offers(hook, tmp_path):

@@ -12,7 +12,7 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 
 from eagle3_console.model import DiskUsage
-from ops.estimate import KIND_LABEL, si_bytes
+from eagle3_console.units import si_bytes
 from widgets import fmt
 from widgets.body import Body, retitle
 
@@ -35,7 +35,7 @@ def usage_lines(d: DiskUsage, width: int | None = None) -> list:
     t.append(f" ({fmt.count(d.files)} file{'' if d.files == 1 else 's'})", "dim")
     if d.estimate_kind in ("upper_bound", "exact", "metadata") and d.estimate_bytes is not None:
         # The hidden states' figure, in both units (2.1T binary is the 2.35 TB a disk's label says).
-        t.append(f" of {KIND_LABEL[d.estimate_kind]} ", "dim")
+        t.append(f" of {d.estimate_label} ", "dim")
         t.append(f"{fmt.nbytes(d.estimate_bytes)} ({si_bytes(d.estimate_bytes)})")
     else:
         t.append(" of est. ", "dim")

@@ -1,6 +1,6 @@
 """Progress pane of the selected stage: per-shard bars, samples and tokens
 done, rate, ETA, and weight loading while a model loads; and the stage's
-result as its spec's result_view hook makes it (bench's: acceptance length,
+result as its op's view of it, which the snapshot carries (bench's: acceptance length,
 acceptance per draft position, speed-up, whether the speculative output
 equals greedy decoding).
 
@@ -18,8 +18,6 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 
 from eagle3_console.model import StageOnly, StageStatus
-from ops import spec_of
-from ops.spec import ResultView
 from widgets import fmt
 from widgets.body import Body, retitle
 from widgets.curves import CurvesBody
@@ -118,23 +116,15 @@ def serve_text(st: StageStatus) -> Text | None:
     return t
 
 
-# The colours of a ResultView's roles (ops/spec.py).
+# The colours of a ResultView's roles (ops/spec.py; the snapshot carries the view: StageStatus.view).
 ROLE_STYLE = {"label": "dim", "strong": "bold", "headline": "bold green", "ok": "green",
               "alarm": "bold white on red", "warn": "yellow"}
-
-
-def result_view(st: StageStatus) -> ResultView | None:
-    """The stage's record as its spec's result_view hook shows it, or None."""
-    spec = spec_of(st.op)
-    if spec is None or spec.result_view is None or not st.result:
-        return None
-    return spec.result_view(st.result)
 
 
 def result_text(st: StageStatus) -> Text | None:
     """The record's head (bench's: what matters first, so that a 5-line pane
     shows it with the per-position bars), after whose record it is."""
-    view = result_view(st)
+    view = st.view
     if view is None:
         return None
     t = Text()
@@ -148,7 +138,7 @@ def result_text(st: StageStatus) -> Text | None:
 
 def result_details(st: StageStatus) -> Text | None:
     """The rest of the record, under the bars (bench's: throughputs, forwards, drafter)."""
-    view = result_view(st)
+    view = st.view
     return Text("\n".join(view.details), "dim") if view is not None and view.details else None
 
 
@@ -158,7 +148,7 @@ def bar_rows(st: StageStatus) -> list[tuple[str, str, float | None, str]]:
     log, sp = st.log, st.shards
     if log is not None and log.load_pct is not None and st.status == "running" and not st.progress:
         rows.append(("loading weights", "bold cyan", log.load_pct / 100, f"{log.load_pct:.0f}%"))
-    view = result_view(st)
+    view = st.view
     # Done and its record says more than "100%": no bar for it.
     if st.progress is not None and not ((view is not None or st.result_line) and st.status == "succeeded"):
         rows.append(("overall", "bold", st.progress, fmt.done_pct(st.progress)))

@@ -1,5 +1,5 @@
 """Stages pane: a table of stage, status, run id, started, elapsed, progress,
-rate, ETA, exit code / signal and result (its spec's result_view: bench's acceptance length); failed,
+rate, ETA, exit code / signal and result (its op's view, on the snapshot: bench's acceptance length); failed,
 killed, lost and OOM'd runs stand out.
 
 Renders Snapshot.stages (StageStatus). The row under the cursor is the
@@ -18,7 +18,6 @@ from textual.widgets import DataTable
 from eagle3_console.model import StageOnly, StageStatus, oom_finding
 from widgets import fmt
 from widgets.body import retitle
-from widgets.progress import result_view
 
 COLUMNS = ("stage", "status", "run", "started", "elapsed", "progress", "rate", "ETA", "exit", "result")
 STATUS_STYLE = {"running": "bold green", "pending": "cyan", "succeeded": "green", "failed": "bold red",
@@ -44,11 +43,11 @@ def status_text(st: StageStatus) -> Text:
 
 
 def result_text(st: StageStatus) -> Text:
-    """The stage's result in a cell, as its spec's result_view makes it (bench's
+    """The stage's result in a cell, as its op's view of it says it (bench's
     acceptance length: completion tokens / verify steps, SGLang's), red when it
     alarms (speculative output differed from greedy), none when the stage's
     latest run did not produce it (an earlier run's)."""
-    view = result_view(st)
+    view = st.view
     if view is None or view.cell is None:
         return Text("-")
     if st.status != StageOnly.NEVER and not st.result_is_latest_runs():

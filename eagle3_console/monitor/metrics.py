@@ -1,5 +1,5 @@
 """History for the console's curves: a stage's step records (its spec's
-curves hook: train's metrics.jsonl) read incrementally, and an extraction's
+curves, which the snapshot hands over: train's metrics.jsonl) read incrementally, and an extraction's
 tokens/s sampled pass by pass.
 
 MetricsReader keeps a byte offset into metrics.jsonl and parses only what was
@@ -21,8 +21,7 @@ from typing import Callable
 
 from eagle3_console.model import Curves, StageStatus
 from eagle3_console.registry import RunStatus
-from ops import spec_of
-from ops.spec import CurvePoint
+from ops.spec import CurvePoint, CurveSource
 
 MAX_POINTS = 512
 READ_CHUNK = 4 << 20        # bytes parsed a pass at most: a huge first open is spread over passes
@@ -128,9 +127,9 @@ class CurveTracker:
         self._readers: dict[tuple[str, str], MetricsReader] = {}
         self._rates: dict[tuple[str, int], RateHistory] = {}
 
-    def curves(self, st: StageStatus, now: float) -> Curves | None:
-        spec = spec_of(st.op)
-        source = spec.curves if spec is not None else None
+    def curves(self, st: StageStatus, now: float, source: CurveSource | None = None) -> Curves | None:
+        """The stage's history: its op's step records (`source`: the spec's curves, which
+        the snapshot passes) under its first output, else its run's tokens/s."""
         if source is not None and st.outputs:
             key = (st.name, str(Path(st.outputs[0]) / source.file))
             reader = self._readers.get(key)

@@ -46,7 +46,7 @@ import json
 import re
 import time
 
-from eagle3_console.model import LogState, ServeState
+from eagle3_console.model import LogState, ServeState, ServeStatus
 from eagle3_console.monitor.logparse import line_time
 from ops.readiness import HEALTH, SERVE_READY_TIMEOUT_S, Readiness
 from ops.units import human_duration
@@ -141,7 +141,7 @@ class ServeMonitor:
     def sample(self, log: LogState | None, running: bool, now: float | None = None) -> ServeState:
         now = time.time() if now is None else now
         findings = log.findings if log else {}
-        st = ServeState(state="stopped", url=self.url, load_pct=log.load_pct if log else None,
+        st = ServeState(state=ServeStatus.STOPPED, url=self.url, load_pct=log.load_pct if log else None,
                         speculative=self.speculative)
         if "ready" in findings:
             self.ever_ready = True
@@ -154,16 +154,16 @@ class ServeMonitor:
         problem = port_problem(self.host, self.port, self.timeout)
         if problem is not None:
             if self.ever_ready:
-                st.state, st.reason = "unhealthy", f"port {self.port} {problem} after the server was ready"
+                st.state, st.reason = ServeStatus.UNHEALTHY, f"port {self.port} {problem} after the server was ready"
             else:
-                st.state = "loading"
+                st.state = ServeStatus.LOADING
                 st.reason = f"port {self.port} not open yet" + (
                     f"; weights {log.load_pct:.0f}% loaded" if log and log.load_pct is not None else "")
         else:
             self._ask(st, now, findings)
         self._deadline(st, now)
-        if died and st.state != "ready":
-            st.state, st.reason = "unhealthy", died.line
+        if died and st.state != ServeStatus.READY:
+            st.state, st.reason = ServeStatus.UNHEALTHY, died.line
         return st
 
     def _ask(self, st: ServeState, now: float, findings: dict) -> None:
@@ -175,7 +175,7 @@ class ServeMonitor:
         # /model_info alone says the HTTP server answers, which it does while warming up too.
         ready = ans.state == "ready" or (ans.state == "answering" and self.ever_ready)
         if ready:
-            st.state, st.reason = "ready", ans.reason + (
+            st.state, st.reason = ServeStatus.READY, ans.reason + (
                 "" if ans.state == "ready" else (f"; {HEALTH} checked {human_duration(now - self._health_at)} ago"
                                                  if self._health_at is not None else "; the log said fired up"))
             if self.first_ready_at is None:
@@ -184,18 +184,18 @@ class ServeMonitor:
             st.time_to_ready_s = self._time_to_ready(findings)
             self._figures(st, now)
         elif self.ever_ready:
-            st.state, st.reason = "unhealthy", ans.reason
+            st.state, st.reason = ServeStatus.UNHEALTHY, ans.reason
         else:
-            st.state, st.reason = "warming_up", ans.reason + (
+            st.state, st.reason = ServeStatus.WARMING_UP, ans.reason + (
                 "; not fired up yet (no such line in the log)" if ans.state == "answering" else "")
 
     def _deadline(self, st: ServeState, now: float) -> None:
         """Loading and warming up are no alert until serve's ready_timeout_s passed."""
-        if st.state not in ("loading", "warming_up") or self.started is None or self.ready_timeout_s is None:
+        if st.state not in (ServeStatus.LOADING, ServeStatus.WARMING_UP) or self.started is None or self.ready_timeout_s is None:
             return
         waited = now - self.started
         if waited > self.ready_timeout_s:
-            st.state = "unhealthy"
+            st.state = ServeStatus.UNHEALTHY
             st.reason = (f"not ready {human_duration(waited)} after the start (ready_timeout_s "
                          f"{self.ready_timeout_s:g} s): {st.reason}")
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import re
 
-from eagle3_console.model import (CRITICAL, WARNING, Alert, GpuInfo, LogState, Snapshot, StageStatus,
-                                  oom_finding)
+from eagle3_console.model import (CRITICAL, WARNING, Alert, GpuInfo, LogState, ServeStatus, Snapshot,
+                                  StageStatus, oom_finding)
 from eagle3_console.registry import MAY_BE_ALIVE, RunStatus
 from eagle3_console.slurmparams import SLURM_UNANSWERED
 from eagle3_console.units import human_bytes
@@ -69,7 +69,7 @@ def derive(snap: Snapshot) -> list[Alert]:
         if "server_died" in findings:
             a.append(Alert(CRITICAL, "server_died", f"{st.name}: a process of the SGLang server died", st.name,
                            findings["server_died"].line))
-        elif st.serve is not None and st.serve.state == "unhealthy":
+        elif st.serve is not None and st.serve.state == ServeStatus.UNHEALTHY:
             a.append(Alert(CRITICAL, "server_unhealthy", f"{st.name}: SGLang server unhealthy at {st.serve.url}",
                            st.name, st.serve.reason))
         if "traceback" in findings and st.status in (RunStatus.RUNNING, RunStatus.LOST):

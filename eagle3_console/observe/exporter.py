@@ -30,7 +30,6 @@ from prometheus_client.registry import CollectorRegistry
 
 from eagle3_console.model import LEVEL_EXIT, Snapshot, StageOnly, StageStatus
 from eagle3_console.registry import RunStatus
-from ops import spec_of
 
 STATUSES = (StageOnly.NEVER, *RunStatus)       # a stage's: never ran, else its latest run's
 HEALTH = ("ok", "warning", "critical", "unknown")
@@ -180,9 +179,9 @@ def _stage(f: _Families, st: StageStatus) -> None:
         return
     f.gauge("eagle3_stage_result_timestamp_seconds", "When the stage's result record was written "
             "(compare with started: an earlier run's record is older).", lab, st.result_time)
-    spec = spec_of(st.op)
-    # The op's own figures of its record (train's step and loss, bench's acceptance length).
-    for g in spec.gauges(st.result) if spec is not None and spec.gauges is not None else ():
+    # The op's own figures of its record (train's step and loss, bench's acceptance length),
+    # as the snapshot's pass read them (observe/records.py).
+    for g in st.gauges:
         f.gauge(g.name, g.doc, dict(lab, **dict(g.labels)), g.value)
 
 

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from eagle3_console.model import Snapshot, StageStatus
+from eagle3_console.model import ServeStatus, Snapshot, StageStatus
 from ops.estimate import KIND_LABEL, si_bytes
 from eagle3_console.registry import RunStatus
 from eagle3_console.units import human_bytes, human_duration
@@ -108,7 +108,7 @@ def serve_line(st: StageStatus) -> str:
     out = f"server {sv.state.replace('_', ' ')} {sv.url}"
     if sv.time_to_ready_s is not None:
         out += f", ready after {human_duration(sv.time_to_ready_s)}"
-    if sv.state != "ready":
+    if sv.state != ServeStatus.READY:
         return out + (f" ({sv.reason})" if sv.reason else "")
     figures = sv.figures()
     return out + ("; " + ", ".join(figures) if figures else "")

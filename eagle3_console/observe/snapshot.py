@@ -10,7 +10,6 @@ previous one stopped.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -30,10 +29,10 @@ from eagle3_console.monitor.shards import ShardMonitor
 from eagle3_console.monitor.shards import fraction as shard_fraction
 from eagle3_console.observe.runprogress import disk_fraction, from_log, run_own_since
 from eagle3_console.registry import ACTIVE, Registry, Run, RunStatus, id_path
+from eagle3_console.observe.records import RecordReader
 from eagle3_console.observe.savedmonitors import SavedMonitors
 from eagle3_console.runs.vouch import vanished
 from eagle3_console.workspace import Workspace
-from ops.common import read_json
 
 class Collector:
     def __init__(self, ws: Workspace, nvml: Any = None, persist: bool = False, gpus: bool = True,
@@ -55,7 +54,7 @@ class Collector:
         self._serves: dict[int, Any] = {}     # a serve run's ServeMonitor, by run id
         self._leftovers: tuple[float, tuple, dict[str, list[tuple[int, float]]]] = (0.0, (), {})
         self._table: ProcessTable | None = None       # this pass's process table, when one was needed
-        self._results: dict[Path, tuple[tuple[int, int], tuple[dict | None, str | None, float]]] = {}
+        self._records = RecordReader()    # each stage's record and what its op says of it
         self._saved = SavedMonitors(ws.cache_dir) if persist else None
         self._guarded: list | None = None      # Workspace.guarded(), taken once a pass
 
@@ -305,39 +304,15 @@ class Collector:
             st.serve = self._serve_monitor(run, spec, params).sample(st.log, still_running, now)
         record = None
         if spec.result_file and outs:
-            record = self._result(spec, Path(outs[0]) / spec.result_file)
+            record = self._records.read(spec, Path(outs[0]) / spec.result_file)
         elif spec.result_path_param and params.get(spec.result_path_param):
-            record = self._result(spec, self.ws.resolve(str(params[spec.result_path_param])))
+            record = self._records.read(spec, self.ws.resolve(str(params[spec.result_path_param])))
         if record is not None:
-            st.result, st.result_line, st.result_time = record
+            st.result, st.result_line, st.result_time = record.data, record.line, record.time
+            st.view, st.gauges = record.view, record.gauges
         if self._curves is not None:
-            st.curves = self._curves.curves(st, now)
+            st.curves = self._curves.curves(st, now, spec.curves)
         return st, disks
-
-    def _result(self, spec: Any, path: Path) -> tuple[dict | None, str | None, float] | None:
-        """The op's record, its line and when it was written; re-read only when
-        the file changed. None when there is no such file."""
-        try:
-            stat = path.stat()
-        except OSError:
-            return None
-        key = (stat.st_mtime_ns, stat.st_size)
-        cached = self._results.get(path)
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        record = _read_last_json_line(path) if path.suffix == ".jsonl" else read_json(path)
-        if not isinstance(record, dict):
-            record = None
-        line = None
-        if record is not None:
-            try:
-                line = spec.result_line(record)
-            except Exception:  # noqa: BLE001 - a record of another version: shown raw in the JSON, no line
-                line = None
-        value = (record, line, stat.st_mtime)
-        self._results[path] = (key, value)
-        return value
-
 
 
 LEFTOVER_CHECK_S = 5.0
@@ -368,25 +343,6 @@ def mark_stale(stages: list[StageStatus], succeeded: dict[str, Run]) -> None:
             if st.stale:
                 st.status = StageOnly.STALE
                 break
-
-
-def _read_last_json_line(path: Path, tail_bytes: int = 65536) -> dict | None:
-    """The last complete line of a JSON-lines file, reading only its end."""
-    try:
-        with open(path, "rb") as fh:
-            size = fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, size - tail_bytes))
-            lines = fh.read().splitlines()
-    except OSError:
-        return None
-    for raw in reversed(lines):
-        try:
-            value = json.loads(raw)
-            return value if isinstance(value, dict) else None
-        except ValueError:
-            continue        # a line being written, or cut by the seek
-    return None
-
 
 
 def collect(ws: Workspace, nvml: Any = None, persist: bool = False) -> Snapshot:

@@ -160,8 +160,8 @@ def unwritten_usage(stage: str, path: str, estimate_bytes: int) -> DiskUsage:
 
 
 def label_usages(usages: list[DiskUsage], est: Estimate | None) -> None:
-    """Say on each disk row how its estimate was made, and which figure its verdict used."""
+    """Say on each disk row how its estimate was made (its kind, in words too), and which figure its verdict used."""
     for d in usages:
         if d.estimate_bytes is not None and est is not None:
-            d.estimate_kind, d.estimate_basis = est.kind, est.basis
+            d.estimate_kind, d.estimate_basis, d.estimate_label = est.kind, est.basis, est.label
         d.final_kind = "measured" if d.projected_bytes is not None else d.estimate_kind

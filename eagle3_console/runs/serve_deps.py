@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from eagle3_console.config import Stage
-from eagle3_console.model import ServeState
+from eagle3_console.model import ServeState, ServeStatus
 from eagle3_console.registry import Run
 
 
@@ -42,6 +42,6 @@ def not_ready(serve: Stage, run: Run | None, alive: bool, seen: dict[int, ServeS
         except OSError:
             log = None
         state = seen[run.id] = serve_monitor(serve.spec, run.params, run).sample(log, True)
-    if state.state == "ready":
+    if state.state == ServeStatus.READY:
         return None
     return f"whose server (run {run.id}, {state.url}) is {state.state.replace('_', ' ')}: {state.reason}"

@@ -1,7 +1,9 @@
-"""Plain data of a snapshot: what monitors return and widgets/JSON render.
+"""Plain data of a snapshot: what monitors return and the panes/JSON render.
 
 No I/O here. Monitors (eagle3_console/monitor/*) fill these; snapshot.collect()
-assembles them into a Snapshot; widgets/ and `status --json` read them.
+assembles them into a Snapshot, with what each op says of its record (its line,
+view and gauges: observe/records.py); the TUI's panes, `status --json` and the
+exporter read them.
 """
 
 from __future__ import annotations
@@ -9,7 +11,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+# The GPUs' plain data has a module of its own; their names are the model's.
+from eagle3_console.model.gpus import GpuInfo, GpuProcess, GpuReport, HostGpus  # noqa: F401
+
+if TYPE_CHECKING:
+    from ops.spec import Gauge, ResultView
 
 SCHEMA_VERSION = 1
 
@@ -34,6 +42,16 @@ class StageOnly(StrEnum):
     STALE = "stale"
 
 
+class ServeStatus(StrEnum):
+    """A serve stage's server (ServeState.state), as monitor/serve.py reads it."""
+
+    LOADING = "loading"
+    WARMING_UP = "warming_up"
+    READY = "ready"
+    UNHEALTHY = "unhealthy"
+    STOPPED = "stopped"
+
+
 # No end recorded yet: its supervisor still watches it (one live run per stage).
 ACTIVE = (RunStatus.PENDING, RunStatus.RUNNING)
 # No end recorded, and lost: the supervisor is gone but the run's processes
@@ -55,72 +73,6 @@ class Alert:
     message: str
     stage: str | None = None
     line: str | None = None   # the log line that triggered it, when one did
-
-
-@dataclass
-class GpuProcess:
-    pid: int
-    used_bytes: int | None          # None when NVML does not report it
-    name: str = ""
-    run_id: int | None = None       # the run that owns this process, if any
-    stage: str | None = None
-    how: str | None = None          # how it was tied: leader, tree, pgid, session, env
-    type: str = "compute"           # compute | graphics | compute+graphics (NVML's lists)
-    create_time: float | None = None   # psutil's, when the pid is visible here: trust pid only with it
-    visible: bool = True            # False: no such pid here (another pid namespace, or exiting)
-
-
-@dataclass
-class GpuInfo:
-    index: int
-    name: str = ""
-    uuid: str = ""
-    mem_used: int | None = None
-    mem_total: int | None = None
-    util_pct: int | None = None
-    temp_c: int | None = None
-    power_w: float | None = None
-    processes: list[GpuProcess] = field(default_factory=list)
-    error: str | None = None        # this GPU degraded (lost, NotSupported...) and why
-    lost: bool = False              # NVML says the GPU is lost (fell off the bus): critical
-    unsupported: list[str] = field(default_factory=list)   # fields this GPU does not report (NotSupported)
-
-
-@dataclass
-class GpuReport:
-    available: bool
-    reason: str | None = None       # why NVML is unavailable
-    driver: str | None = None
-    gpus: list[GpuInfo] = field(default_factory=list)
-
-
-@dataclass
-class HostGpus:
-    """Another node's GPUs, as its exporter's /snapshot.json said them (hosts.py)."""
-    url: str
-    state: str                          # ok | unreachable | no_answer | bad_answer
-    host: str | None = None             # the node's own name (its snapshot's host)
-    reason: str | None = None           # why not ok; or why its NVML is unavailable
-    gpus: list[GpuInfo] = field(default_factory=list)
-    time: float | None = None           # when its exporter took the snapshot
-
-    def lines(self) -> list[str]:
-        """The host in lines: a head line, then one a GPU with the runs on it."""
-        from ops.units import human_bytes
-        name = f"{self.host} ({self.url})" if self.host else self.url
-        if self.state != "ok":
-            return [f"{name}: {self.state.replace('_', ' ')}: {self.reason}"]
-        if not self.gpus:
-            return [f"{name}: no GPUs ({self.reason or 'none reported'})"]
-        used = sum(g.mem_used or 0 for g in self.gpus)
-        total = sum(g.mem_total or 0 for g in self.gpus)
-        out = [f"{name}: {len(self.gpus)} GPU(s), {human_bytes(used)} / {human_bytes(total)}"]
-        for g in self.gpus:
-            runs = ", ".join(f"{p.stage} run {p.run_id}" for p in g.processes if p.stage) or "-"
-            util = "-" if g.util_pct is None else f"{g.util_pct}%"
-            out.append(f"  GPU {g.index} {g.name}: {human_bytes(g.mem_used)} / {human_bytes(g.mem_total)}, "
-                       f"util {util}, runs: {runs}" + (f" [{g.error}]" if g.error else ""))
-        return out
 
 
 @dataclass
@@ -167,6 +119,7 @@ class DiskUsage:
     estimate_kind: str | None = None
     estimate_basis: str | None = None
     final_kind: str | None = None
+    estimate_label: str | None = None    # estimate_kind in words (ops/estimate.py's); the panes', not the JSON's
 
 
 @dataclass
@@ -220,7 +173,7 @@ class JobInfo:
 @dataclass
 class ServeState:
     """A serve stage's SGLang server as eagle3_console/monitor/serve.py last saw it."""
-    state: str                          # loading | warming_up | ready | unhealthy | stopped
+    state: ServeStatus
     url: str
     reason: str = ""                    # why this state (port closed, /ready 503, a timeout, ...)
     load_pct: float | None = None       # weight loading, from the log
@@ -291,6 +244,10 @@ class StageStatus:
     result: dict[str, Any] | None = None   # the op's own record (bench.json, summary.json, ...)
     result_line: str | None = None         # that record in one line
     result_time: float | None = None       # when the record was written (its mtime)
+    # What the op says of its record beside its line (observe/records.py, once a pass): the
+    # panes' view and the exporter's gauges; neither in the JSON.
+    view: ResultView | None = None
+    gauges: list[Gauge] = field(default_factory=list)
     # A lost run (supervisor gone): whether its stage's processes still run, and,
     # once they ended, whether its outputs say it finished (runs.outputs_complete).
     alive: bool = False
@@ -311,7 +268,7 @@ class StageStatus:
     def done(self) -> bool:
         """Counts as done for its dependents: succeeded, or lost with complete outputs;
         a serve stage (which never succeeds) once its server is ready."""
-        if self.serve is not None and self.serve.state == "ready":
+        if self.serve is not None and self.serve.state == ServeStatus.READY:
             return True
         if self.vanished:
             return False
@@ -388,8 +345,11 @@ class Snapshot:
         d = dataclasses.asdict(self)
         d["health"] = self.health
         for st, sd in zip(self.stages, d["stages"]):
-            sd.pop("curves", None)          # a plot's history: no part of the JSON contract
+            for key in ("curves", "view", "gauges"):    # the TUI's and the exporter's: no part of the JSON contract
+                sd.pop(key, None)
             sd["result_said"] = st.result_said()     # whose the record is (stale, an earlier run's...)
+        for dd in d["disk"]:
+            dd.pop("estimate_label", None)
         gpus = d.pop("gpus")
         if gpus["available"]:
             d["gpus"] = gpus["gpus"]
