@@ -11,7 +11,7 @@ import time
 from eagle3_console.model import StageStatus
 from ops import get_spec
 from tests.conftest import stage_cmd
-from widgets.stages import result_text
+from eagle3_console.tui.panes.stages import result_text
 
 
 def chain() -> str:

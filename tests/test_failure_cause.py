@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import WS, stage_cmd
 from tests.test_tui_helpers import make_app, pane_text, run, select, wait_until
-from widgets.body import Body
+from eagle3_console.tui.panes.body import Body
 
 CAUSE = "error: /data/shard_7.bin: checksum mismatch (rank 1)"
 PLAIN = "shard 7 does not match its checksum"      # a rank's last word that is no `error:` line

@@ -358,7 +358,7 @@ def test_the_log_pane_counts_one_error_line_in_the_singular():
     from textual.app import App
 
     from eagle3_console.model import LogState
-    from widgets.log import LogPane
+    from eagle3_console.tui.panes.log import LogPane
 
     class Host(App):
         def compose(self):

@@ -94,7 +94,7 @@ def test_an_output_without_a_format_holds_bf16(kimi):  # noqa: F811
 
 def test_the_progress_pane_names_the_format_and_the_bytes_a_token():
     from eagle3_console.model import ShardProgress, StageStatus
-    from widgets.progress import summary
+    from eagle3_console.tui.panes.progress import summary
 
     st = StageStatus(name="extract", op="extract", status="running")
     st.shards = ShardProgress(root="/data/hs", layout="eagle3", samples_done=972, samples_expected=1000,

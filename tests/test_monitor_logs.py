@@ -423,7 +423,7 @@ def test_train_figures_come_from_one_source(tmp_path):
     a second progress figure."""
     from eagle3_console.model import StageStatus
     from ops.train.spec import result_line
-    from widgets.progress import bar_rows, summary
+    from eagle3_console.tui.panes.progress import bar_rows, summary
 
     log = tmp_path / "train.log"
     log.write_text("train:  35%|###       | 25/72 [00:20<00:38, 1.23step/s]\n"

@@ -248,7 +248,7 @@ def test_the_servers_accept_length_is_said_as_sglangs_own_figure(metrics, over):
 
     from eagle3_console.model import StageStatus
     from eagle3_console.observe.report import serve_line
-    from widgets.progress import serve_text
+    from eagle3_console.tui.panes.progress import serve_text
     d = Double(speculative=True, accept_length=2.9, metrics=metrics).start()
     try:
         d.status = "Up"

@@ -213,7 +213,7 @@ def test_the_disk_pane_labels_the_estimate():
 
     from rich.console import Console, Group
 
-    from widgets.disk import usage_lines
+    from eagle3_console.tui.panes.disk import usage_lines
     d = DiskUsage(stage="extract", path="/data/hs", estimate_bytes=UPPER, free_bytes=68 * GiB,
                   total_bytes=3 * 2**40, fits=False, estimate_kind="upper_bound", final_kind="upper_bound",
                   estimate_label="upper bound",      # the kind in words, as the snapshot's pass labels it

@@ -76,7 +76,7 @@ def test_a_specs_curves_are_read_from_its_file(hook, tmp_path):
 
 
 def test_a_specs_result_view_is_what_the_panes_show(hook, tmp_path):
-    from widgets import progress, stages
+    from eagle3_console.tui.panes import progress, stages
     hook("vocab", result_view=lambda r: ResultView(head=(("coverage ", "label"), (f"{r['c']:.0%}", "headline")),
                                                    bars=(("masked", r["c"]),), details=("from prepare",),
                                                    cell=(f"cov {r['c']:.0%}", "ok")))

@@ -16,9 +16,9 @@ from eagle3_console.workspace import Workspace
 from tests.conftest import wait_for
 from tests.test_tui_helpers import (GiB, make_app, pane_text, pipeline, rendered, run, select, stage_of,
                                      wait_until)
-from widgets.dialogs import ActionDialog, QuitDialog
-from widgets.help import HelpScreen
-from widgets.log import LogPane
+from eagle3_console.tui.dialogs import ActionDialog, QuitDialog
+from eagle3_console.tui.help import HelpScreen
+from eagle3_console.tui.panes.log import LogPane
 
 
 def launch(ws, stage: str, **overrides):

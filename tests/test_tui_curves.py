@@ -32,7 +32,7 @@ from eagle3_console.workspace import Workspace
 from tests import fake_pynvml
 from tests.conftest import exclusive
 from tests.test_tui_helpers import busy_gpus, frozen, seed_runs, seeded_pipeline, select, wait_until
-from widgets.body import Body
+from eagle3_console.tui.panes.body import Body
 
 K = 4
 
@@ -129,7 +129,7 @@ def _text(curves: Curves, tall: bool, width: int) -> list[str]:
 
     from rich.console import Console
 
-    from widgets.curves import CurvesView
+    from eagle3_console.tui.panes.curves import CurvesView
     console = Console(width=width, file=io.StringIO(), color_system=None, legacy_windows=False)
     with console.capture() as cap:
         console.print(CurvesView(curves, tall))
@@ -138,7 +138,7 @@ def _text(curves: Curves, tall: bool, width: int) -> list[str]:
 
 def test_the_lines_say_the_latest_values_and_fit_the_width():
     from eagle3_console.monitor.metrics import MetricsReader  # noqa: F401 - the reader fills these
-    from widgets.curves import sparkline
+    from eagle3_console.tui.panes.curves import sparkline
 
     c = Curves(steps=[10, 20, 30], loss=[3.0, 2.0, 1.0], acc=[[0.2, 0.5, 0.8], [0.1, 0.2, 0.4], [0.0, 0.1, 0.2]],
                sim_al=[1.2, 1.6, 2.2])

@@ -15,7 +15,7 @@ from eagle3_console.registry import Registry
 from eagle3_console.workspace import Workspace
 from tests.test_tui_bench import BENCH
 from tests.test_tui_helpers import make_app, pane_text, run, select, wait_until
-from widgets.body import Body
+from eagle3_console.tui.panes.body import Body
 
 ACC = [0.81, 0.72, 0.63]
 

@@ -14,7 +14,7 @@ from eagle3_console.workspace import Workspace
 from tests.conftest import stage_cmd
 from tests.test_tui import confirm, open_dialog, plan_text, progress_text
 from tests.test_tui_helpers import make_app, run, select, stage_of, wait_until
-from widgets.dialogs import ActionDialog
+from eagle3_console.tui.dialogs import ActionDialog
 
 
 class HeldNvml:
@@ -133,7 +133,7 @@ def test_start_on_complete_outputs_asks_first_and_names_what_it_makes_stale(ws):
             await confirm(pilot, dialog)
             await wait_until(pilot, lambda: (r := ws.latest("up")) and r.id != first and r.status == "succeeded")
             await wait_until(pilot, lambda: stage_of(app, "down").status == "stale")
-            from widgets.stages import StageTable
+            from eagle3_console.tui.panes.stages import StageTable
             table = app.query_one(StageTable)
             cells = [str(c) for c in table.get_row("down")]
             assert "stale" in cells

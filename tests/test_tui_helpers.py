@@ -71,7 +71,7 @@ def stage_of(app: ConsoleApp, name: str):
 
 async def select(pilot, app: ConsoleApp, stage: str) -> None:
     await wait_until(pilot, lambda: stage_of(app, stage))
-    from widgets.stages import StageTable
+    from eagle3_console.tui.panes.stages import StageTable
     app.query_one(StageTable).select(stage)
     await wait_until(pilot, lambda: app.main_screen.selected == stage)
 

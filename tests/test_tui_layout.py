@@ -13,8 +13,8 @@ import pytest
 from tests.conftest import stage_cmd
 from tests.test_tui_bench import BENCH, bench_workspace
 from tests.test_tui_helpers import busy_gpus, frozen, make_app, run, wait_until
-from widgets.log import LogPane
-from widgets.stages import StageTable
+from eagle3_console.tui.panes.log import LogPane
+from eagle3_console.tui.panes.stages import StageTable
 
 STAGES = ("prepare", "vocab", "extract", "verify", "train", "export", "bench", "serve")
 

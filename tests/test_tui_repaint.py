@@ -11,9 +11,9 @@ from textual.app import App, ComposeResult
 from textual.widgets import Static
 
 from eagle3_console.model import LogState, StageStatus
-from widgets.body import retitle
-from widgets.log import LogPane
-from widgets.stages import StageTable
+from eagle3_console.tui.panes.body import retitle
+from eagle3_console.tui.panes.log import LogPane
+from eagle3_console.tui.panes.stages import StageTable
 
 
 class Host(App):

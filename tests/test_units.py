@@ -11,7 +11,7 @@ from eagle3_console.observe import alerts
 from eagle3_console.model import DiskUsage, Snapshot
 from eagle3_console.observe.report import print_status
 from ops.units import human_bytes, human_duration
-from widgets import fmt
+from eagle3_console.tui.panes import fmt
 
 PB = 10**15
 

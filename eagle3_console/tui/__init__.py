@@ -1,4 +1,5 @@
-"""The console's Textual side: the screen (screen.py), its guarded actions
-(guarded.py), what the screen reads of its App (host.py) and its layout
-(console.tcss). eagle3_console/app.py is the App that holds them; no other
-core module imports Textual."""
+"""The console's Textual side: the App (app.py), its one screen (screen.py), its
+guarded actions (guarded.py) and their dialogs (dialogs.py), the help screen
+(help.py), what the screen reads of its App (host.py), its layout
+(console.tcss), and the panes (panes/), which render the snapshot's model only.
+No other module of the console imports Textual."""

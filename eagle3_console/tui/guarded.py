@@ -26,7 +26,7 @@ from eagle3_console import runs
 from eagle3_console.model import Snapshot, StageOnly, StageStatus, oom_finding
 from eagle3_console.registry import EXITED, MAY_BE_ALIVE, Registry, RunStatus
 from eagle3_console.workspace import Workspace
-from widgets.dialogs import DialogSpec, Option
+from eagle3_console.tui.dialogs import DialogSpec, Option
 
 COMPLETE = (RunStatus.SUCCEEDED, StageOnly.STALE)      # the stage's outputs exist and are whole
 

@@ -3,7 +3,7 @@ the selection, and runs the guarded actions of guarded.ACTIONS.
 
 Data flow: the sampler worker (one Collector.collect() pass at a time, in a
 daemon thread, refresh_s after the previous pass ended, or at once after an
-action) hands each Snapshot to show(); the panes in widgets/ render their
+action) hands each Snapshot to show(); the panes (panes/) render their
 parts of it; announce.announce() says which new critical alerts become a
 notification. Keys run a guarded action: plan in a thread, the dialog shows
 that plan, confirming executes it in a thread (guarded.py says why the plan
@@ -36,14 +36,14 @@ from eagle3_console import runs
 from eagle3_console.model import Snapshot, StageStatus
 from eagle3_console.registry import MAY_BE_ALIVE, RunStatus
 from eagle3_console.tui.guarded import ACTIONS, Context, Guarded, refused_spec
-from widgets.dialogs import ActionDialog, DialogSpec, Option, QuitDialog
-from widgets.disk import DiskPane
-from widgets.gpus import GpuPane
-from widgets.header import HeaderBar
-from widgets.help import HelpScreen
-from widgets.log import LogPane
-from widgets.progress import ProgressPane
-from widgets.stages import StageTable
+from eagle3_console.tui.dialogs import ActionDialog, DialogSpec, Option, QuitDialog
+from eagle3_console.tui.panes.disk import DiskPane
+from eagle3_console.tui.panes.gpus import GpuPane
+from eagle3_console.tui.panes.header import HeaderBar
+from eagle3_console.tui.help import HelpScreen
+from eagle3_console.tui.panes.log import LogPane
+from eagle3_console.tui.panes.progress import ProgressPane
+from eagle3_console.tui.panes.stages import StageTable
 
 if TYPE_CHECKING:
     from eagle3_console.tui.host import ConsoleHost

@@ -1,5 +1,5 @@
 """bench.json for the console: the TUI's view of it (OpSpec.result_view:
-widgets/progress.py's head, per-position bars and details, widgets/stages.py's
+the progress pane's head, per-position bars and details, the stages pane's
 result cell) and the exporter's gauges (OpSpec.gauges). What matters first is
 the acceptance length and speed-up, then whether the speculative output
 equals greedy decoding. No torch, no rich: roles, not colours (ops/spec.py's ResultView).

@@ -43,7 +43,7 @@ from tests.conftest import STAGES
 from tests.test_tui import confirm, open_dialog, plan_text, progress_text
 from tests.test_tui_helpers import run, select, stage_of, wait_until
 from textual.widgets import Input
-from widgets.dialogs import ActionDialog
+from eagle3_console.tui.dialogs import ActionDialog
 
 GiB = 1 << 30
 LEADER_GIB = 1

@@ -19,8 +19,8 @@ from textual.containers import VerticalScroll
 from textual.renderables.sparkline import Sparkline
 
 from eagle3_console.model import GpuInfo, GpuReport, HostGpus
-from widgets import fmt
-from widgets.body import Body, retitle
+from eagle3_console.tui.panes import fmt
+from eagle3_console.tui.panes.body import Body, retitle
 
 HISTORY = 60
 

@@ -13,8 +13,8 @@ from textual.containers import VerticalScroll
 
 from eagle3_console.model import DiskUsage
 from eagle3_console.units import si_bytes
-from widgets import fmt
-from widgets.body import Body, retitle
+from eagle3_console.tui.panes import fmt
+from eagle3_console.tui.panes.body import Body, retitle
 
 
 def usage_lines(d: DiskUsage, width: int | None = None) -> list:

@@ -15,27 +15,29 @@ from rich.text import Text
 from textual.message import Message
 from textual.widgets import DataTable
 
-from eagle3_console.model import StageOnly, StageStatus, oom_finding
-from widgets import fmt
-from widgets.body import retitle
+from eagle3_console.model import RunStatus, ServeStatus, StageOnly, StageStatus, oom_finding
+from eagle3_console.tui.panes import fmt
+from eagle3_console.tui.panes.body import retitle
 
 COLUMNS = ("stage", "status", "run", "started", "elapsed", "progress", "rate", "ETA", "exit", "result")
-STATUS_STYLE = {"running": "bold green", "pending": "cyan", "succeeded": "green", "failed": "bold red",
-                "killed": "bold yellow", "lost": "bold magenta", "never": "dim", "stale": "yellow"}
+STATUS_STYLE = {RunStatus.RUNNING: "bold green", RunStatus.PENDING: "cyan", RunStatus.SUCCEEDED: "green",
+                RunStatus.FAILED: "bold red", RunStatus.KILLED: "bold yellow", RunStatus.LOST: "bold magenta",
+                StageOnly.NEVER: "dim", StageOnly.STALE: "yellow"}
 
 
-SERVE_STYLE = {"loading": "cyan", "warming_up": "cyan", "ready": "bold green", "unhealthy": "bold red"}
+SERVE_STYLE = {ServeStatus.LOADING: "cyan", ServeStatus.WARMING_UP: "cyan", ServeStatus.READY: "bold green",
+               ServeStatus.UNHEALTHY: "bold red"}
 
 
 def status_text(st: StageStatus) -> Text:
     label = st.status
     style = STATUS_STYLE.get(st.status, "")
-    if st.serve is not None and st.status == "running" and st.serve.state in SERVE_STYLE:
+    if st.serve is not None and st.status == RunStatus.RUNNING and st.serve.state in SERVE_STYLE:
         # A server runs for hours: whether it answers is its status.
         label, style = st.serve.state.replace("_", " "), SERVE_STYLE[st.serve.state]
-    if st.job is not None and st.status == "pending" and st.job.reason:
+    if st.job is not None and st.status == RunStatus.PENDING and st.job.reason:
         label = f"pending ({st.job.reason})"       # waiting in Slurm's queue, and why
-    if oom_finding(st) and st.status != "running":
+    if oom_finding(st) and st.status != RunStatus.RUNNING:
         label, style = f"{st.status} OOM", "bold white on red"
     elif oom_finding(st):
         label, style = "running OOM?", "bold red"
@@ -57,7 +59,7 @@ def result_text(st: StageStatus) -> Text:
     text, role = view.cell
     if role == "alarm":
         return Text(text, "bold red")
-    return Text(text, "bold green" if st.status == "succeeded" else "dim")
+    return Text(text, "bold green" if st.status == RunStatus.SUCCEEDED else "dim")
 
 
 def elapsed(st: StageStatus, now: float) -> float | None:
@@ -67,7 +69,7 @@ def elapsed(st: StageStatus, now: float) -> float | None:
 
 
 def row(st: StageStatus, now: float) -> tuple:
-    running = st.status == "running"
+    running = st.status == RunStatus.RUNNING
     # Samples (or items) a second; tokens/s is in the Progress pane, the
     # table keeps its width for the result column at 80 columns.
     rate_s = fmt.rate(st.rate if running else None)
@@ -193,8 +195,8 @@ class StageTable(DataTable):
                     self.row_repaints += 1
                     self.refresh_row(index)
                 self._rows[st.name] = new
-        failed = sum(1 for s in stages if s.status in ("failed", "lost"))
-        running = sum(1 for s in stages if s.status == "running")
+        failed = sum(1 for s in stages if s.status in (RunStatus.FAILED, RunStatus.LOST))
+        running = sum(1 for s in stages if s.status == RunStatus.RUNNING)
         retitle(self, subtitle=f"{running} running" + (f", {failed} failed/lost" if failed else ""))
 
     def select(self, stage: str) -> None:

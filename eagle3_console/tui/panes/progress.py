@@ -17,10 +17,10 @@ from rich.table import Table
 from rich.text import Text
 from textual.containers import VerticalScroll
 
-from eagle3_console.model import StageOnly, StageStatus
-from widgets import fmt
-from widgets.body import Body, retitle
-from widgets.curves import CurvesBody
+from eagle3_console.model import RunStatus, ServeStatus, StageOnly, StageStatus
+from eagle3_console.tui.panes import fmt
+from eagle3_console.tui.panes.body import Body, retitle
+from eagle3_console.tui.panes.curves import CurvesBody
 
 
 def bar(fraction: float | None, style: str = "green") -> ProgressBar:
@@ -61,7 +61,7 @@ def summary(st: StageStatus, now: float) -> Text:
     else:
         t.append("no progress reported yet", "dim")
     t.append("\n")
-    if st.status == "running":
+    if st.status == RunStatus.RUNNING:
         # A finished run's last rate says nothing about now: shown while running only.
         rate, unit = st.rate, f" {st.rate_unit}" if st.rate_unit else "/s"
         if rate is None and log is not None and log.rate is not None:
@@ -100,14 +100,14 @@ def serve_text(st: StageStatus) -> Text | None:
         return None
     t = Text()
     t.append("server ", "dim")
-    t.append(sv.state.replace("_", " "), {"ready": "bold green", "unhealthy": "bold red"}.get(sv.state, "cyan"))
+    t.append(sv.state.replace("_", " "), {ServeStatus.READY: "bold green", ServeStatus.UNHEALTHY: "bold red"}.get(sv.state, "cyan"))
     t.append(f" {sv.url}", "dim")
     if sv.time_to_ready_s is not None:
         t.append("  ready after ", "dim")
         t.append(fmt.duration(sv.time_to_ready_s))
-    if sv.reason and sv.state != "ready":
-        t.append(f"\n{sv.reason}", "red" if sv.state == "unhealthy" else "dim")
-    if sv.state == "ready":
+    if sv.reason and sv.state != ServeStatus.READY:
+        t.append(f"\n{sv.reason}", "red" if sv.state == ServeStatus.UNHEALTHY else "dim")
+    if sv.state == ServeStatus.READY:
         parts = sv.figures()
         if parts:
             t.append("\n" + "  ".join(parts))
@@ -146,11 +146,11 @@ def bar_rows(st: StageStatus) -> list[tuple[str, str, float | None, str]]:
     """(label, style, fraction, count) of the loading, overall and per-shard bars."""
     rows = []
     log, sp = st.log, st.shards
-    if log is not None and log.load_pct is not None and st.status == "running" and not st.progress:
+    if log is not None and log.load_pct is not None and st.status == RunStatus.RUNNING and not st.progress:
         rows.append(("loading weights", "bold cyan", log.load_pct / 100, f"{log.load_pct:.0f}%"))
     view = st.view
     # Done and its record says more than "100%": no bar for it.
-    if st.progress is not None and not ((view is not None or st.result_line) and st.status == "succeeded"):
+    if st.progress is not None and not ((view is not None or st.result_line) and st.status == RunStatus.SUCCEEDED):
         rows.append(("overall", "bold", st.progress, fmt.done_pct(st.progress)))
     if sp is not None:
         # One shard's bar is the overall bar again: shown from two shards on.
@@ -261,18 +261,18 @@ class ProgressPane(VerticalScroll, can_focus=False):
         elif result is None and st.result_said():
             # The op's own record (prepare's drops and truncation, vocab's coverage, ...).
             counts = summary(st, now)
-            if st.status == "succeeded":
+            if st.status == RunStatus.SUCCEEDED:
                 # Its "succeeded" line (and a "no progress reported" from an op that prints
                 # no counter, or train's "done 72/72") say less than the result line.
                 first = counts.split("\n")[0]
                 counts = Text() if first.plain.startswith(("no progress", "done ")) else first
             elif st.status == StageOnly.NEVER and counts.plain.startswith("no progress"):
                 counts = Text()     # "not run yet": the result line says so ("no run recorded here")
-            line = Text(st.result_said(), "green" if st.status == "succeeded" else "yellow")
+            line = Text(st.result_said(), "green" if st.status == RunStatus.SUCCEEDED else "yellow")
             text = Text.assemble(counts, "\n", line) if counts.plain else line
         elif result is None:
             text = summary(st, now)
-        elif st.status == "succeeded":
+        elif st.status == RunStatus.SUCCEEDED:
             text = result         # its "done N/N, succeeded" says nothing more
         else:
             text = Text.assemble(summary(st, now), "\n", result)

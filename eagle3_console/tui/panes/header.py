@@ -13,7 +13,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from eagle3_console.model import LEVEL_RANK, Snapshot
-from widgets import fmt
+from eagle3_console.tui.panes import fmt
 
 HEALTH_STYLE = {"ok": "bold green", "warning": "bold yellow", "critical": "bold white on red",
                 "unknown": "bold magenta"}

@@ -16,8 +16,8 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.text import Text
 
 from eagle3_console.model import Curves, StageStatus
-from widgets import fmt
-from widgets.body import Body
+from eagle3_console.tui.panes import fmt
+from eagle3_console.tui.panes.body import Body
 
 BLOCKS = "▁▂▃▄▅▆▇█"
 EIGHTHS = " ▁▂▃▄▅▆▇█"

@@ -20,7 +20,7 @@ from textual.strip import Strip
 from textual.widgets import Input, Log
 
 from eagle3_console.model import LogState
-from widgets.body import retitle
+from eagle3_console.tui.panes.body import retitle
 
 # What an operator must not miss in a scrolling log (the scenario's OOM, NCCL
 # hangs, Python tracebacks); case-insensitive, whole line highlighted.
