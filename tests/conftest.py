@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import itertools
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -46,11 +48,87 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("slow") or any(d.scope in ("module", "session") and d.baseid for d in defs):
             heavy_files.add(item.nodeid.split("::")[0])
-    # The files that build something for their tests (the full tier's fixtures, a module's or
-    # the session's own: a trained drafter, a real model's extraction, a Slurm) run longest:
-    # xdist's loadfile hands files to the workers in this order, so they go first and the run
-    # does not end on one of them alone. Stable: the order within each group stays.
-    items.sort(key=lambda it: it.nodeid.split("::")[0] not in heavy_files)
+    # Longest first (LPT): xdist's loadfile hands files to the workers in this order (bin/test
+    # passes --no-loadscope-reorder: xdist's own order, by number of tests, put the two longest
+    # files, one test each, last, and the run ended on them alone). The measured files by their
+    # seconds (FILE_SECONDS); then the files that build something for their tests (the full
+    # tier's fixtures, a module's or the session's own: a trained drafter, a real model's
+    # extraction, a Slurm); then the rest. Stable: the order within a file stays.
+    def cost(item):
+        path = item.nodeid.split("::")[0]
+        return (-FILE_SECONDS.get(path.rsplit("/", 1)[-1], 0), path not in heavy_files)
+    items.sort(key=cost)
+
+
+# Seconds each file took in a full run (`--junitxml`, summed per file; 2 shared cores under load,
+# at 150fa5b). Only the order matters: the files over 10 s, longest first.
+FILE_SECONDS = {
+    "test_faults_train_export.py": 334, "test_e2e_demo.py": 332, "test_formats_training.py": 239,
+    "test_benchmarks_throughput.py": 202, "test_slurm_jobs.py": 163, "test_faults_data.py": 141,
+    "test_train_streamed.py": 128, "test_extract_sglang.py": 116, "test_faults_clean.py": 105,
+    "test_faults4_runs.py": 91, "test_bin_test.py": 89, "test_export_moved.py": 65, "test_realmodel.py": 62,
+    "test_faults.py": 61, "test_op_extract.py": 59, "test_sim_acceptance.py": 57, "test_actions.py": 52,
+    "test_faults4_slurm.py": 49, "test_serve_e2e.py": 48, "test_faults_supervise.py": 47,
+    "test_faults_bounds.py": 43, "test_tui.py": 42, "test_op_bench_sglang.py": 40,
+    "test_faults_reexport.py": 38, "test_verify_realmodel.py": 37, "test_runs.py": 36,
+    "test_extract_sglang_launch.py": 34, "test_faults_registry.py": 33, "test_faults_cli.py": 32,
+    "test_bench_table.py": 32, "test_op_regenerate.py": 32, "test_faults4_hosts.py": 31,
+    "test_demo_assets.py": 27, "test_plan.py": 27, "test_status.py": 24, "test_faults_watch.py": 23,
+    "test_op_train.py": 22, "test_faults_ops.py": 22, "test_op_bench.py": 21, "test_train_report.py": 19,
+    "test_exporter.py": 19, "test_op_prepare.py": 18, "test_failure_cause.py": 18, "test_tui_guarded.py": 17,
+    "test_watch.py": 14, "test_stale.py": 14, "test_interrupted_actions.py": 14, "test_length_buckets.py": 14,
+    "test_day_one.py": 13, "test_tui_serve.py": 13, "test_hosts.py": 13, "test_op_serve.py": 13,
+    "test_faults4_regenerate.py": 12, "test_tui_tmux.py": 12, "test_faults_exporter.py": 11,
+    "test_status_fast.py": 11, "test_train_online.py": 11, "test_monitor_procs.py": 11,
+    "test_serve_dependency.py": 11, "test_monitor_serve.py": 10, "test_faults4_progress.py": 10,
+}
+
+
+TEST_TOKEN = "EAGLE3_TEST_TOKEN"
+_tokens = itertools.count()
+
+
+def _token_holders(token: str) -> list[int]:
+    """The processes started with this test's token in their environment (inherited by
+    every process a test starts that is given os.environ or a copy of it)."""
+    want = f"{TEST_TOKEN}={token}".encode()
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as fh:
+                if want in fh.read().split(b"\0"):
+                    found.append(int(entry.name))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.fixture(autouse=True)
+def ends_its_processes(monkeypatch):
+    """Every process a test starts ends with the test, also when the test failed or a
+    supervisor, a daemon or a fake server it started outlived it: each carries the
+    test's token in its environment, and whatever still carries it at teardown is
+    SIGKILLed with its process group. (A fixture of a wider scope is set up before
+    this one, so what a module or the session starts is not the test's.)"""
+    token = f"{os.getpid()}-{next(_tokens)}"
+    monkeypatch.setenv(TEST_TOKEN, token)
+    yield
+    if not os.path.isdir("/proc"):
+        return
+    for _ in range(5):
+        pids = _token_holders(token)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                if os.getpgid(pid) == pid:
+                    os.killpg(pid, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.05)
 
 
 @contextmanager

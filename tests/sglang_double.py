@@ -119,6 +119,8 @@ class Double:
         self.last_gen_throughput = 0.0
         self.startup_time = time.time()
         self.hang = False                   # accept connections, never answer
+        self.hanging = 0                    # requests held unanswered now (hang)
+        self.unhang = threading.Event()     # set at stop(): the held requests end
         self.lock = threading.Lock()
         double = self
 
@@ -149,6 +151,7 @@ class Double:
         return self
 
     def stop(self) -> None:
+        self.unhang.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -163,7 +166,11 @@ class Double:
 
     def handle(self, h, method: str) -> None:
         if self.hang:
-            time.sleep(30)
+            with self.lock:
+                self.hanging += 1
+            self.unhang.wait(30)
+            with self.lock:
+                self.hanging -= 1
             return
         path = h.path.split("?", 1)[0]
         self.paths.append(path)

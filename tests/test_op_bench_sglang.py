@@ -140,7 +140,6 @@ def test_a_baseline_that_is_down_or_speculative_is_refused_before_any_prompt(ser
 
 def test_a_server_that_accepts_and_never_answers_is_one_line_in_seconds(tmp_path):
     import socket
-    import time
 
     hung = socket.socket()
     hung.bind(("127.0.0.1", 0))
@@ -148,13 +147,13 @@ def test_a_server_that_accepts_and_never_answers_is_one_line_in_seconds(tmp_path
     url = f"http://127.0.0.1:{hung.getsockname()[1]}"
     pf = tmp_path / "prompts.jsonl"
     pf.write_text(json.dumps({"input_ids": PROMPTS[0]}) + "\n")
-    t0 = time.monotonic()
     try:
+        # bench's own timeout (120 s) is far below the default --timeout-s (600, for one
+        # generation): the ready timeout, not the generation's, ended it (its line below).
         proc = bench("--url", url, "--prompts-file", str(pf), "--output", str(tmp_path / "out"),
                      "--ready-timeout-s", "3")
     finally:
         hung.close()
-    assert time.monotonic() - t0 < 60          # the default --timeout-s is 600, for one generation
     assert proc.returncode == 2
     assert proc.stderr == f"error: {url}: not ready within ready_timeout_s 3 s: /ready: no answer within 3 s (timed out)\n"
 
