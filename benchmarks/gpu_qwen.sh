@@ -39,7 +39,8 @@ src_tree() {
   else tar --exclude=./.sglang-rt --exclude=./.git --exclude=./.devslices -cf - . | tar -xf - -C $P/src; fi
   touch $P/src/.copied
 }
-save() { echo "== phase $PHASE: $((SECONDS - T0)) s"; cp $P/out/*.txt "$OUT/" 2>/dev/null; true; }
+# Only archives go to $OUT: a call returns at most 8 files (the observer writes dozens under $P/out).
+save() { echo "== phase $PHASE: $((SECONDS - T0)) s"; }
 trap save EXIT
 
 if [ "$PHASE" = convert ]; then
@@ -111,6 +112,9 @@ data)
   # regenerate journaled comes back: a later session resumes it (same settings) or trains on it.
   setup first
   python3 benchmarks/gpu_pipeline.py wait --out $P/out --seconds $((${DATA_S:-540} - (SECONDS - T0))) --rescue-set ""
+  # What bounded regenerate, before the server goes: SGLang's own counters and its log.
+  curl -s -m 5 http://127.0.0.1:30000/metrics > $P/out/serve_target_metrics.txt
+  python3 -m eagle3_console.cli -w $WS logs serve_target -n 400 > $P/out/log_serve_target.txt 2>&1
   for s in regenerate serve_target; do timeout 60 python3 -m eagle3_console.cli -w $WS stop $s; done
   python3 -m eagle3_console.cli -w $WS status 2>&1 | tee $P/out/data-status.txt | tail -30
   python3 -m eagle3_console.cli -w $WS logs regenerate -n 60 > $P/out/log_regenerate.txt 2>&1
