@@ -16,6 +16,9 @@
 #                                         # bench's), until START_S
 #   bash benchmarks/gpu_qwen.sh data      # instead of start/wait/finish: serve_target -> regenerate -> prepare ->
 #                                         # vocab until DATA_S, then regenerate's folder back (gzip parts)
+#   PREPARED=.devwork/qwen/prepared bash benchmarks/gpu_qwen.sh start   # samples prepared earlier (carried):
+#                                         # the pipeline without regenerate and prepare
+#   bash benchmarks/gpu_qwen.sh extract   # item 6: benchmarks/extract_real.py on the carried samples
 #   bash benchmarks/gpu_qwen.sh wait      # until the observer saw every stage end, or WAIT_S
 #   bash benchmarks/gpu_qwen.sh finish    # servers stopped, summary, captures, the conversations (gzip parts)
 # Train and export run on the image's own torch (SGLang's torch 2.14.1 beside the image's cuDNN fails in
@@ -80,10 +83,12 @@ setup() {
     python3 -c 'import torch, sglang, textual, typer; print("torch", torch.__version__, "sglang", sglang.__version__, "textual", textual.__version__)'
     df -h /root /dev/shm; } 2>&1 | tee $P/out/env.txt
   rm -rf $P/assets && mkdir -p $P/assets && cp -r $TREE/.devwork/qwen/prompts $P/assets/prompts
-  python3 - "$P" "$M" "${LIMIT:-}" "${NUM_PROMPTS:-}" "${1:-all}" <<'EOF'
+  [ -n "${PREPARED:-}" ] && cp -r "$TREE/$PREPARED" $P/assets/prepared
+  python3 - "$P" "$M" "${LIMIT:-}" "${NUM_PROMPTS:-}" "${1:-all}" "${PREPARED:-}" <<'EOF'
 import re, sys
 from pathlib import Path
 p, model, limit, prompts, first = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5] == "first"
+prepared = sys.argv[6]
 text = Path("examples/qwen-coder-1.5b-h100-sglang.toml").read_text()
 text = text.replace('path = "models/qwen-coder-1.5b"', f'path = "{model}"')
 text = re.sub(r"\[stages\.prompts\]\n(?:(?!\n\[).)*\n", "", text, flags=re.S)   # its output came along
@@ -92,6 +97,12 @@ if limit:
     text = re.sub(r"limit = \d+", f"limit = {limit}", text)
 if prompts:
     text = re.sub(r"num_prompts = \d+", f"num_prompts = {prompts}", text)
+if prepared:
+    # Samples prepared earlier (carried): no regenerate, no prepare; vocab and train read them.
+    for name in ("regenerate", "prepare"):
+        text = re.sub(rf"\[stages\.{name}\]\n(?:(?!\n\[).)*\n", "", text, flags=re.S)
+    text = text.replace('depends_on = ["prepare"]\n', "").replace('["prepare", "vocab"]', '["vocab"]')
+    text = text.replace("data/prepared", "assets/prepared")
 if first:
     # serve_target, regenerate, prepare, vocab: what follows starts at train's comment.
     text = text[:text.index("# Online: each batch")]
@@ -122,6 +133,13 @@ data)
   tar czf "$OUT/out.tgz" -C $P out
   tar czf - -C $WS/data --exclude=regenerated/conversations.jsonl regenerated | split -b 15M -d -a 1 - "$OUT/regenerated.tgz."
   ls -la "$OUT"
+  ;;
+extract)
+  # Item 6: HF extraction of the real samples against the bare forward over the same batches.
+  python3 benchmarks/extract_real.py --target $M --prepared $TREE/${PREPARED:-.devwork/qwen/prepared} \
+    --max-seq-len 2048 --token-budget ${BUDGET:-16384} ${NUM_SAMPLES:+--num-samples $NUM_SAMPLES} \
+    --out /root/extract-real --json $P/out/extract_real.json 2>&1 | tee $P/out/extract_real.log
+  tar czf "$OUT/extract_real.tgz" -C $P out/extract_real.json out/extract_real.log
   ;;
 wait)
   python3 benchmarks/gpu_pipeline.py wait --out $P/out --seconds ${WAIT_S:-540} --rescue-set ""
