@@ -7,6 +7,11 @@
 #                      ../shared/device-sglang/slices.py with SLICE = 48 MiB: 22 slices
 #   .devwork/qwen:     `python -m ops.regenerate.sources --output .devwork/qwen/prompts` (28 MB; the device has
 #                      no prompt packages)
+#   .devwork/qwen/prepared (PREPARED, extract): samples of answers regenerated earlier, e.g. the journal kept in
+#                      benchmarks/results/h100_2026-12-07_qwen_data/regenerated_journal.tgz, its rows in row order
+#                      as conversations, then `python -m ops.prepare --target <qwen bf16 folder> --input
+#                      .devwork/qwen_regen/conversations.jsonl --output .devwork/qwen/prepared --max-seq-len 2048`
+#                      (2,361 samples, 2,551,125 tokens, 13 MB; 33 s here)
 #   .whl:              textual, typer, rich, gguf and what they need beyond the image (pip download ... -d .whl)
 # then, each a device call:
 #   bash benchmarks/gpu_qwen.sh convert   # carry .devslices/qwen/bin, .whl: the GGUF unpacked and converted to
