@@ -98,13 +98,16 @@ class Double:
                  model_path: str = "/models/target", metrics: bool = True, health_sleep_s: float = 1.0,
                  version: str = VERSION, ready_route: bool = True, first_forward_s: float = 0.0,
                  health_route: bool = True, loop_after: int | None = None,
-                 diverge: dict[int, int] | None = None, draft_step_s: float = 0.0, device_timer: bool = False):
+                 diverge: dict[int, int] | None = None, draft_step_s: float = 0.0, device_timer: bool = False,
+                 decode_max_bs: int | None = None, decode_backend: str = "full"):
         self.speculative, self.accept_length = speculative, float(accept_length)
         self.num_steps, self.num_draft_tokens = num_steps, num_draft_tokens
         self.step_s, self.vocab, self.tp, self.dp = step_s, vocab, tp, dp
         self.model_path, self.metrics, self.health_sleep_s = model_path, metrics, health_sleep_s
         self.version, self.ready_route, self.first_forward_s = version, ready_route, first_forward_s
         self.health_route = health_route    # False: neither /ready nor /health_generate (only /model_info)
+        # The decode CUDA graphs' resolved settings (arg_groups/memory_hook.py fills max_bs by the GPU's memory).
+        self.decode_max_bs, self.decode_backend = decode_max_bs, decode_backend
         # Prompts whose first id is this repeat a two-token loop (a degenerate completion).
         self.loop_after = loop_after
         self.diverge, self.draft_step_s, self.device_timer = dict(diverge or {}), draft_step_s, device_timer
@@ -222,7 +225,7 @@ class Double:
             "speculative_eagle_topk": 1 if self.speculative else None,
             "attention_backend": "fa3", "speculative_draft_attention_backend": None,
             "speculative_attention_mode": "prefill", "disable_overlap_schedule": False,
-            "cuda_graph_config": {"decode": {"backend": "full", "max_bs": None, "bs": None},
+            "cuda_graph_config": {"decode": {"backend": self.decode_backend, "max_bs": self.decode_max_bs, "bs": None},
                                   "prefill": {"backend": "breakable", "max_bs": None, "bs": None}},
             "launch_command": None, "max_total_num_tokens": 61440, "startup_time": self.startup_time,
             "internal_states": [dict(state) for _ in range(self.dp)],

@@ -257,3 +257,40 @@ def test_the_console_refuses_n_over_1_with_greedy_at_run_naming_the_key(tmp_path
         in proc.stderr
     assert ws.latest("regenerate") is None
     assert "n x max_tokens" in proc.stdout          # the plan's disk rule counts the samples
+
+
+def test_a_concurrency_above_the_servers_decode_graph_batch_is_said_once_before_the_rows(tmp_path):
+    """SGLang runs a decode step of more requests than its decode CUDA graphs' max_bs eagerly (256 on an
+    H100; a run at 384 made 7,150 tok/s: benchmarks/RESULTS.md). regenerate reads the resolved value from
+    /server_info and says so, naming both ways out; within it, or where the server does not say, nothing."""
+    src = write_rows(tmp_path / "in.jsonl", [{"id": str(i), "prompt": f"q{i}"} for i in range(3)])
+    said = {}
+    for max_bs, concurrency, backend in ((4, 8, "full"), (8, 8, "full"), (None, 8, "full"), (4, 8, "disabled")):
+        d = ChatDouble(decode_max_bs=max_bs, decode_backend=backend).start()
+        try:
+            out = tmp_path / f"out-{max_bs}-{concurrency}-{backend}"
+            proc = regenerate("--url", d.url, "--input", str(src), "--output", str(out),
+                              "--concurrency", str(concurrency))
+        finally:
+            d.stop()
+        assert proc.returncode == 0, proc.stderr
+        assert len(read_out(out)) == 3
+        said[(max_bs, backend)] = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "warning:" in ln]
+    [line] = said[(4, "full")]
+    assert ("concurrency 8 is above the server's decode CUDA-graph batch size 4" in line
+            and "use concurrency 4" in line and "--cuda-graph-max-bs 8" in line)
+    assert said[(8, "full")] == [] and said[(None, "full")] == []
+    [line] = said[(4, "disabled")]
+    assert "decode CUDA graphs are off" in line
+
+
+def test_the_decode_graph_note_reads_only_what_sglang_resolves():
+    from ops.regenerate.server import decode_graph_note
+
+    for info in (None, [], "x", {}, {"cuda_graph_config": []}, {"cuda_graph_config": {"decode": "full"}},
+                 {"cuda_graph_config": {"decode": {"max_bs": "256"}}},
+                 {"cuda_graph_config": {"decode": {"max_bs": True}}},
+                 {"cuda_graph_config": {"decode": {"max_bs": 0}}}):
+        assert decode_graph_note(info, 384) is None, info
+    assert "batch size 256" in decode_graph_note({"cuda_graph_config": {"decode": {"max_bs": 256}}}, 384)
+    assert decode_graph_note({"cuda_graph_config": {"decode": {"max_bs": 256}}}, 256) is None

@@ -119,6 +119,9 @@ def _answer(args, rows, out: Path, journal, done: dict, settings: dict, engine_n
                 print(f"regenerate: error: {exc}", file=sys.stderr, flush=True)
                 return 1
             concurrency = args.concurrency
+            note = engine.graph_note(concurrency) if concurrency > 1 else None
+            if note:
+                say(f"regenerate: warning: {note}")
         else:
             from ops.regenerate.hf import HFGenerator
             engine = HFGenerator(args.target, args.device, args.dtype, args.temperature, args.top_p,

@@ -50,6 +50,30 @@ TOTAL_OVER = re.compile(r"maximum context length of (\d+) tokens\. You requested
                         r"(\d+) tokens from the input")
 MAX_ANSWER_BYTES = 64 << 20     # a chat answer of max_tokens is far smaller; more is not an answer
 READ_BYTES = 1 << 16
+MAX_INFO_BYTES = 1 << 20        # /server_info is a few kB of resolved args
+
+
+def decode_graph_note(info: object, concurrency: int) -> str | None:
+    """Why `concurrency` requests in flight outrun the server's decode CUDA graphs, from /server_info's
+    resolved cuda_graph_config.decode (SGLang 0.5.23 model_executor/cuda_graph_config.py PhaseConfig:
+    backend, max_bs): a decode step of more requests than max_bs runs eagerly, launching every kernel of
+    every layer from Python, which a small target's step is mostly made of (arg_groups/memory_hook.py
+    sizes max_bs by the GPU's memory: 256 on an 80-160 GB card with tp < 4). None within it, or when
+    the server does not say."""
+    graphs = info.get("cuda_graph_config") if isinstance(info, dict) else None
+    decode = graphs.get("decode") if isinstance(graphs, dict) else None
+    if not isinstance(decode, dict):
+        return None
+    backend, max_bs = decode.get("backend"), decode.get("max_bs")
+    if backend == "disabled":
+        return (f"the server's decode CUDA graphs are off (server_info cuda_graph_config.decode.backend "
+                f"'disabled'): every decode step runs eagerly")
+    if isinstance(max_bs, int) and not isinstance(max_bs, bool) and 0 < max_bs < concurrency:
+        return (f"concurrency {concurrency} is above the server's decode CUDA-graph batch size {max_bs} "
+                f"(server_info cuda_graph_config.decode.max_bs): decode steps of more than {max_bs} requests "
+                f"run without graphs; use concurrency {max_bs}, or give the server --cuda-graph-max-bs "
+                f"{concurrency} (serve's extra_args)")
+    return None
 
 
 def _status(url: str, path: str, timeout: float) -> int:
@@ -99,6 +123,16 @@ class ChatServer:
                     f"{ready_timeout_s:g} s)")
                 said = now
             time.sleep(min(READY_POLL_S, max(0.0, t0 + ready_timeout_s - now)))
+
+    def graph_note(self, concurrency: int) -> str | None:
+        """decode_graph_note of this server's /server_info; None when it does not answer as SGLang does."""
+        try:
+            with urllib.request.urlopen(self.url + "/server_info", timeout=PROBE_TIMEOUT_S) as resp:
+                raw = resp.read(MAX_INFO_BYTES + 1)
+            info = json.loads(raw) if len(raw) <= MAX_INFO_BYTES else None
+        except (OSError, ValueError, http.client.HTTPException):
+            return None
+        return decode_graph_note(info, concurrency)
 
     def alive(self) -> str | None:
         """None when the server answers at all, else why not (one short probe)."""
