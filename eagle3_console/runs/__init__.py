@@ -20,11 +20,11 @@ from eagle3_console.runs.liveness import reconcile, stage_alive
 from eagle3_console.runs.outputs import check_outputs_apart, output_paths
 from eagle3_console.runs.params import stage_params
 from eagle3_console.runs.plan import preflight
-from eagle3_console.runs.startcheck import check_can_start, serves
+from eagle3_console.runs.startcheck import check_can_start, outputs_complete, serves
 
 __all__ = ["NothingToDo", "Refused", "check_can_start", "check_outputs_apart", "dry_run", "handoff", "launch",
-           "launch_argv", "lints", "output_paths", "preflight", "prelaunch", "reconcile", "serves", "stage_alive",
-           "stage_params", "stop"]
+           "launch_argv", "lints", "output_paths", "outputs_complete", "preflight", "prelaunch", "reconcile", "serves",
+           "stage_alive", "stage_params", "stop"]
 
 
 def __getattr__(name: str) -> Any:
