@@ -24,6 +24,8 @@
 #   PREPARED=.devwork/qwen/prepared bash benchmarks/gpu_qwen.sh start   # samples prepared earlier (carried):
 #                                         # the pipeline without regenerate and prepare
 #   bash benchmarks/gpu_qwen.sh extract   # item 6: benchmarks/extract_real.py on the carried samples
+#   bash benchmarks/gpu_qwen.sh sweep     # item 3: benchmarks/train_sweep.py on the carried conversations
+#                                         # (CONVERSATIONS, SWEEP_ARGS), carry .devwork/qwen_regen
 #   bash benchmarks/gpu_qwen.sh wait      # until the observer saw every stage end, or WAIT_S
 #   bash benchmarks/gpu_qwen.sh finish    # servers stopped, summary, captures, the conversations (gzip parts)
 # Train and export run on the image's own torch (SGLang's torch 2.14.1 beside the image's cuDNN fails in
@@ -141,10 +143,17 @@ data)
   ;;
 extract)
   # Item 6: HF extraction of the real samples against the bare forward over the same batches.
-  python3 benchmarks/extract_real.py --target $M --prepared $TREE/${PREPARED:-.devwork/qwen/prepared} \
+  PYTHONPATH=$P/src:/tmp/site python3 benchmarks/extract_real.py --target $M --prepared $TREE/${PREPARED:-.devwork/qwen/prepared} \
     --max-seq-len 2048 --token-budget ${BUDGET:-16384} ${NUM_SAMPLES:+--num-samples $NUM_SAMPLES} \
     --out /root/extract-real --json $P/out/extract_real.json 2>&1 | tee $P/out/extract_real.log
   tar czf "$OUT/extract_real.tgz" -C $P out/extract_real.json out/extract_real.log
+  ;;
+sweep)
+  # Item 3: online training at a fixed number of steps, lr / data size / MLP width against the base run.
+  PYTHONPATH=$P/src:/tmp/site python3 benchmarks/train_sweep.py --target $M \
+    --conversations $TREE/${CONVERSATIONS:-.devwork/qwen_regen/conversations.jsonl} --out /root/sweep \
+    ${SWEEP_ARGS:---lrs 3e-4,3e-3 --fractions 0.25,0.5 --widths 13440} 2>&1 | tee $P/out/sweep.log
+  tar czf "$OUT/sweep.tgz" -C /root --exclude='*.safetensors' --exclude='*.pt' sweep -C $P out/sweep.log
   ;;
 wait)
   python3 benchmarks/gpu_pipeline.py wait --out $P/out --seconds ${WAIT_S:-540} --rescue-set ""
