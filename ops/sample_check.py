@@ -63,16 +63,9 @@ def check_header(header: dict, exp: Expected) -> tuple[int | None, str | None]:
         return None, f"unexpected tensor(s) {extra}"
     shapes = {k: header[k].get("shape") for k in SAMPLE_KEYS}
     dtypes = {k: header[k].get("dtype") for k in SAMPLE_KEYS}
-    ids = shapes["input_ids"]
-    if not isinstance(ids, list) or len(ids) != 1 or ids[0] < 1:
-        return None, f"input_ids shape {ids}, expected [T] with T >= 1"
-    t = ids[0]
-    if dtypes["input_ids"] != "I64":
-        return None, f"input_ids dtype {dtypes['input_ids']}, expected I64"
-    if shapes["loss_mask"] != [t]:
-        return None, f"loss_mask shape {shapes['loss_mask']}, expected [{t}] like input_ids"
-    if dtypes["loss_mask"] not in LOSS_MASK_DTYPES:
-        return None, f"loss_mask dtype {dtypes['loss_mask']}, expected one of {list(LOSS_MASK_DTYPES)}"
+    t, reason = _ids_and_mask(header)
+    if reason:
+        return None, reason
     final, aux = shapes["final_hidden_states"], shapes["aux_hidden_states"]
     h = exp.hidden_size or (final[1] if isinstance(final, list) and len(final) == 2 else None)
     if final != [t, h]:
