@@ -250,7 +250,7 @@ class Tui:
         import asyncio
 
         from eagle3_console.tui.app import ConsoleApp
-        from eagle3_console.workspace import Workspace
+        from eagle3_console.kernel.workspace import Workspace
 
         texts = {}
 

@@ -370,8 +370,8 @@ def sha_tree(root: Path) -> dict[str, str]:
 
 
 def finish(a) -> None:
-    from eagle3_console.registry import Registry
-    from eagle3_console.workspace import Workspace
+    from eagle3_console.kernel.registry import Registry
+    from eagle3_console.kernel.workspace import Workspace
 
     ws, out = Path(a.ws), Path(a.out)
     w = Workspace.at(ws)

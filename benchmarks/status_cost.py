@@ -35,9 +35,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from eagle3_console.registry import Registry  # noqa: E402
+from eagle3_console.kernel.registry import Registry  # noqa: E402
 from eagle3_console.observe.snapshot import Collector  # noqa: E402
-from eagle3_console.workspace import Workspace  # noqa: E402
+from eagle3_console.kernel.workspace import Workspace  # noqa: E402
 
 
 def sample_bytes(idx: int, tokens: int = 64) -> bytes:

@@ -48,8 +48,9 @@ def main() -> int:
     import eagle3_console.observe.snapshot as snapshot     # imported by the first collect
     TOTALS["imports"] = time.perf_counter() - T0
     from eagle3_console.observe import alerts
-    from eagle3_console import config, registry, runs
-    from eagle3_console.model import Snapshot
+    from eagle3_console import runs
+    from eagle3_console.kernel import config, registry
+    from eagle3_console.kernel.model import Snapshot
     from eagle3_console.monitor import procs
 
     patch(config, "load", "config")

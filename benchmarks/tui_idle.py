@@ -36,9 +36,9 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from eagle3_console import config as cfg  # noqa: E402
+from eagle3_console.kernel import config as cfg  # noqa: E402
 from eagle3_console import runs  # noqa: E402
-from eagle3_console.workspace import Workspace  # noqa: E402
+from eagle3_console.kernel.workspace import Workspace  # noqa: E402
 
 STAGE = '''\
 import sys, time

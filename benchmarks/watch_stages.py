@@ -31,10 +31,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from eagle3_console import config as cfg  # noqa: E402
+from eagle3_console.kernel import config as cfg  # noqa: E402
 from eagle3_console.cli import watchloop  # noqa: E402
 from eagle3_console.cli.ctx import Ctx  # noqa: E402
-from eagle3_console.workspace import Workspace  # noqa: E402
+from eagle3_console.kernel.workspace import Workspace  # noqa: E402
 
 
 def build(root: Path, n: int) -> Workspace:
@@ -48,7 +48,7 @@ def build(root: Path, n: int) -> Workspace:
     (root / "eagle3.toml").write_text("\n".join(lines))
     ws = Workspace(root.resolve())
     ws.ensure_state()
-    from eagle3_console.registry import Registry
+    from eagle3_console.kernel.registry import Registry
     with Registry(ws.db_path) as reg:
         for i in range(n // 2 + 1):
             name = f"s{i:03d}"

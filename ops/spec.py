@@ -257,7 +257,7 @@ class OpSpec:
 
 class ArgvOp(OpSpec):
     """The null op of a stage of the pipeline file's own argv: no params of an op,
-    no hooks; its argv and outputs are the stage's (eagle3_console/config.py)."""
+    no hooks; its argv and outputs are the stage's (eagle3_console/kernel/config.py)."""
 
     builtin = False
 

@@ -255,7 +255,7 @@ class WS:
         return proc
 
     def registry(self):
-        from eagle3_console.registry import Registry
+        from eagle3_console.kernel.registry import Registry
         return Registry(self.root / ".eagle3" / "state.db")
 
     def latest(self, stage: str):
@@ -265,7 +265,7 @@ class WS:
     def seen(self, stage: str):
         """The stage as a snapshot sees it (what the commands hand to actions.plan_restart)."""
         from eagle3_console.observe.snapshot import Collector
-        from eagle3_console.workspace import Workspace
+        from eagle3_console.kernel.workspace import Workspace
         col = Collector(Workspace.at(self.root), gpus=False)
         try:
             return col.collect().stage(stage)
@@ -274,7 +274,7 @@ class WS:
 
     def record_finished_run(self, stage: str, params: dict, status: str = "failed", ended_ago_s: float = 0.0):
         """A run in the registry as if a supervisor had recorded it (no process ran)."""
-        from eagle3_console.workspace import Workspace
+        from eagle3_console.kernel.workspace import Workspace
         w = Workspace(self.root)
         w.ensure_state()
         with self.registry() as reg:

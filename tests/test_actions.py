@@ -131,7 +131,7 @@ def test_restart_after_oom_offers_and_applies_halved_batch(ws, tmp_path):
 def test_clean_purges_a_half_written_checkpoint_directory_but_not_through_its_links(ws, tmp_path):
     # export/train leave <format>.tmp-<pid> / step_<N>.tmp-<pid> directories, not files.
     from eagle3_console import actions
-    from eagle3_console.workspace import Workspace
+    from eagle3_console.kernel.workspace import Workspace
     ws.write(EXPORT_PIPELINE)
     w = Workspace(ws.root)
     ws.record_finished_run("export", {"checkpoint": "out/ckpt", "output": "out/export"})
@@ -169,7 +169,7 @@ def test_restart_refused_while_workers_of_the_failed_run_live(ws, tmp_path):
 
 def test_two_cleans_in_the_same_second_keep_both_trash_folders(ws, tmp_path):
     from eagle3_console.actions import execute_clean, plan_clean
-    from eagle3_console.workspace import Workspace
+    from eagle3_console.kernel.workspace import Workspace
 
     ws.write(pipe(tmp_path))
     w = Workspace.at(ws.root)

@@ -4,7 +4,7 @@ snapshots (no console, no Textual)."""
 from __future__ import annotations
 
 from eagle3_console.tui import announce
-from eagle3_console.model import CRITICAL, WARNING, Alert, Snapshot
+from eagle3_console.kernel.model import CRITICAL, WARNING, Alert, Snapshot
 
 
 def snap(t: float, *alerts: Alert) -> Snapshot:

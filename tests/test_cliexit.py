@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from eagle3_console.cli.exit import CommandError, Failure, Unreadable, failure
-from eagle3_console.config import ConfigError
+from eagle3_console.kernel.config import ConfigError
 from eagle3_console.actions.policy import LockHeld
-from eagle3_console.registry import StateError
+from eagle3_console.kernel.registry import StateError
 from eagle3_console.runs import NothingToDo, Refused
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from eagle3_console import config as cfg
+from eagle3_console.kernel import config as cfg
 from tests.conftest import stage_cmd
 
 GOOD = f"""

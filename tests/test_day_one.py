@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import time
 
-from eagle3_console.model import StageStatus
+from eagle3_console.kernel.model import StageStatus
 from ops import get_spec
 from tests.conftest import stage_cmd
 from eagle3_console.tui.panes.stages import result_text

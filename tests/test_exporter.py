@@ -66,8 +66,8 @@ params = {{ drafter = "runs/export", output = "runs/bench" }}
 def seed(ws) -> None:
     """hs succeeds 10 of 10^12 expected samples (projected far beyond any disk),
     oomer fails with an out-of-memory, train and bench have runs and records."""
-    from eagle3_console.registry import Registry
-    from eagle3_console.workspace import Workspace
+    from eagle3_console.kernel.registry import Registry
+    from eagle3_console.kernel.workspace import Workspace
 
     ws.write(pipeline())
     ws.cli("run", "hs", "--force", check=0)
@@ -221,7 +221,7 @@ argv = {stage_cmd("sleeper.py", "--seconds", "60")}
         from eagle3_console.observe import exporter
         from eagle3_console.monitor.gpus import Nvml
         from eagle3_console.observe.snapshot import Collector
-        from eagle3_console.workspace import Workspace
+        from eagle3_console.kernel.workspace import Workspace
         gpus = [FakeGpu(mem_used=40 * 2**30, util=93, temp=61, power_mw=412_000, compute={{{run.pid}: 39 * 2**30}}),
                 FakeGpu()]
         col = Collector(Workspace.at({str(ws.root)!r}), nvml=Nvml(module=FakeNvml(gpus=gpus)))

@@ -42,8 +42,9 @@ def _cli_popen(ws, *args: str) -> subprocess.Popen:
 # What the TUI's `s` key does (app.action_start): runs.launch in its own process.
 TUI_START = """
 import sys
-from eagle3_console import config as cfg, runs
-from eagle3_console.workspace import Workspace
+from eagle3_console import runs
+from eagle3_console.kernel import config as cfg
+from eagle3_console.kernel.workspace import Workspace
 ws = Workspace.at(sys.argv[1])
 try:
     r = runs.launch(ws, cfg.load(ws.config_path), sys.argv[2])
@@ -206,10 +207,11 @@ depends_on = ["first"]
 def test_a_lost_op_run_with_complete_outputs_counts_as_done_for_dependents(ws):
     """Its processes ended; its record (written once at its end, after its start)
     says complete: dependents may start, and the policies do not restart it."""
-    from eagle3_console import config as cfg, runs
+    from eagle3_console import runs
+    from eagle3_console.kernel import config as cfg
     from eagle3_console.actions import policy
     from eagle3_console.observe.snapshot import Collector
-    from eagle3_console.workspace import Workspace
+    from eagle3_console.kernel.workspace import Workspace
     ws.write(EXPORT_PIPELINE + """
 [stages.after]
 argv = ["true"]
@@ -313,7 +315,7 @@ def test_deleted_state_db_under_a_live_run_is_noticed(ws):
 
 
 def test_log_files_are_never_reused(ws):
-    from eagle3_console.workspace import Workspace
+    from eagle3_console.kernel.workspace import Workspace
     ws.write(SLEEPER)
     w = Workspace(ws.root)
     w.ensure_state()

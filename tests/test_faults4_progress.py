@@ -357,7 +357,7 @@ def test_the_log_pane_counts_one_error_line_in_the_singular():
 
     from textual.app import App
 
-    from eagle3_console.model import LogState
+    from eagle3_console.kernel.model import LogState
     from eagle3_console.tui.panes.log import LogPane
 
     class Host(App):

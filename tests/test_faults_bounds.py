@@ -127,7 +127,7 @@ def test_oom_restarts_without_a_policy_stop_at_a_default_maximum(ws):
     """A chain of out-of-memory restarts (no `restart` table: the halving alone
     restarts) ends after policy.OOM_RESTARTS, whatever the batch left."""
     from eagle3_console.actions.policy import OOM_RESTARTS
-    from eagle3_console.workspace import Workspace
+    from eagle3_console.kernel.workspace import Workspace
     ws.write(f"""
 [stages.w]
 argv = {stage_cmd("sleeper.py", "--seconds", "0")}

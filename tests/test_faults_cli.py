@@ -229,7 +229,7 @@ def test_halve_batch_halves_a_memory_share(ws):
     activations no memory. Declared as the batch_param, it was refused before
     ("0.9, and a batch cannot be halved below 1"): the share is halved."""
     from eagle3_console.actions import plan_restart
-    from eagle3_console.workspace import Workspace
+    from eagle3_console.kernel.workspace import Workspace
     ws.write(SHARE_PIPELINE)
     (ws.root / "models" / "target").mkdir(parents=True)      # run refuses a target that is not there
     run = ws.record_finished_run("extract", {"input": "data/prepared", "output": "data/hs", "engine": "sglang",
@@ -262,7 +262,7 @@ def test_halve_batch_halves_an_op_stages_default_batch(ws):
     (16384, its Param's): the OOM'd run's restart with --halve-batch halved
     nothing before and started the same failing budget again."""
     from eagle3_console.actions import plan_restart
-    from eagle3_console.workspace import Workspace
+    from eagle3_console.kernel.workspace import Workspace
     from ops.extract.spec import SPEC
     ws.write(extract_pipeline(""))
     (ws.root / "models" / "target").mkdir(parents=True)      # run refuses a target that is not there

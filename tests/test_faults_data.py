@@ -339,12 +339,12 @@ def _supervised(ws: WS, argv: list[str]):
     """A run created as launch creates it, its supervisor started directly:
     what a launch that passed its checks an instant before a hold or a claim
     was taken meets."""
-    from eagle3_console.workspace import Workspace
+    from eagle3_console.kernel.workspace import Workspace
     w = Workspace(ws.root)
     w.ensure_state()
     with ws.registry() as reg:
         run = reg.create_run("w", argv, {}, {}, str(ws.root), lambda rid: w.log_path(rid, "w"))
-    from eagle3_console import config as cfg
+    from eagle3_console.kernel import config as cfg
     from eagle3_console import runs
     handoff = runs.handoff(w, cfg.load(w.config_path).stage("w"), {})
     subprocess.run([PY, "-m", "eagle3_console.runs.supervise", str(ws.root), str(run.id), handoff.to_arg()],
@@ -354,7 +354,7 @@ def _supervised(ws: WS, argv: list[str]):
 
 def test_a_supervisor_never_starts_its_stage_into_an_output_clean_holds(ws):
     from eagle3_console.actions.hold import holding
-    from eagle3_console.workspace import Workspace
+    from eagle3_console.kernel.workspace import Workspace
 
     ws.write(writer_stage("out/w", n=1))
     out = ws.root / "out" / "w"

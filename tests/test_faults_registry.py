@@ -96,7 +96,7 @@ def test_status_reads_the_exit_record_while_the_registry_is_busy(ws):
     run = ws.wait_status("short", ("running",))
     holder = _hold(ws, 60)
     try:
-        from eagle3_console import exitrecord
+        from eagle3_console.kernel import exitrecord
         wait_for(lambda: exitrecord.read(run.log_path), timeout=30)      # the supervisor saw the end
         proc = ws.cli("status", "--json", "--no-gpus", timeout=60)
         snap = json.loads(proc.stdout)

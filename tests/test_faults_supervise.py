@@ -298,9 +298,9 @@ def test_the_supervisor_claims_what_its_launch_resolved_not_the_pipeline_file_no
     """The supervisor never re-reads eagle3.toml: a run launched with outputs
     out/a claims out/a even when the file names out/b (or is broken) by the time
     its supervisor starts; the launch hands it what it resolved (Handoff)."""
-    from eagle3_console import config as cfg
+    from eagle3_console.kernel import config as cfg
     from eagle3_console import runs
-    from eagle3_console.workspace import Workspace
+    from eagle3_console.kernel.workspace import Workspace
     ws.write('[stages.w]\nargv = ["sleep", "30"]\noutputs = ["out/a"]\n')
     for name in ("a", "b"):
         (ws.root / "out" / name).mkdir(parents=True)

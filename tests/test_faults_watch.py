@@ -228,7 +228,7 @@ def test_a_watch_pass_reads_the_pipeline_file_once(ws, monkeypatch, capsys, n):
     file is said at once) and once a pass, whatever the size.
     benchmarks/watch_stages.py measures the time."""
     from eagle3_console import cli
-    from eagle3_console import config as cfg
+    from eagle3_console.kernel import config as cfg
     ws.write(_chain(n))
     loads = []
     real = cfg.load

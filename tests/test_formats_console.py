@@ -93,7 +93,7 @@ def test_an_output_without_a_format_holds_bf16(kimi):  # noqa: F811
 
 
 def test_the_progress_pane_names_the_format_and_the_bytes_a_token():
-    from eagle3_console.model import ShardProgress, StageStatus
+    from eagle3_console.kernel.model import ShardProgress, StageStatus
     from eagle3_console.tui.panes.progress import summary
 
     st = StageStatus(name="extract", op="extract", status="running")

@@ -27,7 +27,7 @@ def node(ws: WS, gib: int, pid_of_run: bool):
         from eagle3_console.observe import exporter
         from eagle3_console.monitor.gpus import Nvml
         from eagle3_console.observe.snapshot import Collector
-        from eagle3_console.workspace import Workspace
+        from eagle3_console.kernel.workspace import Workspace
         gpus = [FakeGpu(mem_used={gib} * 2**30, util=77, compute={compute}), FakeGpu()]
         col = Collector(Workspace.at({str(ws.root)!r}), nvml=Nvml(module=FakeNvml(gpus=gpus)))
         sys.exit(exporter.serve(col.collect, "127.0.0.1", 0, 1, say=lambda m: print(m, flush=True)))

@@ -13,7 +13,7 @@ import pytest
 
 from eagle3_console.monitor.gpus import MemoryRelease, Nvml, NvmlUnavailable
 from eagle3_console.monitor.procs import RunRef, attach_owners
-from eagle3_console.workspace import ENV_RUN_ID, ENV_WORKSPACE
+from eagle3_console.kernel.workspace import ENV_RUN_ID, ENV_WORKSPACE
 from tests.fake_pynvml import (GiB, NVML_ERROR_DRIVER_NOT_LOADED, NVML_ERROR_LIB_RM_VERSION_MISMATCH,
                                NVML_ERROR_LIBRARY_NOT_FOUND, NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_UNKNOWN,
                                FakeNvml)
@@ -265,7 +265,7 @@ def test_gpu_memory_no_visible_process_explains_is_one_warning(ws, procs):
     # A container sees no host pid (nothing listed, or pids it does not have):
     # kill-workers cannot reach that memory, and the snapshot says so once.
     from eagle3_console.observe.snapshot import collect
-    from eagle3_console.workspace import Workspace
+    from eagle3_console.kernel.workspace import Workspace
 
     ws.write('[stages.noop]\nargv = ["true"]\n')
     fake = FakeNvml(4)

@@ -421,7 +421,7 @@ def test_train_figures_come_from_one_source(tmp_path):
     `so far: step 30/72` (metrics) and `overall 34%` at once. The step line is
     progress too, and the record says at which step its loss was measured, not
     a second progress figure."""
-    from eagle3_console.model import StageStatus
+    from eagle3_console.kernel.model import StageStatus
     from ops.train.spec import result_line
     from eagle3_console.tui.panes.progress import bar_rows, summary
 

@@ -69,7 +69,7 @@ def test_series_stay_bounded_and_keep_the_newest(tmp_path):
 
 def test_collector_curves_in_the_tui_never_in_status_json(ws):
     from eagle3_console.observe.snapshot import Collector
-    from eagle3_console.workspace import Workspace
+    from eagle3_console.kernel.workspace import Workspace
 
     ws.write("""
 [target]
@@ -103,7 +103,7 @@ params = { data = "data/hs", vocab = "data/vocab", output = "runs/train" }
 
 
 def test_an_extractions_tok_s_history_is_its_latest_runs():
-    from eagle3_console.model import StageStatus
+    from eagle3_console.kernel.model import StageStatus
     from eagle3_console.monitor.metrics import CurveTracker
 
     tracker = CurveTracker()

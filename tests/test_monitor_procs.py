@@ -14,11 +14,11 @@ import time
 import psutil
 import pytest
 
-from eagle3_console.model import GpuInfo, GpuProcess, GpuReport
+from eagle3_console.kernel.model import GpuInfo, GpuProcess, GpuReport
 from eagle3_console.monitor import procrows
 from eagle3_console.monitor.procs import (ProcessTable, RunRef, attach_owners, owner_of,
                                           process_alive, run_processes)
-from eagle3_console.workspace import ENV_RUN_ID, ENV_WORKSPACE
+from eagle3_console.kernel.workspace import ENV_RUN_ID, ENV_WORKSPACE
 
 WS = "/ws/test"
 
@@ -439,7 +439,7 @@ WORKER_STAGE = ("import subprocess, sys, time; "
 def _collector(ws, gpu_pids: dict[int, int]):
     from eagle3_console.monitor.gpus import Nvml
     from eagle3_console.observe.snapshot import Collector
-    from eagle3_console.workspace import Workspace
+    from eagle3_console.kernel.workspace import Workspace
     from tests.fake_pynvml import FakeGpu, FakeNvml
     return Collector(Workspace.at(ws.root), nvml=Nvml(module=FakeNvml(gpus=[FakeGpu(compute=gpu_pids)])))
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from eagle3_console.model import LogFinding, LogState
+from eagle3_console.kernel.model import LogFinding, LogState
 from eagle3_console.monitor.serve import ServeMonitor, parse_metrics
 from tests.sglang_double import Double
 
@@ -246,7 +246,7 @@ def test_the_servers_accept_length_is_said_as_sglangs_own_figure(metrics, over):
     (internal_state.py). Beside a bench's AL on screen, each says which it is."""
     from rich.console import Console
 
-    from eagle3_console.model import StageStatus
+    from eagle3_console.kernel.model import StageStatus
     from eagle3_console.observe.report import serve_line
     from eagle3_console.tui.panes.progress import serve_text
     d = Double(speculative=True, accept_length=2.9, metrics=metrics).start()

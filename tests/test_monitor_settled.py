@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from eagle3_console.observe.snapshot import Collector
-from eagle3_console.workspace import Workspace
+from eagle3_console.kernel.workspace import Workspace
 
 from tests.test_monitor_shards import sample
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_console import config as cfg
-from eagle3_console.model import DiskUsage
+from eagle3_console.kernel import config as cfg
+from eagle3_console.kernel.model import DiskUsage
 from eagle3_console.monitor.disk import free_space
-from eagle3_console.workspace import Workspace
+from eagle3_console.kernel.workspace import Workspace
 from ops import layers
 from tests.conftest import ROOT
 
@@ -348,7 +348,7 @@ def test_run_checks_a_launch_once(ws, monkeypatch):
 def test_a_command_reads_the_pipeline_file_once(ws, monkeypatch):
     """The pipeline file is read once a command and handed down (run: the plan, the
     checks and the launch; restart: its snapshot, its plan and the launch)."""
-    from eagle3_console import config as cfg
+    from eagle3_console.kernel import config as cfg
 
     reads = []
     real = cfg.load

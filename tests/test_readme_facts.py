@@ -12,7 +12,7 @@ README = (ROOT / "README.md").read_text()
 
 
 def test_the_statuses_include_never_and_stale():
-    from eagle3_console.registry import RunStatus
+    from eagle3_console.kernel.registry import RunStatus
     line = README[README.index("Statuses: "):].split("\n\n")[0]
     named = set(re.findall(r"`(\w+)`", line))
     runs = {v for k, v in vars(RunStatus).items() if k.isupper() and isinstance(v, str)}

@@ -102,7 +102,7 @@ def test_two_builders_at_once_convert_once_and_leave_a_whole_folder(smollm2_dir:
 
 
 def test_demo_with_smollm2_writes_a_pipeline_on_the_converted_target(smollm2_dir: Path, ws: WS):
-    from eagle3_console import config as cfg
+    from eagle3_console.kernel import config as cfg
     from ops.prompts import read_prompts
 
     proc = ws.cli("demo", str(ws.root), "--model", "smollm2", "--no-open", timeout=300)
@@ -144,7 +144,7 @@ def test_demo_with_smollm2_without_the_extra_names_it_and_exits_3(tmp_path: Path
 
 
 def test_the_one_gpu_sglang_pipeline_of_the_real_target_loads_and_shares_the_gpu():
-    from eagle3_console import config as cfg
+    from eagle3_console.kernel import config as cfg
 
     pipe = cfg.load(ROOT / "examples" / "smollm2-h200-sglang.toml")
     assert pipe.order() == ["prompts", "serve_target", "regenerate", "prepare", "vocab", "extract", "verify",

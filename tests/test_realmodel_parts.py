@@ -219,7 +219,7 @@ def test_every_real_model_has_a_cpu_sizing_and_an_example():
 
 
 def test_the_one_gpu_sglang_pipeline_of_qwen_coder_matches_the_table_and_shares_the_gpu():
-    from eagle3_console import config as cfg
+    from eagle3_console.kernel import config as cfg
 
     pipe = cfg.load(ROOT / "examples" / "qwen-coder-1.5b-h100-sglang.toml")
     m = QWEN_CODER_1_5B
@@ -276,7 +276,7 @@ def test_the_converted_qwen_coder_is_a_qwen2_that_answers(qwen_dir: Path):
 
 
 def test_demo_qwen_writes_its_cpu_pipeline_on_the_converted_target(qwen_dir: Path, ws: WS):
-    from eagle3_console import config as cfg
+    from eagle3_console.kernel import config as cfg
 
     proc = ws.cli("demo", str(ws.root), "--model", "qwen-coder-1.5b", "--no-open", timeout=300)
     assert proc.returncode == 0, proc.stderr

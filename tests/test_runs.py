@@ -194,7 +194,7 @@ def test_stop_of_a_pending_run_keeps_its_stage_from_starting(ws):
     import threading
 
     from eagle3_console import runs
-    from eagle3_console.workspace import Workspace
+    from eagle3_console.kernel.workspace import Workspace
     marker = ws.root / "started"
     w = Workspace(ws.root)
     w.ensure_state()
@@ -241,7 +241,7 @@ params = { input = "in.jsonl", output = "out/prep", tokenizer = "tok" }
     # restart plans the same refusal before any kill is planned (a kill then a refusal would
     # leave the stage dead and not restarted).
     from eagle3_console.actions import plan_restart
-    from eagle3_console.workspace import Workspace
+    from eagle3_console.kernel.workspace import Workspace
     plan = plan_restart(Workspace.at(ws.root), "prep", None, overrides={"output": "out/keep/sub"}, kill=True)
     assert plan.refusal and "overlaps stage 'keeper'" in plan.refusal and plan.kill is None
 

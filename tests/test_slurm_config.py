@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from eagle3_console import config
+from eagle3_console.kernel import config
 from eagle3_console.runs.slurm import command
 from tests.conftest import PY, TINY_TARGET
 
@@ -178,7 +178,7 @@ def test_node_exec_fills_the_placeholders_from_the_job_step(tmp_path):
 def test_a_registry_made_before_the_job_columns_gets_them_at_open(tmp_path):
     db = tmp_path / "state.db"
     conn = sqlite3.connect(db)
-    from eagle3_console.registry import ADDED_COLUMNS, SCHEMA, Registry
+    from eagle3_console.kernel.registry import ADDED_COLUMNS, SCHEMA, Registry
     old = SCHEMA
     for name, decl in ADDED_COLUMNS.items():
         old = old.replace(f",\n    {name} {decl}", "")

@@ -218,7 +218,7 @@ def test_a_queued_job_shows_pending_with_slurms_reason_everywhere_and_stops(ws, 
     assert f"job: slurm job {st['job']['id']} PENDING (BeginTime)" in ws.cli("status", "--no-gpus").stdout
     from eagle3_console.observe.exporter import families
     from eagle3_console.observe.snapshot import Collector
-    from eagle3_console.workspace import Workspace
+    from eagle3_console.kernel.workspace import Workspace
     fams = {f.name: f for f in families(Collector(Workspace.at(ws.root), gpus=False).collect())}
     sample = fams["eagle3_stage_job"].samples[0]
     assert sample.labels == {"stage": "job", "job_id": st["job"]["id"], "state": "PENDING", "reason": "BeginTime",

@@ -14,9 +14,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from eagle3_console import config as cfg
-from eagle3_console.model import Snapshot, StageStatus
-from eagle3_console.workspace import Workspace
+from eagle3_console.kernel import config as cfg
+from eagle3_console.kernel.model import Snapshot, StageStatus
+from eagle3_console.kernel.workspace import Workspace
 from ops.estimate import Estimate
 from ops.spec import BadFiles, CurvePoint, CurveSource, Gauge, Lint, ResultView, Server, ServerParam
 

@@ -65,7 +65,7 @@ def test_a_failed_rerun_upstream_does_not_make_dependents_stale(ws):
     changed nothing the dependents were made from (its failure is its own alert)."""
     from types import SimpleNamespace
 
-    from eagle3_console.model import StageStatus
+    from eagle3_console.kernel.model import StageStatus
     from eagle3_console.observe.snapshot import mark_stale
 
     def run(stage, rid, ended):       # the two fields of a registry Run that staleness reads

@@ -122,7 +122,7 @@ def test_status_json_imports_neither_textual_nor_torch(ws):
 
 
 def test_bench_result_line_says_when_it_is_an_earlier_runs():
-    from eagle3_console.model import StageStatus
+    from eagle3_console.kernel.model import StageStatus
 
     def result_line(st):
         return st.result_said()         # what `status` prints under its table

@@ -231,5 +231,5 @@ def test_eagle3_console_is_at_most_8_layers_deep():
     layer = layers_deep(top_level_graph())
     deepest = max(layer.values())
     assert deepest <= MAX_LAYERS, sorted(layer.items(), key=lambda kv: -kv[1])
-    for wing in ("cli", "tui", "actions", "observe", "runs", "monitor"):
+    for wing in ("cli", "tui", "actions", "observe", "runs", "monitor", "kernel"):
         assert wing in layer, f"eagle3_console.{wing} is gone"

@@ -10,9 +10,9 @@ import pytest
 from textual.widgets import Button, Footer, Input
 
 from eagle3_console import runs
-from eagle3_console import config as cfg
+from eagle3_console.kernel import config as cfg
 from eagle3_console.monitor.procs import process_alive
-from eagle3_console.workspace import Workspace
+from eagle3_console.kernel.workspace import Workspace
 from tests.conftest import wait_for
 from tests.test_tui_helpers import (GiB, make_app, pane_text, pipeline, rendered, run, select, stage_of,
                                      wait_until)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_console.registry import Registry
-from eagle3_console.workspace import Workspace
+from eagle3_console.kernel.registry import Registry
+from eagle3_console.kernel.workspace import Workspace
 from tests.conftest import stage_cmd
 from tests.test_tui_helpers import make_app, pane_text, run, wait_until
 

@@ -25,10 +25,10 @@ from pathlib import Path
 import pytest
 
 from eagle3_console.tui.app import ConsoleApp
-from eagle3_console.model import Curves
+from eagle3_console.kernel.model import Curves
 from eagle3_console.monitor.gpus import Nvml
 from eagle3_console.observe.snapshot import Collector
-from eagle3_console.workspace import Workspace
+from eagle3_console.kernel.workspace import Workspace
 from tests import fake_pynvml
 from tests.conftest import exclusive
 from tests.test_tui_helpers import busy_gpus, frozen, seed_runs, seeded_pipeline, select, wait_until

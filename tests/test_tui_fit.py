@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_console.registry import Registry
-from eagle3_console.workspace import Workspace
+from eagle3_console.kernel.registry import Registry
+from eagle3_console.kernel.workspace import Workspace
 from tests.test_tui_bench import BENCH
 from tests.test_tui_helpers import make_app, pane_text, run, select, wait_until
 from eagle3_console.tui.panes.body import Body

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import threading
 
-from eagle3_console import config as cfg
+from eagle3_console.kernel import config as cfg
 from eagle3_console import runs
 from eagle3_console.monitor.procs import process_alive
-from eagle3_console.workspace import Workspace
+from eagle3_console.kernel.workspace import Workspace
 from tests.conftest import stage_cmd
 from tests.test_tui import confirm, open_dialog, plan_text, progress_text
 from tests.test_tui_helpers import make_app, run, select, stage_of, wait_until

@@ -12,9 +12,9 @@ from typing import Any, Callable
 
 from eagle3_console.tui.app import ConsoleApp, Frozen
 from eagle3_console.monitor.gpus import Nvml
-from eagle3_console.registry import Registry
+from eagle3_console.kernel.registry import Registry
 from eagle3_console.observe.snapshot import Collector
-from eagle3_console.workspace import Workspace
+from eagle3_console.kernel.workspace import Workspace
 from tests import fake_pynvml
 from tests.conftest import stage_cmd
 

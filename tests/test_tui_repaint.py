@@ -10,7 +10,7 @@ import asyncio
 from textual.app import App, ComposeResult
 from textual.widgets import Static
 
-from eagle3_console.model import LogState, StageStatus
+from eagle3_console.kernel.model import LogState, StageStatus
 from eagle3_console.tui.panes.body import retitle
 from eagle3_console.tui.panes.log import LogPane
 from eagle3_console.tui.panes.stages import StageTable
@@ -162,7 +162,7 @@ def test_columns_give_way_on_a_narrow_table_and_come_back(tmp_path):
             await pilot.pause()
             failed = [StageStatus(name="extract", op="extract", status="failed", run_id=2, started=T0, ended=T0 + 60,
                                   exit_code=1, progress=0.75)]
-            from eagle3_console.model import LogFinding, LogState
+            from eagle3_console.kernel.model import LogFinding, LogState
             # Out of memory as the snapshot finds it (model.oom_finding: the log's finding).
             failed[0].log = LogState(path="extract.log", findings={"oom": LogFinding("oom", "CUDA out of memory")})
             table.show(failed, T0 + 70)

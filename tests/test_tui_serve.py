@@ -4,9 +4,9 @@ launch_server (tests/fake_launch_server.py) serving the SGLang test double."""
 
 from __future__ import annotations
 
-from eagle3_console import config as cfg
+from eagle3_console.kernel import config as cfg
 from eagle3_console import runs
-from eagle3_console.workspace import Workspace
+from eagle3_console.kernel.workspace import Workspace
 from tests.test_serve_e2e import free_port, pipeline
 from tests.test_tui_helpers import make_app, pane_text, run, wait_until
 

@@ -17,7 +17,7 @@ import pytest
 from eagle3_console.tui.app import ConsoleApp
 from eagle3_console.monitor.gpus import Nvml
 from eagle3_console.observe.snapshot import Collector
-from eagle3_console.workspace import Workspace
+from eagle3_console.kernel.workspace import Workspace
 from tests import fake_pynvml
 from eagle3_console.tui.panes.body import Body
 from tests.test_tui_helpers import busy_gpus, frozen, seed_runs, seeded_pipeline, wait_until

@@ -14,10 +14,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from eagle3_console import config as cfg
+from eagle3_console.kernel import config as cfg
 from eagle3_console import runs
 from eagle3_console.monitor.procs import process_alive
-from eagle3_console.workspace import Workspace
+from eagle3_console.kernel.workspace import Workspace
 from tests.conftest import wait_for
 from tests.test_tui_helpers import pipeline
 

@@ -8,7 +8,7 @@ import io
 from rich.console import Console
 
 from eagle3_console.observe import alerts
-from eagle3_console.model import DiskUsage, Snapshot
+from eagle3_console.kernel.model import DiskUsage, Snapshot
 from eagle3_console.observe.report import print_status
 from ops.units import human_bytes, human_duration
 from eagle3_console.tui.panes import fmt

@@ -27,15 +27,15 @@ from typing import Iterator
 import psutil
 
 from eagle3_console.runs import claims
-from eagle3_console import config as cfg
+from eagle3_console.kernel import config as cfg
 from eagle3_console import runs
 from eagle3_console.runs import vouch
 from eagle3_console.actions import hold
-from eagle3_console.fstree import Changed, Dest, Entry, Root, ident
+from eagle3_console.kernel.fstree import Changed, Dest, Entry, Root, ident
 from eagle3_console.monitor.procs import ProcessTable, RunRef
-from eagle3_console.registry import Registry, Run, RunStatus
-from eagle3_console.units import human_bytes
-from eagle3_console.workspace import Workspace
+from eagle3_console.kernel.registry import Registry, Run, RunStatus
+from eagle3_console.kernel.units import human_bytes
+from eagle3_console.kernel.workspace import Workspace
 from ops.extract.spec import partial_files as sample_partials
 
 TMP_SUFFIXES = (".tmp", ".partial", ".incomplete")

@@ -24,8 +24,8 @@ from typing import Iterator
 import psutil
 
 from eagle3_console.runs import claims
-from eagle3_console.refused import Refused
-from eagle3_console.workspace import Workspace
+from eagle3_console.kernel.refused import Refused
+from eagle3_console.kernel.workspace import Workspace
 
 ACTION = "clean"
 

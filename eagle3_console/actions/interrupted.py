@@ -4,7 +4,7 @@ interrupted: recorded `started` before it acts, and `interrupted: SIGTERM`
 the action's own record. The CLI wraps execute_clean / execute_kill in it.
 
 SIGTERM and SIGHUP are turned into an exception in the main thread
-(eagle3_console/interrupts.py, which `stop` uses too), so the action unwinds
+(eagle3_console/kernel/interrupts.py, which `stop` uses too), so the action unwinds
 through its own cleanup (open folders closed, locks released) instead of dying
 between two files; what was done stays done.
 """
@@ -16,10 +16,10 @@ import signal
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
-from eagle3_console.interrupts import Interrupted, Signalled, held_off, signals_raise, signum_of
-from eagle3_console.refused import Refused
-from eagle3_console.registry import Registry
-from eagle3_console.workspace import Workspace
+from eagle3_console.kernel.interrupts import Interrupted, Signalled, held_off, signals_raise, signum_of
+from eagle3_console.kernel.refused import Refused
+from eagle3_console.kernel.registry import Registry
+from eagle3_console.kernel.workspace import Workspace
 
 
 @contextmanager

@@ -16,12 +16,12 @@ from typing import Any, Callable
 import psutil
 
 from eagle3_console import runs
-from eagle3_console.model import GpuReport
+from eagle3_console.kernel.model import GpuReport
 from eagle3_console.monitor.procs import ProcessTable, ProcInfo, RunRef
-from eagle3_console.registry import EXITED, MAY_BE_ALIVE, Registry
+from eagle3_console.kernel.registry import EXITED, MAY_BE_ALIVE, Registry
 from eagle3_console.runs.stopper import end_run_record
-from eagle3_console.units import human_bytes
-from eagle3_console.workspace import Workspace
+from eagle3_console.kernel.units import human_bytes
+from eagle3_console.kernel.workspace import Workspace
 
 
 @dataclass

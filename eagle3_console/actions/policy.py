@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from eagle3_console import actions
-from eagle3_console import config as cfg
+from eagle3_console.kernel import config as cfg
 from eagle3_console import runs
 from eagle3_console.actions.restart import can_halve
-from eagle3_console.endclock import seconds_since_end
-from eagle3_console.model import Snapshot, StageOnly, oom_finding
-from eagle3_console.registry import ACTIVE, Registry, RunStatus
+from eagle3_console.kernel.endclock import seconds_since_end
+from eagle3_console.kernel.model import Snapshot, StageOnly, oom_finding
+from eagle3_console.kernel.registry import ACTIVE, Registry, RunStatus
 from eagle3_console.actions.watchlock import LockHeld, WatchLock
-from eagle3_console.workspace import Workspace
+from eagle3_console.kernel.workspace import Workspace
 
 __all__ = ["LockHeld", "WatchLock", "apply", "advance", "decide", "ready", "restart_pending", "settled",
            "start_driver"]

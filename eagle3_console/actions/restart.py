@@ -10,14 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from eagle3_console import config as cfg
+from eagle3_console.kernel import config as cfg
 from eagle3_console import runs
 from eagle3_console.actions.kill import KillPlan, execute_kill, plan_kill
 from eagle3_console.monitor.procs import ProcessTable, RunRef
 from eagle3_console.runs.plan import disk_line
-from eagle3_console.model import StageStatus, oom_finding
-from eagle3_console.registry import Registry, Run, RunStatus
-from eagle3_console.workspace import Workspace
+from eagle3_console.kernel.model import StageStatus, oom_finding
+from eagle3_console.kernel.registry import Registry, Run, RunStatus
+from eagle3_console.kernel.workspace import Workspace
 from ops.spec import refusing
 
 

@@ -17,8 +17,8 @@ import errno
 import fcntl
 import os
 
-from eagle3_console.registry import StateError
-from eagle3_console.workspace import Workspace
+from eagle3_console.kernel.registry import StateError
+from eagle3_console.kernel.workspace import Workspace
 
 
 class LockHeld(Exception):

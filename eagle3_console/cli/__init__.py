@@ -128,7 +128,7 @@ def run(argv: list[str], fast: bool = True) -> None:
     """The command line; fast=False sends `status --json` through typer too (tests compare the two)."""
     args = status_json_args(argv) if fast else None
     from eagle3_console.cli import out
-    from eagle3_console import registrybusy
+    from eagle3_console.kernel import registrybusy
     registrybusy.notice = out.warn          # a busy state database is said while it is waited for
     try:
         if args is not None:

@@ -16,7 +16,7 @@ from typing import Iterator
 import typer
 
 from eagle3_console.cli import opts
-from eagle3_console import config as cfg
+from eagle3_console.kernel import config as cfg
 from eagle3_console.cli.exit import EXIT_CRITICAL, EXIT_OK, CommandError
 from eagle3_console.cli.ctx import collect, ctx_of
 from eagle3_console.cli.out import Unwritable, out, say, warn
@@ -117,7 +117,7 @@ def _restart_removed(c, stage: str, kill: bool, yes: bool) -> None:
     with --kill its run is killed (as kill-workers does); it is never started
     again, since eagle3.toml no longer says how (exit 3)."""
     from eagle3_console import actions
-    from eagle3_console.refused import Refused
+    from eagle3_console.kernel.refused import Refused
     gone = f"stage {stage!r} is no longer in {c.ws.config_path}"
     if not kill:
         raise Refused(f"{gone}; its run still lives: stop it (`stop {stage}`, or `restart {stage} --kill`)", code=3)

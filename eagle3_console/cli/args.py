@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Iterable, Optional
 
-from eagle3_console.workspace import ENV_WORKSPACE
+from eagle3_console.kernel.workspace import ENV_WORKSPACE
 
 WORKSPACE_FLAGS = ("-w", "--workspace")
 

@@ -23,7 +23,7 @@ from eagle3_console.cli import actions, args, opts, runs
 from eagle3_console.cli.exit import EXIT_CRITICAL, CommandError
 from eagle3_console.cli.ctx import Ctx, collect, ctx_of, status_json
 from eagle3_console.cli.out import closed_pipe, out, reader_gone, say
-from eagle3_console.workspace import ENV_WORKSPACE, Workspace
+from eagle3_console.kernel.workspace import ENV_WORKSPACE, Workspace
 
 app = typer.Typer(cls=opts.ExitCodeGroup, add_completion=False, no_args_is_help=False, rich_markup_mode=None,
                   help="Operations console for training EAGLE-3 drafters. No command: open the console (TUI).\n\n"

@@ -16,12 +16,12 @@ import sqlite3
 from pathlib import Path
 from typing import Any, Optional
 
-from eagle3_console import config as cfg
+from eagle3_console.kernel import config as cfg
 from eagle3_console.cli import exit
 from eagle3_console.cli.exit import Unreadable
 from eagle3_console.cli.out import closed_pipe, reader_gone
-from eagle3_console.registry import StateError
-from eagle3_console.workspace import Workspace
+from eagle3_console.kernel.registry import StateError
+from eagle3_console.kernel.workspace import Workspace
 
 
 class Ctx:
@@ -49,7 +49,7 @@ class Ctx:
         if name in pipe.stages:
             return pipe.stages[name]
         from eagle3_console.runs.liveness import stage_alive
-        from eagle3_console.registry import Registry, RunStatus
+        from eagle3_console.kernel.registry import Registry, RunStatus
         if self.ws.db_path.exists():
             with Registry(self.ws.db_path) as reg:
                 run = reg.latest(name)

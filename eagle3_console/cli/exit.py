@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Optional
 
 from eagle3_console.cli.out import Unwritable, out, warn, write_failed
-from eagle3_console.config import ConfigError
-from eagle3_console.registry import StateError
+from eagle3_console.kernel.config import ConfigError
+from eagle3_console.kernel.registry import StateError
 
 EXIT_OK, EXIT_WARNING, EXIT_CRITICAL, EXIT_UNKNOWN, EXIT_LOCKED = 0, 1, 2, 3, 75
 EXIT_BAD_INPUT = EXIT_UNKNOWN       # bad input is UNKNOWN: an error to fix, no refusal

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import BinaryIO, Callable, TextIO
 
-from eagle3_console.text import printable as text_printable
+from eagle3_console.kernel.text import printable as text_printable
 
 WINDOW = 8 << 20
 MAX_LINE = 8 << 10
@@ -272,7 +272,7 @@ def gone_message(run, path: Path) -> str:
 def run_ended(db_path: Path, run_id: int) -> Callable[[], str | None]:
     """For follow(): None while run `run_id` (or, when its supervisor is lost,
     its stage process) lives, then its status line."""
-    from eagle3_console.registry import Registry, RunStatus
+    from eagle3_console.kernel.registry import Registry, RunStatus
     from eagle3_console.runs import reconcile, stage_alive
 
     def ended() -> str | None:

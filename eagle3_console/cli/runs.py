@@ -16,11 +16,11 @@ from typing import Callable, Optional
 import typer
 
 from eagle3_console.cli import opts
-from eagle3_console import config as cfg
+from eagle3_console.kernel import config as cfg
 from eagle3_console.cli.exit import EXIT_CRITICAL, EXIT_OK, CommandError
 from eagle3_console.cli.ctx import Ctx, ctx_of
 from eagle3_console.cli.out import out, say, warn
-from eagle3_console.registry import Registry, RunStatus, id_path
+from eagle3_console.kernel.registry import Registry, RunStatus, id_path
 
 
 def run(ctx: typer.Context, stage: str,
@@ -66,7 +66,7 @@ def stop(ctx: typer.Context, stage: str,
                                      callback=opts.seconds())) -> None:
     """SIGTERM the stage's process group, SIGKILL after the grace period."""
     from eagle3_console import runs
-    from eagle3_console.interrupts import Interrupted
+    from eagle3_console.kernel.interrupts import Interrupted
     from eagle3_console.runs.stopper import Survivors
     c = ctx_of(ctx)
     c.stage_or_live(stage)
@@ -144,7 +144,7 @@ def events(ctx: typer.Context,
            as_json: bool = typer.Option(False, "--json", help="As JSON: each entry with its targets, "
                                                                 "repeats and first_time.")) -> None:
     """The audit log, newest first: who stopped, killed, cleaned or restarted what, and how it went."""
-    from eagle3_console.eventlog import fold
+    from eagle3_console.kernel.eventlog import fold
     c = ctx_of(ctx)
     # Enough records that a run of identical refusals (a cron pass each) folds whole.
     rows = fold(_read_registry(c, lambda reg: reg.events(stage, min(limit * 50, 100_000))), limit)

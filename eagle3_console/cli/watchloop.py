@@ -21,11 +21,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from eagle3_console import config as cfg
+from eagle3_console.kernel import config as cfg
 from eagle3_console.actions import policy
 from eagle3_console.cli.exit import Unreadable
 from eagle3_console.cli.ctx import Ctx, collect
-from eagle3_console.registry import StateError
+from eagle3_console.kernel.registry import StateError
 
 
 @dataclass

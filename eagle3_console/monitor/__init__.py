@@ -1,5 +1,5 @@
 """Monitors: samplers that read the system and return the plain dataclasses of
-eagle3_console.model, never touching the UI. They sit between the runs (what
+eagle3_console.kernel.model, never touching the UI. They sit between the runs (what
 was launched) and snapshot.collect() (the one truth for the TUI and JSON):
 gpus (NVML), procs (which processes are a run's; their rows: procrows), hosts
 (other nodes' GPUs, read from their exporters), and the file-side ones here:

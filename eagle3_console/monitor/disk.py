@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from eagle3_console.model import DiskUsage
+from eagle3_console.kernel.model import DiskUsage
 from eagle3_console.monitor.tree import TreeIndex
 
 

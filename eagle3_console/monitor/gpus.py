@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from eagle3_console.model import GpuInfo, GpuProcess, GpuReport
+from eagle3_console.kernel.model import GpuInfo, GpuProcess, GpuReport
 
 # NVML's "not available" marker for per-process memory (pynvml turns it into
 # None, older versions and other wrappers pass the raw value through).

@@ -36,8 +36,8 @@ import re
 import time
 from typing import Any, Callable
 
-from eagle3_console.model import GpuInfo, GpuProcess, HostGpus
-from eagle3_console.text import clip
+from eagle3_console.kernel.model import GpuInfo, GpuProcess, HostGpus
+from eagle3_console.kernel.text import clip
 
 READ_TIMEOUT_S = 2.0
 MAX_BYTES = 8 << 20

@@ -49,7 +49,7 @@ from __future__ import annotations
 import re
 import time
 
-from eagle3_console.model import LogFinding, LogState
+from eagle3_console.kernel.model import LogFinding, LogState
 
 SUPERVISOR_PREFIX = "[eagle3-console]"
 

@@ -37,9 +37,9 @@ from dataclasses import replace
 from itertools import accumulate
 from pathlib import Path
 
-from eagle3_console.model import LogFinding, LogState
+from eagle3_console.kernel.model import LogFinding, LogState
 from eagle3_console.monitor.logparse import LineParser
-from eagle3_console.text import ANSI
+from eagle3_console.kernel.text import ANSI
 
 CHUNK = 1 << 20
 FIRST_OPEN_BYTES = 1 << 20

@@ -19,8 +19,8 @@ import os
 from pathlib import Path
 from typing import Callable
 
-from eagle3_console.model import Curves, StageStatus
-from eagle3_console.registry import RunStatus
+from eagle3_console.kernel.model import Curves, StageStatus
+from eagle3_console.kernel.registry import RunStatus
 from ops.spec import CurvePoint, CurveSource
 
 MAX_POINTS = 512

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
-from eagle3_console.workspace import ENV_REGISTRY, ENV_RUN_ID, ENV_STAGE, ENV_WORKSPACE
+from eagle3_console.kernel.workspace import ENV_REGISTRY, ENV_RUN_ID, ENV_STAGE, ENV_WORKSPACE
 
 # psutil derives create_time from /proc/<pid>/stat start ticks (1/100 s) plus
 # the boot time; two readings of one process agree far inside this.

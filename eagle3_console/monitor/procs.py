@@ -33,7 +33,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from eagle3_console.model import GpuReport
+from eagle3_console.kernel.model import GpuReport
 from eagle3_console.monitor.procrows import (CREATE_TIME_TOL_S, Row, all_rows, env_key, forget_envs,
                                              process_alive, read_cmdline, read_row, run_env)
 

@@ -46,7 +46,7 @@ import json
 import re
 import time
 
-from eagle3_console.model import LogState, ServeState, ServeStatus
+from eagle3_console.kernel.model import LogState, ServeState, ServeStatus
 from eagle3_console.monitor.logparse import line_time
 from ops.readiness import HEALTH, SERVE_READY_TIMEOUT_S, Readiness
 from ops.units import human_duration

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from eagle3_console.model import ShardCount, ShardProgress
+from eagle3_console.kernel.model import ShardCount, ShardProgress
 from eagle3_console.monitor import rate, settled
 from eagle3_console.monitor.layouts import layout_of
 from eagle3_console.monitor.outputjson import OutputJson

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import re
 
-from eagle3_console.model import (CRITICAL, WARNING, Alert, GpuInfo, LogState, ServeStatus, Snapshot,
+from eagle3_console.kernel.model import (CRITICAL, WARNING, Alert, GpuInfo, LogState, ServeStatus, Snapshot,
                                   StageStatus, oom_finding)
-from eagle3_console.registry import MAY_BE_ALIVE, RunStatus
-from eagle3_console.slurmparams import SLURM_UNANSWERED
-from eagle3_console.units import human_bytes
+from eagle3_console.kernel.registry import MAY_BE_ALIVE, RunStatus
+from eagle3_console.kernel.slurmparams import SLURM_UNANSWERED
+from eagle3_console.kernel.units import human_bytes
 
 LOW_FREE_FRACTION = 0.05
 

@@ -28,8 +28,8 @@ from typing import Any, Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import CollectorRegistry
 
-from eagle3_console.model import LEVEL_EXIT, Snapshot, StageOnly, StageStatus
-from eagle3_console.registry import RunStatus
+from eagle3_console.kernel.model import LEVEL_EXIT, Snapshot, StageOnly, StageStatus
+from eagle3_console.kernel.registry import RunStatus
 
 STATUSES = (StageOnly.NEVER, *RunStatus)       # a stage's: never ran, else its latest run's
 HEALTH = ("ok", "warning", "critical", "unknown")

@@ -12,10 +12,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from eagle3_console.model import ServeStatus, Snapshot, StageStatus
+from eagle3_console.kernel.model import ServeStatus, Snapshot, StageStatus
 from ops.estimate import KIND_LABEL, si_bytes
-from eagle3_console.registry import RunStatus
-from eagle3_console.units import human_bytes, human_duration
+from eagle3_console.kernel.registry import RunStatus
+from eagle3_console.kernel.units import human_bytes, human_duration
 
 LEVEL_STYLE = {"ok": "green", "warning": "yellow", "critical": "bold red", "unknown": "magenta"}
 STATUS_STYLE = {RunStatus.RUNNING: "cyan", RunStatus.SUCCEEDED: "green", RunStatus.FAILED: "bold red",

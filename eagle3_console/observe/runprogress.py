@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from eagle3_console.model import StageStatus
+from eagle3_console.kernel.model import StageStatus
 from eagle3_console.monitor.shards import ShardMonitor
-from eagle3_console.registry import Run, RunStatus
+from eagle3_console.kernel.registry import Run, RunStatus
 
 
 def disk_fraction(fraction: float | None, mon: ShardMonitor) -> float | None:

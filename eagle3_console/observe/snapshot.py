@@ -16,23 +16,23 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_console.observe import alerts
-from eagle3_console import config as cfg
+from eagle3_console.kernel import config as cfg
 from eagle3_console.runs import plan
 from eagle3_console import runs as runs_mod
 from eagle3_console.runs.liveness import as_recorded
 from eagle3_console.runs.serve_deps import serve_monitor
-from eagle3_console.model import DiskUsage, GpuReport, JobInfo, Snapshot, StageOnly, StageStatus
+from eagle3_console.kernel.model import DiskUsage, GpuReport, JobInfo, Snapshot, StageOnly, StageStatus
 from eagle3_console.monitor.disk import DiskMonitor
 from eagle3_console.monitor.logs import LogFollower
 from eagle3_console.monitor.procs import ProcessTable, RunRef, attach_owners, orphans, process_alive
 from eagle3_console.monitor.shards import ShardMonitor
 from eagle3_console.monitor.shards import fraction as shard_fraction
 from eagle3_console.observe.runprogress import disk_fraction, from_log, run_own_since
-from eagle3_console.registry import ACTIVE, Registry, Run, RunStatus, id_path
+from eagle3_console.kernel.registry import ACTIVE, Registry, Run, RunStatus, id_path
 from eagle3_console.observe.records import RecordReader
 from eagle3_console.observe.savedmonitors import SavedMonitors
 from eagle3_console.runs.vouch import vanished
-from eagle3_console.workspace import Workspace
+from eagle3_console.kernel.workspace import Workspace
 
 class Collector:
     def __init__(self, ws: Workspace, nvml: Any = None, persist: bool = False, gpus: bool = True,

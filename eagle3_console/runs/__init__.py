@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from eagle3_console.refused import NothingToDo, Refused
+from eagle3_console.kernel.refused import NothingToDo, Refused
 from eagle3_console.runs.launching import dry_run, handoff, launch, launch_argv, lints, prelaunch
 from eagle3_console.runs.liveness import reconcile, stage_alive
 from eagle3_console.runs.outputs import check_outputs_apart, output_paths

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 from eagle3_console.runs.vouch import manifest_path, record_present, write_manifest
-from eagle3_console.workspace import Workspace
+from eagle3_console.kernel.workspace import Workspace
 from ops.common import CLAIM_FILE
 
 if TYPE_CHECKING:  # status --json reads claims and must not pay for subprocess (threading)

@@ -18,10 +18,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from eagle3_console.config import Pipeline, Stage
-from eagle3_console.model import ServeState
-from eagle3_console.refused import Refused
-from eagle3_console.registry import Registry, Run, RunStatus
+from eagle3_console.kernel.config import Pipeline, Stage
+from eagle3_console.kernel.model import ServeState
+from eagle3_console.kernel.refused import Refused
+from eagle3_console.kernel.registry import Registry, Run, RunStatus
 from eagle3_console.runs import claims
 from eagle3_console.runs.handoff import Handoff
 from eagle3_console.runs.outputs import check_outputs_apart, output_paths
@@ -29,7 +29,7 @@ from eagle3_console.runs.params import stage_params
 from eagle3_console.runs.plan import Preflight, context, preflight
 from eagle3_console.runs.startcheck import check_can_start
 from eagle3_console.runs.vouch import records_files
-from eagle3_console.workspace import Workspace
+from eagle3_console.kernel.workspace import Workspace
 from ops.spec import refusing
 
 

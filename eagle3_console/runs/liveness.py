@@ -11,11 +11,11 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from eagle3_console import exitrecord
-from eagle3_console.endclock import mark_end
+from eagle3_console.kernel import exitrecord
+from eagle3_console.kernel.endclock import mark_end
 from eagle3_console.monitor.procs import ProcessTable, RunRef, process_alive
-from eagle3_console.registry import Registry, Run, RunStatus
-from eagle3_console.slurmparams import SLURM
+from eagle3_console.kernel.registry import Registry, Run, RunStatus
+from eagle3_console.kernel.slurmparams import SLURM
 
 PENDING_GRACE_S = 30.0
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from eagle3_console.config import Pipeline, Stage
-from eagle3_console.refused import Refused
-from eagle3_console.workspace import Workspace
+from eagle3_console.kernel.config import Pipeline, Stage
+from eagle3_console.kernel.refused import Refused
+from eagle3_console.kernel.workspace import Workspace
 
 
 def output_paths(ws: Workspace, stage: Stage, params: dict[str, Any], guarded: list | None = None) -> list[str]:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from eagle3_console.config import Pipeline, Stage
-from eagle3_console.refused import Refused
+from eagle3_console.kernel.config import Pipeline, Stage
+from eagle3_console.kernel.refused import Refused
 from ops.spec import value_type_error
 
 

@@ -16,13 +16,13 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from eagle3_console.config import Pipeline, Stage
-from eagle3_console.model import DiskUsage
+from eagle3_console.kernel.config import Pipeline, Stage
+from eagle3_console.kernel.model import DiskUsage
 from eagle3_console.monitor.disk import free_space, room_for
 from eagle3_console.monitor.tree import TreeIndex
 from eagle3_console.runs.outputs import output_paths
-from eagle3_console.units import human_bytes
-from eagle3_console.workspace import Workspace
+from eagle3_console.kernel.units import human_bytes
+from eagle3_console.kernel.workspace import Workspace
 from ops.estimate import Estimate
 from ops.spec import EstimateContext, Upstream
 
@@ -133,7 +133,7 @@ def downstream(pipe: Pipeline, name: str) -> list[str]:
 def rerun_warnings(ws: Workspace, pipe: Pipeline, stage: Stage) -> list[str]:
     """`run` on a stage whose last run succeeded: what the TUI's start dialog asks, said
     (its outputs are complete; the downstream stages with complete outputs become stale)."""
-    from eagle3_console.registry import Registry, RunStatus, id_path
+    from eagle3_console.kernel.registry import Registry, RunStatus, id_path
     if not (ws.db_path.exists() or id_path(ws.db_path).exists()):
         return []
     with Registry(ws.db_path) as reg:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from eagle3_console.config import Stage
-from eagle3_console.model import ServeState, ServeStatus
-from eagle3_console.registry import Run
+from eagle3_console.kernel.config import Stage
+from eagle3_console.kernel.model import ServeState, ServeStatus
+from eagle3_console.kernel.registry import Run
 
 
 def serve_monitor(spec: Any, params: dict[str, Any], run: Run) -> Any:

@@ -12,16 +12,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eagle3_console.config import Pipeline, Stage
-from eagle3_console.model import ServeState
+from eagle3_console.kernel.config import Pipeline, Stage
+from eagle3_console.kernel.model import ServeState
 from eagle3_console.monitor.procs import ProcessTable, orphans
-from eagle3_console.refused import Refused
-from eagle3_console.registry import Registry, Run, RunStatus
+from eagle3_console.kernel.refused import Refused
+from eagle3_console.kernel.registry import Registry, Run, RunStatus
 from eagle3_console.runs.liveness import leftover_workers, reconcile, stage_alive
 from eagle3_console.runs.outputs import output_paths
 from eagle3_console.runs.vouch import vanished
-from eagle3_console.slurmparams import SLURM
-from eagle3_console.workspace import Workspace
+from eagle3_console.kernel.slurmparams import SLURM
+from eagle3_console.kernel.workspace import Workspace
 from ops.common import read_json
 
 

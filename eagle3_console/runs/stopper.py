@@ -32,11 +32,11 @@ import psutil
 
 from eagle3_console.runs.liveness import reconcile, stage_alive
 from eagle3_console.monitor.procs import LEADER, PGID, TREE, ProcessTable, RunRef, process_alive, run_processes
-from eagle3_console.interrupts import Interrupted, Signalled, held_off, signals_raise, signum_of
-from eagle3_console.refused import NothingToDo, Refused
-from eagle3_console.registry import Registry, Run, RunStatus
-from eagle3_console.slurmparams import SLURM
-from eagle3_console.workspace import Workspace
+from eagle3_console.kernel.interrupts import Interrupted, Signalled, held_off, signals_raise, signum_of
+from eagle3_console.kernel.refused import NothingToDo, Refused
+from eagle3_console.kernel.registry import Registry, Run, RunStatus
+from eagle3_console.kernel.slurmparams import SLURM
+from eagle3_console.kernel.workspace import Workspace
 
 POLL_S = 0.1
 AFTER_KILL_S = 5.0       # SIGKILL is not refused; a process in uninterruptible sleep takes a while

@@ -25,11 +25,11 @@ import psutil
 
 from eagle3_console.runs.claims import Claim
 from eagle3_console.runs.handoff import Handoff
-from eagle3_console.endclock import mark_end, stamp
-from eagle3_console.exitrecord import ExitRecord
-from eagle3_console.registry import Registry, RunStatus
-from eagle3_console.slurmparams import SLURM
-from eagle3_console.workspace import ENV_REGISTRY, ENV_RUN_ID, ENV_STAGE, ENV_WORKSPACE, Workspace
+from eagle3_console.kernel.endclock import mark_end, stamp
+from eagle3_console.kernel.exitrecord import ExitRecord
+from eagle3_console.kernel.registry import Registry, RunStatus
+from eagle3_console.kernel.slurmparams import SLURM
+from eagle3_console.kernel.workspace import ENV_REGISTRY, ENV_RUN_ID, ENV_STAGE, ENV_WORKSPACE, Workspace
 
 
 # How long the supervisor retries the registry with a full disk; after that the

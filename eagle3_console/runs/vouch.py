@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eagle3_console.fstree import Root
-from eagle3_console.registry import RunStatus
-from eagle3_console.workspace import Workspace
+from eagle3_console.kernel.fstree import Root
+from eagle3_console.kernel.registry import RunStatus
+from eagle3_console.kernel.workspace import Workspace
 from ops.common import CLAIM_FILE
 
 VOUCHED_DIR = "vouched"

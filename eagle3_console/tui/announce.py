@@ -14,7 +14,7 @@ with hand-built ones.
 
 from __future__ import annotations
 
-from eagle3_console.model import CRITICAL, Alert, Snapshot
+from eagle3_console.kernel.model import CRITICAL, Alert, Snapshot
 
 # An OOM (or NCCL error) seen this long before a stage's exit still explains it.
 CAUSE_WINDOW_S = 120.0

@@ -22,7 +22,7 @@ from textual.app import App
 
 from eagle3_console.tui.host import Frozen
 from eagle3_console.tui.screen import ConsoleScreen
-from eagle3_console.workspace import Workspace
+from eagle3_console.kernel.workspace import Workspace
 
 REFRESH_S = 1.0
 STOP_GRACE_S = 10.0

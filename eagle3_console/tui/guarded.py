@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from eagle3_console import actions
-from eagle3_console import config as cfg
+from eagle3_console.kernel import config as cfg
 from eagle3_console import runs
-from eagle3_console.model import Snapshot, StageOnly, StageStatus, oom_finding
-from eagle3_console.registry import EXITED, MAY_BE_ALIVE, Registry, RunStatus
-from eagle3_console.workspace import Workspace
+from eagle3_console.kernel.model import Snapshot, StageOnly, StageStatus, oom_finding
+from eagle3_console.kernel.registry import EXITED, MAY_BE_ALIVE, Registry, RunStatus
+from eagle3_console.kernel.workspace import Workspace
 from eagle3_console.tui.dialogs import DialogSpec, Option
 
 COMPLETE = (RunStatus.SUCCEEDED, StageOnly.STALE)      # the stage's outputs exist and are whole

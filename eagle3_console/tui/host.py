@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-from eagle3_console.workspace import Workspace
+from eagle3_console.kernel.workspace import Workspace
 
 # Reproducible screens (snapshot tests, screenshots in docs): a fixed clock and host.
 ENV_FROZEN_TIME = "EAGLE3_CONSOLE_FROZEN_TIME"

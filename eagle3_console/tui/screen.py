@@ -31,10 +31,10 @@ from textual.screen import Screen
 from textual.widgets import Footer
 
 from eagle3_console.tui import announce
-from eagle3_console import config as cfg
+from eagle3_console.kernel import config as cfg
 from eagle3_console import runs
-from eagle3_console.model import Snapshot, StageStatus
-from eagle3_console.registry import MAY_BE_ALIVE, RunStatus
+from eagle3_console.kernel.model import Snapshot, StageStatus
+from eagle3_console.kernel.registry import MAY_BE_ALIVE, RunStatus
 from eagle3_console.tui.guarded import ACTIONS, Context, Guarded, refused_spec
 from eagle3_console.tui.dialogs import ActionDialog, DialogSpec, Option, QuitDialog
 from eagle3_console.tui.panes.disk import DiskPane

@@ -14,7 +14,7 @@ import pytest
 
 from eagle3_console.monitor.procs import RunRef, attach_owners
 from eagle3_console.observe.alerts import unaccounted_gpu_memory as _unaccounted_gpu_memory
-from eagle3_console.workspace import ENV_RUN_ID, ENV_WORKSPACE
+from eagle3_console.kernel.workspace import ENV_RUN_ID, ENV_WORKSPACE
 
 GiB = 1 << 30
 HOLD = 2 * GiB

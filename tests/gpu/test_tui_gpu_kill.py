@@ -35,10 +35,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from eagle3_console import config as cfg
+from eagle3_console.kernel import config as cfg
 from eagle3_console import runs
 from eagle3_console.tui.app import ConsoleApp
-from eagle3_console.workspace import Workspace
+from eagle3_console.kernel.workspace import Workspace
 from tests.conftest import STAGES
 from tests.test_tui import confirm, open_dialog, plan_text, progress_text
 from tests.test_tui_helpers import run, select, stage_of, wait_until

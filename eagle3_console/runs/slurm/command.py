@@ -21,7 +21,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
-from eagle3_console.slurmparams import check, how_it_spreads
+from eagle3_console.kernel.slurmparams import check, how_it_spreads
 
 HEAD = "%EAGLE3_HEAD%"             # the allocation's first node
 NODE_RANK = "%EAGLE3_NODE_RANK%"   # this node's SLURM_NODEID

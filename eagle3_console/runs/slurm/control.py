@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import time
 
-from eagle3_console.refused import NothingToDo, Refused
-from eagle3_console.registry import Registry, Run, RunStatus
+from eagle3_console.kernel.refused import NothingToDo, Refused
+from eagle3_console.kernel.registry import Registry, Run, RunStatus
 from eagle3_console.runs.slurm import jobs
 from eagle3_console.runs.slurm.supervise import POLL_S, finish_values, note, unanswered
-from eagle3_console.slurmparams import SLURM_UNANSWERED
+from eagle3_console.kernel.slurmparams import SLURM_UNANSWERED
 
 AFTER_KILL_S = 30.0
 RECONCILE_TIMEOUT_S = 3.0    # status and the TUI reconcile: a hung controller costs them this much at most          # a node's slurmd reports the steps' end in a few seconds; a dead node takes longer

@@ -22,7 +22,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from eagle3_console.registry import RunStatus
+from eagle3_console.kernel.registry import RunStatus
 
 QUERY_TIMEOUT_S = 10.0
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",

@@ -17,8 +17,8 @@ import signal
 import sqlite3
 import time
 
-from eagle3_console.registry import Registry, RunStatus
-from eagle3_console.slurmparams import JOB_NOT_SUBMITTED, SLURM_UNANSWERED, SlurmParams
+from eagle3_console.kernel.registry import Registry, RunStatus
+from eagle3_console.kernel.slurmparams import JOB_NOT_SUBMITTED, SLURM_UNANSWERED, SlurmParams
 from eagle3_console.runs.slurm import jobs, script
 
 POLL_S = 2.0

@@ -15,7 +15,7 @@ from typing import Sequence
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.text import Text
 
-from eagle3_console.model import Curves, StageStatus
+from eagle3_console.kernel.model import Curves, StageStatus
 from eagle3_console.tui.panes import fmt
 from eagle3_console.tui.panes.body import Body
 

@@ -11,8 +11,8 @@ from rich.progress_bar import ProgressBar
 from rich.text import Text
 from textual.containers import VerticalScroll
 
-from eagle3_console.model import DiskUsage
-from eagle3_console.units import si_bytes
+from eagle3_console.kernel.model import DiskUsage
+from eagle3_console.kernel.units import si_bytes
 from eagle3_console.tui.panes import fmt
 from eagle3_console.tui.panes.body import Body, retitle
 

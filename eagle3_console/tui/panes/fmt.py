@@ -8,7 +8,7 @@ from __future__ import annotations
 import signal as _signal
 from datetime import datetime
 
-from eagle3_console.units import human_bytes, human_duration
+from eagle3_console.kernel.units import human_bytes, human_duration
 
 DASH = "-"
 

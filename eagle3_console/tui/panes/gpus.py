@@ -18,7 +18,7 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.renderables.sparkline import Sparkline
 
-from eagle3_console.model import GpuInfo, GpuReport, HostGpus
+from eagle3_console.kernel.model import GpuInfo, GpuReport, HostGpus
 from eagle3_console.tui.panes import fmt
 from eagle3_console.tui.panes.body import Body, retitle
 

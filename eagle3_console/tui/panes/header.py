@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from eagle3_console.model import LEVEL_RANK, Snapshot
+from eagle3_console.kernel.model import LEVEL_RANK, Snapshot
 from eagle3_console.tui.panes import fmt
 
 HEALTH_STYLE = {"ok": "bold green", "warning": "bold yellow", "critical": "bold white on red",

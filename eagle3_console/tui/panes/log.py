@@ -19,7 +19,7 @@ from textual.message import Message
 from textual.strip import Strip
 from textual.widgets import Input, Log
 
-from eagle3_console.model import LogState
+from eagle3_console.kernel.model import LogState
 from eagle3_console.tui.panes.body import retitle
 
 # What an operator must not miss in a scrolling log (the scenario's OOM, NCCL

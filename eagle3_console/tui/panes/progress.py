@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.containers import VerticalScroll
 
-from eagle3_console.model import RunStatus, ServeStatus, StageOnly, StageStatus
+from eagle3_console.kernel.model import RunStatus, ServeStatus, StageOnly, StageStatus
 from eagle3_console.tui.panes import fmt
 from eagle3_console.tui.panes.body import Body, retitle
 from eagle3_console.tui.panes.curves import CurvesBody

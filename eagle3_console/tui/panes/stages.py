@@ -15,7 +15,7 @@ from rich.text import Text
 from textual.message import Message
 from textual.widgets import DataTable
 
-from eagle3_console.model import RunStatus, ServeStatus, StageOnly, StageStatus, oom_finding
+from eagle3_console.kernel.model import RunStatus, ServeStatus, StageOnly, StageStatus, oom_finding
 from eagle3_console.tui.panes import fmt
 from eagle3_console.tui.panes.body import retitle
 

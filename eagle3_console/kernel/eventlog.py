@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from eagle3_console.registry import Event
+from eagle3_console.kernel.registry import Event
 
 
 @dataclass

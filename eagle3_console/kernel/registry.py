@@ -16,8 +16,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Iterator
 
-from eagle3_console.model import ACTIVE, EXITED, MAY_BE_ALIVE, RunStatus  # noqa: F401 - the registry's words
-from eagle3_console.registrybusy import STEP_S, WAIT_S, PatientConnection
+from eagle3_console.kernel.model import ACTIVE, EXITED, MAY_BE_ALIVE, RunStatus  # noqa: F401 - the registry's words
+from eagle3_console.kernel.registrybusy import STEP_S, WAIT_S, PatientConnection
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3_console import configchecks
-from eagle3_console.configchecks import MAX_DEPTH, too_deep
-from eagle3_console.entry import EntryError
-from eagle3_console import slurmparams as slurm_params
-from eagle3_console.workspace import Workspace
+from eagle3_console.kernel import configchecks
+from eagle3_console.kernel.configchecks import MAX_DEPTH, too_deep
+from eagle3_console.kernel.entry import EntryError
+from eagle3_console.kernel import slurmparams as slurm_params
+from eagle3_console.kernel.workspace import Workspace
 from ops import KNOWN_OPS, get_spec
 from ops.spec import ARGV_OP, DTYPE_BYTES, OpSpec
 

@@ -14,7 +14,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 # The GPUs' plain data has a module of its own; their names are the model's.
-from eagle3_console.model.gpus import GpuInfo, GpuProcess, GpuReport, HostGpus  # noqa: F401
+from eagle3_console.kernel.model.gpus import GpuInfo, GpuProcess, GpuReport, HostGpus  # noqa: F401
 
 if TYPE_CHECKING:
     from ops.spec import Gauge, ResultView

@@ -16,8 +16,8 @@ import math
 import re
 from typing import Any, Iterator
 
-from eagle3_console.entry import EntryError, str_list
-from eagle3_console.text import printable
+from eagle3_console.kernel.entry import EntryError, str_list
+from eagle3_console.kernel.text import printable
 
 # A day: longer than any backoff an operator means (and what `watch --interval` takes at most).
 MAX_BACKOFF_S = 86400.0

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from eagle3_console.entry import EntryError, expect, str_list
+from eagle3_console.kernel.entry import EntryError, expect, str_list
 from ops.params import Param
 
 # A slurm run's job_state when sbatch never took the job (its job_reason says why), and

@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from eagle3_console.registry import EXITED
+from eagle3_console.kernel.registry import EXITED
 
 SIZE = 1024
 SUFFIX = ".exit"
