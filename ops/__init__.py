@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 
-from ops.spec import ARGV_OP, OpSpec
+from ops.spec import OpSpec
 
 KNOWN_OPS = ("prepare", "vocab", "extract", "verify", "train", "export", "bench", "serve", "regenerate")
 
@@ -27,12 +27,3 @@ def get_spec(name: str) -> OpSpec:
     except ModuleNotFoundError as exc:
         raise KeyError(f"op {name!r} is not built yet ({exc})") from exc
     return module.SPEC
-
-
-def spec_of(name: str | None) -> OpSpec:
-    """The spec of a built-in op; for a custom stage (no op) or an unknown name
-    the null op (ops.spec.ARGV_OP), whose hooks say nothing."""
-    try:
-        return get_spec(name) if name else ARGV_OP
-    except KeyError:
-        return ARGV_OP
