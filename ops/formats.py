@@ -11,6 +11,8 @@ import re
 import struct
 from pathlib import Path
 
+from ops.common import TMP_SUFFIX
+
 SHARD_ROWS = 2000
 DATA_CONFIG = "data_config.json"
 SAMPLE_LENGTHS = "sample_lengths.json"
@@ -99,6 +101,28 @@ def check_whole(path: Path, size: int | None = None) -> dict:
     if actual < expected:
         raise BadSampleFile(f"{path}: truncated ({actual} of {expected} bytes)")
     return header
+
+
+def partial_samples(root: Path) -> list[Path]:
+    """The partial leftovers of a sample output: temp files, and sample files
+    that are truncated or unreadable (extract's, and a custom stage's that
+    writes this layout: what `clean` moves; a whole sample is a resume point)."""
+    out: list[Path] = []
+    if not root.is_dir():
+        return out
+    for path in sorted(root.rglob("*")):
+        if path.is_symlink() or not path.is_file():
+            continue
+        if path.name.endswith(TMP_SUFFIX):
+            out.append(path)
+            continue
+        m = SAMPLE_RE.match(path.name)
+        if m and m.group(2) == "safetensors":
+            try:
+                check_whole(path)
+            except BadSampleFile:
+                out.append(path)
+    return out
 
 
 def tokens_in_header(header: dict) -> int | None:

@@ -123,6 +123,17 @@ def describe(fmt: str, dtype: str) -> str:
     return f"bf16 ({dtype} as computed)"
 
 
+def stored_as(config: dict) -> str:
+    """The format a data_config.json says its states are in, in words: bf16
+    stores them as computed, in the run's dtype, so a float32 target's are
+    float32 (said "bf16" alone, they read as bfloat16). No format: bf16."""
+    fmt, dtype = config.get("format"), config.get("dtype")
+    fmt = DEFAULT if fmt is None else str(fmt)
+    if fmt == BF16 and isinstance(dtype, str) and dtype not in ("bfloat16", "bf16"):
+        return f"bf16 (stored as computed: {dtype})"
+    return fmt
+
+
 def format_params(fmt: str, hidden: int) -> dict:
     """What data_config.json records of the format beside its name."""
     if fmt == FP8:

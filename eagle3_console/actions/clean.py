@@ -36,7 +36,7 @@ from eagle3_console.monitor.procs import ProcessTable, RunRef
 from eagle3_console.kernel.registry import Registry, Run, RunStatus
 from eagle3_console.kernel.units import human_bytes
 from eagle3_console.kernel.workspace import Workspace
-from ops.extract.spec import partial_files as sample_partials
+from ops.formats import partial_samples
 
 TMP_SUFFIXES = (".tmp", ".partial", ".incomplete")
 
@@ -143,7 +143,7 @@ def _collect(plan: CleanPlan, stage: cfg.Stage, run: Run, roots: list[Path], vou
         with root:
             if stage.spec.builtin or stage.expected_samples is not None:
                 # The op's own rule; a custom stage writing the hidden-state layout: whole samples are resume points.
-                lister = stage.spec.partial_files if stage.spec.builtin else sample_partials
+                lister = stage.spec.partial_files if stage.spec.builtin else partial_samples
                 _admit_paths(plan, root, lister(root_path))
                 why = "temp files and truncated or unreadable samples"
                 continue

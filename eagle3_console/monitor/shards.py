@@ -43,6 +43,7 @@ from eagle3_console.monitor.outputjson import OutputJson
 from eagle3_console.monitor.samplefiles import SampleFiles
 from eagle3_console.monitor.tree import TreeIndex
 from ops.formats import SAMPLE_LENGTHS, SHARD_DIR_RE
+from ops.hidden_formats import stored_as
 
 
 class ShardMonitor:
@@ -167,19 +168,13 @@ class ShardMonitor:
         return len(recent), per_dir, tokens
 
     def _format(self, layout: str) -> str | None:
-        """What the states are stored as: data_config.json's format, where "bf16"
-        (as computed, in the run's dtype) names the dtype written when that is
-        not bfloat16 (a float32 target's states said bf16 were float32); an
-        output of this layout without one holds bf16 (written before formats)."""
+        """What the states are stored as, in words (ops/hidden_formats.py stored_as:
+        bf16 names the run's dtype where that is not bfloat16); an eagle3 output
+        whose data_config.json names no format holds bf16, another says nothing."""
         config = self.root_json.config
-        fmt = config.get("format")
-        if fmt is None and not (layout == "eagle3" and config):
+        if config.get("format") is None and not (layout == "eagle3" and config):
             return None
-        fmt = "bf16" if fmt is None else str(fmt)
-        dtype = config.get("dtype")
-        if fmt == "bf16" and isinstance(dtype, str) and dtype not in ("bfloat16", "bf16"):
-            return f"bf16 (stored as computed: {dtype})"
-        return fmt
+        return stored_as(config)
 
     def _rate(self, now: float, done: int, tokens: int | None) -> rate.Rate:
         if self.run_started is not None:

@@ -25,8 +25,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ops.formats import DATA_CONFIG, SAMPLE_LENGTHS, SAMPLE_RE, SHARD_DIR_RE, BadDataConfig, BadSampleFile, \
-    read_data_config, read_safetensors_header, tokens_in_header
+from ops.formats import (DATA_CONFIG, SAMPLE_LENGTHS, SAMPLE_RE, SHARD_DIR_RE, BadDataConfig, BadSampleFile,
+                         read_data_config, read_safetensors_header, tokens_in_header)
 from ops import hidden_formats
 
 KEYS = ("input_ids", "loss_mask", "aux_hidden_states", "final_hidden_states")

@@ -98,8 +98,8 @@ def tokens_and_source(ctx: EstimateContext) -> tuple[int | None, str]:
         lengths = lengths[:limit]
     cap = max_len if max_len is not None else max(lengths, default=0)
     cut = sum(min(x, cap) for x in lengths)
-    said = (f"the first {len(lengths):,} samples" if cut_samples else f"{len(lengths):,} samples") + \
-        (f" cut at max_seq_len {max_len:,}" if cut_len else "")
+    said = ((f"the first {len(lengths):,} samples" if cut_samples else f"{len(lengths):,} samples")
+            + (f" cut at max_seq_len {max_len:,}" if cut_len else ""))
     return cut, f"{said} of prepare's samples.safetensors in {ctx.path('input')}"
 
 

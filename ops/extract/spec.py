@@ -17,21 +17,12 @@ from ops.extract.layer_plan import layer_line, layer_lints
 from ops.extract.sizes import (MAX_SEQ_LEN, aux_layer_count, estimate_bytes,  # noqa: F401
                                expected_samples, expected_tokens)
 from ops.hidden_formats import DEFAULT as DEFAULT_FORMAT
-from ops.hidden_formats import FORMATS
-from ops.common import TMP_SUFFIX
-from ops.formats import DATA_CONFIG, SAMPLE_RE, BadSampleFile, check_whole
+from ops.hidden_formats import FORMATS, stored_as
+from ops.formats import DATA_CONFIG, partial_samples
 from ops.spec import EstimateContext, OpSpec, Param
 from ops.target_params import DEVICE, DTYPE, LAYER_IDS
 from ops.units import human_bytes
 
-
-def stored_as(config: dict) -> str:
-    """The format as written: "bf16" stores the states as computed, in the run's dtype,
-    so a float32 target's are float32 (the panes said bf16)."""
-    fmt, dtype = str(config.get("format", "bf16")), config.get("dtype")
-    if fmt == "bf16" and isinstance(dtype, str) and dtype not in ("bfloat16", "bf16"):
-        return f"bf16 (stored as computed: {dtype})"
-    return fmt
 
 def target_lints(ctx: EstimateContext) -> list:
     """[target].path must be there: every rank loads it (8 ranks started on a
@@ -120,23 +111,8 @@ class Extract(OpSpec):
         return "sglang" if params.get("engine") == "sglang" else "torchrun"
 
     def partial_files(self, root: Path) -> list[Path]:
-        """Temp files and sample files that are truncated or unreadable."""
-        out: list[Path] = []
-        if not root.is_dir():
-            return out
-        for path in sorted(root.rglob("*")):
-            if path.is_symlink() or not path.is_file():
-                continue
-            if path.name.endswith(TMP_SUFFIX):
-                out.append(path)
-                continue
-            m = SAMPLE_RE.match(path.name)
-            if m and m.group(2) == "safetensors":
-                try:
-                    check_whole(path)
-                except BadSampleFile:
-                    out.append(path)
-        return out
+        """Temp files and sample files that are truncated or unreadable (ops/formats.py)."""
+        return partial_samples(root)
 
     def result_line(self, config: dict) -> str | None:
         """data_config.json once complete: the counts and the layers, in the
@@ -170,6 +146,5 @@ class Extract(OpSpec):
 
 
 SPEC = Extract()
-# Read by others as they were before the class: clean's sample partials, the tests' line.
-partial_files = SPEC.partial_files
+# The record's line under a name of the module's own (the tests import it).
 result_line = SPEC.result_line

@@ -72,8 +72,8 @@ def train(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
         info.claim(start.run.token, plan.train_ids, plan.held, args.resume)
         info.wait_for_producer_config()
     step = load_resumed(start, model, opt, sched, place.device)
-    ddp = DDP(model, device_ids=[place.local_rank] if place.use_cuda else None, broadcast_buffers=False) \
-        if place.world > 1 else model
+    ddp = (DDP(model, device_ids=[place.local_rank] if place.use_cuda else None, broadcast_buffers=False)
+           if place.world > 1 else model)
     write_train_config(place, output, dict(meta_base, run=start.run.to_dict(), args=vars(args)))
     loop = Loop(args, place, info, plan, model, ddp, levers, view, opt, sched, report, meta_base, start, cleanup)
     exit_code = loop.run(step)

@@ -46,9 +46,9 @@ def bound_words(online: dict) -> str:
     spool = "spool_cap" in online
     side = ("bound by the " + ("producer" if spool else "target's forward") if online.get("bound") == "target"
             else "bound by the drafter's step")
-    words = (f"{'producer' if spool else 'target forward'} {target:.0f} tok/s, " if target else "") + \
-        f"drafter step {online.get('drafter_tok_s', 0):.0f} tok/s; {side} (the drafter waited " \
-        f"{100 * online.get('wait_share', 0):.0f} % of the window"
+    words = ((f"{'producer' if spool else 'target forward'} {target:.0f} tok/s, " if target else "")
+             + f"drafter step {online.get('drafter_tok_s', 0):.0f} tok/s; {side} (the drafter waited "
+             f"{100 * online.get('wait_share', 0):.0f} % of the window")
     if spool:
         from ops.spool import fill_words
 

@@ -132,8 +132,8 @@ class DevicePrefetcher:
         self.cuda = device.type == "cuda"
         # The thread's current device is its own (CUDA's is per host thread):
         # resolved here, where the caller has set it, and set there once.
-        self.index = (device.index if device.index is not None else torch.cuda.current_device()) \
-            if self.cuda else None
+        self.index = ((device.index if device.index is not None else torch.cuda.current_device())
+                      if self.cuda else None)
         self.stream = torch.cuda.Stream(self.index) if self.cuda else None
         self.queue: queue.Queue = queue.Queue(maxsize=depth)
         self.wait_s = 0.0

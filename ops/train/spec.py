@@ -236,5 +236,5 @@ class Train(OpSpec):
 
 
 SPEC = Train()
-# Read by others as it was before the class (the tests' line).
+# The record's line under a name of the module's own (the tests import it).
 result_line = SPEC.result_line

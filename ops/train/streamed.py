@@ -161,8 +161,8 @@ class StreamedData:
     def window(self, elapsed: float, waited: float, tokens: int) -> dict:
         beat = self.producer() or {}
         blocked = float(beat.get("blocked_s") or 0.0)
-        blocked_share = min(1.0, max(0.0, blocked - self._beat.get("blocked_s", blocked)) / elapsed) \
-            if self._beat else 0.0
+        blocked_share = (min(1.0, max(0.0, blocked - self._beat.get("blocked_s", blocked)) / elapsed)
+                         if self._beat else 0.0)
         self._beat = {"blocked_s": blocked}
         wait_share = min(1.0, waited / elapsed)
         used, cap = sp.spool_bytes(self.root), beat.get("cap")
