@@ -7,6 +7,7 @@ console's runs and log monitors read. Nothing here imports torch.
 - BadInput + run_main(): the exit-code contract (0 ok, 2 bad input with a
   message that names the file/line/key, 1 any other failure);
 - write_json_atomic(): a file that exists is whole (temp name, then rename);
+- unvouched_files(): the partial leftovers of a payload and the record that vouches for it;
 - progress(): tqdm lines (`N/M [elapsed<eta, X it/s]`) the log monitor parses.
 """
 
@@ -96,6 +97,20 @@ def read_json(path: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def unvouched_files(root: Path, record: str, payload: str) -> list[Path]:
+    """Partial files of an op that writes one payload file and then a JSON record
+    saying `"status": "complete"` (prepare: samples + summary; vocab: mapping +
+    vocab.json): its temp files, and the payload when no complete record vouches
+    for it."""
+    if not root.is_dir():
+        return []
+    out = sorted(p for p in root.iterdir() if p.name.endswith(TMP_SUFFIX) and p.is_file())
+    complete = (read_json(root / record) or {}).get("status") == "complete"
+    if not complete and (root / payload).is_file():
+        out.append(root / payload)
+    return out
 
 
 def load_json_file(path: Path, error: type[Exception], missing_hint: str) -> Any:

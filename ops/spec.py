@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from ops.common import TMP_SUFFIX, read_json
+from ops.common import read_json
 from ops.params import REQUIRED, Param, ParamSet  # noqa: F401 - REQUIRED and Param are the specs' words
 
 if TYPE_CHECKING:
@@ -66,21 +66,6 @@ class EstimateContext:
         return None if base is None else read_json(base / name)
 
 
-
-def unvouched_files(root: Path, record: str, payload: str) -> list[Path]:
-    """Partial files of an op that writes one payload file and then a JSON record
-    saying `"status": "complete"` (prepare: samples + summary; vocab: mapping +
-    vocab.json): its temp files, and the payload when no complete record vouches
-    for it."""
-    if not root.is_dir():
-        return []
-    out = sorted(p for p in root.iterdir() if p.name.endswith(TMP_SUFFIX) and p.is_file())
-    complete = (read_json(root / record) or {}).get("status") == "complete"
-    if not complete and (root / payload).is_file():
-        out.append(root / payload)
-    return out
-
-
 class OpSpec:
     """A stage's op as the console sees it, without running it: a base class whose
     hooks answer for an op that has nothing to say (harlequin's adapter pattern).
@@ -124,6 +109,9 @@ class OpSpec:
     bad_files: BadFiles | None = None
     # A built-in op (False: ArgvOp, a stage of the pipeline file's own argv).
     builtin: bool = True
+    # The files under its output are its progress: an earlier run's count for the
+    # next (extract resumes from them), and a count of none is none done.
+    output_is_progress: bool = True
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)
@@ -177,12 +165,31 @@ class OpSpec:
         under torchrun); by default the argv as it is."""
         return argv
 
+    def output_values(self, params: dict[str, Any], declared: list[str]) -> list[str]:
+        """The stage's output roots as written (not yet resolved): its output_params'
+        values; `declared` (the stage's own `outputs`) serves a stage of its own argv."""
+        return [str(params[p]) for p in self.output_params if params.get(p)]
+
+    def partial_rule(self, declared_samples: int | None) -> Callable[[Path], list[Path]] | None:
+        """How `clean` finds partial leftovers under an output root (the op's: partial_files);
+        None: no rule knows them, its runs' manifests say which files are whose."""
+        return self.partial_files
+
+    def shard_progress(self, expected_samples: int | None) -> bool:
+        """Whether progress is counted from sample files under the first output."""
+        return self.progress == "shards"
+
     def spreads(self, params: dict[str, Any]) -> str | None:
         """How the op spreads over several nodes (a slurm stage's nodes, gpus_per_node),
         given its params: "torchrun" (torch.distributed's RANK / WORLD_SIZE), "sglang"
         (SGLang's own --nnodes / --node-rank / --dist-init-addr, through its extra_args
         param); None: one process on one node."""
         return None
+
+    def one_node(self, params: dict[str, Any]) -> bool:
+        """Whether it runs as one process on one node (a slurm stage of several
+        nodes is refused): an op that says no way to spread (spreads: None)."""
+        return self.spreads(params) is None
 
     def lint(self, ctx: EstimateContext, gpus: list[int] | None) -> list[Lint]:
         """runs.lints (`run`, before a launch): what is wrong with the params; an error refuses."""
@@ -257,9 +264,31 @@ class OpSpec:
 
 class ArgvOp(OpSpec):
     """The null op of a stage of the pipeline file's own argv: no params of an op,
-    no hooks; its argv and outputs are the stage's (eagle3_console/kernel/config.py)."""
+    no hooks; its argv and outputs are the stage's (eagle3_console/kernel/config.py).
+    Of a program it does not know, it answers from what the stage's entry declares."""
 
     builtin = False
+    # Its output may hold a previous run's files (an OOM restart, a rerun): only its
+    # run's own count, and one that found none says nothing (its log does).
+    output_is_progress = False
+
+    def output_values(self, params: dict[str, Any], declared: list[str]) -> list[str]:
+        return list(declared)
+
+    def partial_rule(self, declared_samples: int | None) -> Callable[[Path], list[Path]] | None:
+        """A stage that declares expected_samples writes the hidden-state layout:
+        its whole samples are resume points, the rest is partial (ops/formats.py)."""
+        from ops.formats import partial_samples
+
+        return partial_samples if declared_samples is not None else None
+
+    def shard_progress(self, expected_samples: int | None) -> bool:
+        """Counted from its sample files where it says how many to expect."""
+        return expected_samples is not None
+
+    def one_node(self, params: dict[str, Any]) -> bool:
+        """Its own program spreads as it likes (srun, its own launcher)."""
+        return False
 
 
 ARGV_OP = ArgvOp()

@@ -36,7 +36,6 @@ from eagle3_console.monitor.procs import ProcessTable, RunRef
 from eagle3_console.kernel.registry import Registry, Run, RunStatus
 from eagle3_console.kernel.units import human_bytes
 from eagle3_console.kernel.workspace import Workspace
-from ops.formats import partial_samples
 
 TMP_SUFFIXES = (".tmp", ".partial", ".incomplete")
 
@@ -135,16 +134,16 @@ def _collect(plan: CleanPlan, stage: cfg.Stage, run: Run, roots: list[Path], vou
     """Fill the plan with the partial files under `roots`; returns what "partial" meant."""
     why = vouched.why if vouched else ""
     since = (run.started or run.created) - 1.0
+    # The op's own rule; a custom stage writing the hidden-state layout: whole samples are resume points.
+    rule = stage.spec.partial_rule(stage.expected_samples)
     for root_path in roots:
         try:
             root = Root(root_path)
         except OSError:
             continue            # absent (nothing written), or no longer a folder
         with root:
-            if stage.spec.builtin or stage.expected_samples is not None:
-                # The op's own rule; a custom stage writing the hidden-state layout: whole samples are resume points.
-                lister = stage.spec.partial_files if stage.spec.builtin else partial_samples
-                _admit_paths(plan, root, lister(root_path))
+            if rule is not None:
+                _admit_paths(plan, root, rule(root_path))
                 why = "temp files and truncated or unreadable samples"
                 continue
             for e in root.walk():
@@ -157,7 +156,7 @@ def _collect(plan: CleanPlan, stage: cfg.Stage, run: Run, roots: list[Path], vou
                         _admit(plan, root, e)
                 elif e.mtime_ns / 1e9 >= since:
                     _admit(plan, root, e)
-    if stage.spec.builtin or stage.expected_samples is not None:
+    if rule is not None:
         return "temp files and truncated or unreadable samples"
     return why or f"temp files and files written since run {run.id} started (by the clock: no run recorded its files)"
 

@@ -139,7 +139,7 @@ def how_it_spreads(stage: Any, params: dict[str, Any]) -> str | None:
 def check(stage: Any, params: dict[str, Any]) -> str | None:
     """Why these slurm params cannot run this stage, or None."""
     sp = stage.slurm
-    if sp.nodes > 1 and stage.spec.builtin and how_it_spreads(stage, params) is None:
+    if sp.nodes > 1 and stage.spec.one_node(params):
         return (f"op {stage.op!r} runs as one process on one node; expected slurm.nodes = 1 "
                 f"(got {sp.nodes})")
     return None

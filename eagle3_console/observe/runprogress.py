@@ -62,6 +62,6 @@ def run_own_since(spec: Any, run: Run | None) -> int | None:
     wrote (ns since its start). Its output may hold a previous run's files (an
     OOM restart, a rerun): they read 100 % (41/40) from the first second, and
     a failed run 100 %. An op's own output is its progress (extract resumes)."""
-    if spec.builtin or run is None or run.started is None or run.status == RunStatus.SUCCEEDED:
+    if spec.output_is_progress or run is None or run.started is None or run.status == RunStatus.SUCCEEDED:
         return None
     return int(run.started * 1e9)

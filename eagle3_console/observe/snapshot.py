@@ -257,7 +257,7 @@ class Collector:
         est = plan.disk_estimate(self.ws, pipe, stage, params)
         estimate = None if est is None else est.bytes
         disks: list[DiskUsage] = []
-        uses_shards = spec.progress == "shards" or (not spec.builtin and expected is not None)
+        uses_shards = spec.shard_progress(expected)
         fraction: float | None = None
         if outs and uses_shards and (run or Path(outs[0]).exists()):
             tokens = spec.expected_tokens(ctx)
@@ -268,7 +268,7 @@ class Collector:
             # A custom stage whose files match neither its pattern nor a known
             # layout counts nothing: its log says how far it is (0/40 next to
             # the log's 21/40 was a count that disagreed).
-            if spec.builtin or sp.samples_done:
+            if spec.output_is_progress or sp.samples_done:
                 st.shards = sp
                 # In tokens once they are known (extract takes samples longest first): the
                 # disk projection below and its disk_short alert follow the same fraction.

@@ -18,10 +18,7 @@ def output_paths(ws: Workspace, stage: Stage, params: dict[str, Any], guarded: l
     """The stage's output roots for these params, normalised (Workspace.resolve);
     an output that is the workspace or its state folder is refused (exit 3),
     whether it came from the pipeline file, a `--set` or a recorded run."""
-    if stage.spec.builtin:
-        outs = [str(params[p]) for p in stage.spec.output_params if params.get(p)]
-    else:
-        outs = list(stage.outputs)
+    outs = stage.spec.output_values(params, stage.outputs)
     paths = [ws.resolve(o) for o in outs]
     for raw, p in zip(outs, paths):
         problem = ws.output_problem(p, guarded)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ops.spec import EstimateContext, OpSpec, Param, unvouched_files
+from ops.common import unvouched_files
+from ops.spec import EstimateContext, OpSpec, Param
 
 # samples.safetensors holds 5 bytes a token (int32 id + uint8 mask); English
 # text runs ~4 bytes a token, JSON adds its keys: ~1.25 x the input, rounded up.

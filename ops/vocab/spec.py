@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ops.spec import EstimateContext, OpSpec, Param, unvouched_files
+from ops.common import unvouched_files
+from ops.spec import EstimateContext, OpSpec, Param
 
 VOCAB = "vocab.safetensors"
 VOCAB_JSON = "vocab.json"
