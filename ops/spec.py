@@ -100,7 +100,7 @@ class OpSpec:
     module: str | None = None
     # plan.disk_estimate's words for estimate_bytes' rule ("about 1.5 x the input file's size").
     estimate_rule: str | None = None
-    # Params naming a serving stage whose URL another param gets (bench's server -> url): runs.bind_servers.
+    # Params naming a serving stage whose URL another param gets (bench's server -> url): runs/params.py bind_servers.
     server_params: tuple[ServerParam, ...] = ()
     # Step records under the first output the console plots (monitor/metrics.py: train's metrics.jsonl).
     curves: CurveSource | None = None

@@ -29,7 +29,8 @@ def recorded(ws: Workspace, action: str, stage: str, run_id: int | None, what: s
     the action got, asked only after an interruption."""
     # The handlers first, the `started` record inside the try: a signal landing
     # right after that record is committed (or while it is written) still gets
-    # its `interrupted` end; before, it left `started` alone and said nothing.
+    # its `interrupted` end (with the handlers set after it, such a signal would
+    # leave `started` alone and say nothing).
     signum = None
     try:
         with signals_raise():

@@ -72,8 +72,8 @@ class Stage:
     expected_samples: int | None = None
     estimate_bytes: int | None = None
     sample_glob: str | None = None      # a custom stage's sample files under its first output (fnmatch)
-    launcher: str = "local"             # local (the supervisor's process group) | slurm (a job: eagle3_console/slurm/)
-    slurm: Any = None                   # slurm.params.SlurmParams of a slurm stage
+    launcher: str = "local"             # local (the supervisor's process group) | slurm (a job: runs/slurm/)
+    slurm: Any = None                   # kernel/slurmparams.py SlurmParams of a slurm stage
 
     @property
     def spec(self) -> OpSpec:

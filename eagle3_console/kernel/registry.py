@@ -72,7 +72,7 @@ _ACTIVE_SQL = ", ".join(f"'{s}'" for s in ACTIVE)
 # Columns added after the first release, with their declarations: a registry
 # made before them gets them at open (ALTER TABLE), its rows the defaults.
 ADDED_COLUMNS = {
-    "launcher": "TEXT NOT NULL DEFAULT 'local'",     # local | slurm (eagle3_console/slurm/)
+    "launcher": "TEXT NOT NULL DEFAULT 'local'",     # local | slurm (eagle3_console/runs/slurm/)
     "job_id": "TEXT", "job_state": "TEXT", "job_reason": "TEXT", "job_nodes": "TEXT",
 }
 

@@ -6,7 +6,7 @@ and renders, its sampler worker polls Collector.collect() off the UI thread,
 guarded.py is the table of guarded actions, host.py what the screen reads
 of this App (a protocol: the screen never imports this module) and Frozen,
 console.tcss the layout.
-eagle3_console/app.py and tui/ are the only core modules that import textual;
+tui/ is the only part of the console that imports textual;
 commands.py (the typer app) calls run_app() for the bare command and `tui`.
 """
 

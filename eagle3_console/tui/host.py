@@ -1,7 +1,7 @@
 """What the console's screen needs from the App that holds it (ConsoleHost),
 and the frozen clock/host it may be given (Frozen).
 
-The arrows run one way: eagle3_console/app.py (the Textual App) imports the
+The arrows run one way: eagle3_console/tui/app.py (the Textual App) imports the
 screen and this module and provides a ConsoleHost; the screen reads its App
 through this protocol only, never through app.py.
 """

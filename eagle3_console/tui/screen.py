@@ -83,7 +83,7 @@ class ConsoleScreen(Screen[None]):
         Binding("question_mark", "help", "help"),
         Binding("q", "quit_console", "quit"),
     ]
-    app: "ConsoleHost"       # the App that holds it (eagle3_console/app.py), as the screen sees it
+    app: "ConsoleHost"       # the App that holds it (tui/app.py), as the screen sees it
 
     def __init__(self) -> None:
         super().__init__()

@@ -114,7 +114,7 @@ class Bench(OpSpec):
     output_params = ("output",)
     uses_target = True
     result_file = "bench.json"
-    # eagle3_console.runs.bind_servers: a serve stage named there gives the url param its URL.
+    # The console's bind_servers (eagle3_console/runs/params.py): a serve stage named there gives the url param its URL.
     server_params = (ServerParam("server", "url", "speculative"),
                      ServerParam("baseline_server", "baseline_url", "target"))
 

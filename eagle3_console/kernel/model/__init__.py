@@ -113,7 +113,7 @@ class DiskUsage:
     free_bytes: int | None = None
     total_bytes: int | None = None
     fits: bool | None = None             # projected remainder fits in free space
-    # How estimate_bytes was made (eagle3_console/plan.py): exact | metadata | upper_bound |
+    # How estimate_bytes was made (eagle3_console/runs/plan.py): exact | metadata | upper_bound |
     # declared | estimate, and its factors in words; final_kind: the figure `fits` judged
     # (measured: the projection from the files written so far).
     estimate_kind: str | None = None
