@@ -96,7 +96,7 @@ def main() -> int:
     from transformers import AutoModelForCausalLM
 
     from ops.extract.batching import plan_batches
-    from ops.extract.samples import load_samples
+    from ops.prepared import load_samples
 
     device = bc.torch_device()
     log(bc.device_line())

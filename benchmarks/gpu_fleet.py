@@ -473,7 +473,7 @@ def step5(ctx: dict) -> tuple[str, dict]:
     from transformers import AutoModelForCausalLM
 
     from ops.extract.capture import HiddenStateCapture
-    from ops.extract.samples import load_samples
+    from ops.prepared import load_samples
     from ops.formats import sample_path
     from ops.layers import parse_layer_ids
 

@@ -46,7 +46,7 @@ def prompts_from_data(data_dir: Path, indices: list[int], n: int) -> list[tuple[
     from safetensors import safe_open
 
     from ops.drafter.data import read_data
-    from ops.extract.samples import SAMPLES_FILE, load_samples
+    from ops.prepared import SAMPLES_FILE, load_samples
 
     if (Path(data_dir) / SAMPLES_FILE).is_file():
         # An online run's data: prepare's samples (the drafter's held-out ids are theirs too).

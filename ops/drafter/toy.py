@@ -106,7 +106,7 @@ def extract(target: Path, samples, out: Path, layer_ids: list[int], dtype: str =
 
 def write_prepared(samples, out: Path) -> Path:
     """`samples` as prepare writes them (samples.safetensors + summary.json,
-    ops/extract/samples.py's layout): what extract and online training read."""
+    ops/prepared.py's layout): what extract and online training read."""
     import numpy as np
     from safetensors.numpy import save_file
 

@@ -2,7 +2,7 @@
 ops/batching.py, longest first), and its OOM retry that halves one batch's
 budget.
 
-Sits between the sample list (samples.py) and the forward pass (the engine's
+Sits between the sample list (ops/prepared.py) and the forward pass (the engine's
 Target, engine.py). The plan is a pure function of (indices, lengths, budget), so an interrupted
 run re-plans the same batches and recomputes a half-written batch with the
 same shapes: its files come out byte-identical to an uninterrupted run's.

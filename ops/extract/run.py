@@ -1,6 +1,6 @@
 """An extraction run: prepare's samples in, the hidden-state layout out.
 
-Data flow: samples.py (prepare's output) -> loop.py (this rank's batches:
+Data flow: ops/prepared.py (prepare's output) -> loop.py (this rank's batches:
 batching.py's plan, the engine's forward, file images in pinned slabs,
 writer.py's threads) -> output.py (data_config, sample_lengths); progress.py
 prints what the log monitor parses. The engine (engine.py's Engine: HF or
@@ -33,7 +33,7 @@ from ops.common import DISK_FULL, EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, TMP_SUF
 from ops.extract import output, preflight, target as target_mod
 from ops.extract.engine import Engine
 from ops.extract.loop import Loop, log
-from ops.extract.samples import load_samples
+from ops.prepared import load_samples
 from ops.formats import DATA_CONFIG, SAMPLE_RE, SHARD_ROWS, sample_path
 from ops import hidden_formats
 from ops.layers import engine_ids, parse_layer_ids

@@ -2,7 +2,7 @@
 batch's aux and final states from prepare's token ids; nothing of size is
 written (SpecForge's online mode up to v0.2, speculators' online mode).
 
-Data flow: prepare's samples.safetensors (ops/extract/samples.py) -> a batch's
+Data flow: prepare's samples.safetensors (ops/prepared.py) -> a batch's
 token ids -> the target (ops/extract's Target: the same loading, placement and
 forward hooks as extract's HF engine) -> the batch's states, padded as
 ops/drafter/data.py's collate pads a batch read from disk -> the prefetcher
@@ -72,7 +72,7 @@ class OnlineData:
     config: dict
     samples: dict[int, Path]        # idx -> samples.safetensors (for out_of_vocab's message)
     lengths: dict[int, int]
-    prepared: Any                   # ops/extract/samples.PreparedSamples
+    prepared: Any                   # ops/prepared.PreparedSamples
     target: Any = None              # ops/extract/engine.Target once loaded
     device: Any = None              # where the target's states come out
     format: str = hidden_formats.DEFAULT
@@ -192,7 +192,7 @@ def open_online(args, head_vocab_size: int | None) -> OnlineData:
     naming the key or the file); the target is loaded later (load_target)."""
     from ops.common import BadInput
     from ops.extract import target as target_mod
-    from ops.extract.samples import load_samples
+    from ops.prepared import load_samples
     from ops.layers import parse_layer_ids
 
     if not args.samples:
@@ -251,7 +251,7 @@ def states_for(samples_dir: Path, target_dir: Path, layer_ids: list[int], ids: l
 
     from ops.extract import target as target_mod
     from ops.extract.hf_engine import HFTarget
-    from ops.extract.samples import load_samples
+    from ops.prepared import load_samples
 
     prepared = load_samples(Path(samples_dir))
     info = target_mod.read_target(Path(target_dir))

@@ -1,9 +1,10 @@
-"""Extract's input: the tokenized samples that prepare wrote.
+"""The tokenized samples that prepare wrote, as the stages after it read them.
 
 prepare -> `<input>/samples.safetensors` (`input_ids` int32 flat, `loss_mask`
 uint8 flat, `offsets` int64 [N+1]: sample i = [offsets[i], offsets[i+1]))
--> here -> the extraction loop. Read with safetensors' numpy backend: the
-arrays of a 1M-sample corpus are a few hundred MB at most.
+-> here -> extract's loop, online training's target forward, bench's prompts.
+Below the stages, since three read it. Read with safetensors' numpy backend:
+the arrays of a 1M-sample corpus are a few hundred MB at most.
 """
 
 from __future__ import annotations
