@@ -8,6 +8,7 @@ console's runs and log monitors read. Nothing here imports torch.
   message that names the file/line/key, 1 any other failure);
 - write_json_atomic(): a file that exists is whole (temp name, then rename);
 - unvouched_files(): the partial leftovers of a payload and the record that vouches for it;
+- count(): a non-negative integer from a param, a config or a summary, or None;
 - progress(): tqdm lines (`N/M [elapsed<eta, X it/s]`) the log monitor parses.
 """
 
@@ -88,6 +89,16 @@ def write_json_atomic(path: Path, data: Any) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+def count(value: Any) -> int | None:
+    """A non-negative integer from a param, a config or a summary; None for
+    anything else (a bool, a string that is no number, a negative)."""
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        return None
+    return n if n >= 0 and not isinstance(value, bool) else None
 
 
 def read_json(path: Path) -> dict | None:

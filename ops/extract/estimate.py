@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from ops.estimate import Estimate
-from ops.extract.sizes import (MAX_SEQ_LEN, aux_layer_count, count, estimate_bytes, state_dtype, state_format,
-                               states_bytes, tokens_and_source)
+from ops.common import count
+from ops.extract.sizes import (MAX_SEQ_LEN, aux_layer_count, estimate_bytes, state_dtype, state_format, states_bytes,
+                               tokens_and_source)
 from ops.formats import SAMPLE_LENGTHS, read_data_config
 from ops.spec import EstimateContext, dtype_bytes
 

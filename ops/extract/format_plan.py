@@ -6,7 +6,8 @@ hold). The spec's lint hook; the formats are ops/hidden_formats.py's. No torch.
 from __future__ import annotations
 
 from ops import hidden_formats
-from ops.extract.sizes import count, state_format
+from ops.common import count
+from ops.extract.sizes import state_format
 from ops.formats import DATA_CONFIG, read_data_config
 from ops.spec import EstimateContext, Lint
 

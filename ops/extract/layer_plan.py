@@ -9,8 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ops import layers
-from ops.extract.sizes import count
-from ops.common import read_json
+from ops.common import count, read_json
 from ops.formats import DATA_CONFIG, read_data_config
 from ops.spec import EstimateContext, Lint
 

@@ -13,25 +13,15 @@ import json
 import sys
 from array import array
 from pathlib import Path
-from typing import Any
 
 from ops import hidden_formats
+from ops.common import count
 from ops.spec import EstimateContext, dtype_bytes
 
 
 # The max_seq_len param's default (its Param in spec.py), and the length the
 # estimate's upper bound assumes where no params were merged with the defaults.
 MAX_SEQ_LEN = 4096
-
-
-def count(value: Any) -> int | None:
-    """A non-negative integer from a param, a config or a summary; None for
-    anything else (a bool, a string that is no number, a negative)."""
-    try:
-        n = int(value)
-    except (TypeError, ValueError):
-        return None
-    return n if n >= 0 and not isinstance(value, bool) else None
 
 
 def aux_layer_count(params: dict) -> int:

@@ -26,7 +26,7 @@ MODES = ("offline", "online", "streamed")
 
 def _tokens(ctx: EstimateContext) -> tuple[int | None, str]:
     """The tokens an epoch trains on: prepare's summary (online), else extract's data_config."""
-    from ops.extract.sizes import count
+    from ops.common import count
 
     summary = ctx.read_json("samples", "summary.json") if ctx.params.get("samples") else None
     if isinstance(summary, dict) and count(summary.get("total_tokens")):
