@@ -10,6 +10,7 @@ outputs and the final post-norm state.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -88,3 +89,25 @@ class HFTarget:
 
     def close(self) -> None:
         self.capture.close()
+
+
+def states_for(samples_dir: Path, target_dir: Path, layer_ids: list[int], ids: list[int]) -> dict:
+    """idx -> (input_ids [1, T], aux [1, T, 3H] float32) of prepare's samples `ids`, through the
+    target on the CPU with these hooks: what export's check reads where an online (or streamed)
+    run stored no states."""
+    from ops.prepared import load_samples
+
+    prepared = load_samples(Path(samples_dir))
+    info = target_mod.read_target(Path(target_dir))
+    model = target_mod.load_model(info, "float32", target_mod.Placement("cpu", None))
+    target = HFTarget(model, list(layer_ids))
+    out = {}
+    try:
+        for idx in ids:
+            tok, _mask = prepared.get(idx)
+            states = target.forward([tok])
+            aux = states.samples[0][0].float().clone().unsqueeze(0)
+            out[idx] = (torch.from_numpy(tok.astype("int64")).unsqueeze(0), aux)
+    finally:
+        target.close()
+    return out

@@ -242,28 +242,3 @@ def load_target(data: OnlineData, args, place) -> None:
               f"{time.monotonic() - t0:.1f} s ({data.config['dtype']}, aux layers {data.layer_ids})")
     data.target = HFTarget(model, data.layer_ids)
     data.device = placement.device
-
-
-def states_for(samples_dir: Path, target_dir: Path, layer_ids: list[int], ids: list[int]) -> dict:
-    """idx -> (input_ids [1, T], aux [1, T, 3H] float32) of prepare's samples `ids`, through the
-    target on the CPU with extract's hooks: what export's check reads where no states were stored."""
-    import torch
-
-    from ops.extract import target as target_mod
-    from ops.extract.hf_engine import HFTarget
-    from ops.prepared import load_samples
-
-    prepared = load_samples(Path(samples_dir))
-    info = target_mod.read_target(Path(target_dir))
-    model = target_mod.load_model(info, "float32", target_mod.Placement("cpu", None))
-    target = HFTarget(model, list(layer_ids))
-    out = {}
-    try:
-        for idx in ids:
-            tok, _mask = prepared.get(idx)
-            states = target.forward([tok])
-            aux = states.samples[0][0].float().clone().unsqueeze(0)
-            out[idx] = (torch.from_numpy(tok.astype("int64")).unsqueeze(0), aux)
-    finally:
-        target.close()
-    return out
