@@ -37,6 +37,7 @@ def slow_fixture(*args, **kwargs):
     return wrap
 
 
+@pytest.hookimpl(tryfirst=True)     # before xdist's own, which reads the xdist_group marks set here
 def pytest_collection_modifyitems(config, items):
     heavy_files = set()
     for item in items:
@@ -58,6 +59,49 @@ def pytest_collection_modifyitems(config, items):
         path = item.nodeid.split("::")[0]
         return (-FILE_SECONDS.get(path.rsplit("/", 1)[-1], 0), path not in heavy_files)
     items.sort(key=cost)
+    if config.getoption("loadgroup", False):
+        group_into_lanes(items, int(os.environ.get("EAGLE3_TEST_LANES") or len(os.sched_getaffinity(0))))
+
+
+def group_into_lanes(items, lanes: int) -> None:
+    """Under `--dist loadgroup` (bin/test): the torch-heavy files (TORCH_FILES: they train,
+    extract or build models, a core each while they run) go into `lanes` groups (one a core,
+    balanced by FILE_SECONDS, longest first), each group run by one worker in turn; every other
+    file is a group of its own, as loadfile has it (its module fixtures built once). With more
+    workers than lanes, the files that mostly wait (on a supervisor, a Slurm job, a server,
+    a CLI subprocess) fill the cores while the lanes compute, and never more torch-heavy
+    files run at once than there are lanes."""
+    load = [0] * max(1, lanes)
+    lane: dict[str, int] = {}
+    for path in dict.fromkeys(it.nodeid.split("::")[0] for it in items):
+        name = path.rsplit("/", 1)[-1]
+        if name in TORCH_FILES:
+            k = load.index(min(load))
+            lane[path] = k
+            load[k] += FILE_SECONDS.get(name, 10)
+    for it in items:
+        path = it.nodeid.split("::")[0]
+        name = path.rsplit("/", 1)[-1]
+        group = f"torch-lane-{lane[path]}" if path in lane else "slurm" if name in SLURM_FILES else path
+        it.add_marker(pytest.mark.xdist_group(group))
+
+
+# The files that use the session's Slurm (tests/slurm_cluster.py): one group, so one worker
+# starts one cluster for them all.
+SLURM_FILES = {"test_slurm_jobs.py", "test_faults4_slurm.py"}
+
+
+# The files that compute with torch most of their time (train, extract, export, bench, build
+# a model or the demo): at most one of them a lane at a time under bin/test.
+TORCH_FILES = {
+    "test_faults_train_export.py", "test_e2e_demo.py", "test_formats_training.py",
+    "test_benchmarks_throughput.py", "test_train_streamed.py", "test_extract_sglang.py",
+    "test_export_moved.py", "test_realmodel.py", "test_op_extract.py", "test_sim_acceptance.py",
+    "test_faults_reexport.py", "test_verify_realmodel.py", "test_op_bench.py", "test_op_train.py",
+    "test_faults_ops.py", "test_train_report.py", "test_length_buckets.py", "test_bench_table.py",
+    "test_demo_assets.py", "test_op_regenerate.py", "test_extract_sglang_launch.py",
+    "test_failure_cause.py",
+}
 
 
 # Seconds each file took in a full run (`--junitxml`, summed per file; 2 shared cores under load,
@@ -194,6 +238,36 @@ def trained(assets, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def extraction(tmp_path_factory) -> tuple[Path, Path, Path]:
+    """(target, prepared, output): a tiny Llama target (tests/test_op_extract.py make_target),
+    24 prepared samples (seed 4) and their uninterrupted extraction (--token-budget 150), made
+    once per run for every xdist worker and shared read-only: a test that damages the output
+    copies it first (shutil.copytree), one that reads it takes it as it is."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from ops.common import run_main
+    from ops.extract.__main__ import main as extract_main
+    from tests.test_op_extract import extract_argv, make_prepared, make_target
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    root = base / "eagle3-extraction"
+    target, prepared, out = root / "target", root / "prep", root / "ref"
+    with exclusive(base / "eagle3-extraction.lock"):
+        if not (root / "done").exists():
+            shutil.rmtree(root, ignore_errors=True)
+            make_target(target)
+            make_prepared(prepared, n=EXTRACTION_SAMPLES, seed=4)
+            assert run_main(extract_main, extract_argv(target, prepared, out, "--token-budget", "150")) == 0
+            (root / "done").write_text("")
+    return target, prepared, out
+
+
+EXTRACTION_SAMPLES = 24
+
+
 def wait_for(pred: Callable[[], object], timeout: float = 20.0, poll: float = 0.05) -> object:
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -202,6 +276,9 @@ def wait_for(pred: Callable[[], object], timeout: float = 20.0, poll: float = 0.
             return value
         time.sleep(poll)
     raise AssertionError(f"condition not met within {timeout} s")
+
+
+PIPE_WIDTH = 160       # cli/out.py's width for output that is not a terminal
 
 
 class WS:
@@ -235,10 +312,19 @@ class WS:
         from typer.testing import CliRunner
 
         from eagle3_console import cli
+        from eagle3_console.cli import out as cli_out
 
         argv = ["-w", str(self.root), *args]
         cwd = os.getcwd()
-        with CliRunner().isolation(env={"EAGLE3_WORKSPACE": None, **(env or {})}) as (out, err, _mixed):
+        # As ws.cli's process on a pipe has it: no COLUMNS, and the consoles made afresh at the
+        # pipe's width (cli/out.py fixes its width at import, when a terminal test may have left
+        # COLUMNS in this process, and makes its consoles once).
+        consoles = (cli_out.out, cli_out.err)
+        saved = [(c._kwargs.get("width"), c._console) for c in consoles]
+        for c in consoles:
+            c._kwargs["width"], c._console = PIPE_WIDTH, None
+        with CliRunner().isolation(env={"EAGLE3_WORKSPACE": None, "COLUMNS": None, "LINES": None,
+                                        **(env or {})}) as (out, err, _mixed):
             os.chdir(self.root)
             try:
                 cli.run(argv)
@@ -247,6 +333,8 @@ class WS:
                 code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
             finally:
                 os.chdir(cwd)
+                for c, (width, console) in zip(consoles, saved):
+                    c._kwargs["width"], c._console = width, console
                 sys.stdout.flush()      # print() writes through a buffer into the streams read below
                 sys.stderr.flush()
             proc = subprocess.CompletedProcess(argv, code, out.getvalue().decode(), err.getvalue().decode())

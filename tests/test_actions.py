@@ -194,16 +194,16 @@ def test_a_failed_stage_whose_worker_lives_on_says_so_until_it_is_killed(ws, tmp
     ws.wait_status("orphan", ("failed",))
     child = int(wait_for(lambda: (tmp_path / "child.pid").exists() and (tmp_path / "child.pid").read_text()))
     # Not at once (workers may still be tearing down): after LEFTOVER_GRACE_S.
-    snap = json.loads(ws.cli("status", "--json", "--no-gpus", check=2).stdout)
+    snap = json.loads(ws.call("status", "--json", "--no-gpus", check=2).stdout)
     assert not [a for a in snap["alerts"] if a["code"] == "leftover_workers"]
 
     def leftover():
-        s = json.loads(ws.cli("status", "--json", "--no-gpus", check=2).stdout)
+        s = json.loads(ws.call("status", "--json", "--no-gpus", check=2).stdout)
         return [a for a in s["alerts"] if a["code"] == "leftover_workers"]
     [alert] = wait_for(leftover, timeout=30, poll=1)
     assert alert["level"] == "critical" and alert["stage"] == "orphan" and f"pid {child}" in alert["message"]
     ws.cli("kill-workers", "orphan", "--yes", "--grace", "2", check=0)
-    snap = json.loads(ws.cli("status", "--json", "--no-gpus", check=2).stdout)
+    snap = json.loads(ws.call("status", "--json", "--no-gpus", check=2).stdout)
     assert not [a for a in snap["alerts"] if a["code"] == "leftover_workers"]
 
 

@@ -85,11 +85,11 @@ def test_fast_runs_the_fast_tier_and_both_run_on_xdist_workers(tmp_path):
     repo = checkout(tmp_path)
     full = bin_test(repo, "-k", "x")[-1]
     fast = bin_test(repo, "--fast", "-k", "x")[-1]
-    workers = len(os.sched_getaffinity(0))         # nproc: the CPUs this process may use
-    assert full == f"pytest -q -n {workers} --dist loadfile --no-loadscope-reorder -k x", full
-    assert fast == f"pytest -q -n {workers} --dist loadfile --no-loadscope-reorder -m not slow -k x", fast
+    workers = 2 * len(os.sched_getaffinity(0))     # two a core (nproc: the CPUs this process may use)
+    assert full == f"pytest -q -n {workers} --dist loadgroup --no-loadscope-reorder -k x", full
+    assert fast == f"pytest -q -n {workers} --dist loadgroup --no-loadscope-reorder -m not slow -k x", fast
     assert (bin_test(repo, "-k", "x", EAGLE3_TEST_WORKERS="3")[-1]
-            == "pytest -q -n 3 --dist loadfile --no-loadscope-reorder -k x")
+            == "pytest -q -n 3 --dist loadgroup --no-loadscope-reorder -k x")
 
 
 def collected(*args: str) -> list[str]:

@@ -23,7 +23,7 @@ expected_samples = 40
 
 
 def stage(ws) -> dict:
-    return json.loads(ws.cli("status", "--json", "--no-gpus").stdout)["stages"][0]
+    return json.loads(ws.call("status", "--json", "--no-gpus").stdout)["stages"][0]
 
 
 @pytest.mark.parametrize("glob", ["sample_*.bin", None], ids=["its-pattern", "no-pattern-its-log"])
@@ -39,17 +39,17 @@ def test_a_custom_stage_counts_its_own_files_or_follows_its_log(ws, glob):
     else:
         # Nothing names its files: no count (it said 0/40 next to the log's 21/40).
         assert st["shards"] is None
-    text = ws.cli("status", "--no-gpus").stdout
+    text = ws.call("status", "--no-gpus").stdout
     assert "52.5%" in text and ("(21/40)" in text) == bool(glob) and "(0/40)" not in text
     (ws.root / "out" / "bins" / "go").touch()
     ws.wait_status("bins", ("succeeded",))
     st = stage(ws)
     assert st["progress"] == 1.0
     assert (st["shards"] or {}).get("samples_done", 40) == 40      # 100.0% (0/40) was the other half of it
-    assert "(0/40)" not in ws.cli("status", "--no-gpus").stdout
+    assert "(0/40)" not in ws.call("status", "--no-gpus").stdout
 
 
 def test_sample_glob_must_stay_under_the_output(ws):
     ws.write(pipeline("../elsewhere/*.bin"))
-    proc = ws.cli("status", "--json", "--no-gpus")
+    proc = ws.call("status", "--json", "--no-gpus")
     assert proc.returncode == 3 and "stages.bins.sample_glob" in proc.stderr and "Traceback" not in proc.stderr

@@ -56,7 +56,7 @@ def test_watch_once_says_one_line_when_there_is_nothing_to_do(ws):
 def test_status_json_on_a_broken_pipeline_file_is_a_json_unknown(ws):
     ws.write("[stages.a\n")
     for args in (("status", "--json"), ("status", "--json", "--no-gpus")):
-        proc = ws.cli(*args, check=3)
+        proc = ws.call(*args, check=3)
         data = json.loads(proc.stdout)
         assert data["health"] == "unknown" and data["schema"] == 1
         assert "eagle3.toml: (syntax)" in data["error"]
@@ -66,7 +66,7 @@ def test_status_json_on_a_broken_pipeline_file_is_a_json_unknown(ws):
     # typer's path (the workspace given twice: cli.status_json_args leaves it to typer) gives the same.
     from eagle3_console.cli import status_json_args
     assert status_json_args(["-w", str(ws.root), "status", "--json", "-w", str(ws.root)]) is None
-    proc = ws.cli("status", "--json", "-w", str(ws.root), check=3)
+    proc = ws.call("status", "--json", "-w", str(ws.root), check=3)
     assert json.loads(proc.stdout)["health"] == "unknown"
 
 
@@ -74,7 +74,7 @@ def test_status_json_on_an_unreadable_state_database_is_a_json_unknown(ws):
     ws.write(chain())
     (ws.root / ".eagle3").mkdir()
     (ws.root / ".eagle3" / "state.db").write_text("this is not sqlite " * 100)
-    proc = ws.cli("status", "--json", check=3)
+    proc = ws.call("status", "--json", check=3)
     data = json.loads(proc.stdout)
     assert data["health"] == "unknown" and "state.db" in data["error"]
 

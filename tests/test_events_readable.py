@@ -25,13 +25,13 @@ def test_watch_refusals_are_short_folded_and_detailed(ws):
     for _ in range(3):
         proc = ws.cli("watch", "--once", "--no-gpus")
         assert "w: not restarted: stage 'w' needs about" in proc.stdout, (proc.stdout, proc.stderr)
-    data = json.loads(ws.cli("events", "--json", check=0).stdout)
+    data = json.loads(ws.call("events", "--json", check=0).stdout)
     refused = [e for e in data if e["action"] == "watch-restart"]
     assert len(refused) == 1, data
     assert refused[0]["outcome"] == "refused: disk" and refused[0]["repeats"] == 3, refused
     assert "free space or pass --ignore-disk" in refused[0]["detail"]
     assert refused[0]["first_time"] < refused[0]["time"]
-    table = ws.cli("events", "-n", "3", check=0, env={"COLUMNS": "160"}).stdout
+    table = ws.call("events", "-n", "3", check=0, env={"COLUMNS": "160"}).stdout
     lines = table.splitlines()
     assert max(len(x) for x in lines) <= 160, table
     row = next(x for x in lines if "watch-restart" in x)

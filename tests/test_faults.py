@@ -153,7 +153,7 @@ def test_trash_never_overwrites_between_two_cleans(ws):
 @pytest.mark.parametrize("out", [".", "./", "x/..", ".eagle3", ".eagle3/logs", "..", "/"])
 def test_an_output_that_is_the_workspace_or_holds_its_state_is_refused(ws, out):
     ws.write(CUSTOM_OUT.format(out=out))
-    proc = ws.cli("status", "--no-gpus")
+    proc = ws.call("status", "--no-gpus")
     assert proc.returncode == 3, (proc.stdout, proc.stderr)
     assert "stages.writer.outputs" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -161,7 +161,7 @@ def test_an_output_that_is_the_workspace_or_holds_its_state_is_refused(ws, out):
 def test_outputs_on_other_disks_stay_allowed(ws, tmp_path):
     other = tmp_path.parent / (tmp_path.name + "-data") / "hs"
     ws.write(CUSTOM_OUT.format(out=str(other)))
-    ws.cli("status", "--no-gpus", check=0)
+    ws.call("status", "--no-gpus", check=0)
 
 
 def test_run_set_output_is_normalised_too(ws):
@@ -277,7 +277,7 @@ def _cli_read_only(ws, ro: Path, *args: str) -> subprocess.CompletedProcess:
 
 def test_read_only_cache_degrades_to_no_cache(ws):
     ws.write(SLEEPER)
-    ws.cli("status", "--no-gpus", check=0)
+    ws.call("status", "--no-gpus", check=0)
     proc = _cli_read_only(ws, ws.root / ".eagle3" / "cache", "status", "--json", "--no-gpus")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["stages"][0]["name"] == "sleeper"
@@ -294,7 +294,7 @@ def test_deleted_state_db_under_a_live_run_is_noticed(ws):
         if p.exists():
             p.unlink()
     try:
-        status = ws.cli("status", "--no-gpus")
+        status = ws.call("status", "--no-gpus")
         assert status.returncode == 3, (status.stdout, status.stderr)
         assert "state.db" in status.stderr and "Traceback" not in status.stderr
         again = ws.cli("run", "sleeper")
@@ -302,7 +302,7 @@ def test_deleted_state_db_under_a_live_run_is_noticed(ws):
         assert not (ws.root / ".eagle3" / "state.db").exists() or ws.latest("sleeper") is None
         # The operator starts a new registry on purpose: the live stage is an orphan that blocks a run.
         (ws.root / ".eagle3" / "state.id").rename(ws.root / ".eagle3" / "state.id.old")
-        status = ws.cli("status", "--json", "--no-gpus")
+        status = ws.call("status", "--json", "--no-gpus")
         snap = json.loads(status.stdout)
         codes = [a["code"] for a in snap["alerts"]]
         assert "orphan_workers" in codes, snap["alerts"]
@@ -358,7 +358,7 @@ def test_non_utf8_pipeline_file_exits_3(ws):
 
 def test_corrupt_state_db_exits_3_everywhere(ws):
     ws.write(SLEEPER)
-    ws.cli("status", "--no-gpus", check=0)
+    ws.call("status", "--no-gpus", check=0)
     db = ws.root / ".eagle3" / "state.db"
     for suffix in ("-wal", "-shm"):
         Path(str(db) + suffix).unlink(missing_ok=True)
@@ -374,7 +374,7 @@ def test_corrupt_state_db_exits_3_everywhere(ws):
 
 def test_read_only_state_dir_exits_3(ws):
     ws.write(SLEEPER)
-    ws.cli("status", "--no-gpus", check=0)
+    ws.call("status", "--no-gpus", check=0)
     # Reading works on a read-only state folder (status: 0); what must write says
     # which file it cannot write (3); stop with nothing to stop is a refusal (2).
     for args, codes in ((("status", "--no-gpus"), (0,)), (("run", "sleeper"), (3,)),
@@ -390,14 +390,14 @@ def test_read_only_state_dir_exits_3(ws):
 # ------------------------------------------------------------------ 10. smaller ones
 def test_negative_estimate_bytes_is_refused(ws):
     ws.write(CUSTOM_OUT.format(out="out") + "estimate_bytes = -5\n")
-    proc = ws.cli("status", "--no-gpus")
+    proc = ws.call("status", "--no-gpus")
     assert proc.returncode == 3 and "stages.writer.estimate_bytes" in proc.stderr
 
 
 def test_huge_pipeline_file_is_refused_quickly(ws):
     body = "".join(f'[stages.s{i}]\nargv = ["true"]\n' for i in range(20_000))
     (ws.root / "eagle3.toml").write_text(body)
-    proc = ws.cli("status", "--no-gpus", timeout=60)
+    proc = ws.call("status", "--no-gpus", timeout=60)
     assert proc.returncode == 3 and "stages" in proc.stderr and "at most" in proc.stderr, proc.stderr
 
 

@@ -2,7 +2,7 @@
 a real TCP server on 127.0.0.1 that answers /snapshot.json with what a broken or
 hostile exporter sends (wrong types, a 4,000-digit integer, NaN, 150,000 GPUs,
 200,000 nested brackets, terminal escapes, no HTTP at all); the console under
-test is the real CLI in a subprocess, the real TUI, the real exporter."""
+test is the real CLI (its reads in this process), the real TUI, the real exporter."""
 
 from __future__ import annotations
 
@@ -87,10 +87,10 @@ def listing(ws: WS, *urls: str) -> WS:
 
 def status(ws: WS) -> tuple[str, dict]:
     """status's text and status --json's object; neither with a traceback (the exit: 1, a warning)."""
-    text = ws.cli("status", timeout=60)
+    text = ws.call("status", timeout=60)
     assert "Traceback" not in text.stderr + text.stdout and "Exception in thread" not in text.stderr, text
     assert text.returncode == 1, (text.returncode, text.stdout, text.stderr)
-    js = ws.cli("status", "--json", timeout=60)
+    js = ws.call("status", "--json", timeout=60)
     assert "Traceback" not in js.stderr and "Exception in thread" not in js.stderr, js.stderr
     assert js.returncode == 1, (js.returncode, js.stderr)
     return text.stdout, json.loads(js.stdout)
@@ -203,9 +203,9 @@ def test_q56_a_hosts_names_reach_the_terminal_escaped(ws, host):
 
 
 def status_ok(ws: WS) -> tuple[str, dict]:
-    text = ws.cli("status", timeout=60)
+    text = ws.call("status", timeout=60)
     assert "Traceback" not in text.stderr, text.stderr
-    js = ws.cli("status", "--json", timeout=60)
+    js = ws.call("status", "--json", timeout=60)
     return text.stdout, json.loads(js.stdout)
 
 
@@ -241,7 +241,7 @@ def test_q52_impossible_gpu_values_are_a_bad_answer_with_a_warning(ws, host, bod
 def test_q59_a_host_listed_twice_or_a_port_out_of_range_is_refused_at_load(ws, hosts, key, said):
     ws.write(f'hosts = [{hosts}]\n[stages.w]\nargv = ["true"]\n')
     for args in (("status",), ("status", "--json")):
-        proc = ws.cli(*args, check=3)
+        proc = ws.call(*args, check=3)
         (line,) = proc.stderr.strip().splitlines()
         assert f"eagle3.toml: {key}: " in line and said in line and "Traceback" not in line, line
 
@@ -250,7 +250,7 @@ def test_q59_the_same_host_twice_is_not_counted_twice_once_fixed(ws, host):
     """The fix in eagle3.toml is to list it once: its GPUs show once."""
     url = host(http_ok(json.dumps({"host": "n", "gpus": [GOOD_GPU]}).encode()))
     ws.write(f'hosts = ["{url}"]\n[stages.w]\nargv = ["true"]\n')
-    doc = json.loads(ws.cli("status", "--json", check=0).stdout)
+    doc = json.loads(ws.call("status", "--json", check=0).stdout)
     assert [h["state"] for h in doc["hosts"]] == ["ok"]
 
 
@@ -360,13 +360,13 @@ def test_a_real_exporter_whose_stage_params_nest_deep_is_read_ok(tmp_path):
     for _ in range(28):
         deep = "{ a = " + deep + " }"
     b.write(f'[stages.w]\nargv = ["true"]\nparams = {{ p = {deep} }}\n')
-    b.cli("status", "--json", "--no-gpus", check=0)        # the file loads: within the TOML bound
+    b.call("status", "--json", "--no-gpus", check=0)        # the file loads: within the TOML bound
     proc, port = node(b, 10, False)
     try:
         c = WS(tmp_path / "c")
         c.root.mkdir()
         listing(c, f"http://127.0.0.1:{port}")
-        doc = json.loads(c.cli("status", "--json", timeout=60).stdout)
+        doc = json.loads(c.call("status", "--json", timeout=60).stdout)
         (h,) = doc["hosts"]
         assert h["state"] == "ok" and h["gpus"][0]["mem_used"] == 10 * 2**30, h
     finally:

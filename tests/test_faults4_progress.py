@@ -123,7 +123,7 @@ def test_status_shows_the_token_fraction_and_projects_the_disk_from_it(ws):
     (out / "data_config.json").write_text(json.dumps({"status": "running", "total_samples": 100}))
     for i in range(13):
         sample(out / "rows_0-2000" / f"data_{i}.safetensors", lengths[i])
-    snap = json.loads(ws.cli("status", "--json", "--no-gpus").stdout)
+    snap = json.loads(ws.call("status", "--json", "--no-gpus").stdout)
     st = next(s for s in snap["stages"] if s["name"] == "extract")
     disk = next(d for d in snap["disk"] if d["stage"] == "extract")
     frac = sum(lengths[:13]) / sum(lengths)
@@ -131,7 +131,7 @@ def test_status_shows_the_token_fraction_and_projects_the_disk_from_it(ws):
     assert st["shards"]["tokens_expected"] == sum(lengths)
     assert disk["projected_bytes"] == int(disk["written_bytes"] / frac)
     # The table says which count its percentage is of (13/100 next to 51.9 % read as a contradiction).
-    assert f"{100 * frac:.1f}% of tokens (13/100 samples)" in ws.cli("status", "--no-gpus").stdout
+    assert f"{100 * frac:.1f}% of tokens (13/100 samples)" in ws.call("status", "--no-gpus").stdout
     # What the whole run writes: within a quarter of the projection (the samples' count gave 2.4-4x).
     assert disk["projected_bytes"] <= 1.25 * disk["estimate_bytes"] + 100 * 400
 
@@ -140,7 +140,7 @@ def test_status_shows_the_token_fraction_and_projects_the_disk_from_it(ws):
 def test_the_exact_estimate_counts_num_samples_and_max_seq_len(ws):
     lengths = [300, 20, 50, 120, 7] * 20           # 100 samples, prepare cut nothing at 512
     extract_ws(ws, lengths, ", num_samples = 12, format = \"int4\"", prep_len=512)
-    snap = json.loads(ws.cli("status", "--json", "--no-gpus").stdout)
+    snap = json.loads(ws.call("status", "--json", "--no-gpus").stdout)
     disk = next(d for d in snap["disk"] if d["stage"] == "extract")
     tokens = sum(lengths[:12])
     assert disk["estimate_kind"] == "exact"
@@ -148,7 +148,7 @@ def test_the_exact_estimate_counts_num_samples_and_max_seq_len(ws):
     assert f"{tokens:,} tokens (the first 12 samples" in disk["estimate_basis"]
     toml = ws.root / "eagle3.toml"
     toml.write_text(toml.read_text().replace("max_seq_len = 512", "max_seq_len = 100"))
-    disk = next(d for d in json.loads(ws.cli("status", "--json", "--no-gpus").stdout)["disk"]
+    disk = next(d for d in json.loads(ws.call("status", "--json", "--no-gpus").stdout)["disk"]
                 if d["stage"] == "extract")
     assert disk["estimate_bytes"] == sum(min(n, 100) for n in lengths[:12]) * 4 * H // 2
     assert "cut at max_seq_len 100" in disk["estimate_basis"]
@@ -184,7 +184,7 @@ def end_run(ws, stage: str) -> None:
 
 
 def stage_json(ws) -> dict:
-    return json.loads(ws.cli("status", "--json", "--no-gpus").stdout)["stages"][0]
+    return json.loads(ws.call("status", "--json", "--no-gpus").stdout)["stages"][0]
 
 
 def test_a_rerun_counts_its_own_files_not_the_previous_runs(ws):
@@ -195,7 +195,7 @@ def test_a_rerun_counts_its_own_files_not_the_previous_runs(ws):
         st = stage_json(ws)
         assert st["progress"] == pytest.approx(9 / 40)
         assert (st["shards"]["samples_done"], st["shards"]["samples_expected"]) == (9, 40)
-        text = ws.cli("status", "--no-gpus").stdout
+        text = ws.call("status", "--no-gpus").stdout
         assert "22.5%" in text and "(9/40)" in text and "(41/40)" not in text
         (out / "go").touch()
         ws.wait_status("bins", ("succeeded",))
@@ -217,10 +217,10 @@ def test_a_failed_rerun_reads_what_it_wrote_not_100_percent(ws):
         assert st["status"] == "failed"
         assert st["progress"] == pytest.approx(6 / 40)
         assert st["shards"]["samples_done"] == 6
-        assert "100.0%" not in ws.cli("status", "--no-gpus").stdout
+        assert "100.0%" not in ws.call("status", "--no-gpus").stdout
         # The run's own count is no fraction of the folder's bytes (the old files are in them):
         # its 6 files of 16 B at 6/40 make 640 B, what is there already.
-        disk = json.loads(ws.cli("status", "--json", "--no-gpus").stdout)["disk"][0]
+        disk = json.loads(ws.call("status", "--json", "--no-gpus").stdout)["disk"][0]
         assert disk["written_bytes"] == 41 * 16 and disk["projected_bytes"] == 41 * 16
     finally:
         end_run(ws, "bins")
@@ -282,7 +282,7 @@ def test_bf16_format_on_a_float32_target_says_what_is_written(ws):
         "layer_ids": [1, 3, 4], "final_layer_id": 7, "sglang_layers_to_capture": [2, 4, 5]}))
     for i, n in enumerate([10, 8]):
         sample(out / "rows_0-2000" / f"data_{i}.safetensors", n)
-    snap = json.loads(ws.cli("status", "--json", "--no-gpus").stdout)
+    snap = json.loads(ws.call("status", "--json", "--no-gpus").stdout)
     st = next(s for s in snap["stages"] if s["name"] == "extract")
     assert st["shards"]["format"] == "bf16 (stored as computed: float32)"
     assert st["result_line"].endswith("format bf16 (stored as computed: float32)")

@@ -248,15 +248,15 @@ def test_a_forged_exit_record_of_a_live_run_is_not_trusted(ws, tmp_path):
         with open(Path(run.log_path).with_suffix(".exit"), "r+b") as fh:
             fh.write(forged + b" " * (1024 - len(forged)))
         # With an error too (what a supervisor that could not write state.db leaves): still not trusted.
-        snap = json.loads(ws.cli("status", "--json", "--no-gpus").stdout)
+        snap = json.loads(ws.call("status", "--json", "--no-gpus").stdout)
         st = next(s for s in snap["stages"] if s["name"] == "w")
         assert st["status"] == "running", st
         forged = json.dumps({"status": "succeeded", "exit_code": 0, "ended": time.time(),
                              "error": "state.db: disk full"}).encode()
         with open(Path(run.log_path).with_suffix(".exit"), "r+b") as fh:
             fh.write(forged + b" " * (1024 - len(forged)))
-        ws.cli("runs", "--json", check=0)          # reconciles
-        snap = json.loads(ws.cli("status", "--json", "--no-gpus").stdout)
+        ws.call("runs", "--json", check=0)          # reconciles
+        snap = json.loads(ws.call("status", "--json", "--no-gpus").stdout)
         st = next(s for s in snap["stages"] if s["name"] == "w")
         assert st["status"] == "running", st
         assert ws.latest("w").live
@@ -329,7 +329,7 @@ def test_events_count_one_target_for_a_run(ws):
     ws.write('[stages.a]\nargv = ["bash", "-c", "exit 0", "x", "y"]\n')
     ws.cli("run", "a", check=0)
     ws.wait_status("a", ("succeeded",))
-    table = ws.cli("events", check=0).stdout
+    table = ws.call("events", check=0).stdout
     row = next(line for line in table.splitlines() if " run " in line and "│" in line)
     cells = [c.strip() for c in row.split("│")]
     assert "1" == cells[8], (cells, table)      # the "n targets" column

@@ -50,8 +50,8 @@ print("job done", flush=True)
 
 
 def _status(ws) -> tuple[int, dict, str]:
-    js = ws.cli("status", "--json", "--no-gpus")
-    text = ws.cli("status", "--no-gpus")
+    js = ws.call("status", "--json", "--no-gpus")
+    text = ws.call("status", "--no-gpus")
     return js.returncode, json.loads(js.stdout), text.stdout
 
 

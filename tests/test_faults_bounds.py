@@ -1,7 +1,9 @@
 """Fault injection, issue 28: numbers and strings where they enter (the
 pipeline file, --set, the CLI's options) and a workspace that is no
-workspace, played with the real CLI in subprocesses (items 10-13, 24, 30).
-Each test failed on the main branch it was written against."""
+workspace (items 10-13, 24, 30): refusals and parse errors, so the CLI runs in
+this process (WS.call: cli.run as the console script runs it; its exit code and
+both streams): no process is what these test. Each test failed on the main
+branch it was written against."""
 
 from __future__ import annotations
 
@@ -40,14 +42,14 @@ def test_a_nul_in_a_pipeline_string_is_refused_at_load(ws, body, key):
     silently and the run was found lost with no cause named."""
     ws.write(f"[stages.w]\n{body}\n")
     for args in (("run", "w"), ("status",), ("watch", "--once", "--no-gpus")):
-        proc = ws.cli(*args)
+        proc = ws.call(*args)
         _one_clear_line(proc, "eagle3.toml", key, "NUL")
     assert ws.latest("w") is None       # nothing was started
 
 
 def test_a_nul_in_a_set_value_is_refused(ws):
     ws.write(SLEEPER)
-    proc = ws.cli("run", "sleeper", "--set", 'seconds="1\\u0000"')
+    proc = ws.call("run", "sleeper", "--set", 'seconds="1\\u0000"')
     _one_clear_line(proc, "--set", "NUL")
     assert ws.latest("sleeper") is None
 
@@ -59,9 +61,9 @@ def test_prepare_estimate_on_an_empty_input_with_limit(ws):
     (ws.root / "data").mkdir()
     (ws.root / "data" / "raw.jsonl").write_bytes(b"")
     for args in (("status", "--no-gpus"), ("status", "--json", "--no-gpus"), ("watch", "--once", "--no-gpus")):
-        proc = ws.cli(*args)
+        proc = ws.call(*args)
         assert "Traceback" not in proc.stderr and proc.returncode in (0, 1), (args, proc.returncode, proc.stderr)
-    snap = json.loads(ws.cli("status", "--json", "--no-gpus").stdout)
+    snap = json.loads(ws.call("status", "--json", "--no-gpus").stdout)
     disk = {d["stage"]: d for d in snap["disk"]}
     assert disk["prepare"]["estimate_bytes"] == 0, disk
 
@@ -84,14 +86,14 @@ def test_set_takes_ascii_digits_only(ws, value):
     """Before: `--set seconds=٣` passed the type check (int() reads Arabic-Indic
     digits), was recorded as the string '٣' and passed on."""
     ws.write(SLEEPER)
-    proc = ws.cli("run", "sleeper", "--set", f"seconds={value}")
+    proc = ws.call("run", "sleeper", "--set", f"seconds={value}")
     _one_clear_line(proc, "seconds", "expected a number")
     assert ws.latest("sleeper") is None
 
 
 def test_an_ops_int_param_takes_ascii_digits_only(ws):
     ws.write(extract_pipeline(""))
-    proc = ws.cli("run", "extract", "--set", "token_budget=\u0663\u0663", "--ignore-disk", "--force")
+    proc = ws.call("run", "extract", "--set", "token_budget=\u0663\u0663", "--ignore-disk", "--force")
     _one_clear_line(proc, "token_budget", "expected an integer")
     assert ws.latest("extract") is None
 
@@ -115,10 +117,10 @@ def test_a_share_is_not_halved_below_its_floor(ws):
                               'batch_param = "mem_fraction_static"\n'))
     run = ws.record_finished_run("extract", {**SHARE, "mem_fraction_static": 0.06})
     Path(run.log_path).write_text(OOM)
-    proc = ws.cli("watch", "--once", "--no-gpus")
+    proc = ws.call("watch", "--once", "--no-gpus")
     assert "Traceback" not in proc.stderr
     assert ws.latest("extract").id == run.id, proc.stdout      # no restart at 0.03
-    proc = ws.cli("restart", "extract", "--halve-batch", "--yes", "--ignore-disk")
+    proc = ws.call("restart", "extract", "--halve-batch", "--yes", "--ignore-disk")
     assert proc.returncode == 2 and "not halved below 0.05" in proc.stdout, (proc.stdout, proc.stderr)
     assert ws.latest("extract").id == run.id
 
@@ -144,7 +146,7 @@ batch_param = "batch"
             reg.finish(run.id, "failed", ended=0.0, exit_code=1)
             Path(reg.get(run.id).log_path).write_text(OOM)
             prev = run.id
-    proc = ws.cli("watch", "--once", "--no-gpus")
+    proc = ws.call("watch", "--once", "--no-gpus")
     assert "Traceback" not in proc.stderr
     assert ws.latest("w").id == prev, proc.stdout       # the 11th restart is not made
 
@@ -163,7 +165,7 @@ def test_restart_policy_numbers_are_bounded(ws, restart, key):
     settles; inf: "backoff, inf s left" forever)."""
     ws.write(SLEEPER + f"restart = {restart}\n")
     for args in (("status", "--no-gpus"), ("watch", "--once", "--no-gpus"), ("run", "sleeper")):
-        _one_clear_line(ws.cli(*args), "eagle3.toml", f"stages.sleeper.{key}", "expected")
+        _one_clear_line(ws.call(*args), "eagle3.toml", f"stages.sleeper.{key}", "expected")
     assert ws.latest("sleeper") is None
 
 
@@ -171,15 +173,15 @@ def test_restart_policy_numbers_are_bounded(ws, restart, key):
 def test_gpu_indexes_are_bounded_and_distinct(ws, gpus, bad):
     """Before: `gpus = [-1, 0, 0, 99999999999]` accepted and passed as CUDA_VISIBLE_DEVICES."""
     ws.write(SLEEPER + f"gpus = {gpus}\n")
-    _one_clear_line(ws.cli("run", "sleeper"), "eagle3.toml", f"stages.sleeper.gpus[{bad}]", "expected")
+    _one_clear_line(ws.call("run", "sleeper"), "eagle3.toml", f"stages.sleeper.gpus[{bad}]", "expected")
     assert ws.latest("sleeper") is None
 
 
 def test_an_empty_gpu_list_and_distinct_indexes_still_load(ws):
     ws.write(SLEEPER + "gpus = [0, 1, 7]\n")
-    ws.cli("status", "--no-gpus", check=0)
+    ws.call("status", "--no-gpus", check=0)
     ws.write(SLEEPER + "gpus = []\n")
-    ws.cli("status", "--no-gpus", check=0)
+    ws.call("status", "--no-gpus", check=0)
 
 
 @pytest.mark.parametrize("args", [("watch", "--once", "--no-gpus", "--interval", "1e-300"),
@@ -189,7 +191,7 @@ def test_intervals_have_a_floor(ws, args):
     """Before: `watch --interval 1e-300` and `exporter --interval 1e-300` ran,
     busy-looping at 92-97 % of a core."""
     ws.write(SLEEPER)
-    proc = ws.cli(*args, timeout=30)
+    proc = ws.call(*args, timeout=30)
     assert proc.returncode == 3 and "--interval" in proc.stderr and "0.05" in proc.stderr, (proc.returncode,
                                                                                            proc.stderr)
     assert "Traceback" not in proc.stderr
@@ -202,7 +204,7 @@ def test_runs_and_events_without_a_pipeline_file_exit_3(tmp_path, args):
     from tests.conftest import WS
     ws = WS(tmp_path / "no-such-workspace")
     ws.root.mkdir()
-    proc = ws.cli(*args)
+    proc = ws.call(*args)
     _one_clear_line(proc, "eagle3.toml", "no pipeline file here")
     assert proc.stdout == ""
     assert not (ws.root / ".eagle3").exists()       # a read never creates the state folder

@@ -1,5 +1,6 @@
 """Fault injection, issue 19: the CLI's input checks and exit codes, played end
-to end with the real CLI in subprocesses (items 10, 11, 15, 18, 21, 22, 23;
+to end with the real CLI (in subprocesses where a process is tested, its reads and
+refusals in this process) (items 10, 11, 15, 18, 21, 22, 23;
 the supervisor, stop, logs -f, backoff and exporter items are in
 tests/test_faults_supervise.py). Each test failed on the main branch it was
 written against."""
@@ -119,7 +120,7 @@ def test_a_deep_set_value_is_one_line_exit_3(ws):
 def test_a_pipeline_file_with_a_utf8_bom_is_accepted(ws):
     """Before: "Invalid statement (line 1, column 1)", exit 3."""
     (ws.root / "eagle3.toml").write_bytes(b"\xef\xbb\xbf" + SLEEPER.encode())
-    proc = ws.cli("status", "--json", "--no-gpus")
+    proc = ws.call("status", "--json", "--no-gpus")
     assert proc.returncode == 0, proc.stderr
     assert [s["name"] for s in json.loads(proc.stdout)["stages"]] == ["sleeper"]
 
@@ -196,12 +197,12 @@ def test_a_lost_run_whose_processes_are_gone_is_critical_exit_2(ws):
     os.killpg(run.pgid, signal.SIGKILL)
     wait_for(lambda: not process_alive(run.pid, run.create_time)
              and not process_alive(run.supervisor_pid, run.supervisor_create_time))
-    proc = ws.cli("status", "--json", "--no-gpus")
+    proc = ws.call("status", "--json", "--no-gpus")
     snap = json.loads(proc.stdout)
     assert snap["stages"][0]["status"] == "lost"
     alert = next(a for a in snap["alerts"] if a["code"] == "lost")
     assert alert["level"] == "critical" and proc.returncode == 2, (alert, proc.returncode)
-    assert ws.cli("status", "--no-gpus").returncode == 2
+    assert ws.call("status", "--no-gpus").returncode == 2
     assert ws.cli("watch", "--once", "--no-gpus").returncode == 2
 
 
@@ -213,12 +214,12 @@ def test_stopping_a_lost_run_records_it_killed_not_lost(ws):
     run = ws.wait_status("sleeper", ("running",))
     os.kill(run.supervisor_pid, signal.SIGKILL)
     wait_for(lambda: not process_alive(run.supervisor_pid, run.supervisor_create_time))
-    assert ws.cli("status", "--json", "--no-gpus").returncode == 2     # lost, its stage still running
+    assert ws.call("status", "--json", "--no-gpus").returncode == 2     # lost, its stage still running
     proc = ws.cli("stop", "sleeper", "--grace", "5", check=0)
     assert f"run {run.id} of sleeper: killed" in proc.stdout
     r = ws.latest("sleeper")
     assert r.status == "killed" and "supervisor was lost" in r.reason
-    assert ws.cli("status", "--json", "--no-gpus").returncode == 0
+    assert ws.call("status", "--json", "--no-gpus").returncode == 0
 
 
 SHARE_PIPELINE = extract_pipeline(', engine = "sglang", mem_fraction_static = 0.9', 'batch_param = "mem_fraction_static"\n')
@@ -288,7 +289,7 @@ def test_restart_and_watch_decide_out_of_memory_alike(ws):
     with open(run.log_path, "w") as log:
         log.write("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
         log.write(("step ok, nothing to see here\n" * 1000) * 720)      # ~20 MiB after it
-    status = json.loads(ws.cli("status", "--json", "--no-gpus").stdout)
+    status = json.loads(ws.call("status", "--json", "--no-gpus").stdout)
     assert not any(a["code"] == "oom" for a in status["alerts"]), status["alerts"]
     proc = ws.cli("restart", "extract", "--halve-batch", "--ignore-disk")
     assert "halved after the OOM" not in proc.stdout, proc.stdout

@@ -1,5 +1,5 @@
 """Data lost or blocked: the third fault battery's claims, partial files and
-counts (issue 28), played end to end with the real CLI in subprocesses, real
+counts (issue 28), played end to end with the real CLI (its reads and refusals in this process), real
 supervisors, real files and lock files. Each test failed on the main branch it
 was written against (see each docstring)."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -201,24 +202,18 @@ def test_an_output_re_pointed_while_its_run_lives_leaves_the_new_folder_alone(ws
 
 
 # ------------------------------------------------------------------ item 29: a sample replaced by a symlink
-def test_clean_honours_verifys_report_of_a_sample_replaced_by_a_symlink(tmp_path):
+def test_clean_honours_verifys_report_of_a_sample_replaced_by_a_symlink(tmp_path, extraction):
     """Before: verify named the link bad ("header length ... is not plausible"),
     but `clean extract` refused ("outputs are complete and are never cleaned"),
     though it honoured the same report for a truncated regular file."""
     pytest.importorskip("torch")
-    from tests.test_faults_ops import N
-    from tests.test_op_extract import extract_argv, make_prepared, make_target
-
-    from ops.common import run_main
-    from ops.extract.__main__ import main as extract_main
     from ops.formats import sample_path
 
     ws = WS(tmp_path / "ws")
     ws.root.mkdir()
-    target = make_target(tmp_path / "target")
-    prepared = make_prepared(tmp_path / "prep", n=N, seed=4)
+    _target, prepared, ref = extraction         # tests/conftest.py: made once a run, copied (damaged here)
     hs = ws.root / "data" / "hs"
-    assert run_main(extract_main, extract_argv(target, prepared, hs, "--token-budget", "150")) == 0
+    shutil.copytree(ref, hs)
     ws.write(f"""
 [stages.extract]
 op = "extract"
@@ -267,12 +262,12 @@ outputs = ["out/nothing"]
     for name in ("w", "never_writes"):
         ws.cli("run", name, "--force", check=0)
         ws.wait_status(name, ("succeeded",))
-    assert ws.cli("status", "--no-gpus").returncode == 0     # an output declared and never written: no alert
+    assert ws.call("status", "--no-gpus").returncode == 0     # an output declared and never written: no alert
     (ws.root / "out" / "w").rename(ws.root / "out" / "w.moved")
-    status = ws.cli("status", "--no-gpus")
+    status = ws.call("status", "--no-gpus")
     assert status.returncode == 2 and "gone" in status.stdout and str(ws.root / "out" / "w") in status.stdout, \
         status.stdout
-    snap = json.loads(ws.cli("status", "--json", "--no-gpus").stdout)
+    snap = json.loads(ws.call("status", "--json", "--no-gpus").stdout)
     w = next(s for s in snap["stages"] if s["name"] == "w")
     assert w["vanished"] == [str(ws.root / "out" / "w")]
     assert [a["code"] for a in snap["alerts"]] == ["output_vanished"], snap["alerts"]
@@ -283,7 +278,7 @@ outputs = ["out/nothing"]
     assert "Traceback" not in watch.stderr
     assert ws.latest("use") is None                 # neither run nor watch started it
     (ws.root / "out" / "w.moved").rename(ws.root / "out" / "w")
-    assert ws.cli("status", "--no-gpus").returncode == 0
+    assert ws.call("status", "--no-gpus").returncode == 0
 
 
 # ------------------------------------------------------------------ item 5: a stage removed while its run lives
@@ -310,9 +305,9 @@ def test_a_stage_removed_while_its_run_lives_stays_visible_and_stoppable(ws, com
 
 def _removed_and_stopped(ws, run, command):
     ws.write(OTHER)
-    status = ws.cli("status", "--no-gpus")
+    status = ws.call("status", "--no-gpus")
     assert status.returncode == 1 and "removed from the pipeline file" in status.stdout, status.stdout
-    snap = json.loads(ws.cli("status", "--json", "--no-gpus").stdout)
+    snap = json.loads(ws.call("status", "--json", "--no-gpus").stdout)
     w = [s for s in snap["stages"] if s["name"] == "w"]
     assert w and w[0]["removed"] is True and w[0]["run_id"] == run.id and w[0]["status"] == "running", w
     assert "stage_removed" in [a["code"] for a in snap["alerts"]]
@@ -329,7 +324,7 @@ def _removed_and_stopped(ws, run, command):
     with ws.registry() as reg:
         assert [r.id for r in reg.runs("w")] == [run.id]          # nothing restarted it
     # Once it has ended it is gone from the screen, and its name is unknown again.
-    snap = json.loads(ws.cli("status", "--json", "--no-gpus").stdout)
+    snap = json.loads(ws.call("status", "--json", "--no-gpus").stdout)
     assert [s["name"] for s in snap["stages"]] == ["other"]
     assert ws.cli("stop", "w").returncode == 3
 

@@ -17,25 +17,22 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from safetensors.torch import load_file, save_file  # noqa: E402
-from tests.test_op_extract import REPO, extract_argv, make_prepared, make_target  # noqa: E402
+from tests.conftest import EXTRACTION_SAMPLES  # noqa: E402
+from tests.test_op_extract import REPO, extract_argv  # noqa: E402
 
 from ops.common import run_main  # noqa: E402
 from ops.extract.__main__ import main as extract_main  # noqa: E402
 from ops.formats import DATA_CONFIG, sample_path  # noqa: E402
 from ops.verify.__main__ import main as verify_main  # noqa: E402
 
-N = 24
+N = EXTRACTION_SAMPLES
 
 
-@pytest.fixture(scope="module")
-def extracted(tmp_path_factory):
-    """An uninterrupted extraction of N samples: the reference bytes."""
-    root = tmp_path_factory.mktemp("faults")
-    target = make_target(root / "target")
-    prepared = make_prepared(root / "prep", n=N, seed=4)
-    out = root / "ref"
-    assert run_main(extract_main, extract_argv(target, prepared, out, "--token-budget", "150")) == 0
-    return target, prepared, out
+@pytest.fixture
+def extracted(extraction):
+    """An uninterrupted extraction of N samples: the reference bytes (tests/conftest.py
+    extraction, made once a run; read only here, copied by `out`)."""
+    return extraction
 
 
 @pytest.fixture

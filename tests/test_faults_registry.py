@@ -98,7 +98,7 @@ def test_status_reads_the_exit_record_while_the_registry_is_busy(ws):
     try:
         from eagle3_console.kernel import exitrecord
         wait_for(lambda: exitrecord.read(run.log_path), timeout=30)      # the supervisor saw the end
-        proc = ws.cli("status", "--json", "--no-gpus", timeout=60)
+        proc = ws.call("status", "--json", "--no-gpus", timeout=60)
         snap = json.loads(proc.stdout)
         short = next(s for s in snap["stages"] if s["name"] == "short")
         assert short["status"] == "succeeded" and short["exit_code"] == 0, short

@@ -255,7 +255,7 @@ argv = {stage_cmd("counter.py", "--count", "20", "--every", "0.1")}
     assert process_alive(run.supervisor_pid, run.supervisor_create_time), "the supervisor died"
     record = Path(run.log_path).with_suffix(".exit")
     assert json.loads(record.read_text())["status"] == "succeeded"
-    proc = ws.cli("status", "--json", "--no-gpus")
+    proc = ws.call("status", "--json", "--no-gpus")
     assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr     # honest: it cannot write
     if supervisor_dies:
         os.kill(run.supervisor_pid, signal.SIGKILL)
@@ -264,7 +264,7 @@ argv = {stage_cmd("counter.py", "--count", "20", "--every", "0.1")}
     if not supervisor_dies:
         # Its own retry gets it in, with nobody reading.
         wait_for(lambda: ws.latest("s").status != "running", timeout=30, poll=0.2)
-    proc = ws.cli("status", "--json", "--no-gpus")
+    proc = ws.call("status", "--json", "--no-gpus")
     st = json.loads(proc.stdout)["stages"][0]
     assert (st["status"], st["exit_code"], proc.returncode) == ("succeeded", 0, 0), (st, proc.stderr)
     r = ws.latest("s")

@@ -1,5 +1,5 @@
 """Fault injection, issue 28: `watch` and the command line's output under
-faults, played with the real CLI in subprocesses, real files, signals and a
+faults, played with the real CLI (its reads and refusals in this process), real files, signals and a
 real full filesystem (items 6, 7, 9, 31). Each test failed on the main branch
 it was written against."""
 
@@ -243,8 +243,8 @@ def test_a_watch_pass_reads_the_pipeline_file_once(ws, monkeypatch, capsys, n):
 
 def test_nested_outputs_among_many_stages_are_still_refused(ws):
     ws.write(_chain(300) + '[stages.inner]\nargv = ["true"]\noutputs = ["out/s150/deeper/x"]\n')
-    proc = ws.cli("status", "--no-gpus")
+    proc = ws.call("status", "--no-gpus")
     assert proc.returncode == 3 and "stages.inner.outputs" in proc.stderr and "s150" in proc.stderr, proc.stderr
     ws.write(_chain(300) + '[stages.outer]\nargv = ["true"]\noutputs = ["out"]\n')
-    proc = ws.cli("status", "--no-gpus")
+    proc = ws.call("status", "--no-gpus")
     assert proc.returncode == 3 and "lies inside stage 'outer'" in proc.stderr, proc.stderr

@@ -1,7 +1,8 @@
 """The storage formats where the console shows them: run's plan line (the disk
 estimate in each format), the estimate of the chosen format, the lint against
 an output of another format, and the shard monitor's format and bytes a token
-in status --json. Real workspaces, the CLI as a subprocess; no torch."""
+in status --json. Real workspaces, the CLI in this process
+where it only reads (WS.call), else as a subprocess; no torch."""
 
 from __future__ import annotations
 
@@ -13,20 +14,20 @@ from ops.formats import DATA_CONFIG, SAMPLE_LENGTHS, sample_path
 
 
 def _disk(ws) -> dict:
-    snap = json.loads(ws.cli("status", "--json", "--no-gpus").stdout)
+    snap = json.loads(ws.call("status", "--json", "--no-gpus").stdout)
     return next(d for d in snap["disk"] if d["stage"] == "extract")
 
 
 def test_the_plan_line_gives_the_disk_estimate_in_each_format(kimi):  # noqa: F811
-    proc = kimi.cli("run", "extract", check=2)
+    proc = kimi.call("run", "extract", check=2)
     assert "disk by format (upper bound): bf16 2.1 TiB | fp8 1.1 TiB | int4 546.9 GiB (this run: format = bf16)" \
         in proc.stdout
     prepare_summary(kimi)
-    proc = kimi.cli("run", "extract", check=2)
+    proc = kimi.call("run", "extract", check=2)
     # Kimi-K2.5's 17,285,548 tokens: 923 GiB in bf16, about 462 in fp8, 231 in int4.
     assert "disk by format (exact): bf16 923.1 GiB | fp8 461.8 GiB | int4 230.8 GiB (this run: format = bf16)" \
         in proc.stdout
-    proc = kimi.cli("run", "extract", "--set", "format=fp8", check=2)
+    proc = kimi.call("run", "extract", "--set", "format=fp8", check=2)
     assert "disk: exact 461.8 GiB (496 GB) = 17,285,548 tokens" in proc.stdout
     assert "x 4 states (3 aux + final) x (7,168 x 1 B + a 4 B scale) (fp8)" in proc.stdout
     assert "(this run: format = fp8)" in proc.stdout
@@ -45,7 +46,7 @@ def test_the_estimate_in_status_follows_the_format(kimi):  # noqa: F811
 
 
 def test_an_unknown_format_is_refused_at_run_with_exit_3(kimi):  # noqa: F811
-    proc = kimi.cli("run", "extract", "--set", "format=fp6", check=3)
+    proc = kimi.call("run", "extract", "--set", "format=fp6", check=3)
     assert "format" in proc.stderr and "fp6" in proc.stderr and "bf16, fp8, int4" in proc.stderr
     assert kimi.latest("extract") is None
 
@@ -71,7 +72,7 @@ def test_a_run_into_an_output_of_another_format_is_refused_before_it_starts(kimi
     prepare_summary(kimi)
     kimi.record_finished_run("prepare", {}, status="succeeded")
     _output(kimi, "fp8")
-    proc = kimi.cli("run", "extract", "--ignore-disk", "--set", "format=int4", check=3)
+    proc = kimi.call("run", "extract", "--ignore-disk", "--set", "format=int4", check=3)
     assert "data_config.json: the output holds format 'fp8', this run would write 'int4'" in proc.stdout + proc.stderr
     assert "a run keeps one format" in proc.stdout + proc.stderr
     assert kimi.latest("extract") is None
@@ -79,7 +80,7 @@ def test_a_run_into_an_output_of_another_format_is_refused_before_it_starts(kimi
 
 def test_status_json_names_the_format_and_the_bytes_a_token(kimi):  # noqa: F811
     _output(kimi, "fp8")
-    snap = json.loads(kimi.cli("status", "--json", "--no-gpus").stdout)
+    snap = json.loads(kimi.call("status", "--json", "--no-gpus").stdout)
     shards = next(s for s in snap["stages"] if s["name"] == "extract")["shards"]
     assert shards["format"] == "fp8"
     written = sum(p.stat().st_size for p in (kimi.root / "data" / "hidden_states").rglob("*") if p.is_file())
@@ -88,7 +89,7 @@ def test_status_json_names_the_format_and_the_bytes_a_token(kimi):  # noqa: F811
 
 def test_an_output_without_a_format_holds_bf16(kimi):  # noqa: F811
     _output(kimi, None)
-    snap = json.loads(kimi.cli("status", "--json", "--no-gpus").stdout)
+    snap = json.loads(kimi.call("status", "--json", "--no-gpus").stdout)
     assert next(s for s in snap["stages"] if s["name"] == "extract")["shards"]["format"] == "bf16"
 
 
@@ -107,7 +108,7 @@ def test_int4_on_a_hidden_size_it_cannot_group_is_a_lint_error(ws):
     from tests.conftest import extract_pipeline
 
     ws.write(extract_pipeline(', format = "int4"', extra='depends_on = []\n'))
-    proc = ws.cli("run", "extract", "--ignore-disk", check=3)
+    proc = ws.call("run", "extract", "--ignore-disk", check=3)
     assert "stages.extract.params.format: int4 needs a hidden_size divisible by 32, the target's is 16" in \
         proc.stdout + proc.stderr
     assert ws.latest("extract") is None

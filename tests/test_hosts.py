@@ -80,7 +80,7 @@ def test_status_shows_each_hosts_gpus_with_their_runs_and_a_dead_or_hung_host_as
     a, procs = two_nodes
     (pa, port_a), (pb, port_b) = procs
     c = console(tmp_path, [port_a, port_b])
-    snap = json.loads(c.cli("status", "--json", check=0).stdout)
+    snap = json.loads(c.call("status", "--json", check=0).stdout)
     first, second = snap["hosts"]
     assert first["state"] == "ok" and first["url"] == f"http://127.0.0.1:{port_a}"
     run = a.latest("sleep")
@@ -89,14 +89,14 @@ def test_status_shows_each_hosts_gpus_with_their_runs_and_a_dead_or_hung_host_as
     assert [(p["stage"], p["run_id"], p["pid"]) for p in gpu0["processes"]] == [("sleep", run.id, run.pid)]
     assert second["state"] == "ok" and second["gpus"][0]["mem_used"] == 10 * 2**30
     assert not second["gpus"][0]["processes"]
-    text = c.cli("status", check=0).stdout
+    text = c.call("status", check=0).stdout
     assert "GPU 0 " in text
     assert "runs: sleep run" in text
     # One node's exporter dies; the other hangs (stopped, its socket still accepting into the backlog).
     pa.kill()
     pa.wait()
     pb.send_signal(signal.SIGSTOP)
-    proc = c.cli("status", "--json", timeout=30)
+    proc = c.call("status", "--json", timeout=30)
     snap = json.loads(proc.stdout)
     first, second = snap["hosts"]
     assert first["state"] == "unreachable" and "refused" in first["reason"].lower(), first
@@ -104,7 +104,7 @@ def test_status_shows_each_hosts_gpus_with_their_runs_and_a_dead_or_hung_host_as
     alerts = [x for x in snap["alerts"] if x["code"] == "host_unreachable"]
     assert len(alerts) == 2 and all(x["level"] == "warning" for x in alerts)
     assert proc.returncode == 1
-    text = c.cli("status", timeout=30).stdout
+    text = c.call("status", timeout=30).stdout
     assert f"http://127.0.0.1:{port_a}: unreachable" in text and "no answer" in text
 
 
@@ -115,7 +115,7 @@ def test_status_shows_each_hosts_gpus_with_their_runs_and_a_dead_or_hung_host_as
 ])
 def test_bad_hosts_are_refused_at_load(ws, hosts, said):
     ws.write(f"hosts = {hosts}\n[stages.x]\nargv = [\"true\"]\n")
-    proc = ws.cli("status", "--json", check=3)
+    proc = ws.call("status", "--json", check=3)
     assert "hosts" in proc.stderr and said in proc.stderr and "Traceback" not in proc.stderr
 
 

@@ -35,7 +35,7 @@ def _cli(ws, *args, out):
 
 
 def _events(ws, stage):
-    return json.loads(ws.cli("events", "--stage", stage, "--json", check=0).stdout)
+    return json.loads(ws.call("events", "--stage", stage, "--json", check=0).stdout)
 
 
 def _files(root):

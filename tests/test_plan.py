@@ -1,6 +1,7 @@
 """Day one of the Kimi-K2.5 job (issue 20): the disk figure and the layer ids are
 right before anything runs. The pipeline file is examples/kimi-k2.5.toml as
-committed; the CLI runs as a real subprocess on a real workspace."""
+committed; a real workspace, the CLI's reads and refusals in this process (WS.call), its
+launches as real subprocesses."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def prepare_summary(ws, tokens: int = 17_285_548, samples: int = 10_000) -> None
 
 
 def extract_disk(ws) -> dict:
-    snap = json.loads(ws.cli("status", "--json", "--no-gpus").stdout)
+    snap = json.loads(ws.call("status", "--json", "--no-gpus").stdout)
     return next(d for d in snap["disk"] if d["stage"] == "extract")
 
 
@@ -66,7 +67,7 @@ def test_before_anything_ran_status_shows_the_upper_bound_labelled(kimi):
     assert d["final_kind"] == "upper_bound" and d["written_bytes"] == 0
     assert "10,000 samples" in d["estimate_basis"] and "4,096 tokens" in d["estimate_basis"]
     assert "per-file overhead" in d["estimate_basis"]
-    text = kimi.cli("status", "--no-gpus").stdout
+    text = kimi.call("status", "--no-gpus").stdout
     assert "2.1 TiB upper bound" in text
     assert ("extract: upper bound 2.1 TiB (2.35 TB) = 10,000 samples (prepare's limit) x 4,096 tokens "
             "(extract's max_seq_len) x 4 states (3 aux + final) x 7,168 x 2 B (bfloat16), plus per-file overhead") \
@@ -74,7 +75,7 @@ def test_before_anything_ran_status_shows_the_upper_bound_labelled(kimi):
 
 
 def test_run_prints_the_plan_before_refusing_on_a_dependency(kimi):
-    proc = kimi.cli("run", "extract", check=2)
+    proc = kimi.call("run", "extract", check=2)
     assert "depends on 'prepare', which has not succeeded" in proc.stderr
     assert "disk: upper bound 2.1 TiB (2.35 TB) = 10,000 samples" in proc.stdout
     assert ("layers (61-layer target): canonical [2, 30, 58] + final 60 | SGLang capture (layers_to_capture) "
@@ -91,7 +92,7 @@ def test_the_exact_figure_once_prepare_wrote_its_summary(kimi):
     # The states only: each file's header, input_ids and loss_mask come on top (measured: 21.8 MiB
     # where the states of the same samples were 21.5 MiB), so the basis says so, as the upper bound's does.
     assert d["estimate_basis"].endswith("plus per-file overhead (headers, input_ids, loss_mask)"), d
-    proc = kimi.cli("run", "extract", check=2)
+    proc = kimi.call("run", "extract", check=2)
     assert "disk: exact 923.1 GiB (991 GB) = 17,285,548 tokens" in proc.stdout
 
 
@@ -102,11 +103,11 @@ def test_force_overrides_the_dependencies_not_the_disk(kimi):
         pytest.skip("this filesystem has room for 923 GiB")
     # engine hf, tp 1: the op itself fails at once (an empty target folder); what matters is who refuses.
     sets = ["--set", "engine=hf", "--set", "tp=1"]
-    proc = kimi.cli("run", "extract", "--force", *sets, check=2)
+    proc = kimi.call("run", "extract", "--force", *sets, check=2)
     assert "needs about 923.1 GiB more (exact: 17,285,548 tokens" in proc.stderr
     assert "pass --ignore-disk" in proc.stderr
     assert kimi.latest("extract") is None
-    kimi.cli("run", "extract", "--ignore-disk", *sets, check=2)        # the dependency still counts
+    kimi.call("run", "extract", "--ignore-disk", *sets, check=2)        # the dependency still counts
     assert kimi.latest("extract") is None
     kimi.cli("run", "extract", "--force", "--ignore-disk", *sets, check=0)
     run = kimi.latest("extract")
@@ -240,14 +241,14 @@ def _lint_warning(proc) -> str:
 
 
 def test_sglangs_spelling_of_the_default_is_a_lint_warning_naming_every_reading(kimi):
-    proc = kimi.cli("run", "extract", "--set", "layer_ids=[2, 30, 58]", check=2)
+    proc = kimi.call("run", "extract", "--set", "layer_ids=[2, 30, 58]", check=2)
     warning = _lint_warning(proc)
     assert "layer_ids [2, 30, 58] is read as canonical ids" in warning
     assert "SGLang capture [3, 31, 59]" in warning
     assert ("if it is SGLang's capture list (layers_to_capture), vLLM's eagle_aux_hidden_state_layer_ids "
             "or an HF hidden_states index: canonical [1, 29, 57]") in warning
     assert "keep it only to capture [3, 31, 59]" in warning
-    proc = kimi.cli("run", "extract", "--set", "layer_ids=auto", check=2)
+    proc = kimi.call("run", "extract", "--set", "layer_ids=auto", check=2)
     assert "lint warning" not in proc.stderr
 
 
@@ -255,7 +256,7 @@ def test_a_pasted_capture_list_is_named_in_every_spelling_it_could_be(kimi):
     """The seed's SGLang list [3, 31, 59] pasted as layer_ids would capture [4, 32, 60]:
     the lint says so, and what it stands for if it was the capture list or a draft config's."""
     _kimi_target(kimi)
-    proc = kimi.cli("run", "extract", "--set", "layer_ids=[3, 31, 59]", check=2)
+    proc = kimi.call("run", "extract", "--set", "layer_ids=[3, 31, 59]", check=2)
     warning = _lint_warning(proc)
     assert "layer_ids [3, 31, 59] is read as canonical ids" in warning
     assert "SGLang capture [4, 32, 60]" in warning
@@ -269,7 +270,7 @@ def test_the_plan_line_names_each_spelling_for_what_it_is(kimi):
     """The SGLang draft config's ids are the ones export writes, per the target's rule:
     for Kimi and the seed's layers [3, 31, 59]; for a Llama target the canonical ids."""
     _kimi_target(kimi)
-    line = next(x for x in kimi.cli("run", "extract", check=2).stdout.splitlines() if x.startswith("layers ("))
+    line = next(x for x in kimi.call("run", "extract", check=2).stdout.splitlines() if x.startswith("layers ("))
     ks = [2, 30, 58]
     wrote = layers.sglang_config_ids_for("DeepseekV3ForCausalLM", ks)
     assert wrote == [3, 31, 59]
@@ -277,14 +278,14 @@ def test_the_plan_line_names_each_spelling_for_what_it_is(kimi):
     assert "SGLang capture (layers_to_capture) [3, 31, 59]" in line
     assert "vLLM eagle_aux_hidden_state_layer_ids [3, 31, 59]" in line
     _kimi_target(kimi, "LlamaForCausalLM")
-    line = next(x for x in kimi.cli("run", "extract", "--set", "layer_ids=auto", check=2).stdout.splitlines()
+    line = next(x for x in kimi.call("run", "extract", "--set", "layer_ids=auto", check=2).stdout.splitlines()
                 if x.startswith("layers ("))
     assert "SGLang draft config.json eagle_aux_hidden_state_layer_ids (export writes) [1, 29, 57]" in line
     assert "SGLang capture (layers_to_capture) [2, 30, 58]" in line
 
 
 def test_layer_ids_the_target_cannot_have_are_a_lint_error(kimi):
-    proc = kimi.cli("run", "extract", "--set", "layer_ids=[2, 30, 61]", check=2)
+    proc = kimi.call("run", "extract", "--set", "layer_ids=[2, 30, 61]", check=2)
     assert "lint error: stages.extract.params.layer_ids: layer_ids [2, 30, 61]: [61] outside" in proc.stderr
     assert kimi.latest("extract") is None
 
@@ -313,12 +314,12 @@ def test_a_summary_whose_token_count_is_no_number_gives_no_exact_figure_and_no_t
     prepared = ws.root / "data" / "prepared"
     prepared.mkdir(parents=True)
     (prepared / "summary.json").write_text('{"samples": 10, "total_tokens": "lots"}')
-    proc = ws.cli("status", "--json", "--no-gpus")
+    proc = ws.call("status", "--json", "--no-gpus")
     assert "Traceback" not in proc.stderr, proc.stderr
     row = next(d for d in _json.loads(proc.stdout)["disk"] if d["stage"] == "extract")
     assert row["estimate_kind"] == "upper_bound", row
     (prepared / "summary.json").write_text('{"samples": 10, "total_tokens": 1000}')
-    row = next(d for d in _json.loads(ws.cli("status", "--json", "--no-gpus").stdout)["disk"] if d["stage"] == "extract")
+    row = next(d for d in _json.loads(ws.call("status", "--json", "--no-gpus").stdout)["disk"] if d["stage"] == "extract")
     assert row["estimate_kind"] == "exact" and row["estimate_bytes"] == 1000 * 4 * 16 * 2, row
 
 

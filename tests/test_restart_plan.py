@@ -1,7 +1,8 @@
 """`restart`'s dry run says what the launch will do: the argv with the `--force`
 that `--ignore-disk` adds for an op that repeats the disk check itself, and
 `--halve-batch` after a failure that was not out of memory says that nothing
-was halved (the CLI as a subprocess, the runs recorded in a real registry)."""
+was halved (the CLI, its refusals in
+this process, the runs recorded in a real registry)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ def test_ignore_disk_dry_run_shows_the_force_the_launch_adds(ws):
     ws.write(extract_pipeline(", tokens = 1000000000000000"))
     (ws.root / "models" / "target").mkdir(parents=True)     # run refuses a target that is not there
     ws.record_finished_run("extract", {"input": "data/prepared", "output": "data/hs", "tokens": 10 ** 15})
-    refused = ws.cli("restart", "extract", check=2)
+    refused = ws.call("restart", "extract", check=2)
     assert "free space or pass --ignore-disk" in refused.stdout + refused.stderr
     proc = ws.cli("restart", "extract", "--ignore-disk", check=0)
     argv = next(x for x in proc.stdout.splitlines() if x.startswith("argv: "))
@@ -37,7 +38,7 @@ def test_an_input_that_does_not_exist_is_refused_before_launch(ws):
     ws.write(extract_pipeline(""))
     (ws.root / "models" / "target").mkdir(parents=True)     # an empty folder (run refuses none): the op fails on it
     for extra in ((), ("--force",)):
-        proc = ws.cli("run", "extract", *extra, check=2)
+        proc = ws.call("run", "extract", *extra, check=2)
         assert f"stage 'extract': params.input {ws.root / 'data' / 'prepared'} does not exist" in proc.stderr, \
             proc.stderr
     assert ws.latest("extract") is None

@@ -100,21 +100,21 @@ def test_supervisor_killed_shows_lost_and_stage_still_watched(ws):
     run = ws.latest("slow")
     os.kill(run.supervisor_pid, signal.SIGKILL)
     wait_for(lambda: not process_alive(run.supervisor_pid, run.supervisor_create_time))
-    proc = ws.cli("runs", "slow")
+    proc = ws.call("runs", "slow")
     assert "lost" in proc.stdout
     lost = ws.latest("slow")
     assert lost.status == "lost" and process_alive(lost.pid, lost.create_time)
     # The stage still lives: a second run is refused, stop still reaches it.
     again = ws.cli("run", "slow")
     assert again.returncode == 2 and "already has a live run" in again.stderr
-    status = json.loads(ws.cli("status", "--json", "--no-gpus").stdout)
+    status = json.loads(ws.call("status", "--json", "--no-gpus").stdout)
     alert = next(a for a in status["alerts"] if a["code"] == "lost")
     assert alert["level"] == "critical" and "still watched" in alert["message"]
     ws.cli("stop", "slow", "--grace", "2", check=0)
     wait_for(lambda: not process_alive(lost.pid, lost.create_time))
     # Stopped: nothing of it runs any more, and saying "still watched" at CRITICAL would be false;
     # the operator ended it, so it is killed (issue 19 item 23: a lost run is CRITICAL).
-    proc = ws.cli("status", "--json", "--no-gpus")
+    proc = ws.call("status", "--json", "--no-gpus")
     assert not [a for a in json.loads(proc.stdout)["alerts"] if a["code"] == "lost"] and proc.returncode == 0
     assert ws.latest("slow").status == "killed"
 
@@ -265,14 +265,14 @@ params = { drafter = "runs/export", output = "runs/bench" }
 op = "bench"
 params = { drafter = "runs/export", output = "runs/bench", num_prompts = "eight" }
 """)
-    proc = ws.cli("status")
+    proc = ws.call("status")
     assert proc.returncode == 3 and "stages.bench.params.num_prompts: expected an integer" in proc.stderr, proc.stderr
     ws.write(pipeline() + """
 [stages.bench]
 op = "bench"
 params = { drafter = "runs/export", output = "runs/bench", num_prompts = "8" }
 """)
-    assert ws.cli("status").returncode == 0
+    assert ws.call("status").returncode == 0
     from ops.spec import value_type_error
     assert value_type_error(1e-4, 3) is None and value_type_error(1e-4, ".001") is None
     assert value_type_error(8, 8.0) is not None and value_type_error(False, "true") is not None
@@ -311,8 +311,8 @@ params = { input = "data/prep", output = "data/hs", tokens = 1000000000000000 }
 """)
     (ws.root / "data" / "prep").mkdir(parents=True)  # the input exists: only the disk refuses
     (ws.root / "models" / "target").mkdir(parents=True)      # an empty target folder (run refuses none)
-    ws.cli("run", "extract", check=2)                 # the console's own disk check
-    ws.cli("run", "extract", "--force", check=2)
+    ws.call("run", "extract", check=2)                 # the console's own disk check
+    ws.call("run", "extract", "--force", check=2)
     ws.cli("run", "extract", "--ignore-disk", check=0)
     run = ws.wait_status("extract", ("failed", "succeeded"))
     assert "--force" in run.argv

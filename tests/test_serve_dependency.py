@@ -28,7 +28,7 @@ depends_on = ["serve"]
 
 
 def serve_state(ws) -> str | None:
-    snap = json.loads(ws.cli("status", "--json", "--no-gpus").stdout)
+    snap = json.loads(ws.call("status", "--json", "--no-gpus").stdout)
     sv = next(s for s in snap["stages"] if s["name"] == "serve")["serve"]
     return sv["state"] if sv else None
 
@@ -36,12 +36,12 @@ def serve_state(ws) -> str | None:
 def test_a_stage_that_depends_on_a_server_starts_once_it_is_ready(ws):
     port = free_port()
     ws.write(pipeline(port))
-    proc = ws.cli("run", "client", check=2)
+    proc = ws.call("run", "client", check=2)
     assert "depends on serve stage 'serve', which never ran (start it: `run serve`)" in proc.stderr
     assert "a dependency on a serve stage means its server is ready" in proc.stderr
     ws.cli("run", "serve", check=0)
     try:
-        proc = ws.cli("run", "client", check=2)        # loading for 3 s: the port is closed
+        proc = ws.call("run", "client", check=2)        # loading for 3 s: the port is closed
         assert f"whose server (run 1, http://127.0.0.1:{port}) is loading: port {port} not open yet" in proc.stderr
         assert ws.latest("client") is None
         wait_for(lambda: serve_state(ws) == "ready", timeout=30, poll=0.2)
@@ -53,5 +53,5 @@ def test_a_stage_that_depends_on_a_server_starts_once_it_is_ready(ws):
         assert "pipeline settled: serve running, client succeeded" in proc.stdout
     finally:
         ws.cli("stop", "serve", "--grace", "2")
-    proc = ws.cli("run", "client", check=2)
+    proc = ws.call("run", "client", check=2)
     assert "whose run 1 is killed, not serving" in proc.stderr

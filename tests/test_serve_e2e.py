@@ -32,7 +32,7 @@ env = {{ PYTHONPATH = "{ROOT}", FAKE_SGLANG_LOAD_S = "1.5", FAKE_SGLANG_WARMUP_S
 
 
 def serve_state(ws) -> tuple[dict, dict, int]:
-    proc = ws.cli("status", "--json", "--no-gpus")
+    proc = ws.call("status", "--json", "--no-gpus")
     snap = json.loads(proc.stdout)
     st = next(s for s in snap["stages"] if s["name"] == "serve")
     return st, snap, proc.returncode
@@ -57,7 +57,7 @@ def test_serve_stage_loading_then_ready_then_stopped(ws):
     # 1.5 s load + 0.5 s warm-up, read from the "fired up" line's stamp (whole seconds).
     assert 1.0 <= serve["time_to_ready_s"] < 20
     assert serve["running_reqs"] == 0 and serve["kv_usage"] == 0.0
-    text = ws.cli("status", "--no-gpus").stdout
+    text = ws.call("status", "--no-gpus").stdout
     assert f"serve: server ready http://127.0.0.1:{port}, ready after " in text
     assert "; running 0, queued 0, KV 0%" in text
     log = (ws.root / ".eagle3").glob("logs/*serve.log")
@@ -90,7 +90,7 @@ def test_a_crash_with_sglangs_oom_message_is_a_critical_oom_alert(ws):
 
 def test_a_lint_error_refuses_the_launch_with_its_reason(ws):
     ws.write(pipeline(free_port(), tp=2, gpus="[0]"))
-    proc = ws.cli("run", "serve", check=3)
+    proc = ws.call("run", "serve", check=3)
     assert "lint error: tp 2 x dp 1 = 2 GPUs, but the stage's gpus list has 1 (0)" in proc.stderr
     assert ws.latest("serve") is None
 
@@ -138,7 +138,7 @@ def test_the_restart_plan_shows_the_lints_and_refuses_on_an_error(ws):
     ws.wait_status("serve", ("failed",))
     plan = ws.cli("restart", "serve", "--set", 'extra_args=["--disable-cuda-graph"]', check=0)
     assert "lint warning: extra_args --disable-cuda-graph: deprecated in sglang 0.5.23" in plan.stdout
-    plan = ws.cli("restart", "serve", "--set", "tp=2", check=2)
+    plan = ws.call("restart", "serve", "--set", "tp=2", check=2)
     assert "refused: stage 'serve': tp 2 x dp 1 = 2 GPUs, but the stage's gpus list has 1 (0)" in plan.stdout
 
 
@@ -216,14 +216,14 @@ def test_bench_names_its_servers_by_serve_stage_and_the_console_binds_their_urls
 
 def test_a_server_param_that_names_no_serve_stage_or_the_wrong_mode_is_refused(ws):
     ws.write(bench_pipeline(31001, 31002, 'server = "bench_sglang"'))
-    proc = ws.cli("run", "bench_sglang", check=3)
+    proc = ws.call("run", "bench_sglang", check=3)
     assert "stages.bench_sglang.params.server: 'bench_sglang' is not a serve stage " \
            "(serve stages: serve_spec, serve_base)" in proc.stderr
     ws.write(bench_pipeline(31001, 31002, 'server = "serve_base"'))
-    proc = ws.cli("run", "bench_sglang", check=3)
+    proc = ws.call("run", "bench_sglang", check=3)
     assert "serve stage 'serve_base' has mode 'target'; server needs a 'speculative' server" in proc.stderr
     ws.write(bench_pipeline(31001, 31002, 'server = "serve_spec"'))
-    proc = ws.cli("run", "bench_sglang", "--set", "url=http://x:1", check=3)
+    proc = ws.call("run", "bench_sglang", "--set", "url=http://x:1", check=3)
     assert "names a serve stage and url is set too; set one of them" in proc.stderr
     assert ws.latest("bench_sglang") is None
 

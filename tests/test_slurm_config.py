@@ -46,7 +46,7 @@ slurm = {{ {slurm} }}
 ])
 def test_bad_slurm_params_are_refused_at_load_naming_the_key(ws, table, key, said):
     ws.write(custom(table))
-    proc = ws.cli("status", "--no-gpus")
+    proc = ws.call("status", "--no-gpus")
     assert proc.returncode == 3, proc
     line = proc.stderr.strip().splitlines()[-1]
     assert str(ws.root / "eagle3.toml") in line and key in line and said in line, line
@@ -55,16 +55,16 @@ def test_bad_slurm_params_are_refused_at_load_naming_the_key(ws, table, key, sai
 
 def test_launcher_must_be_known_and_slurm_table_needs_it(ws):
     ws.write(custom("nodes = 1").replace('launcher = "slurm"', 'launcher = "pbs"'))
-    proc = ws.cli("status", "--no-gpus", check=3)
+    proc = ws.call("status", "--no-gpus", check=3)
     assert "stages.job.launcher" in proc.stderr and "expected one of local, slurm" in proc.stderr
     ws.write(custom("nodes = 1").replace('launcher = "slurm"\n', ""))
-    assert "expected launcher = \"slurm\"" in ws.cli("status", "--no-gpus", check=3).stderr
+    assert "expected launcher = \"slurm\"" in ws.call("status", "--no-gpus", check=3).stderr
 
 
 @needs_slurm_clients
 def test_a_stage_gpus_list_and_a_single_process_op_on_two_nodes_are_refused(ws):
     ws.write(custom("nodes = 1", "gpus = [0]"))
-    assert "stages.job.gpus" in ws.cli("status", "--no-gpus", check=3).stderr
+    assert "stages.job.gpus" in ws.call("status", "--no-gpus", check=3).stderr
     ws.write(TINY_TARGET + """
 [stages.vocab]
 op = "vocab"
@@ -72,7 +72,7 @@ launcher = "slurm"
 slurm = { nodes = 2 }
 params = { input = "data/prepared", output = "data/vocab" }
 """)
-    err = ws.cli("status", "--no-gpus", check=3).stderr
+    err = ws.call("status", "--no-gpus", check=3).stderr
     assert "stages.vocab.slurm.nodes" in err and "runs as one process on one node" in err
 
 

@@ -30,7 +30,7 @@ slurm = {{ {slurm} }}
 
 
 def status_json(ws) -> tuple[int, dict]:
-    proc = ws.cli("status", "--json", "--no-gpus")
+    proc = ws.call("status", "--json", "--no-gpus")
     return proc.returncode, json.loads(proc.stdout)
 
 
@@ -119,7 +119,7 @@ def test_stop_is_scancel_and_waits_until_the_job_has_left(ws, slurm):
     run = ws.latest("job")
     assert run.status == "killed" and run.job_state == "CANCELLED" and "stopped" in run.reason
     assert "JobState=CANCELLED" in slurm.job(run.job_id)
-    events = json.loads(ws.cli("events", "--json", check=0).stdout)
+    events = json.loads(ws.call("events", "--json", check=0).stdout)
     stop = next(e for e in events if e["action"] == "stop")
     assert stop["targets"] == [run.job_id] and stop["outcome"].startswith("scancel")
     code, snap = status_json(ws)
@@ -215,7 +215,7 @@ def test_a_queued_job_shows_pending_with_slurms_reason_everywhere_and_stops(ws, 
     code, snap = status_json(ws)
     st = stage_of(snap)
     assert st["status"] == "pending" and st["job"]["state"] == "PENDING" and st["job"]["reason"] == "BeginTime"
-    assert f"job: slurm job {st['job']['id']} PENDING (BeginTime)" in ws.cli("status", "--no-gpus").stdout
+    assert f"job: slurm job {st['job']['id']} PENDING (BeginTime)" in ws.call("status", "--no-gpus").stdout
     from eagle3_console.observe.exporter import families
     from eagle3_console.observe.snapshot import Collector
     from eagle3_console.kernel.workspace import Workspace

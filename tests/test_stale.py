@@ -30,7 +30,7 @@ def run_to_success(ws, stage: str) -> int:
 
 
 def stages(ws) -> dict:
-    snap = json.loads(ws.cli("status", "--json", "--no-gpus").stdout)
+    snap = json.loads(ws.call("status", "--json", "--no-gpus").stdout)
     return {s["name"]: s for s in snap["stages"]}
 
 
@@ -47,7 +47,7 @@ def test_a_rerun_upstream_makes_its_dependents_stale_until_they_run_again(ws):
     assert st["mid"]["stale"] == f"up succeeded again (run {again}) after run 2 started"
     # Through mid: down's inputs came from mid's stale outputs.
     assert st["down"]["status"] == "stale" and st["down"]["stale"] == "mid is stale"
-    text = ws.cli("status", "--no-gpus").stdout
+    text = ws.call("status", "--no-gpus").stdout
     assert "stale" in text
 
     # watch --advance treats stale as not done: it runs mid, then down, and settles.

@@ -25,7 +25,7 @@ argv = {stage_cmd("progress.py", "--n", "4", "--sleep", "0.01")}
 
 
 def status(ws, *args):
-    proc = ws.cli("status", "--json", *args)
+    proc = ws.call("status", "--json", *args)
     return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else None, proc
 
 
@@ -72,7 +72,7 @@ def test_failed_stage_with_oom_is_critical(ws):
     st = data["stages"][0]
     assert st["exit_code"] == 1 and st["shards"]["tmp_files"] == 1
     # The readable form says the same.
-    plain = ws.cli("status")
+    plain = ws.call("status")
     assert plain.returncode == 2 and "OOM" in plain.stdout and "out of memory" in plain.stdout
 
 
@@ -168,16 +168,16 @@ def test_rate_carries_its_unit_and_only_a_running_stage_shows_one(ws):
     ws.cli("run", "p", check=0)
 
     def running_rate():
-        snap = json.loads(ws.cli("status", "--json", "--no-gpus").stdout)
+        snap = json.loads(ws.call("status", "--json", "--no-gpus").stdout)
         st = snap["stages"][0]
         return st["status"] == "running" and st["rate"] and st
     st = wait_for(running_rate, timeout=30)
     assert st["rate_unit"] == "it/s" and st["rate"] > 0
-    assert " it/s" in ws.cli("status", "--no-gpus").stdout
+    assert " it/s" in ws.call("status", "--no-gpus").stdout
     ws.cli("stop", "p", "--grace", "2", check=0)
-    text = ws.cli("status", "--no-gpus").stdout
+    text = ws.call("status", "--no-gpus").stdout
     assert "it/s" not in text          # a stopped stage's last window is not a rate now
-    st = json.loads(ws.cli("status", "--json", "--no-gpus").stdout)["stages"][0]
+    st = json.loads(ws.call("status", "--json", "--no-gpus").stdout)["stages"][0]
     assert st["status"] == "killed" and st["rate"] is None and st["eta_s"] is None
 
 
