@@ -197,18 +197,33 @@ def export_steps(out: Path, trained: Path) -> dict[str, int | None]:
             "speculators": step_of(out / "speculators" / "model.safetensors")}
 
 
+@pytest.fixture(scope="module")
+def export_2(trained, tmp_path_factory) -> Path:
+    """An export of checkpoint 2, made once for the module (five tests re-export over one)."""
+    out = tmp_path_factory.mktemp("export-2") / "export"
+    proc = run(export_argv(step_dir(trained, 2), out))
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def copy_of(export: Path, tmp_path: Path) -> Path:
+    """The test's own copy of a module export (it is killed mid-switch over, replaced)."""
+    out = tmp_path / "export"
+    shutil.copytree(export, out, symlinks=True)
+    return out
+
+
 def leftovers(out: Path) -> list[str]:
     return sorted(p.name for p in list(out.parent.iterdir()) + (list(out.iterdir()) if out.is_dir() else [])
                   if ".tmp-" in p.name or ".old-" in p.name)
 
 
-def test_kill_9_mid_reexport_leaves_the_old_export_whole(trained, tmp_path):
+def test_kill_9_mid_reexport_leaves_the_old_export_whole(trained, export_2, tmp_path):
     """Before: kill -9 once the re-export had replaced sglang/ left sglang/
     from the new checkpoint, speculators/ and export_info.json from the old
     one, and nothing said so. Now the new export is built beside the old one
     and switched in whole: killed before the switch, the old one is intact."""
-    out = tmp_path / "export"
-    assert run(export_argv(step_dir(trained, 2), out)).returncode == 0
+    out = copy_of(export_2, tmp_path)
     old = digests(out)
     assert export_steps(out, trained) == {"export_info": 2, "sglang": 2, "speculators": 2}
     old_sglang = (out / "sglang" / "model.safetensors").read_bytes()
@@ -248,15 +263,14 @@ def _stopped(pid: int) -> bool:
     ("aside", "no-exchange", None, "rolled back an interrupted switch"),
     ("switched", "no-exchange", 4, "removed the export it replaced"),
 ])
-def test_kill_9_at_each_point_of_the_switch(trained, tmp_path, point, mode, seen, recovery):
+def test_kill_9_at_each_point_of_the_switch(trained, export_2, tmp_path, point, mode, seen, recovery):
     """kill -9 exactly at each point of the switch (the export stops itself
     there with SIGSTOP under the test hook, then gets a real SIGKILL): a
     reader sees the old export or the new one, whole (or, between the two
     renames of the fallback for filesystems without RENAME_EXCHANGE, none);
     the next export finishes or rolls back what was left. Before: no switch,
     the hook was ignored and the export ran to its end."""
-    out = tmp_path / "export"
-    assert run(export_argv(step_dir(trained, 2), out)).returncode == 0
+    out = copy_of(export_2, tmp_path)
     env = dict(ENV, **{STOP_ENV: point}, **({"EAGLE3_EXPORT_TEST_MODE": mode} if mode else {}))
     with open(tmp_path / "log", "w") as log:
         proc = subprocess.Popen(export_argv(step_dir(trained, 4), out), stdout=log, stderr=subprocess.STDOUT,
