@@ -12,7 +12,7 @@ ops/formats.py and ops/hidden_formats.py.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,12 +55,9 @@ def check_header(header: dict, exp: Expected) -> tuple[int | None, str | None]:
         return None, f"{FORMAT_MISMATCH}{fmt!r} in the file's header, data_config.json declares {exp.format!r}"
     if exp.format != hidden_formats.BF16:
         return _check_encoded(header, exp)
-    missing = [k for k in SAMPLE_KEYS if k not in header]
-    if missing:
-        return None, f"missing tensor(s) {missing}"
-    extra = sorted(k for k in header if k not in SAMPLE_KEYS and k != "__metadata__")
-    if extra:
-        return None, f"unexpected tensor(s) {extra}"
+    wrong = _keys_problem(header, SAMPLE_KEYS)
+    if wrong:
+        return None, wrong
     shapes = {k: header[k].get("shape") for k in SAMPLE_KEYS}
     dtypes = {k: header[k].get("dtype") for k in SAMPLE_KEYS}
     t, reason = _ids_and_mask(header)
@@ -85,6 +82,17 @@ def check_header(header: dict, exp: Expected) -> tuple[int | None, str | None]:
     return t, None
 
 
+def _keys_problem(header: dict, wanted: Sequence[str]) -> str | None:
+    """The tensors missing from the header, or else those it holds beyond `wanted`; None when neither."""
+    missing = [k for k in wanted if k not in header]
+    if missing:
+        return f"missing tensor(s) {missing}"
+    extra = sorted(k for k in header if k not in wanted and k != "__metadata__")
+    if extra:
+        return f"unexpected tensor(s) {extra}"
+    return None
+
+
 def _ids_and_mask(header: dict) -> tuple[int | None, str | None]:
     ids = header["input_ids"].get("shape")
     if not isinstance(ids, list) or len(ids) != 1 or ids[0] < 1:
@@ -103,13 +111,9 @@ def _check_encoded(header: dict, exp: Expected) -> tuple[int | None, str | None]
     """A file of an encoded format: every tensor the format lays out, of its dtype and shape."""
     fmt = exp.format
     names = [n + s for n in STATE_KEYS for s in hidden_formats.suffixes(fmt)]
-    wanted = ["input_ids", "loss_mask", *names]
-    missing = [k for k in wanted if k not in header]
-    if missing:
-        return None, f"missing tensor(s) {missing}"
-    extra = sorted(k for k in header if k not in wanted and k != "__metadata__")
-    if extra:
-        return None, f"unexpected tensor(s) {extra}"
+    wrong = _keys_problem(header, ["input_ids", "loss_mask", *names])
+    if wrong:
+        return None, wrong
     t, reason = _ids_and_mask(header)
     if reason:
         return None, reason

@@ -219,7 +219,7 @@ class SnapshotExporter:
             self.samples += 1
 
     def snapshot_json(self) -> bytes:
-        """The last snapshot as status --json prints it (what another node's console reads: hosts.py)."""
+        """The last snapshot as status --json prints it (what another node's console reads: monitor/hosts.py)."""
         with self._lock:
             return self._json
 
