@@ -360,7 +360,7 @@ class Gauge:
 class ResultView:
     """A stage's record as the TUI's panes show it (OpSpec.result_view).
 
-    Styles are roles the widgets colour: "label", "strong", "headline", "ok",
+    Styles are roles the panes colour: "label", "strong", "headline", "ok",
     "alarm", "warn" ("" is plain)."""
 
     head: tuple[tuple[str, str], ...]               # (text, role): the progress pane's head
