@@ -104,27 +104,23 @@ TORCH_FILES = {
 }
 
 
-# Seconds each file took in a full run (`--junitxml`, summed per file; 2 shared cores under load,
-# at 150fa5b). Only the order matters: the files over 10 s, longest first.
+# Seconds each file took in a full run (`--junitxml`, summed per file: 2 cores, 3 workers in
+# bin/test's lanes, at 28d5cfd; the machine at load 3 falling to idle). Only the order matters
+# (and the lanes' balance): the files over 8 s, longest first.
 FILE_SECONDS = {
-    "test_faults_train_export.py": 334, "test_e2e_demo.py": 332, "test_formats_training.py": 239,
-    "test_benchmarks_throughput.py": 202, "test_slurm_jobs.py": 163, "test_faults_data.py": 141,
-    "test_train_streamed.py": 128, "test_extract_sglang.py": 116, "test_faults_clean.py": 105,
-    "test_faults4_runs.py": 91, "test_bin_test.py": 89, "test_export_moved.py": 65, "test_realmodel.py": 62,
-    "test_faults.py": 61, "test_op_extract.py": 59, "test_sim_acceptance.py": 57, "test_actions.py": 52,
-    "test_faults4_slurm.py": 49, "test_serve_e2e.py": 48, "test_faults_supervise.py": 47,
-    "test_faults_bounds.py": 43, "test_tui.py": 42, "test_op_bench_sglang.py": 40,
-    "test_faults_reexport.py": 38, "test_verify_realmodel.py": 37, "test_runs.py": 36,
-    "test_extract_sglang_launch.py": 34, "test_faults_registry.py": 33, "test_faults_cli.py": 32,
-    "test_bench_table.py": 32, "test_op_regenerate.py": 32, "test_faults4_hosts.py": 31,
-    "test_demo_assets.py": 27, "test_plan.py": 27, "test_status.py": 24, "test_faults_watch.py": 23,
-    "test_op_train.py": 22, "test_faults_ops.py": 22, "test_op_bench.py": 21, "test_train_report.py": 19,
-    "test_exporter.py": 19, "test_op_prepare.py": 18, "test_failure_cause.py": 18, "test_tui_guarded.py": 17,
-    "test_watch.py": 14, "test_stale.py": 14, "test_interrupted_actions.py": 14, "test_length_buckets.py": 14,
-    "test_day_one.py": 13, "test_tui_serve.py": 13, "test_hosts.py": 13, "test_op_serve.py": 13,
-    "test_faults4_regenerate.py": 12, "test_tui_tmux.py": 12, "test_faults_exporter.py": 11,
-    "test_status_fast.py": 11, "test_train_online.py": 11, "test_monitor_procs.py": 11,
-    "test_serve_dependency.py": 11, "test_monitor_serve.py": 10, "test_faults4_progress.py": 10,
+    "test_e2e_demo.py": 205, "test_faults_train_export.py": 140, "test_slurm_jobs.py": 140,
+    "test_faults_data.py": 131, "test_formats_training.py": 111, "test_benchmarks_throughput.py": 86,
+    "test_faults_clean.py": 76, "test_extract_sglang.py": 66, "test_train_streamed.py": 58,
+    "test_realmodel.py": 53, "test_op_extract.py": 52, "test_faults4_slurm.py": 46, "test_faults4_runs.py": 41,
+    "test_op_bench_sglang.py": 39, "test_faults_supervise.py": 39, "test_serve_e2e.py": 37,
+    "test_bin_test.py": 35, "test_faults.py": 31, "test_actions.py": 30, "test_export_moved.py": 27,
+    "test_op_regenerate.py": 26, "test_sim_acceptance.py": 23, "test_faults_reexport.py": 22,
+    "test_verify_realmodel.py": 21, "test_runs.py": 20, "test_op_train.py": 18, "test_bench_table.py": 17,
+    "test_faults_registry.py": 16, "test_faults_watch.py": 15, "test_extract_sglang_launch.py": 15,
+    "test_tui.py": 14, "test_interrupted_actions.py": 12, "test_watch.py": 12, "test_faults_ops.py": 11,
+    "test_op_bench.py": 10, "test_monitor_serve.py": 10, "test_length_buckets.py": 10,
+    "test_failure_cause.py": 10, "test_train_online.py": 9, "test_tui_repaint.py": 9,
+    "test_train_report.py": 8, "test_hosts.py": 8, "test_regenerate_data.py": 8,
 }
 
 
