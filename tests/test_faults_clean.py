@@ -169,7 +169,8 @@ SWAPS_ITS_OUTPUT = r"""
 import os, shutil, sys, time
 out = sys.argv[1]
 os.makedirs(out)
-time.sleep(1.5)                       # claimed by now (the supervisor looks every 0.5 s)
+while not os.path.exists(os.path.join(out, ".eagle3-lock")):   # until the supervisor claimed it
+    time.sleep(0.05)
 # What export does for one atomic switch: a new folder, then swapped in.
 os.makedirs(out + ".new")
 open(os.path.join(out + ".new", "model.bin"), "w").write("new")
@@ -177,7 +178,7 @@ os.rename(out, out + ".old")
 os.rename(out + ".new", out)
 shutil.rmtree(out + ".old")
 open(os.path.join(out, "swapped"), "w").close()
-time.sleep(8)
+time.sleep(600)                       # until the test stops it (or its teardown ends it)
 """
 
 
@@ -203,6 +204,14 @@ def test_an_output_swapped_by_its_stage_is_claimed_again(tmp_path):
     a.cli("stop", "w")
 
 
+def _ended(pid: int) -> bool:
+    """Gone, or a zombie (ended, not reaped yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
 def test_a_lock_stays_live_while_the_stage_outlives_its_supervisor(tmp_path):
     """Liveness is the owner's pids with their create times, not only the
     supervisor's lock: kill -9 of A's supervisor leaves A's stage writing."""
@@ -219,7 +228,7 @@ def test_a_lock_stays_live_while_the_stage_outlives_its_supervisor(tmp_path):
     wait_for(lambda: _lock(shared))
     os.kill(run_a.supervisor_pid, signal.SIGKILL)
     try:
-        time.sleep(0.3)
+        wait_for(lambda: _ended(run_a.supervisor_pid))      # the supervisor gone, its stage writing on
         proc = b.cli("clean", "w", "--yes")
         assert proc.returncode == 2 and "owned by" in proc.stdout, proc.stdout + proc.stderr
     finally:
