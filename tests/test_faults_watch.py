@@ -36,7 +36,8 @@ def _env() -> dict:
 def _popen(ws, *args: str, **kw) -> subprocess.Popen:
     kw.setdefault("stdout", subprocess.PIPE)
     kw.setdefault("stderr", subprocess.PIPE)
-    return subprocess.Popen([PY, "-m", "eagle3_console.cli", "-w", str(ws.root), *args], text=True, env=_env(),
+    kw.setdefault("env", _env())
+    return subprocess.Popen([PY, "-m", "eagle3_console.cli", "-w", str(ws.root), *args], text=True,
                             cwd=str(ws.root), **kw)
 
 
@@ -54,7 +55,10 @@ def test_watch_outlives_a_pipeline_file_gone_for_seconds(ws, fault):
     ws.write(FLAKY)
     ws.cli("run", "flaky", check=0)
     first = ws.wait_status("flaky", ("failed",))
-    watch = _popen(ws, "watch", "--interval", "0.2", "--no-gpus")
+    said = ws.root / "watch.out"            # read while it runs: it says when it met the file broken
+    with open(said, "w") as fh:
+        watch = _popen(ws, "watch", "--interval", "0.2", "--no-gpus", stdout=fh,
+                       env=dict(_env(), PYTHONUNBUFFERED="1"))
     try:
         lock = ws.root / ".eagle3" / "watch.lock"
         wait_for(lambda: lock.exists() and lock.read_text().strip() == str(watch.pid), timeout=20)
@@ -64,7 +68,9 @@ def test_watch_outlives_a_pipeline_file_gone_for_seconds(ws, fault):
             config.write_text(good + "\n[stages.flaky\n")
         else:
             config.rename(ws.root / "eagle3.toml.away")
-        time.sleep(2.0)
+        # A pass met the broken file and the watch went on (no fixed window: the event itself).
+        wait_for(lambda: "pass skipped" in said.read_text() or watch.poll() is not None, timeout=60)
+        time.sleep(1.0)     # more passes on the broken file (about 5 at 0.2 s; fewer on a busy machine)
         assert watch.poll() is None, _end(watch)
         if fault == "invalid":
             config.write_text(good)
@@ -80,7 +86,8 @@ def test_watch_outlives_a_pipeline_file_gone_for_seconds(ws, fault):
         wait_for(recorded, timeout=10)
         assert watch.poll() is None, _end(watch)
     finally:
-        out, err = _end(watch)
+        _out, err = _end(watch)
+    out = said.read_text()
     assert "Traceback" not in err, err
     assert "pass skipped" in out and "eagle3.toml" in out, out
     assert out.count("pass skipped") == 1, out      # said once, not every pass
