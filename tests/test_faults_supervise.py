@@ -181,9 +181,12 @@ argv = {stage_cmd("counter.py", "--count", "60", "--every", "0.08")}
 @pytest.mark.parametrize("end", ["failed", "killed"])
 def test_logs_follow_exit_code_is_the_runs(ws, end):
     """Before: `logs -f` exit 0 whatever the run's end."""
+    # The run to be killed counts for a minute: stopped long before it could end by itself,
+    # however slow the machine (3 s of counting could end as `failed` before the stop came).
+    count = "30" if end == "failed" else "600"
     ws.write(f"""
 [stages.count]
-argv = {stage_cmd("counter.py", "--count", "30", "--every", "0.1", "--exit", "1")}
+argv = {stage_cmd("counter.py", "--count", count, "--every", "0.1", "--exit", "1")}
 """)
     ws.cli("run", "count", check=0)
     run = ws.wait_status("count", ("running",))
