@@ -14,15 +14,16 @@ from pathlib import Path
 
 import pytest
 
+from eagle3_console.monitor.procs import process_alive
 from tests.conftest import stage_cmd, wait_for
 
 pytestmark = pytest.mark.usefixtures("slurm")
 
 
-def pipeline(seconds: float = 60, slurm: str = "") -> str:
+def pipeline(seconds: float = 60, slurm: str = "", *extra: str) -> str:
     return f"""
 [stages.job]
-argv = {stage_cmd("sleeper.py", "--seconds", "{seconds}")}
+argv = {stage_cmd("sleeper.py", "--seconds", "{seconds}", *extra)}
 params = {{ seconds = {seconds} }}
 launcher = "slurm"
 slurm = {{ {slurm} }}
@@ -38,8 +39,8 @@ def stage_of(snap: dict, name: str = "job") -> dict:
     return next(s for s in snap["stages"] if s["name"] == name)
 
 
-def running_job(ws, seconds: float = 300, slurm: str = ""):
-    ws.write(pipeline(seconds, slurm))
+def running_job(ws, seconds: float = 300, slurm: str = "", *extra: str):
+    ws.write(pipeline(seconds, slurm, *extra))
     ws.cli("run", "job", check=0)
     run = ws.wait_status("job", ("running",), timeout=60)
     assert run.job_id and run.launcher == "slurm"
@@ -139,14 +140,18 @@ def test_kill_workers_is_scancel_signal_kill_then_checked(ws, slurm):
     assert "JobState=CANCELLED" in slurm.job(run.job_id)
 
 
-def test_a_job_outlives_its_supervisor_and_its_end_is_still_recorded(ws, slurm):
-    run = running_job(ws, seconds=6)
+def test_a_job_outlives_its_supervisor_and_its_end_is_still_recorded(ws, slurm, tmp_path):
+    # The job ends when the test says (the file `go`), not after a fixed 6 s that a loaded
+    # machine could spend before the first look.
+    go = tmp_path / "go"
+    run = running_job(ws, 300, "", "--until", str(go))
     os.kill(run.supervisor_pid, signal.SIGKILL)
-    time.sleep(0.5)
+    wait_for(lambda: not process_alive(run.supervisor_pid, run.supervisor_create_time))
     code, snap = status_json(ws)
     assert stage_of(snap)["status"] == "running" and stage_of(snap)["job"]["state"] == "RUNNING"
     refused = ws.cli("run", "job")
     assert refused.returncode == 2 and "live run" in refused.stderr       # one live run per stage still
+    go.write_text("")
     wait_for(lambda: "JobState=COMPLETED" in slurm.job(run.job_id), timeout=60, poll=0.5)
     code, snap = status_json(ws)
     assert stage_of(snap)["status"] == "succeeded", snap
