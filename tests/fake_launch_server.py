@@ -15,7 +15,8 @@ which compiles the kernels), set the status Up, log "fired up".
 
 Environment knobs: FAKE_SGLANG_LOAD_S (weight loading, default 1.5 s),
 FAKE_SGLANG_WARMUP_S (the warm-up request's first forward: port open, not
-ready; default 0.5 s), FAKE_SGLANG_VERSION=0.5.17 (that release's server: no
+ready; default 0.5 s), FAKE_SGLANG_LOAD_UNTIL=FILE (loading goes on until FILE
+exists: a test's event instead of a duration), FAKE_SGLANG_VERSION=0.5.17 (that release's server: no
 /ready route, see tests/sglang_double.py), FAKE_SGLANG_FAIL=oom
 (after loading: the scheduler's KV-pool RuntimeError of
 model_executor/pool_configurator.py, the sigquit line of entrypoints/engine.py,
@@ -89,6 +90,9 @@ def main() -> int:
             f"[00:0{i}<00:0{shards - i}, 1.00it/s]", end="\r" if i < shards else "\n")
         if i < shards:
             time.sleep(load_s / shards)
+    until = os.environ.get("FAKE_SGLANG_LOAD_UNTIL")
+    while until and not os.path.exists(until):      # loading until the test says (no fixed window)
+        time.sleep(0.05)
     say(f"{stamp(0)} Load weight end. elapsed={load_s:.2f} s, type=DeepseekV3ForCausalLM, "
         f"avail mem=4.02 GB, mem usage=90.08 GB.")
     if os.environ.get("FAKE_SGLANG_FAIL") == "oom":

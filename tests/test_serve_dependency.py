@@ -5,12 +5,14 @@ supervisor, real processes, the fake `launch_server` (tests/fake_launch_server.p
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from tests.conftest import ROOT, stage_cmd, wait_for
 from tests.test_serve_e2e import free_port
 
 
-def pipeline(port: int) -> str:
+def pipeline(port: int, loaded: Path) -> str:
+    """The server loads until the file `loaded` exists (the test says when, no fixed window)."""
     return f"""
 [target]
 path = "models/target"
@@ -19,7 +21,7 @@ path = "models/target"
 op = "serve"
 gpus = [0]
 params = {{ port = {port}, launcher = "tests.fake_launch_server" }}
-env = {{ PYTHONPATH = "{ROOT}", FAKE_SGLANG_LOAD_S = "3", FAKE_SGLANG_WARMUP_S = "0.5" }}
+env = {{ PYTHONPATH = "{ROOT}", FAKE_SGLANG_LOAD_S = "0.5", FAKE_SGLANG_LOAD_UNTIL = "{loaded}", FAKE_SGLANG_WARMUP_S = "0.5" }}
 
 [stages.client]
 argv = {stage_cmd("progress.py", "--n", "3", "--sleep", "0.01")}
@@ -35,15 +37,17 @@ def serve_state(ws) -> str | None:
 
 def test_a_stage_that_depends_on_a_server_starts_once_it_is_ready(ws):
     port = free_port()
-    ws.write(pipeline(port))
+    loaded = ws.root / "loaded"
+    ws.write(pipeline(port, loaded))
     proc = ws.call("run", "client", check=2)
     assert "depends on serve stage 'serve', which never ran (start it: `run serve`)" in proc.stderr
     assert "a dependency on a serve stage means its server is ready" in proc.stderr
     ws.cli("run", "serve", check=0)
     try:
-        proc = ws.call("run", "client", check=2)        # loading for 3 s: the port is closed
+        proc = ws.call("run", "client", check=2)        # loading until told: the port is closed
         assert f"whose server (run 1, http://127.0.0.1:{port}) is loading: port {port} not open yet" in proc.stderr
         assert ws.latest("client") is None
+        loaded.write_text("")
         wait_for(lambda: serve_state(ws) == "ready", timeout=30, poll=0.2)
         proc = ws.cli("watch", "--once", "--advance", "--no-gpus")
         assert "client: dependencies done (server ready: serve); started run 2" in proc.stdout, (proc.stdout, proc.stderr)
