@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ from safetensors.numpy import save_file
 
 from ops.bench.spec import SPEC, result_line
 from ops.spec import EstimateContext
-from tests.conftest import ROOT
+from tests.conftest import ROOT, wait_for
 from tests.sglang_double import Double
 
 PROMPTS = [[1, 2, 3, 4, 5], [9, 8, 7], [11, 12, 13, 14, 15, 16, 17, 18]]
@@ -210,22 +211,32 @@ def test_bench_waits_for_a_port_that_is_not_open_yet(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     started: list[Double] = []
+    said = tmp_path / "bench.out"
+    refused = "/ready: connection refused (nothing listens on the port yet) (0 s of 60 s)"
 
     def later():
-        time.sleep(2.0)             # the weights load before SGLang binds its port
+        # The port opens once bench said it found it closed (the weights load before SGLang
+        # binds its port): an event, not a fixed 2 s that a slow start of bench could outlast.
+        wait_for(lambda: refused in said.read_text(), timeout=60)
         d = Double(port=port, speculative=True).start()
         d.status = "Up"
         started.append(d)
     t = threading.Thread(target=later, daemon=True)
-    t.start()
     try:
-        proc = bench("--url", f"http://127.0.0.1:{port}", "--prompts-file", str(_prompts(tmp_path)),
-                     "--max-new-tokens", "9", "--output", str(tmp_path / "out"), "--ready-timeout-s", "60")
+        with open(said, "w") as out, open(tmp_path / "bench.err", "w") as err:
+            proc = subprocess.Popen([sys.executable, "-m", "ops.bench", "--engine", "sglang", "--url",
+                                     f"http://127.0.0.1:{port}", "--prompts-file", str(_prompts(tmp_path)),
+                                     "--max-new-tokens", "9", "--output", str(tmp_path / "out"),
+                                     "--ready-timeout-s", "60"], stdout=out, stderr=err, cwd=str(ROOT),
+                                    env=dict(os.environ, PYTHONUNBUFFERED="1"))
+            t.start()
+            code = proc.wait(timeout=120)
     finally:
         t.join()
-        started[0].stop()
-    assert proc.returncode == 0, proc.stderr
-    assert "/ready: connection refused (nothing listens on the port yet) (0 s of 60 s)" in proc.stdout
+        if started:
+            started[0].stop()
+    assert code == 0, (tmp_path / "bench.err").read_text()
+    assert refused in said.read_text()
 
 
 def test_bench_waits_on_a_server_without_ready_through_health_generate(tmp_path):
