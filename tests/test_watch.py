@@ -109,8 +109,10 @@ def test_until_done_waits_out_a_restart_backoff(ws):
     ws.write("""
 [stages.flaky]
 argv = ["python", "-c", "import pathlib, sys; p = pathlib.Path('tries'); n = len(p.read_text()) if p.exists() else 0; p.write_text('x' * (n + 1)); sys.exit(0 if n >= 1 else 3)"]
-restart = { max = 2, backoff_s = 1.5 }
+restart = { max = 2, backoff_s = 5 }
 """)
+    # The backoff long enough that a pass lands inside it on a busy machine too (1.5 s: a loaded
+    # run's passes took longer, and none saw the backoff).
     proc = ws.cli("watch", "--advance", "--until-done", "--interval", "0.2", "--no-gpus", timeout=60)
     assert "backoff" in proc.stdout, proc.stdout
     assert proc.returncode == 0, (proc.stdout, proc.stderr)
