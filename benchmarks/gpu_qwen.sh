@@ -91,11 +91,15 @@ setup() {
     df -h /root /dev/shm; } 2>&1 | tee $P/out/env.txt
   rm -rf $P/assets && mkdir -p $P/assets && cp -r $TREE/.devwork/qwen/prompts $P/assets/prompts
   [ -n "${PREPARED:-}" ] && cp -r "$TREE/$PREPARED" $P/assets/prepared
-  python3 - "$P" "$M" "${LIMIT:-}" "${NUM_PROMPTS:-}" "${1:-all}" "${PREPARED:-}" <<'EOF'
+  # JOURNAL: a regenerate journal made earlier with the same prompts and settings (e.g.
+  # benchmarks/results/h100_2026-12-07_qwen_data/regenerated_journal.tgz): regenerate resumes it and answers
+  # only the rows it does not hold, up to LIMIT.
+  [ -n "${JOURNAL:-}" ] && { tar xzf "$TREE/$JOURNAL" -C $P/assets && rm -f $P/assets/regenerated/.regenerate.lock; }
+  python3 - "$P" "$M" "${LIMIT:-}" "${NUM_PROMPTS:-}" "${1:-all}" "${PREPARED:-}" "${JOURNAL:-}" <<'EOF'
 import re, sys
 from pathlib import Path
 p, model, limit, prompts, first = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5] == "first"
-prepared = sys.argv[6]
+prepared, journal = sys.argv[6], sys.argv[7]
 text = Path("examples/qwen-coder-1.5b-h100-sglang.toml").read_text()
 text = text.replace('path = "models/qwen-coder-1.5b"', f'path = "{model}"')
 text = re.sub(r"\[stages\.prompts\]\n(?:(?!\n\[).)*\n", "", text, flags=re.S)   # its output came along
@@ -110,6 +114,8 @@ if prepared:
         text = re.sub(rf"\[stages\.{name}\]\n(?:(?!\n\[).)*\n", "", text, flags=re.S)
     text = text.replace('depends_on = ["prepare"]\n', "").replace('["prepare", "vocab"]', '["vocab"]')
     text = text.replace("data/prepared", "assets/prepared")
+if journal:
+    text = text.replace("data/regenerated", "assets/regenerated")
 if first:
     # serve_target, regenerate, prepare, vocab: what follows starts at train's comment.
     text = text[:text.index("# Online: each batch")]
@@ -150,10 +156,16 @@ extract)
   ;;
 sweep)
   # Item 3: online training at a fixed number of steps, lr / data size / MLP width against the base run.
-  PYTHONPATH=$P/src:/tmp/site python3 benchmarks/train_sweep.py --target $M \
-    --conversations $TREE/${CONVERSATIONS:-.devwork/qwen_regen/conversations.jsonl} --out /root/sweep \
-    ${SWEEP_ARGS:---lrs 3e-4,3e-3 --fractions 0.25,0.5 --widths 13440} 2>&1 | tee $P/out/sweep.log
-  tar czf "$OUT/sweep.tgz" -C /root --exclude='*.safetensors' --exclude='*.pt' sweep -C $P out/sweep.log
+  # SWEEP_BG=1: in a session of its own (beside the pipeline's regenerate), its table and logs come back with
+  # `finish` (sweep.tgz).
+  for i in $(seq 1 300); do [ -f $M/config.json ] && break; sleep 1; done
+  cp "$TREE/${CONVERSATIONS:-.devwork/qwen_regen/conversations.jsonl}" /root/sweep_conversations.jsonl
+  cmd="PYTHONPATH=$P/src:/tmp/site python3 benchmarks/train_sweep.py --target $M \
+    --conversations /root/sweep_conversations.jsonl --out /root/sweep \
+    ${SWEEP_ARGS:---lrs 3e-4,3e-3 --fractions 0.25,0.5 --widths 13440} > /root/sweep.log 2>&1; echo \$? > /root/sweep.rc"
+  if [ -n "${SWEEP_BG:-}" ]; then setsid nohup bash -c "$cmd" >/dev/null 2>&1 & echo "sweep started: pid $!"; exit 0; fi
+  bash -c "$cmd"; cat /root/sweep.log
+  tar czf "$OUT/sweep.tgz" -C /root --exclude='*.safetensors' --exclude='*.pt' sweep sweep.log sweep.rc
   ;;
 wait)
   python3 benchmarks/gpu_pipeline.py wait --out $P/out --seconds ${WAIT_S:-540} --rescue-set ""
@@ -167,7 +179,9 @@ finish)
   for s in regenerate prepare vocab train export bench serve_spec serve_target; do
     python3 -m eagle3_console.cli -w $WS logs $s -n 80 > $P/out/log_$s.txt 2>&1; done
   tar czf "$OUT/out.tgz" -C $P out
-  gzip -c $WS/data/regenerated/conversations.jsonl | split -b 15M -d -a 1 - "$OUT/conversations.jsonl.gz."
+  [ -d /root/sweep ] && tar czf "$OUT/sweep.tgz" -C /root --exclude='*.safetensors' --exclude='*.pt' sweep sweep.log sweep.rc
+  REG=$WS/data/regenerated; [ -d $WS/assets/regenerated ] && REG=$WS/assets/regenerated
+  gzip -c $REG/conversations.jsonl | split -b 15M -d -a 1 - "$OUT/conversations.jsonl.gz."
   ls -la "$OUT"
   ;;
 esac
