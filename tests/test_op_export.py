@@ -97,7 +97,7 @@ def test_check_catches_damaged_exports(assets, trained, tmp_path):
     weights = out / "sglang" / "model.safetensors"
     good = load_file(str(weights))
     model, meta = load_drafter(trained)
-    args = argparse.Namespace(data=None, check_samples=2, dtype="float32")
+    args = argparse.Namespace(data=None, check_samples=2, dtype="float32", device="cpu")
     assert check(model, {"sglang": out / "sglang"}, meta, args, assets["target"])["ok"]
 
     # k_proj given q_proj's tensor (as a mis-mapped export would): the wrong shape is named.
@@ -118,6 +118,15 @@ def test_check_catches_damaged_exports(assets, trained, tmp_path):
     save_file(bad, str(weights))
     with pytest.raises(ExportFormatError, match=r"missing tensors \['t2d'\]"):
         read_export(out / "sglang")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: tests/gpu checks --device cuda")
+def test_check_on_cuda_without_cuda_is_one_line_and_writes_nothing(trained, tmp_path, capsys):
+    out = tmp_path / "export"
+    assert export(trained, out, "--dtype", "float32", "--format", "sglang", "--device", "cuda") == 2
+    err = capsys.readouterr().err
+    assert "--device cuda: CUDA is not available on this machine" in err and "Traceback" not in err
+    assert not out.exists() and not list(tmp_path.glob("export*"))
 
 
 def test_missing_checkpoint_is_a_clear_error(tmp_path, capsys):

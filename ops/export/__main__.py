@@ -87,6 +87,7 @@ def check(ref_model, written: dict[str, Path], meta: dict, args, target: Path) -
     from ops.drafter.target_head import load_target_head
     from ops.drafter.formats import read_export
 
+    device = check_device(args.device)
     if args.data or meta.get("data"):
         data = read_data(Path(args.data or meta["data"]))
         ids = list(meta.get("holdout") or []) or sorted(data.samples)
@@ -101,10 +102,10 @@ def check(ref_model, written: dict[str, Path], meta: dict, args, target: Path) -
             raise ValueError("the checkpoint names neither data (offline) nor samples (online); pass --data")
         ids = (list(meta.get("holdout") or []) or [0])[: args.check_samples]
         inputs = states_for(Path(meta["samples"]), target, meta.get("layer_ids") or ref_model.cfg.aux_layer_ids,
-                            ids)
-    embed = load_target_head(target).embed.float()
+                            ids, device)
+    embed = load_target_head(target).embed.float().to(device)
     steps = int(meta.get("ttt_steps", 3))
-    ref_model.eval()
+    ref_model.to(device).eval()
     report = {"samples": ids, "steps": steps, "formats": {}}
     for fmt, path in written.items():
         model, cfg, _, _ = read_export(path, ref_model.cfg.target_architecture)
@@ -115,12 +116,12 @@ def check(ref_model, written: dict[str, Path], meta: dict, args, target: Path) -
             with safe_open(str(path / "model.safetensors"), framework="pt") as fh:
                 embed_ok = torch.equal(fh.get_tensor("embed_tokens.weight").float(),
                                        embed.to(getattr(torch, args.dtype)).float())
-        model.eval()
+        model.to(device).eval()
         ids_ok = cfg.aux_layer_ids == ref_model.cfg.aux_layer_ids
         worst, agree, total = 0.0, 0, 0
         with torch.no_grad():
             for idx in ids:
-                input_ids, aux = inputs[idx]
+                input_ids, aux = (x.to(device) for x in inputs[idx])
                 ref = [lg for _, lg in ref_model.unroll(input_ids, aux, embed, steps)]
                 got = [lg for _, lg in model.unroll(input_ids, aux, embed, steps)]
                 for a, b in zip(ref, got):
@@ -139,6 +140,15 @@ def check(ref_model, written: dict[str, Path], meta: dict, args, target: Path) -
               f"{'ok' if ok else 'FAILED'}", flush=True)
     report["ok"] = all(f["ok"] for f in report["formats"].values())
     return report
+
+
+def check_device(device: str) -> str:
+    """Where the check computes: "cuda" or "cpu" (auto: CUDA when this machine has it)."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: CUDA is not available on this machine (auto or cpu runs the check here)")
+    return "cuda" if device in ("auto", "cuda") and torch.cuda.is_available() else "cpu"
 
 
 def target_ref(value: str) -> str:

@@ -33,6 +33,10 @@ class Export(OpSpec):
         Param("check", True, "reload what was written and compare its logits with the checkpoint's"),
         Param("check_samples", 4, "samples the check runs over", low=0),
         Param("data", None, "hidden states for --check (default: training's)", type=str),
+        # The check's unrolls (and, after an online run, the target forward that makes its states) on the
+        # CPU in float32 took most of a Qwen2.5-1.5B export's 195 s on an H100 machine (RESULTS.md).
+        Param("device", "auto", "where --check computes: auto (CUDA when available) | cpu | cuda",
+              choices=("auto", "cpu", "cuda")),
     )
     output_params = ("output",)
     input_params = ("checkpoint",)

@@ -91,22 +91,24 @@ class HFTarget:
         self.capture.close()
 
 
-def states_for(samples_dir: Path, target_dir: Path, layer_ids: list[int], ids: list[int]) -> dict:
-    """idx -> (input_ids [1, T], aux [1, T, 3H] float32) of prepare's samples `ids`, through the
-    target on the CPU with these hooks: what export's check reads where an online (or streamed)
-    run stored no states."""
+def states_for(samples_dir: Path, target_dir: Path, layer_ids: list[int], ids: list[int],
+               device: str = "cpu") -> dict:
+    """idx -> (input_ids [1, T], aux [1, T, 3H] float32, on the CPU) of prepare's samples `ids`,
+    through the target with these hooks, on `device` ("cpu": float32; "cuda": bfloat16, as extract
+    runs it there): what export's check reads where an online (or streamed) run stored no states."""
     from ops.prepared import load_samples
 
     prepared = load_samples(Path(samples_dir))
     info = target_mod.read_target(Path(target_dir))
-    model = target_mod.load_model(info, "float32", target_mod.Placement("cpu", None))
+    placement = target_mod.Placement("cuda:0", None) if device == "cuda" else target_mod.Placement("cpu", None)
+    model = target_mod.load_model(info, "bfloat16" if device == "cuda" else "float32", placement)
     target = HFTarget(model, list(layer_ids))
     out = {}
     try:
         for idx in ids:
             tok, _mask = prepared.get(idx)
             states = target.forward([tok])
-            aux = states.samples[0][0].float().clone().unsqueeze(0)
+            aux = states.samples[0][0].float().cpu().clone().unsqueeze(0)
             out[idx] = (torch.from_numpy(tok.astype("int64")).unsqueeze(0), aux)
     finally:
         target.close()
