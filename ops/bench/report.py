@@ -94,9 +94,12 @@ def sglang_table(result: dict, urls: list[str], baseline_url: str | None, prompt
             r["url"] = url
             if before is not None and setting is not None and r["verify_steps"]:
                 # The device timer's split of this setting's cycle (SGLANG_ENABLE_METRICS_DEVICE_TIMER=1).
-                from ops.bench.figures import forward_split
+                from ops.bench.figures import forward_split, host_time
                 r.update(forward_split(sglang.forward_delta(before, sglang.forward_seconds(url, probe)),
                                        r["verify_steps"], setting.steps))
+                if "draft_step_s" in r:
+                    r["host_s"] = host_time(r.get("cycle_s"), r.get("time_source", ""), r.get("verify_s"),
+                                            r["draft_step_s"] * setting.steps)
             _against_first(r, tokens, first.setdefault(url, tokens))
             if setting is None:
                 base_tok_s[c] = r["tok_s"]

@@ -118,8 +118,10 @@ def table_lines(r: dict) -> list[str]:
 def _cycle_cell(x: dict) -> str:
     """A row at concurrency 1: its verify cycle (or the baseline's plain step) in ms."""
     cycle, step, draft = _num(x.get("cycle_s")), _num(x.get("step_s")), _num(x.get("draft_step_s"))
+    host = _num(x.get("host_s"))
     if cycle is not None:
-        return f"cycle {1e3 * cycle:.2f}ms" + (f" draft {1e3 * draft:.2f}ms" if draft is not None else "")
+        return (f"cycle {1e3 * cycle:.2f}ms" + (f" draft {1e3 * draft:.2f}ms" if draft is not None else "")
+                + (f" host {1e3 * host:.2f}ms" if host is not None else ""))
     return f"step {1e3 * step:.2f}ms" if step is not None else ""
 
 
@@ -155,7 +157,9 @@ def gauges(r: dict) -> list[Gauge]:
     for key, name, doc in (("cycle_s", "eagle3_bench_cycle_seconds", "A verify cycle (drafts + verify) at batch 1."),
                            ("plain_step_s", "eagle3_bench_plain_step_seconds", "A plain target decode step at batch 1."),
                            ("draft_step_s", "eagle3_bench_draft_step_seconds", "A drafter step at batch 1 (SGLang's "
-                            "device timer).")):
+                            "device timer)."),
+                           ("host_s", "eagle3_bench_cycle_host_seconds", "A verify cycle's time outside its GPU "
+                            "forwards at batch 1 (scheduling, sampling, launches).")):
         if _num(c.get(key)) is not None:
             out.append(Gauge(name, doc, _num(c.get(key))))
     dr = r.get("drift")
@@ -196,7 +200,8 @@ def cycle_words(c) -> str:
     out = f"cycle {1e3 * c['cycle_s']:.2f} ms"
     if isinstance(c.get("draft_step_s"), (int, float)):
         out += f" (draft step {1e3 * c['draft_step_s']:.2f} ms"
-        out += f", verify {1e3 * c['verify_s']:.2f} ms)" if isinstance(c.get("verify_s"), (int, float)) else ")"
+        out += f", verify {1e3 * c['verify_s']:.2f} ms" if isinstance(c.get("verify_s"), (int, float)) else ""
+        out += f", host {1e3 * c['host_s']:.2f} ms)" if isinstance(c.get("host_s"), (int, float)) else ")"
     if isinstance(c.get("plain_step_s"), (int, float)):
         out += f" vs plain step {1e3 * c['plain_step_s']:.2f} ms"
     return out
