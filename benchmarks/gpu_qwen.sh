@@ -181,7 +181,9 @@ finish)
   tar czf "$OUT/out.tgz" -C $P out
   [ -d /root/sweep ] && tar czf "$OUT/sweep.tgz" -C /root --exclude='*.safetensors' --exclude='*.pt' sweep sweep.log sweep.rc
   REG=$WS/data/regenerated; [ -d $WS/assets/regenerated ] && REG=$WS/assets/regenerated
-  gzip -c $REG/conversations.jsonl | split -b 15M -d -a 1 - "$OUT/conversations.jsonl.gz."
+  # The journal (what a later JOURNAL= run resumes), not only the conversations made from it.
+  tar czf - -C $(dirname $REG) --exclude=regenerated/conversations.jsonl regenerated | split -b 30M -d -a 1 - \
+    "$OUT/regenerated_journal.tgz."
   ls -la "$OUT"
   ;;
 esac
