@@ -122,6 +122,12 @@ def main_sglang(args) -> int:
                            log=log, ready_timeout_s=args.ready_timeout_s, more_urls=tuple(urls[1:]))
         from ops.bench.report import sglang_table
         sglang_table(result, urls, args.baseline_url, prompts, args.max_new_tokens, args.timeout_s, args, log)
+        if args.target:
+            from transformers import AutoTokenizer
+
+            from ops.bench import kinds
+            tok = AutoTokenizer.from_pretrained(args.target)
+            result["by_kind"] = kinds.split(result["per_prompt"], kinds.kinds_of(result, prompts, tok.decode))
     except (ValueError, OSError, ServerError) as exc:
         raise BadInput(str(exc)) from None
     result["serve_stages"] = {"server": args.server, "baseline_server": args.baseline_server}
@@ -133,6 +139,9 @@ def main_sglang(args) -> int:
     print(f"bench: engine sglang acceptance length {result['acceptance_length']:.2f} "
           f"({result['tokens']} tokens / {result['spec_verify_ct']} verify steps) | "
           f"{result['tok_s_speculative']:.1f} tok/s{speed}" + (f" | {cycle}" if cycle else ""), flush=True)
+    from ops.bench.kinds import words as kind_words
+    if kind_words(result.get("by_kind")):
+        print(f"bench: by kind ({result['by_kind']['rule']}): {kind_words(result['by_kind'])}", flush=True)
     drift = result.get("drift")
     if result["outputs_match"] is False and isinstance(drift, dict):
         print(f"bench: {drift_words(drift)}", flush=True)

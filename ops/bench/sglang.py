@@ -281,6 +281,8 @@ def run_bench(url: str, prompts: list[tuple[int, list[int]]], max_new_tokens: in
         result.update({"tokens_plain": b_tokens, "time_plain_s": b_seconds,
                        "tok_s_plain": b_tokens / max(b_seconds, 1e-9)})
         result["speedup"] = result["tok_s_speculative"] / max(result["tok_s_plain"], 1e-9)
+        for p, b in zip(per_prompt, base):
+            p["completion_tokens_plain"], p["seconds_plain"] = b.completion_tokens, b.seconds
         mism = [{"prompt": idx, "first_diff": first_difference(a.output_ids, b.output_ids)}
                 for (idx, _p), a, b in zip(prompts, spec, base) if a.output_ids != b.output_ids]
         result["outputs_match"], result["mismatches"] = not mism, mism

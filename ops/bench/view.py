@@ -7,6 +7,7 @@ equals greedy decoding. No torch, no rich: roles, not colours (ops/spec.py's Res
 
 from __future__ import annotations
 
+from ops.bench.kinds import words as kind_words
 from ops.spec import Gauge, ResultView
 
 
@@ -81,6 +82,8 @@ def details(r: dict) -> list[str]:
         lines.append(f"batch 1: {cycle}" + (f" ({_fmt(c.get('cycle_over_plain_step'))} plain steps)"
                                              if _num(c.get("cycle_over_plain_step")) is not None else "")
                      + f" [{c.get('source')}]")
+    if kind_words(r.get("by_kind")):
+        lines.append(f"by kind: {kind_words(r['by_kind'])}")
     if isinstance(r.get("drift"), dict) and r.get("outputs_match") is False:
         lines.append(drift_words(r["drift"]))
         lines.append(f"  {r['drift'].get('reason')}")
