@@ -26,6 +26,8 @@
 #   bash benchmarks/gpu_qwen.sh extract   # item 6: benchmarks/extract_real.py on the carried samples
 #   bash benchmarks/gpu_qwen.sh sweep     # item 3: benchmarks/train_sweep.py on the carried conversations
 #                                         # (CONVERSATIONS, SWEEP_ARGS), carry .devwork/qwen_regen
+#   bash benchmarks/gpu_qwen.sh cycle     # item 5: the cycle's host time with SGLang's host-side switches, once
+#                                         # export and serve_target are up (one server at a time; cycle.tgz)
 #   bash benchmarks/gpu_qwen.sh wait      # until the observer saw every stage end, or WAIT_S
 #   bash benchmarks/gpu_qwen.sh finish    # servers stopped, summary, captures, the conversations (gzip parts)
 # Train and export run on the image's own torch (SGLang's torch 2.14.1 beside the image's cuDNN fails in
@@ -166,6 +168,28 @@ sweep)
   if [ -n "${SWEEP_BG:-}" ]; then setsid nohup bash -c "$cmd" >/dev/null 2>&1 & echo "sweep started: pid $!"; exit 0; fi
   bash -c "$cmd"; cat /root/sweep.log
   tar czf "$OUT/sweep.tgz" -C /root --exclude='*.safetensors' --exclude='*.pt' sweep sweep.log sweep.rc
+  ;;
+cycle)
+  # Issue 36 item 5, the host time of a verify cycle (RESULTS.md: 1.62 of 4.38 ms): once the pipeline's export
+  # and serve_target are up, one speculative server at a time with SGLang 0.5.23's host-side switches
+  # (environ.py:1562 metadata glue graph, :1900 its replay view, :1648 the graph-input fill fast path), at
+  # (3,1,4) and (7,1,8), each benched at concurrency 1 against serve_target beside the pipeline's own (3,1,4)
+  # numbers. Captures: cycle.tgz. Prepared, not run yet.
+  FAST="SGLANG_ENABLE_METADATA_GLUE_GRAPH=1 SGLANG_OPT_SKIP_GLUED_REPLAY_VIEW=1 SGLANG_OPT_CUDA_GRAPH_FILL_FAST_PATH=1"
+  mkdir -p $P/cycle
+  for v in "plain 3 4" "fast 3 4" "fast 7 8"; do
+    set -- $v; name=$1-$2; port=$((30010 + $2))
+    env SGLANG_ENABLE_METRICS_DEVICE_TIMER=1 $([ $1 = fast ] && echo $FAST) setsid python3 -m ops.serve \
+      --target $M --mode speculative --drafter $WS/runs/export --num-steps $2 --topk 1 --num-draft-tokens $3 \
+      --port $port --mem-fraction-static 0.2 --context-length 8192 > $P/cycle/serve-$name.log 2>&1 &
+    spid=$!
+    for i in $(seq 1 240); do curl -sf -o /dev/null -m 2 http://127.0.0.1:$port/health_generate && break; sleep 1; done
+    (cd $WS && python3 -m ops.bench --engine sglang --target $M --url http://127.0.0.1:$port \
+      --baseline-url http://127.0.0.1:30000 --prompts-file assets/prompts/heldout.jsonl --num-prompts ${NUM_PROMPTS:-32} \
+      --max-new-tokens 256 --concurrency 1 --output $P/cycle/bench-$name) 2>&1 | grep -v '^progress' | tee $P/cycle/bench-$name.txt
+    kill -- -$spid 2>/dev/null; wait $spid 2>/dev/null
+  done
+  tar czf "$OUT/cycle.tgz" -C $P cycle
   ;;
 wait)
   python3 benchmarks/gpu_pipeline.py wait --out $P/out --seconds ${WAIT_S:-540} --rescue-set ""
