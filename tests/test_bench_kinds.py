@@ -86,3 +86,26 @@ def test_without_a_tokenizer_there_is_no_split(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "by_kind" not in json.loads((tmp_path / "out" / "bench.json").read_text())
     assert "by kind" not in proc.stdout
+
+
+def test_a_target_without_a_tokenizer_leaves_the_split_out_and_the_bench_stands(tmp_path):
+    # A pipeline's [target] may be a name or a folder of weights only: bench passes --target all the same.
+    pf = tmp_path / "prompts.jsonl"
+    pf.write_text(json.dumps({"input_ids": [1, 2, 3, 4]}) + "\n")
+    weights_only = tmp_path / "target"
+    weights_only.mkdir()
+    d = Double(speculative=True, step_s=0.001).start()
+    d.status = "Up"
+    try:
+        procs = [subprocess.run([sys.executable, "-m", "ops.bench", "--engine", "sglang", "--url", d.url,
+                                 "--prompts-file", str(pf), "--max-new-tokens", "4", "--target", target,
+                                 "--output", str(tmp_path / f"out{i}")],
+                                capture_output=True, text=True, timeout=300, cwd=str(ROOT))
+                 for i, target in enumerate([str(tmp_path / "absent"), str(weights_only)])]
+    finally:
+        d.stop()
+    for i, proc in enumerate(procs):
+        assert proc.returncode == 0, proc.stderr
+        assert "by_kind" not in json.loads((tmp_path / f"out{i}" / "bench.json").read_text())
+    assert "bench: no code/chat split: the target" in procs[0].stdout and "not a local folder" in procs[0].stdout
+    assert f"bench: no code/chat split: {weights_only}: no tokenizer" in procs[1].stdout

@@ -102,6 +102,27 @@ def write_result(out_dir: Path, result: dict) -> None:
     os.replace(tmp, out_dir / "bench.json")
 
 
+def split_by_kind(result: dict, prompts, target: str | None, log) -> None:
+    """bench.json's `by_kind` (ops/bench/kinds.py) where the target's tokenizer reads here: the split
+    is a view of figures already measured, so a target without one (a pipeline's `[target]` that is a
+    name, or a folder of weights only) leaves it out and says why, and the bench stands."""
+    from ops.bench import kinds
+
+    if not target:
+        return
+    if not Path(target).is_dir():
+        log(f"bench: no code/chat split: the target {target!r} is not a local folder to read its tokenizer from")
+        return
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(target)
+    except (OSError, ValueError) as exc:
+        log(f"bench: no code/chat split: {target}: no tokenizer ({str(exc).splitlines()[0][:200]})")
+        return
+    result["by_kind"] = kinds.split(result["per_prompt"], kinds.kinds_of(result, prompts, tok.decode))
+
+
 def main_sglang(args) -> int:
     from ops.bench.sglang import ServerError, run_bench
 
@@ -122,12 +143,7 @@ def main_sglang(args) -> int:
                            log=log, ready_timeout_s=args.ready_timeout_s, more_urls=tuple(urls[1:]))
         from ops.bench.report import sglang_table
         sglang_table(result, urls, args.baseline_url, prompts, args.max_new_tokens, args.timeout_s, args, log)
-        if args.target:
-            from transformers import AutoTokenizer
-
-            from ops.bench import kinds
-            tok = AutoTokenizer.from_pretrained(args.target)
-            result["by_kind"] = kinds.split(result["per_prompt"], kinds.kinds_of(result, prompts, tok.decode))
+        split_by_kind(result, prompts, args.target, log)
     except (ValueError, OSError, ServerError) as exc:
         raise BadInput(str(exc)) from None
     result["serve_stages"] = {"server": args.server, "baseline_server": args.baseline_server}
