@@ -58,11 +58,12 @@ def _touched(before: dict[str, str], after: dict[str, str]) -> int:
 
 
 def writer_stage(out: str, n: int = 10, **params) -> str:
-    """A custom stage `w` running tests/stages/writer.py with these params."""
-    defaults = {"prefix": "f", "n": n, "every": 0.0, "skew": 0.0, "code": 0, "sub": ""}
+    """A custom stage `w` running tests/stages/writer.py with these params (`until`: a file
+    whose creation ends the run once its files are written)."""
+    defaults = {"prefix": "f", "n": n, "every": 0.0, "skew": 0.0, "code": 0, "sub": "", "until": ""}
     defaults.update(params)
     argv = stage_cmd("writer.py", "--output", out, "--sub={sub}", "--n", "{n}", "--prefix", "{prefix}",
-                     "--every", "{every}", "--skew-s", "{skew}", "--exit", "{code}")
+                     "--every", "{every}", "--skew-s", "{skew}", "--exit", "{code}", "--until={until}")
     table = ", ".join(f"{k} = {json.dumps(v)}" for k, v in defaults.items())
     return f"[stages.w]\nargv = {argv}\nparams = {{ {table} }}\noutputs = [{json.dumps(out)}]\n"
 
