@@ -28,6 +28,13 @@ ROOT = Path(__file__).resolve().parent.parent
 STAGES = Path(__file__).resolve().parent / "stages"
 PY = sys.executable
 
+# One compute thread for torch in this process and every process a test starts (they inherit it):
+# the suite runs a torch-heavy lane a core (group_into_lanes), and a second thread on matrices this
+# small only contends with the other lane; its OpenMP workers spin while they wait. The demo test
+# took 135 CPU-seconds with two threads, 106 with one, the same figures (idle 2 cores). A test
+# that sets its own count (env=, torch.set_num_threads) keeps it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 def slow_fixture(*args, **kwargs):
     """pytest.fixture, and every test using it (however indirectly) is in the full tier only."""
