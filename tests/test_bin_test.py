@@ -115,14 +115,14 @@ def of(tests: list[str], path: str) -> list[str]:
 
 def test_a_test_using_a_slow_fixture_is_in_the_full_tier_only(tiers):
     """`assets` and `trained` (tests/conftest.py slow_fixture, the second through the
-    first) are asked for by four of test_op_export's tests; its two others stay fast."""
+    first) are asked for by five of test_op_export's tests; its two others stay fast."""
     every = of(tiers["every"], "tests/test_op_export.py")
     fast = of(tiers["fast"], "tests/test_op_export.py")
     assert "tests/test_op_export.py::test_sglang_and_speculators_layouts" in every
     assert not any("sglang_and_speculators_layouts" in t for t in fast), fast
     assert sorted(t.split("::")[1] for t in fast) == ["test_missing_checkpoint_is_a_clear_error",
                                                       "test_sglang_ids_for_a_deepseek_family_target"]
-    assert len(every) == 6
+    assert len(every) == 7
 
 
 PASSING = "def test_one():\n    assert True\n\ndef test_two():\n    assert True\n"
