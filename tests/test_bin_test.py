@@ -99,16 +99,30 @@ def collected(*args: str) -> list[str]:
     return [line for line in proc.stdout.splitlines() if "::" in line]
 
 
-def test_a_test_using_a_slow_fixture_is_in_the_full_tier_only():
+TIER_FILES = ("tests/test_op_export.py", "tests/test_extract_engine.py")
+
+
+@pytest.fixture(scope="module")
+def tiers() -> dict[str, list[str]]:
+    """Both tiers of the files the tier tests read, each collected once for the module (a
+    collection of a torch file costs seconds; the tests filter by file)."""
+    return {"every": collected(*TIER_FILES), "fast": collected("-m", "not slow", *TIER_FILES)}
+
+
+def of(tests: list[str], path: str) -> list[str]:
+    return [t for t in tests if t.split("::")[0] == path]
+
+
+def test_a_test_using_a_slow_fixture_is_in_the_full_tier_only(tiers):
     """`assets` and `trained` (tests/conftest.py slow_fixture, the second through the
-    first) are asked for by four of test_op_export's tests; its two others stay fast."""
-    every = collected("tests/test_op_export.py")
-    fast = collected("-m", "not slow", "tests/test_op_export.py")
+    first) are asked for by five of test_op_export's tests; its two others stay fast."""
+    every = of(tiers["every"], "tests/test_op_export.py")
+    fast = of(tiers["fast"], "tests/test_op_export.py")
     assert "tests/test_op_export.py::test_sglang_and_speculators_layouts" in every
     assert not any("sglang_and_speculators_layouts" in t for t in fast), fast
     assert sorted(t.split("::")[1] for t in fast) == ["test_missing_checkpoint_is_a_clear_error",
                                                       "test_sglang_ids_for_a_deepseek_family_target"]
-    assert len(every) == 6
+    assert len(every) == 7
 
 
 PASSING = "def test_one():\n    assert True\n\ndef test_two():\n    assert True\n"
@@ -134,7 +148,7 @@ def test_bin_test_reports_the_counts(venv, extra):
     assert "2 passed" in proc.stdout, proc.stdout
 
 
-def test_a_module_fixture_named_like_a_slow_one_is_its_own():
+def test_a_module_fixture_named_like_a_slow_one_is_its_own(tiers):
     """test_extract_engine's `assets` is its own (a tiny target), not the toy's: fast."""
-    every = collected("tests/test_extract_engine.py")
-    assert every and collected("-m", "not slow", "tests/test_extract_engine.py") == every
+    every = of(tiers["every"], "tests/test_extract_engine.py")
+    assert every and of(tiers["fast"], "tests/test_extract_engine.py") == every

@@ -95,18 +95,25 @@ def log_tail(ws: WS, stage: str) -> str:
 
 
 def wait_pipeline(ws: WS, timeout: float) -> dict:
-    """Poll `status --json` until every stage succeeded; fail at once, with the
-    log's tail, when a stage ended otherwise."""
+    """Wait until every stage's run succeeded, then return `status --json`; fail at
+    once, with the log's tail, when a stage ended otherwise. The wait reads the
+    registry (a `status --json` process every 2 s cost a core-second each, beside
+    the pipeline's own); what status says of the settled pipeline is asserted once."""
     deadline = time.monotonic() + timeout
-    while True:
-        snap = status(ws)
-        by = stages_of(snap)
-        bad = [n for n, s in by.items() if s["status"] in ("failed", "killed", "lost")]
-        assert not bad, "\n".join(f"{n}: {by[n]['status']}\n{log_tail(ws, n)}" for n in bad)
-        if all(s["status"] == "succeeded" for s in by.values()):
-            return snap
-        assert time.monotonic() < deadline, {n: s["status"] for n, s in by.items()}
-        time.sleep(2)
+    with ws.registry() as reg:
+        while True:
+            latest = {n: reg.latest(n) for n in STAGES}
+            now = {n: r.status if r else "pending" for n, r in latest.items()}
+            bad = [n for n, st in now.items() if st in ("failed", "killed", "lost")]
+            assert not bad, "\n".join(f"{n}: {now[n]}\n{log_tail(ws, n)}" for n in bad)
+            if all(st == "succeeded" for st in now.values()):
+                break
+            assert time.monotonic() < deadline, now
+            time.sleep(0.5)
+    snap = status(ws)
+    by = stages_of(snap)
+    assert all(s["status"] == "succeeded" for s in by.values()), {n: s["status"] for n, s in by.items()}
+    return snap
 
 
 def start_stage(ws: WS, stage: str, **overrides) -> int:

@@ -1,6 +1,6 @@
 """Fault injection on `clean` and the registry: the hostile-operator trial of
 issue 19 (items 1, 3, 4, 7, 14, 17, 20), played end to end with the real CLI
-in subprocesses, real files, symlinks swapped by another process, two
+(in subprocesses where processes race or a run starts; its reads and refusals in this process), real files, symlinks swapped by another process, two
 workspaces sharing one output. Each test failed on the main branch it was
 written against (see each docstring)."""
 
@@ -12,7 +12,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -58,11 +57,12 @@ def _touched(before: dict[str, str], after: dict[str, str]) -> int:
 
 
 def writer_stage(out: str, n: int = 10, **params) -> str:
-    """A custom stage `w` running tests/stages/writer.py with these params."""
-    defaults = {"prefix": "f", "n": n, "every": 0.0, "skew": 0.0, "code": 0, "sub": ""}
+    """A custom stage `w` running tests/stages/writer.py with these params (`until`: a file
+    whose creation ends the run once its files are written)."""
+    defaults = {"prefix": "f", "n": n, "every": 0.0, "skew": 0.0, "code": 0, "sub": "", "until": ""}
     defaults.update(params)
     argv = stage_cmd("writer.py", "--output", out, "--sub={sub}", "--n", "{n}", "--prefix", "{prefix}",
-                     "--every", "{every}", "--skew-s", "{skew}", "--exit", "{code}")
+                     "--every", "{every}", "--skew-s", "{skew}", "--exit", "{code}", "--until={until}")
     table = ", ".join(f"{k} = {json.dumps(v)}" for k, v in defaults.items())
     return f"[stages.w]\nargv = {argv}\nparams = {{ {table} }}\noutputs = [{json.dumps(out)}]\n"
 
@@ -70,9 +70,9 @@ def writer_stage(out: str, n: int = 10, **params) -> str:
 # ------------------------------------------------------------------ item 1: a path swapped during the walk
 SWAPPER = r"""
 import os, sys, time
-sub, real, outside, stop = sys.argv[1:5]
+sub, real, outside, stop, started = sys.argv[1:6]
 # Swap the output's sub-folder for a symlink to a folder outside and back, holding
-# each state 2 ms (the walk must meet both).
+# each state 2 ms (the walk must meet both); `started` once the first round is done.
 while not os.path.exists(stop):
     for step, hold in ((lambda: os.rename(sub, real), 0), (lambda: os.symlink(outside, sub), 0.002),
                        (lambda: os.unlink(sub), 0), (lambda: os.rename(real, sub), 0.002)):
@@ -81,6 +81,8 @@ while not os.path.exists(stop):
         except OSError:
             pass
         time.sleep(hold)
+    if not os.path.exists(started):
+        open(started, "w").close()
 if os.path.islink(sub):
     os.unlink(sub)
 if os.path.isdir(real) and not os.path.exists(sub):
@@ -106,20 +108,24 @@ def test_a_folder_swapped_for_a_symlink_while_clean_runs_touches_nothing_outside
     ws.wait_status("w", ("failed",))
     before = _digest(outside)
     sub = ws.root / "out" / "w" / "sub"
-    stop = tmp_path / "stop"
+    stop, started = tmp_path / "stop", tmp_path / "started"
     cleaned = 0
     for attempt in range(10):
         sub.mkdir(exist_ok=True)
         for i in range(n):
             (sub / f"f{i}.bin").write_bytes(b"partial")
-        swapper = subprocess.Popen([PY, "-c", SWAPPER, str(sub), str(sub) + ".real", str(outside), str(stop)])
+        swapper = subprocess.Popen([PY, "-c", SWAPPER, str(sub), str(sub) + ".real", str(outside), str(stop),
+                                    str(started)])
         try:
-            time.sleep(0.2)
-            proc = ws.cli("clean", "w", "--yes", *(["--purge"] if purge else []))
+            # clean starts once the swapping has (not a fixed 0.2 s a loaded machine may spend starting python)
+            wait_for(lambda: started.exists() or swapper.poll() is not None)
+            # clean in this process: the race is its walk against the swapper's process, not its own start
+            proc = ws.call("clean", "w", "--yes", *(["--purge"] if purge else []))
         finally:
             stop.touch()
             swapper.wait(timeout=30)
             stop.unlink()
+            started.unlink(missing_ok=True)
         assert "Traceback" not in proc.stderr, proc.stderr
         assert not os.path.islink(sub)
         touched = _touched(before, _digest(outside))
@@ -143,7 +149,9 @@ def test_clean_refuses_an_output_that_another_workspaces_live_run_owns(tmp_path)
     a, b = WS(tmp_path / "A"), WS(tmp_path / "B")
     a.root.mkdir()
     b.root.mkdir()
-    a.write(writer_stage(str(shared), n=12, prefix="A_", every=0.4))
+    # A lives until the test has seen B refused (the release file), not 5 s of writing.
+    release = tmp_path / "release-A"
+    a.write(writer_stage(str(shared), n=12, prefix="A_", until=str(release)))
     b.write(writer_stage(str(shared), n=1, prefix="B_", code=1))
     b.cli("run", "w", check=0)
     b.wait_status("w", ("failed",))
@@ -153,16 +161,18 @@ def test_clean_refuses_an_output_that_another_workspaces_live_run_owns(tmp_path)
     lock = wait_for(lambda: _lock(shared))
     assert lock["workspace"] == str(a.root) and lock["run"] == run_a.id and lock["stage"] == "w", lock
     wait_for(lambda: (shared / "A_2.bin").exists())
-    proc = b.cli("clean", "w", "--yes")
+    proc = b.call("clean", "w", "--yes")           # refusals: in this process
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "owned by" in proc.stdout and str(a.root) in proc.stdout and f"run {run_a.id}" in proc.stdout, proc.stdout
     # B may not start a second writer into it either.
-    again = b.cli("run", "w")
+    again = b.call("run", "w")
     assert again.returncode == 2 and str(a.root) in again.stdout + again.stderr, again.stdout + again.stderr
+    assert a.latest("w").status == "running"       # the refusals above met A live
+    release.touch()
     a.wait_status("w", ("succeeded",), timeout=60)
     assert sorted(p.name for p in shared.glob("A_*.bin")) == sorted(f"A_{i}.bin" for i in range(12))
     assert not (shared / LOCK).exists()          # released when A ended
-    assert "owned by" not in b.cli("clean", "w").stdout
+    assert "owned by" not in b.call("clean", "w").stdout
 
 
 SWAPS_ITS_OUTPUT = r"""
@@ -199,7 +209,7 @@ def test_an_output_swapped_by_its_stage_is_claimed_again(tmp_path):
     wait_for(lambda: (shared / "swapped").exists())
     lock = wait_for(lambda: _lock(shared), timeout=5)
     assert lock["workspace"] == str(a.root) and lock["run"] == run_a.id, lock
-    again = b.cli("run", "w")
+    again = b.call("run", "w")
     assert again.returncode == 2 and str(a.root) in again.stdout + again.stderr, again.stdout + again.stderr
     a.cli("stop", "w")
 
@@ -229,14 +239,14 @@ def test_a_lock_stays_live_while_the_stage_outlives_its_supervisor(tmp_path):
     os.kill(run_a.supervisor_pid, signal.SIGKILL)
     try:
         wait_for(lambda: _ended(run_a.supervisor_pid))      # the supervisor gone, its stage writing on
-        proc = b.cli("clean", "w", "--yes")
+        proc = b.call("clean", "w", "--yes")
         assert proc.returncode == 2 and "owned by" in proc.stdout, proc.stdout + proc.stderr
     finally:
         os.killpg(run_a.pgid, signal.SIGKILL)
     wait_for(lambda: not os.path.exists(f"/proc/{run_a.pid}") or
              open(f"/proc/{run_a.pid}/stat").read().split()[2] == "Z")
     # Owner dead (a stale lock naming dead pids): no longer a reason to refuse.
-    assert "owned by" not in b.cli("clean", "w").stdout
+    assert "owned by" not in b.call("clean", "w").stdout
 
 
 def test_a_forged_lock_naming_a_reused_pid_is_not_live(tmp_path):
@@ -249,7 +259,7 @@ def test_a_forged_lock_naming_a_reused_pid_is_not_live(tmp_path):
     # pid 1 lives, but not with this create time: a pid reused since.
     (shared / LOCK).write_text(json.dumps({"workspace": "/elsewhere", "registry": "x", "run": 7, "stage": "w",
                                            "host": os.uname().nodename, "pids": [[1, 12.0]]}))
-    proc = b.cli("clean", "w")
+    proc = b.call("clean", "w")
     assert proc.returncode == 0 and "3 partial file(s)" in proc.stdout, proc.stdout
     assert LOCK not in proc.stdout
 
@@ -264,7 +274,7 @@ def test_files_of_an_earlier_succeeded_run_dated_ahead_are_not_partial(ws):
     ws.wait_status("w", ("succeeded",))
     ws.cli("run", "w", "--set", "prefix=g", "--set", "n=2", "--set", "code=1", check=0)
     ws.wait_status("w", ("failed",))
-    plan = ws.cli("clean", "w")
+    plan = ws.call("clean", "w")
     assert plan.returncode == 0 and "2 partial file(s)" in plan.stdout, plan.stdout
     assert "g0.bin" in plan.stdout and "f0.bin" not in plan.stdout
     ws.cli("clean", "w", "--yes", check=0)
@@ -282,7 +292,7 @@ def test_a_failed_run_whose_clock_ran_behind_leaves_the_succeeded_runs_files(ws)
     failed = ws.wait_status("w", ("failed",))
     with ws.registry() as reg:      # what its supervisor's clock said
         reg.update(failed.id, created=failed.created - 3600, started=failed.started - 3600)
-    plan = ws.cli("clean", "w")
+    plan = ws.call("clean", "w")
     assert plan.returncode == 0 and "1 partial file(s)" in plan.stdout and "g0.bin" in plan.stdout, plan.stdout
     assert "f0.bin" not in plan.stdout
 
@@ -293,7 +303,7 @@ def test_a_file_the_succeeded_run_wrote_and_a_failed_run_rewrote_is_partial(ws):
     ws.wait_status("w", ("succeeded",))
     ws.cli("run", "w", "--set", "n=1", "--set", "code=1", "--set", "skew=-7200.0", check=0)
     ws.wait_status("w", ("failed",))
-    plan = ws.cli("clean", "w")
+    plan = ws.call("clean", "w")
     # f0.bin was rewritten by the failed run (dated two hours back): not the file the succeeded run vouched for.
     assert plan.returncode == 0 and "1 partial file(s)" in plan.stdout and "f0.bin" in plan.stdout, plan.stdout
 
@@ -309,7 +319,7 @@ def test_an_unsafe_stage_name_is_refused_at_load(tmp_path, name):
     ws.write(f'[stages.{json.dumps(name)}]\nargv = ["false"]\noutputs = ["out/x"]\n')
     before = _digest(tmp_path, skip=(str(Path("a/b/c/d/e/ws/.eagle3")),))
     for args in (("status", "--no-gpus"), ("run", "--", name), ("clean", "--yes", "--", name)):
-        proc = ws.cli(*args)
+        proc = ws.call(*args)
         assert proc.returncode == 3, (args, proc.returncode, proc.stdout, proc.stderr)
         assert "Traceback" not in proc.stderr
         assert str(ws.root / "eagle3.toml") in proc.stderr and json.dumps(name) in proc.stderr, proc.stderr
@@ -339,7 +349,7 @@ def test_a_zero_byte_state_db_beside_its_id_is_reported_and_never_recreated(ws):
     (state / "state.db").write_bytes(b"")
     for args in (("status", "--no-gpus"), ("runs",), ("status", "--json", "--no-gpus"), ("run", "a"),
                  ("clean", "a")):
-        proc = ws.cli(*args)
+        proc = ws.call(*args)
         assert proc.returncode == 3, (args, proc.returncode, proc.stdout, proc.stderr)
         assert "Traceback" not in proc.stderr
         said = proc.stderr + proc.stdout
@@ -430,7 +440,7 @@ def test_a_re_pointed_output_keeps_what_was_there_before_the_run_that_first_name
     ws.write(writer_stage("data/other", n=1, prefix="g", code=1))
     ws.cli("run", "w", check=0)
     ws.wait_status("w", ("failed",))
-    plan = ws.cli("clean", "w")
+    plan = ws.call("clean", "w")
     assert plan.returncode == 0 and "1 partial file(s)" in plan.stdout and "g0.bin" in plan.stdout, plan.stdout
     ws.cli("clean", "w", "--yes", check=0)
     assert sorted(p.name for p in (ws.root / "data" / "other").iterdir()) == ["old0.bin", "old1.bin", "old2.bin"]

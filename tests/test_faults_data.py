@@ -10,7 +10,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -40,7 +39,7 @@ params = { data = "data/hs", vocab = "data/vocab", output = "runs/drafter", repl
 
 
 @pytest.mark.parametrize("setting", ["epochs=0", "epochs=-0", "keep=-1", "holdout=-3", "max_steps=-1"])
-def test_a_count_out_of_bounds_is_refused_before_any_run_and_the_checkpoints_stay(ws, setting):
+def test_a_count_out_of_bounds_is_refused_before_any_run_and_the_checkpoints_stay(ws, setting, capsys):
     """Before: `run train --set epochs=0` with replace_checkpoints=true
     "succeeded" in 7.5 s with 0 steps and the earlier run's checkpoints deleted;
     keep=-1 gave a negative disk estimate."""
@@ -48,19 +47,21 @@ def test_a_count_out_of_bounds_is_refused_before_any_run_and_the_checkpoints_sta
     ckpt = ws.root / "runs" / "drafter" / "checkpoints" / "step_5"
     ckpt.mkdir(parents=True)
     (ckpt / "meta.json").write_text(json.dumps({"step": 5}))
-    proc = ws.cli("run", "train", "--set", setting)
+    proc = ws.call("run", "train", "--set", setting)        # a refusal: no process is what is tested
     assert proc.returncode == 3, (proc.returncode, proc.stdout, proc.stderr)
     assert "Traceback" not in proc.stderr
     key = setting.split("=")[0]
     assert f"param {key}" in proc.stderr and "expected >=" in proc.stderr, proc.stderr
     assert ws.latest("train") is None
     assert (ckpt / "meta.json").exists()
-    # The op's own parser refuses the same value in the same words.
+    # The op's own parser refuses the same value in the same words: its main() as `python -m ops.train`
+    # runs it, in this process (a parse, no process is what is tested; a subprocess cost a torch import).
+    from ops.train.__main__ import main as train_main
     flag = "--" + key.replace("_", "-")
-    op = subprocess.run([sys.executable, "-m", "ops.train", "--target", "t", "--data", "d", "--vocab", "v",
-                         "--output", "o", flag, setting.split("=")[1]], capture_output=True, text=True,
-                        timeout=60)
-    assert op.returncode == 2 and "expected >=" in op.stderr and "Traceback" not in op.stderr, op.stderr
+    capsys.readouterr()
+    code = train_main(["--target", "t", "--data", "d", "--vocab", "v", "--output", "o", flag, setting.split("=")[1]])
+    err = capsys.readouterr().err
+    assert code == 2 and "expected >=" in err and "Traceback" not in err, err
 
 
 # ------------------------------------------------------------------ item 2: nested outputs across workspaces
@@ -73,8 +74,10 @@ def test_a_claim_covers_the_folders_under_and_over_it_across_workspaces(tmp_path
     a, b, c = (WS(tmp_path / n) for n in "ABC")
     for w in (a, b, c):
         w.root.mkdir()
-    # A lives 20 s: the refusals below need A live, and under a loaded CI each CLI call takes seconds.
-    a.write(writer_stage(str(sh / "out"), n=20, prefix="A_", sub="sub", every=1.0))
+    # A lives until the test releases it: the refusals below need A live, however long a loaded
+    # machine takes over each CLI call (a fixed 20 s of writing was both too long and not sure).
+    release = tmp_path / "release-A"
+    a.write(writer_stage(str(sh / "out"), n=20, prefix="A_", sub="sub", until=str(release)))
     b.write(writer_stage(str(sh / "out" / "sub"), n=1, prefix="B_", code=1))
     c.write(writer_stage(str(sh), n=1, prefix="C_", code=1))
     for w in (b, c):
@@ -84,14 +87,15 @@ def test_a_claim_covers_the_folders_under_and_over_it_across_workspaces(tmp_path
     run_a = a.wait_status("w", ("running",))
     wait_for(lambda: (sh / "out" / LOCK).exists() and (sh / "out" / "sub" / "A_2.bin").exists())
     for w, why in ((b, "overlaps"), (c, "overlaps")):
-        again = w.cli("run", "w")
+        again = w.call("run", "w")                  # refusals: in this process
         said = again.stdout + again.stderr
         assert again.returncode == 2 and str(a.root) in said and why in said, said
         assert "Traceback" not in again.stderr
-        clean = w.cli("clean", "w", "--yes")
+        clean = w.call("clean", "w", "--yes")
         assert clean.returncode == 2 and "owned by" in clean.stdout and f"run {run_a.id}" in clean.stdout, \
             clean.stdout + clean.stderr
     assert a.latest("w").status == "running"       # the refusals above met A live
+    release.touch()
     a.wait_status("w", ("succeeded",), timeout=90)
     assert sorted(p.name for p in (sh / "out" / "sub").glob("A_*.bin")) == sorted(f"A_{i}.bin" for i in range(20))
     for w in (b, c):
@@ -185,12 +189,16 @@ def test_an_output_re_pointed_while_its_run_lives_leaves_the_new_folder_alone(ws
     important.mkdir(parents=True)
     for i in range(5):
         (important / f"keep{i}.bin").write_bytes(b"precious %d" % i)
-    toml = writer_stage("out/w", n=8, every=0.3, code=1)
+    # The run writes its 8 files and lives until the test has re-pointed its output (not 2.4 s of writing).
+    release = ws.root / "release"
+    toml = writer_stage("out/w", n=8, code=1, until=str(release))
     ws.write(toml)
     ws.cli("run", "w", check=0)
     ws.wait_status("w", ("running",))
-    wait_for(lambda: (ws.root / "out" / "w" / "f1.bin").exists())
+    wait_for(lambda: (ws.root / "out" / "w" / "f7.bin").exists())
     ws.write(toml.replace('outputs = ["out/w"]', 'outputs = ["data/important"]'))
+    assert ws.latest("w").status == "running"      # re-pointed while the run lives
+    release.touch()
     ws.wait_status("w", ("failed",), timeout=60)
     plan = ws.cli("clean", "w")
     assert plan.returncode == 0 and "8 partial file(s)" in plan.stdout, plan.stdout
@@ -271,7 +279,7 @@ outputs = ["out/nothing"]
     w = next(s for s in snap["stages"] if s["name"] == "w")
     assert w["vanished"] == [str(ws.root / "out" / "w")]
     assert [a["code"] for a in snap["alerts"]] == ["output_vanished"], snap["alerts"]
-    run = ws.cli("run", "use")
+    run = ws.call("run", "use")
     assert run.returncode == 2 and "gone" in run.stdout + run.stderr and "out/w" in run.stdout + run.stderr, \
         run.stdout + run.stderr
     watch = ws.cli("watch", "--once", "--advance", "--no-gpus")
@@ -326,7 +334,7 @@ def _removed_and_stopped(ws, run, command):
     # Once it has ended it is gone from the screen, and its name is unknown again.
     snap = json.loads(ws.call("status", "--json", "--no-gpus").stdout)
     assert [s["name"] for s in snap["stages"]] == ["other"]
-    assert ws.cli("stop", "w").returncode == 3
+    assert ws.call("stop", "w").returncode == 3
 
 
 # ------------------------------------------------------------------ the supervisor's own check (past launch's)
@@ -386,7 +394,11 @@ def test_clean_and_run_started_together_never_both_act(ws):
     (the run an instant later each round). Either clean moved the files and no
     run started while it did, or the run started and clean refused: never both
     (on main: both acted in the rounds where the run met clean's move)."""
-    ws.write(writer_stage("out/w", n=2, every=2.0, code=1))
+    # A run that starts in a round lives until the round is over (the release file), so clean meets
+    # it live whenever it started; the rounds cost no fixed run time (it was 4 s of writing).
+    release = ws.root / "release"
+    release.touch()
+    ws.write(writer_stage("out/w", n=2, code=1, until=str(release)))
     ws.cli("run", "w", check=0)
     ws.wait_status("w", ("failed",), timeout=60)
     out = ws.root / "out" / "w"
@@ -395,6 +407,7 @@ def test_clean_and_run_started_together_never_both_act(ws):
         for i in range(6000):
             (out / f"r{round_}_{i}.bin").write_bytes(b"partial")
         before = ws.latest("w").id
+        release.unlink()
         clean = subprocess.Popen([PY, "-m", "eagle3_console.cli", "-w", str(ws.root), "clean", "w", "--yes"],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
                                  cwd=str(ws.root))
@@ -412,6 +425,7 @@ def test_clean_and_run_started_together_never_both_act(ws):
                 moved_at = max(e.time for e in reg.events() if e.action == "clean" and e.outcome == "ok")
             if latest.created < moved_at:
                 both.append(round_)
+        release.touch()
         ws.wait_status("w", ("failed",), timeout=60)
         ws.cli("clean", "w", "--yes")       # the next round starts from no partial files
     assert both == []

@@ -1,11 +1,17 @@
 """Fault injection, issue 19 item 12: a scrape storm on the exporter, with
 real sockets. Before: 37-60 of 500 parallel scrapes timed out at 20 s (listen
-backlog 5: 1,634 ListenOverflows) and every connection got its own thread."""
+backlog 5: 1,634 ListenOverflows) and every connection got its own thread.
+
+No test here hangs on a wall-clock window a loaded machine may miss: the
+exporter's request deadline is injected (--request-timeout), and a scrape or a
+slow client waits for its answer or its close, bounded only by a guard that a
+passing run never reaches (the storm's overflows are read from the kernel's
+counter, not guessed from how long connects took)."""
 
 from __future__ import annotations
 
 import asyncio
-import sys
+from pathlib import Path
 
 import pytest
 
@@ -37,17 +43,37 @@ async def _storm(port: int, n: int, timeout: float) -> list[str]:
     return await asyncio.gather(*(_scrape(port, timeout) for _ in range(n)))
 
 
+def _listen_overflows() -> int | None:
+    """The kernel's count of connections a full listen queue dropped (this network
+    namespace), None where it is not told."""
+    try:
+        head, values = [ln.split() for ln in Path("/proc/net/netstat").read_text().splitlines()
+                        if ln.startswith("TcpExt:")][:2]
+        return int(dict(zip(head, values))["ListenOverflows"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+GUARD_S = 120.0     # a hang guard, not a window: a passing storm ends long before it under any load
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(600)
 def test_500_parallel_scrapes_are_all_answered(ws):
     ws.write(PIPE)
+    # The request deadline is not what a storm tests: a long one, so a loaded machine's slow
+    # selector never drops a scrape whose head has come (the 5 s default did, under load).
     proc, port = start([PY, "-m", "eagle3_console.cli", "-w", str(ws.root), "exporter", "--port", "0",
-                        "--no-gpus", "--interval", "60"], ws.root)
+                        "--no-gpus", "--interval", "60", "--request-timeout", str(GUARD_S)], ws.root)
     try:
         for round_ in range(3):
-            results = asyncio.run(_storm(port, 500, 20.0))
+            overflows = _listen_overflows()
+            results = asyncio.run(_storm(port, 500, GUARD_S))
             bad = [r for r in results if r != "ok"]
             assert not bad, (round_, len(bad), sorted(set(bad))[:5])
+            # What made scrapes time out before (a queue of 5): the queue took the whole burst.
+            if overflows is not None:
+                assert _listen_overflows() == overflows, (round_, "listen queue overflowed")
         # The pool is bounded: a storm does not leave hundreds of threads behind.
         threads = int(open(f"/proc/{proc.pid}/status").read().split("Threads:")[1].split()[0])
         assert threads < 64, threads
@@ -75,18 +101,25 @@ def test_a_slow_client_does_not_hold_the_pool(ws):
 
 
 # ------------------------------------------------------------------ issue 28 item 33: a deadline per request
-async def _trickle(port: int, seconds: float) -> str:
-    """A client that sends a header line every 2 s and never ends its head: what
-    the server did to it (closed it, or still open after `seconds`)."""
+TRICKLE_DEADLINE_S = 2.0       # the exporter's request deadline in the trickle test (--request-timeout)
+TRICKLE_EVERY_S = 0.5          # a header line this often: well inside it, so a timeout per read never fires
+
+
+async def _trickle(port: int, seconds: float, connected: asyncio.Queue) -> str:
+    """A client that sends a header line every TRICKLE_EVERY_S and never ends its head: what
+    the server did to it (closed it, or still open after `seconds`, a guard the server's
+    request deadline ends long before)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(b"GET /metrics HTTP/1.0\r\n")
+    await writer.drain()
+    connected.put_nowait(None)
     loop = asyncio.get_running_loop()
     end = loop.time() + seconds
     try:
         i = 0
         while loop.time() < end:
             try:
-                got = await asyncio.wait_for(reader.read(1), 2.0)
+                got = await asyncio.wait_for(reader.read(1), TRICKLE_EVERY_S)
                 if got == b"":
                     return "closed"
             except asyncio.TimeoutError:
@@ -102,20 +135,25 @@ async def _trickle(port: int, seconds: float) -> str:
 
 
 async def _slow_clients_and_scrapes(port: int) -> tuple[list[str], list[str]]:
-    slow = [asyncio.create_task(_trickle(port, 14.0)) for _ in range(16)]
-    await asyncio.sleep(1.0)        # the slow ones connected first, as they would hold the handlers
-    scrapes = await asyncio.gather(*(_scrape(port, 10.0) for _ in range(24)))
+    connected: asyncio.Queue = asyncio.Queue()
+    # The slow ones trickle for up to 60 s (the guard), the scrapes wait up to 30 s: a pool the slow
+    # ones held would fail every scrape; a deadline kept per request closes them after 2 s.
+    slow = [asyncio.create_task(_trickle(port, 60.0, connected)) for _ in range(16)]
+    for _ in slow:                  # the slow ones connected first, as they would hold the handlers
+        await connected.get()
+    scrapes = await asyncio.gather(*(_scrape(port, 30.0) for _ in range(24)))
     return list(scrapes), list(await asyncio.gather(*slow))
 
 
 def test_clients_trickling_headers_do_not_hold_the_pool(ws):
     """Before: 16 connections sending a header line every 2 s held the 8
     handlers (the 5 s timeout was per read, each line reset it): every scrape
-    timed out at 15 s. Now each request has 5 s from its acceptance to send
-    its head, and only a whole head is given to a handler."""
+    timed out at 15 s. Now each request has --request-timeout (5 s by default;
+    2 s here, its lines every 0.5 s) from its acceptance to send its head, and
+    only a whole head is given to a handler."""
     ws.write(PIPE)
     proc, port = start([PY, "-m", "eagle3_console.cli", "-w", str(ws.root), "exporter", "--port", "0",
-                        "--no-gpus", "--interval", "60"], ws.root)
+                        "--no-gpus", "--interval", "60", "--request-timeout", str(TRICKLE_DEADLINE_S)], ws.root)
     try:
         scrapes, slow = asyncio.run(_slow_clients_and_scrapes(port))
         assert scrapes == ["ok"] * 24, scrapes

@@ -149,9 +149,12 @@ def _follow(ws, stage: str) -> subprocess.Popen:
 @pytest.mark.parametrize("new_file", [False, True])
 def test_logs_follow_reads_a_log_moved_aside_mid_run_to_its_end(ws, new_file):
     """Before: the lines written after the move (20-59) never shown, exit 0."""
+    # The counter stops before line 20 until the test has moved the log (the file `go`): the move
+    # lands mid-run however slow the machine, and the run is not 4.8 s of fixed counting.
+    go = ws.root / "go"
     ws.write(f"""
 [stages.count]
-argv = {stage_cmd("counter.py", "--count", "60", "--every", "0.08")}
+argv = {stage_cmd("counter.py", "--count", "60", "--every", "0.01", "--hold-at", "20", "--until", str(go))}
 """)
     ws.cli("run", "count", check=0)
     run = ws.wait_status("count", ("running",))
@@ -166,6 +169,7 @@ argv = {stage_cmd("counter.py", "--count", "60", "--every", "0.08")}
     log.rename(log.with_name(log.name + ".1"))
     if new_file:
         log.write_text("a new file at the path\n")
+    go.touch()
     out += follower.stdout.read()       # not communicate(): it would skip what readline() buffered
     err = follower.stderr.read()
     follower.wait(60)
@@ -181,21 +185,28 @@ argv = {stage_cmd("counter.py", "--count", "60", "--every", "0.08")}
 @pytest.mark.parametrize("end", ["failed", "killed"])
 def test_logs_follow_exit_code_is_the_runs(ws, end):
     """Before: `logs -f` exit 0 whatever the run's end."""
-    # The run to be killed counts for a minute: stopped long before it could end by itself,
-    # however slow the machine (3 s of counting could end as `failed` before the stop came).
-    count = "30" if end == "failed" else "600"
+    # The counter stops before line 3 until the file `go`: the run to be killed is stopped there
+    # (it cannot end by itself first, however slow the machine); the one to fail goes on once
+    # `logs -f` follows it. Both stop or go on once the follower printed its first line, not after
+    # a fixed 0.5 s.
+    go = ws.root / "go"
     ws.write(f"""
 [stages.count]
-argv = {stage_cmd("counter.py", "--count", count, "--every", "0.1", "--exit", "1")}
+argv = {stage_cmd("counter.py", "--count", "30", "--every", "0.01", "--exit", "1", "--hold-at", "3",
+                  "--until", str(go))}
 """)
     ws.cli("run", "count", check=0)
     run = ws.wait_status("count", ("running",))
     wait_for(lambda: "line 2\n" in Path(run.log_path).read_text())
     follower = _follow(ws, "count")
+    out = follower.stdout.readline()
     if end == "killed":
-        time.sleep(0.5)
         ws.cli("stop", "count", "--grace", "2", check=0)
-    out, err = follower.communicate(timeout=60)
+    else:
+        go.touch()
+    out += follower.stdout.read()       # not communicate(): it would skip what readline() buffered
+    err = follower.stderr.read()
+    follower.wait(60)
     assert follower.returncode == 2, (follower.returncode, out[-300:], err)
     assert out.splitlines()[-1].startswith(f"run {run.id} (count) {end}")
 
@@ -244,19 +255,30 @@ def test_a_run_ending_while_the_state_dir_is_full_is_recorded_not_lost(ws, full_
     """Before: the supervisor died silently on "database or disk is full" and the
     run showed `lost` though its log said done."""
     from eagle3_console.monitor.procs import process_alive
+    # The stage ends when the test says (the file `go`, outside the full tmpfs): after the fill,
+    # however slow the machine (2 s of counting could end before it), and no sooner.
+    go = ws.root / "go"
     ws.write(f"""
 [stages.s]
-argv = {stage_cmd("counter.py", "--count", "20", "--every", "0.1")}
+argv = {stage_cmd("sleeper.py", "--seconds", "120", "--until", str(go))}
 """)
     ws.cli("run", "s", check=0)
     run = ws.wait_status("s", ("running",))
     filler = full_state_dir / "filler"
     _fill(filler)
+    go.touch()
     wait_for(lambda: not process_alive(run.pid, run.create_time), timeout=30)
-    time.sleep(1.0)
-    # The supervisor did not die of it: it waits for room, its exit held in the reserved record.
-    assert process_alive(run.supervisor_pid, run.supervisor_create_time), "the supervisor died"
     record = Path(run.log_path).with_suffix(".exit")
+
+    def met_the_full_disk() -> bool:
+        try:
+            return "error" in json.loads(record.read_text())
+        except (OSError, ValueError):
+            return False
+    # It met the full state.db (its record says so: it retries, a reader may apply it) and did
+    # not die of it: it waits for room, its exit held in the reserved record. (Was: 1 s, then a look.)
+    wait_for(met_the_full_disk, timeout=30)
+    assert process_alive(run.supervisor_pid, run.supervisor_create_time), "the supervisor died"
     assert json.loads(record.read_text())["status"] == "succeeded"
     proc = ws.call("status", "--json", "--no-gpus")
     assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr     # honest: it cannot write
@@ -281,9 +303,12 @@ argv = {stage_cmd("counter.py", "--count", "20", "--every", "0.1")}
 def test_logs_of_a_live_run_whose_log_was_moved_before_reads_the_file_it_writes(ws):
     """The move lands before `logs -f` starts: the supervisor still writes the
     moved file, and that is what is shown and followed (through its descriptor)."""
+    # The counter stops before line 4 until the follower printed its first line (the file `go`):
+    # the run is live when `logs -f` starts, however slow the machine (was 3.2 s of counting).
+    go = ws.root / "go"
     ws.write(f"""
 [stages.count]
-argv = {stage_cmd("counter.py", "--count", "40", "--every", "0.08")}
+argv = {stage_cmd("counter.py", "--count", "40", "--every", "0.01", "--hold-at", "4", "--until", str(go))}
 """)
     ws.cli("run", "count", check=0)
     run = ws.wait_status("count", ("running",))
@@ -291,7 +316,11 @@ argv = {stage_cmd("counter.py", "--count", "40", "--every", "0.08")}
     wait_for(lambda: "line 3\n" in log.read_text())
     log.rename(log.with_name("elsewhere.txt"))
     follower = _follow(ws, "count")
-    out, err = follower.communicate(timeout=60)
+    out = follower.stdout.readline()
+    go.touch()
+    out += follower.stdout.read()       # not communicate(): it would skip what readline() buffered
+    err = follower.stderr.read()
+    follower.wait(60)
     assert follower.returncode == 0, (out, err)
     assert [x for x in out.splitlines() if x.startswith("line ")] == [f"line {i}" for i in range(40)]
     assert "elsewhere.txt" in err and "is gone" in err

@@ -17,7 +17,7 @@ import pytest
 from eagle3_console.monitor.procs import process_alive
 from tests.conftest import stage_cmd, wait_for
 
-pytestmark = pytest.mark.usefixtures("slurm")
+pytestmark = pytest.mark.usefixtures("slurm", "time_limited_job")
 
 
 def pipeline(seconds: float = 60, slurm: str = "", *extra: str) -> str:
@@ -28,6 +28,18 @@ params = {{ seconds = {seconds} }}
 launcher = "slurm"
 slurm = {{ {slurm} }}
 """
+
+
+@pytest.fixture(scope="module")
+def time_limited_job(slurm, tmp_path_factory):
+    """A job with a limit of one minute (Slurm's smallest), started with the module in a
+    workspace of its own: (ws, run). It sleeps 300 s, so only the limit ends it."""
+    from tests.conftest import WS
+    ws = WS(tmp_path_factory.mktemp("time-limit"))
+    run = running_job(ws, slurm='time_limit = "1"')
+    yield ws, run
+    if ws.latest("job").live:           # the test failed before the limit ended it
+        ws.cli("stop", "job")
 
 
 def status_json(ws) -> tuple[int, dict]:
@@ -85,32 +97,6 @@ def test_a_job_cancelled_outside_the_console_is_killed_with_a_warning(ws, slurm)
     code, snap = status_json(ws)
     codes = {a["code"]: a for a in snap["alerts"]}
     assert code == 1 and codes["job_cancelled"]["level"] == "warning", snap["alerts"]
-
-
-def test_a_node_set_down_fails_the_run_with_node_fail(ws, slurm):
-    run = running_job(ws)
-    try:
-        slurm.run("scontrol", "update", "nodename=e3node", "state=down", "reason=eagle3-test")
-        run = ws.wait_status("job", ("failed", "killed", "lost"), timeout=60)
-    finally:
-        if slurm.node_state() not in ("idle", "mix", "alloc"):
-            slurm.run("scontrol", "update", "nodename=e3node", "state=resume", check=False)
-        slurm.wait_idle()
-    assert run.status == "failed" and run.job_state == "NODE_FAIL", run
-    assert "node failure" in run.reason and "e3node" in run.reason
-    code, snap = status_json(ws)
-    alert = next(a for a in snap["alerts"] if a["code"] == "node_fail")
-    assert code == 2 and alert["level"] == "critical" and "NODE_FAIL" in alert["message"]
-
-
-def test_a_time_limit_hit_fails_the_run_with_timeout(ws, slurm):
-    run = running_job(ws, slurm='time_limit = "1"')       # Slurm's smallest limit: one minute
-    run = ws.wait_status("job", ("failed", "killed", "lost"), timeout=150)
-    assert run.status == "failed" and run.job_state == "TIMEOUT", run
-    assert "time limit hit" in run.reason and "00:01:00" in run.reason
-    code, snap = status_json(ws)
-    assert code == 2 and any(a["code"] == "job_timeout" for a in snap["alerts"]), snap["alerts"]
-    assert "DUE TO TIME LIMIT" in open(run.log_path).read()         # the job's own output is the log
 
 
 def test_stop_is_scancel_and_waits_until_the_job_has_left(ws, slurm):
@@ -281,3 +267,33 @@ def test_racing_launches_of_a_slurm_stage_submit_one_job(ws, slurm):
     with ws.registry() as reg:
         assert len(reg.runs("job")) == 1
     ws.cli("stop", "job", check=0)
+
+
+# Slurm's smallest time limit is a minute, and its controller looks at the limits every 30 s: the
+# job that hits it starts with the module (time_limited_job) and runs beside the tests before this
+# one, which then waits only for what is left of its minute. The node set down ends every job on
+# the node, so that test comes last.
+def test_a_time_limit_hit_fails_the_run_with_timeout(time_limited_job):
+    ws, run = time_limited_job
+    run = ws.wait_status("job", ("failed", "killed", "lost"), timeout=150)
+    assert run.status == "failed" and run.job_state == "TIMEOUT", run
+    assert "time limit hit" in run.reason and "00:01:00" in run.reason
+    code, snap = status_json(ws)
+    assert code == 2 and any(a["code"] == "job_timeout" for a in snap["alerts"]), snap["alerts"]
+    assert "DUE TO TIME LIMIT" in open(run.log_path).read()         # the job's own output is the log
+
+
+def test_a_node_set_down_fails_the_run_with_node_fail(ws, slurm):
+    run = running_job(ws)
+    try:
+        slurm.run("scontrol", "update", "nodename=e3node", "state=down", "reason=eagle3-test")
+        run = ws.wait_status("job", ("failed", "killed", "lost"), timeout=60)
+    finally:
+        if slurm.node_state() not in ("idle", "mix", "alloc"):
+            slurm.run("scontrol", "update", "nodename=e3node", "state=resume", check=False)
+        slurm.wait_idle()
+    assert run.status == "failed" and run.job_state == "NODE_FAIL", run
+    assert "node failure" in run.reason and "e3node" in run.reason
+    code, snap = status_json(ws)
+    alert = next(a for a in snap["alerts"] if a["code"] == "node_fail")
+    assert code == 2 and alert["level"] == "critical" and "NODE_FAIL" in alert["message"]

@@ -174,7 +174,11 @@ def exporter(ctx: typer.Context,
              host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
              interval: float = typer.Option(5.0, "--interval", help="Seconds between snapshots (scrapes read the last one).",
                                            callback=opts.seconds(opts.MIN_INTERVAL_S)),
-             no_gpus: bool = typer.Option(False, "--no-gpus", help="Skip NVML.")) -> None:
+             no_gpus: bool = typer.Option(False, "--no-gpus", help="Skip NVML."),
+             request_timeout: float = typer.Option(5.0, "--request-timeout",
+                                                   help="Seconds a connection has from its acceptance to send its "
+                                                        "whole request head (slower ones are closed).",
+                                                   callback=opts.seconds(0.0, above=True))) -> None:
     """Serve the snapshot as Prometheus metrics on http://HOST:PORT/metrics."""
     from eagle3_console.observe import exporter as exp
     from eagle3_console.observe.snapshot import Collector
@@ -182,7 +186,7 @@ def exporter(ctx: typer.Context,
     c.pipeline()
     col = Collector(c.ws, gpus=not no_gpus, curves=False)
     try:
-        code = exp.serve(col.collect, host, port, interval,
+        code = exp.serve(col.collect, host, port, interval, request_timeout_s=request_timeout,
                          say=lambda m: out.print(m, highlight=False, markup=False, soft_wrap=True))
     except OSError as exc:
         raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None

@@ -269,12 +269,15 @@ def sampler(exporter: SnapshotExporter, interval_s: float, stop: threading.Event
 
 
 def serve(sample: Callable[[], Snapshot], host: str, port: int, interval_s: float,
-          say: Callable[[str], None] = print, ready: Callable[[], None] | None = None) -> int:
+          say: Callable[[str], None] = print, ready: Callable[[], None] | None = None,
+          request_timeout_s: float | None = None) -> int:
     """Sample once, listen, then sample every interval until SIGTERM / SIGINT.
-    Raises OSError when the address cannot be bound."""
+    `request_timeout_s`: a connection's time from its acceptance to its whole request
+    head (exporter_http.REQUEST_TIMEOUT_S when None). Raises OSError when the address
+    cannot be bound."""
     from prometheus_client import make_wsgi_app
 
-    from eagle3_console.observe.exporter_http import start_server
+    from eagle3_console.observe.exporter_http import REQUEST_TIMEOUT_S, start_server
 
     exporter = SnapshotExporter(sample)
     exporter.refresh()          # the first scrape already has a snapshot
@@ -282,7 +285,8 @@ def serve(sample: Callable[[], Snapshot], host: str, port: int, interval_s: floa
     registry.register(exporter)
     # Not prometheus-client's start_http_server: its backlog of 5 and thread per
     # connection lost scrapes in a storm (exporter_http.py).
-    server, _thread = start_server(exporter.app(make_wsgi_app(registry)), host, port)
+    server, _thread = start_server(exporter.app(make_wsgi_app(registry)), host, port,
+                                   REQUEST_TIMEOUT_S if request_timeout_s is None else request_timeout_s)
     stop = threading.Event()
 
     def on_signal(_sig: int, _frame: Any) -> None:

@@ -38,7 +38,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 BACKLOG = 1024
 WORKERS = 8
-REQUEST_TIMEOUT_S = 5.0     # from a connection's acceptance to its whole request head
+REQUEST_TIMEOUT_S = 5.0     # from a connection's acceptance to its whole request head (exporter --request-timeout)
 MAX_WAITING = 4096      # accepted connections not done yet: their head not whole, or their answer not sent
 WRITE_TIMEOUT_S = 5.0   # a client that takes none of its answer for this long is closed
 WRITE_MAX_S = 60.0      # and one that has not taken all of it this long after it was made (a trickling
@@ -97,7 +97,8 @@ class PoolServer(WSGIServer):
     request_queue_size = BACKLOG
     allow_reuse_address = True
 
-    def __init__(self, address: tuple, workers: int = WORKERS) -> None:
+    def __init__(self, address: tuple, workers: int = WORKERS, request_timeout: float = REQUEST_TIMEOUT_S) -> None:
+        self.request_timeout = request_timeout
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="eagle3-exporter-http")
         self._slots = threading.BoundedSemaphore(workers)
         self._stop = threading.Event()
@@ -192,7 +193,7 @@ class PoolServer(WSGIServer):
             entry[0] = min(time.monotonic() + WRITE_TIMEOUT_S, entry[2])
 
     def _accept(self, sel: selectors.BaseSelector, waiting: dict) -> None:
-        deadline = time.monotonic() + REQUEST_TIMEOUT_S
+        deadline = time.monotonic() + self.request_timeout
         while len(waiting) < MAX_WAITING:
             try:
                 conn, addr = self.socket.accept()
@@ -295,11 +296,13 @@ def _family(host: str, port: int) -> socket.AddressFamily:
     return infos[0][0]
 
 
-def start_server(app: Any, host: str, port: int) -> tuple[PoolServer, threading.Thread]:
-    """Listen on host:port (OSError when it cannot) and serve `app` (WSGI) in a daemon thread."""
+def start_server(app: Any, host: str, port: int,
+                 request_timeout: float = REQUEST_TIMEOUT_S) -> tuple[PoolServer, threading.Thread]:
+    """Listen on host:port (OSError when it cannot) and serve `app` (WSGI) in a daemon thread;
+    a connection has `request_timeout` seconds from its acceptance to send its whole request head."""
     family = _family(host, port)
     server_class = type("PoolServer", (PoolServer,), {"address_family": family})
-    server = server_class((host, port))
+    server = server_class((host, port), request_timeout=request_timeout)
     server.set_app(app)
     thread = threading.Thread(target=server.serve_forever, name="eagle3-exporter-accept", daemon=True)
     thread.start()
