@@ -135,14 +135,20 @@ class SavedMonitors:
 
     def _write(self, path: Path, data: dict) -> bool:
         tmp = path.with_name(f"{path.name}.{os.getpid()}.{get_ident()}.tmp")
+        replaced = False
         try:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
             tmp.write_text(json.dumps(data))
             os.replace(tmp, path)
-            return True
+            replaced = True
         except OSError:
-            try:
-                tmp.unlink()
-            except OSError:
-                pass
-            return False
+            pass
+        finally:
+            # Also when a signal ends the process here (watch's SIGTERM is raised as an exception,
+            # kernel/interrupts.py): a temp name of a dead pid would stay in the cache for good.
+            if not replaced:
+                try:
+                    tmp.unlink()
+                except OSError:
+                    pass
+        return replaced
