@@ -53,6 +53,7 @@ src_tree() {
 }
 # Only archives go to $OUT: a call returns at most 8 files (the observer writes dozens under $P/out).
 save() { echo "== phase $PHASE: $((SECONDS - T0)) s"; }
+sweep_tgz() { tar czf "$OUT/sweep.tgz" -C /root --exclude='*.safetensors' --exclude='*.pt' sweep sweep.log sweep.rc; }
 trap save EXIT
 
 if [ "$PHASE" = convert ]; then
@@ -167,7 +168,7 @@ sweep)
     ${SWEEP_ARGS:---lrs 3e-4,3e-3 --fractions 0.25,0.5 --widths 13440} > /root/sweep.log 2>&1; echo \$? > /root/sweep.rc"
   if [ -n "${SWEEP_BG:-}" ]; then setsid nohup bash -c "$cmd" >/dev/null 2>&1 & echo "sweep started: pid $!"; exit 0; fi
   bash -c "$cmd"; cat /root/sweep.log
-  tar czf "$OUT/sweep.tgz" -C /root --exclude='*.safetensors' --exclude='*.pt' sweep sweep.log sweep.rc
+  sweep_tgz
   ;;
 cycle)
   # Issue 36 item 5, the host time of a verify cycle (RESULTS.md: 1.62 of 4.38 ms): once the pipeline's export
@@ -203,7 +204,7 @@ finish)
   for s in regenerate prepare vocab train export bench serve_spec serve_target; do
     python3 -m eagle3_console.cli -w $WS logs $s -n 80 > $P/out/log_$s.txt 2>&1; done
   tar czf "$OUT/out.tgz" -C $P out
-  [ -d /root/sweep ] && tar czf "$OUT/sweep.tgz" -C /root --exclude='*.safetensors' --exclude='*.pt' sweep sweep.log sweep.rc
+  [ -d /root/sweep ] && sweep_tgz
   REG=$WS/data/regenerated; [ -d $WS/assets/regenerated ] && REG=$WS/assets/regenerated
   # The journal (what a later JOURNAL= run resumes), not only the conversations made from it.
   tar czf - -C $(dirname $REG) --exclude=regenerated/conversations.jsonl regenerated | split -b 30M -d -a 1 - \

@@ -2,13 +2,14 @@
 
 Sits at the very start of the data flow: a stage program parses its flags,
 does its work and reports through its exit code and log lines, which the
-console's runs and log monitors read. Nothing here imports torch.
+console's runs and log monitors read. Nothing here imports torch at import time.
 
 - BadInput + run_main(): the exit-code contract (0 ok, 2 bad input with a
   message that names the file/line/key, 1 any other failure);
 - write_json_atomic(): a file that exists is whole (temp name, then rename);
 - unvouched_files(): the partial leftovers of a payload and the record that vouches for it;
 - count(): a non-negative integer from a param, a config or a summary, or None;
+- wants_cuda(): whether a stage's `device` (auto | cpu | cuda) puts its work on CUDA;
 - progress(): tqdm lines (`N/M [elapsed<eta, X it/s]`) the log monitor parses.
 """
 
@@ -89,6 +90,17 @@ def write_json_atomic(path: Path, data: Any) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+def wants_cuda(device: str) -> bool:
+    """A stage's `device` param: "cuda" asks for CUDA, "auto" takes it where this machine has it."""
+    if device == "cuda":
+        return True
+    if device != "auto":
+        return False
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def count(value: Any) -> int | None:

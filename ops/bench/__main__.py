@@ -26,7 +26,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from ops.common import BadInput, run_main
+from ops.common import BadInput, run_main, wants_cuda
 from ops.params import build_parser as spec_parser
 from ops.bench.spec import SPEC
 
@@ -215,7 +215,7 @@ def _main(argv=None) -> int:
         raise BadInput(f"drafter's vocab_size {dcfg.target_vocab_size} != the target's {tcfg.get('vocab_size')} "
                        f"({args.target}/config.json)")
 
-    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    use_cuda = wants_cuda(args.device)
     device = torch.device("cuda" if use_cuda else "cpu")
     if args.dtype == "auto":
         dtype = torch.bfloat16 if use_cuda else torch.float32

@@ -24,7 +24,7 @@ import json
 import shutil
 import sys
 from pathlib import Path
-from ops.common import BadInput, run_main
+from ops.common import BadInput, run_main, wants_cuda
 from ops.params import build_parser as spec_parser
 from ops.export.spec import SPEC
 
@@ -148,7 +148,7 @@ def check_device(device: str) -> str:
 
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: CUDA is not available on this machine (auto or cpu runs the check here)")
-    return "cuda" if device in ("auto", "cuda") and torch.cuda.is_available() else "cpu"
+    return "cuda" if wants_cuda(device) else "cpu"
 
 
 def target_ref(value: str) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ops.common import BadInput
+from ops.common import BadInput, wants_cuda
 from ops.regenerate.engine import Answer, RowFailed
 
 
@@ -29,7 +29,7 @@ class HFGenerator:
         self.tok = AutoTokenizer.from_pretrained(target)
         if not self.tok.chat_template:
             raise BadInput(f"{target}: the tokenizer has no chat template; regenerate renders turns with it")
-        use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+        use_cuda = wants_cuda(device)
         self.device = torch.device("cuda" if use_cuda else "cpu")
         kind = (torch.bfloat16 if use_cuda else torch.float32) if dtype == "auto" else getattr(torch, dtype)
         self.model = AutoModelForCausalLM.from_pretrained(target, dtype=kind).to(self.device).eval()

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ops.common import BadInput, torchrun_coords
+from ops.common import BadInput, torchrun_coords, wants_cuda
 from ops.train.levers import Levers, resolve
 from ops.train.targets import TargetView
 
@@ -79,7 +79,7 @@ def lr_lambda(total: int, warmup: int, min_ratio: float):
 def init_place(args: argparse.Namespace) -> Place:
     """Where this process trains: its torchrun rank, its GPU (or the CPU), the process group."""
     rank, world, local_rank = torchrun_coords()
-    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    use_cuda = wants_cuda(args.device)
     device = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
     if use_cuda:
         torch.cuda.set_device(device)
