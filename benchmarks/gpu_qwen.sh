@@ -98,12 +98,27 @@ setup() {
   # benchmarks/results/h100_2026-12-07_qwen_data/regenerated_journal.tgz): regenerate resumes it and answers
   # only the rows it does not hold, up to LIMIT.
   [ -n "${JOURNAL:-}" ] && { tar xzf "$TREE/$JOURNAL" -C $P/assets && rm -f $P/assets/regenerated/.regenerate.lock; }
+  # REGEN_CONC, TARGET_MEM, TARGET_ARGS (a JSON list: serve_target's extra_args), EPOCHS: the example's
+  # regenerate concurrency, serve_target's mem_fraction_static and flags, train's epochs, changed for one run.
+  # UNTIL=export: the pipeline ends with export (the `cycle` phase then serves and benches the drafter).
   python3 - "$P" "$M" "${LIMIT:-}" "${NUM_PROMPTS:-}" "${1:-all}" "${PREPARED:-}" "${JOURNAL:-}" <<'EOF'
-import re, sys
+import os, re, sys
 from pathlib import Path
 p, model, limit, prompts, first = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5] == "first"
 prepared, journal = sys.argv[6], sys.argv[7]
 text = Path("examples/qwen-coder-1.5b-h100-sglang.toml").read_text()
+env = os.environ.get
+if env("REGEN_CONC"):
+    text = re.sub(r"concurrency = \d+, max_tokens", f"concurrency = {env('REGEN_CONC')}, max_tokens", text)
+if env("TARGET_MEM"):
+    text = text.replace('mode = "target", port = 30000, mem_fraction_static = 0.4',
+                        f'mode = "target", port = 30000, mem_fraction_static = {env("TARGET_MEM")}')
+if env("TARGET_ARGS"):
+    text = text.replace('mode = "target", port = 30000,', f"mode = \"target\", extra_args = {env('TARGET_ARGS')}, port = 30000,")
+if env("EPOCHS"):
+    text = re.sub(r"epochs = \d+", f"epochs = {env('EPOCHS')}", text)
+if env("UNTIL") == "export":
+    text = text[:text.index("[stages.serve_spec]")]
 text = text.replace('path = "models/qwen-coder-1.5b"', f'path = "{model}"')
 text = re.sub(r"\[stages\.prompts\]\n(?:(?!\n\[).)*\n", "", text, flags=re.S)   # its output came along
 text = text.replace('"prompts", ', "").replace("data/prompts/", "assets/prompts/")
@@ -172,25 +187,35 @@ sweep)
   ;;
 cycle)
   # Issue 36 item 5, the host time of a verify cycle (RESULTS.md: 1.62 of 4.38 ms): once the pipeline's export
-  # and serve_target are up, one speculative server at a time with SGLang 0.5.23's host-side switches
-  # (environ.py:1562 metadata glue graph, :1900 its replay view, :1648 the graph-input fill fast path), at
-  # (3,1,4) and (7,1,8), each benched at concurrency 1 against serve_target beside the pipeline's own (3,1,4)
-  # numbers. Captures: cycle.tgz. Prepared, not run yet.
+  # and serve_target are up, one speculative server at a time, each benched at concurrency 1 against
+  # serve_target. CYCLE: the settings, `fast-3-4` = SGLang 0.5.23's host-side switches (environ.py:1562 the
+  # metadata glue graph, :1900 its replay view, :1648 the graph-input fill fast path) at (3,1,4), `plain-7-8`
+  # without them at (7,1,8). Decode graphs to batch 8 only (bench's batches): the servers start sooner.
+  # Each setting's captures go into cycle.tgz as soon as it is done.
   FAST="SGLANG_ENABLE_METADATA_GLUE_GRAPH=1 SGLANG_OPT_SKIP_GLUED_REPLAY_VIEW=1 SGLANG_OPT_CUDA_GRAPH_FILL_FAST_PATH=1"
   mkdir -p $P/cycle
-  for v in "plain 3 4" "fast 3 4" "fast 7 8"; do
-    set -- $v; name=$1-$2; port=$((30010 + $2))
-    env SGLANG_ENABLE_METRICS_DEVICE_TIMER=1 $([ $1 = fast ] && echo $FAST) setsid python3 -m ops.serve \
-      --target $M --mode speculative --drafter $WS/runs/export --num-steps $2 --topk 1 --num-draft-tokens $3 \
-      --port $port --mem-fraction-static 0.2 --context-length 8192 > $P/cycle/serve-$name.log 2>&1 &
+  for v in ${CYCLE:-fast-3-4 fast-7-8 plain-3-4}; do
+    IFS=- read kind steps tokens <<< "$v"; port=$((30010 + tokens)); t1=$SECONDS
+    env SGLANG_ENABLE_METRICS_DEVICE_TIMER=1 $([ $kind = fast ] && echo $FAST) setsid python3 -m ops.serve \
+      --target $M --mode speculative --drafter $WS/runs/export --num-steps $steps --topk 1 --num-draft-tokens $tokens \
+      --port $port --mem-fraction-static 0.2 --context-length 8192 --extra-args '["--cuda-graph-max-bs-decode", "8"]' \
+      > $P/cycle/serve-$v.log 2>&1 &
     spid=$!
-    for i in $(seq 1 240); do curl -sf -o /dev/null -m 2 http://127.0.0.1:$port/health_generate && break; sleep 1; done
-    (cd $WS && python3 -m ops.bench --engine sglang --target $M --url http://127.0.0.1:$port \
-      --baseline-url http://127.0.0.1:30000 --prompts-file assets/prompts/heldout.jsonl --num-prompts ${NUM_PROMPTS:-32} \
-      --max-new-tokens 256 --concurrency 1 --output $P/cycle/bench-$name) 2>&1 | grep -v '^progress' | tee $P/cycle/bench-$name.txt
+    until curl -sf -o /dev/null -m 2 http://127.0.0.1:$port/health_generate; do
+      kill -0 $spid 2>/dev/null || { echo "$v: the server ended before it was ready"; tail -20 $P/cycle/serve-$v.log; break; }
+      [ $((SECONDS - t1)) -gt 300 ] && { echo "$v: not ready in 300 s"; break; }
+      sleep 1
+    done
+    echo "$v: ready after $((SECONDS - t1)) s" | tee -a $P/cycle/ready.txt
+    if kill -0 $spid 2>/dev/null; then
+      (cd $WS && python3 -m ops.bench --engine sglang --target $M --url http://127.0.0.1:$port \
+        --baseline-url http://127.0.0.1:30000 --prompts-file assets/prompts/heldout.jsonl --num-prompts ${NUM_PROMPTS:-32} \
+        --max-new-tokens 256 --concurrency 1 --output $P/cycle/bench-$v) 2>&1 | grep -v '^progress' | tee $P/cycle/bench-$v.txt
+      curl -s -m 5 http://127.0.0.1:$port/metrics > $P/cycle/metrics-$v.txt
+    fi
     kill -- -$spid 2>/dev/null; wait $spid 2>/dev/null
+    tar czf "$OUT/cycle.tgz" -C $P cycle
   done
-  tar czf "$OUT/cycle.tgz" -C $P cycle
   ;;
 wait)
   python3 benchmarks/gpu_pipeline.py wait --out $P/out --seconds ${WAIT_S:-540} --rescue-set ""
@@ -203,6 +228,8 @@ finish)
   find $WS/runs -name 'bench*.json' -exec cp {} $P/out/ \; 2>/dev/null
   for s in regenerate prepare vocab train export bench serve_spec serve_target; do
     python3 -m eagle3_console.cli -w $WS logs $s -n 80 > $P/out/log_$s.txt 2>&1; done
+  # The servers' and stages' whole logs: where a server's two minutes to ready go.
+  tar czf $P/out/logs.tgz -C $WS/.eagle3 logs 2>/dev/null
   tar czf "$OUT/out.tgz" -C $P out
   [ -d /root/sweep ] && sweep_tgz
   REG=$WS/data/regenerated; [ -d $WS/assets/regenerated ] && REG=$WS/assets/regenerated
