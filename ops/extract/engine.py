@@ -14,34 +14,15 @@ Importing this stays cheap (no torch), and it imports neither engine.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ops.common import Coords
+from ops.target.output import TargetOutput
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from ops.extract.target import Placement, TargetInfo
-
-
-@dataclass(frozen=True)
-class TargetOutput:
-    """One planned batch through the target."""
-
-    aux: Any                            # the batch's aux-layer states, [.., n_aux * hidden]
-    final: Any                          # the batch's final post-norm states, [.., hidden]
-    samples: list[tuple[Any, Any]]      # each sample's own (aux, final) rows, in batch order, no padding
-
-    @classmethod
-    def packed(cls, aux: Any, final: Any, lengths: Sequence[int]) -> "TargetOutput":
-        """A packed batch (its samples' tokens back to back, in batch order,
-        no padding), cut back into samples by their lengths."""
-        samples, start = [], 0
-        for n in lengths:
-            samples.append((aux[start:start + n], final[start:start + n]))
-            start += n
-        return cls(aux, final, samples)
+    from ops.target.model import Placement, TargetInfo
 
 
 class Target(Protocol):

@@ -1,7 +1,7 @@
-"""The forward pass of extract: the aux layers' outputs through forward hooks
+"""The target's forward hooks: the aux layers' outputs through forward hooks
 and the final (post-norm) state, without the LM head.
 
-Sits between the batch plan (batching.py) and the writers (writer.py). Only
+Sits under forward.py (HFTarget), which extract, online training and export run. Only
 the needed layers are kept: a hook on `model.model.layers[k]` for each
 canonical id k (the layer whose OUTPUT is captured, ops/layers.py), never
 `output_hidden_states` for all layers. The base model (`model.model`) is

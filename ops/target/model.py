@@ -1,6 +1,6 @@
-"""The target model of extract: what its config says, where it goes, loading it.
+"""The target model: what its config says, where it goes, loading it.
 
-Sits before the forward loop. The config is read without loading weights, so
+Sits before the forward (forward.py): extract, online training and export load it here. The config is read without loading weights, so
 the layer ids and the disk preflight are checked before a 20-minute load.
 Placement: one GPU per process (torchrun: rank r on cuda:LOCAL_RANK), the
 whole model spread over the GPUs with device_map="auto" when it does not fit
