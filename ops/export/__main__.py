@@ -113,9 +113,10 @@ def check(ref_model, written: dict[str, Path], meta: dict, args, target: Path) -
         if fmt == "speculators":
             from safetensors import safe_open
 
+            # safe_open reads onto the CPU; the check's embedding is on its device.
             with safe_open(str(path / "model.safetensors"), framework="pt") as fh:
                 embed_ok = torch.equal(fh.get_tensor("embed_tokens.weight").float(),
-                                       embed.to(getattr(torch, args.dtype)).float())
+                                       embed.to(getattr(torch, args.dtype)).float().cpu())
         model.to(device).eval()
         ids_ok = cfg.aux_layer_ids == ref_model.cfg.aux_layer_ids
         worst, agree, total = 0.0, 0, 0
