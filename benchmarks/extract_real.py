@@ -60,7 +60,7 @@ def bare_rate(model, batches, device, reps: int) -> tuple[float, float]:
     """(real tokens / s, seconds a pass) of the base model's forward over `batches`; one pass warms."""
     import torch
 
-    from ops.target.capture import base_model
+    from ops.target_model.capture import base_model
 
     base = base_model(model)
     tokens = sum(n for _, _, n in batches)

@@ -101,7 +101,7 @@ def build_target(cfg, dtype_name: str, path: Path, device):
 
 def counted_params(model, cfg) -> tuple[int, int]:
     """(all parameters, those a token multiplies in the decoder layers)."""
-    from ops.target.capture import decoder_layers
+    from ops.target_model.capture import decoder_layers
 
     total = sum(p.numel() for p in model.parameters())
     experts = getattr(cfg, "n_routed_experts", None) or getattr(cfg, "num_experts", None)
@@ -118,7 +118,7 @@ def bare_forward(model, batch: int, seq: int, vocab: int, device, reps: int, wit
     """The forward alone on device-resident ids; with an all-ones mask (what
     a padded batch passes) or none (what ops.extract passes an unpadded one)."""
     import torch
-    from ops.target.capture import base_model
+    from ops.target_model.capture import base_model
 
     base = base_model(model)
     ids = torch.randint(0, vocab, (batch, seq), device=device)
@@ -364,7 +364,7 @@ def main() -> int:
     log(f"naive extractor ({naive_n} samples, output_hidden_states, torch.save + fsync): {naive:,.0f} tok/s")
     shutil.rmtree(work / "naive", ignore_errors=True)
     if a.compile:
-        from ops.target.capture import compile_layers
+        from ops.target_model.capture import compile_layers
 
         compile_layers(model)
         for batch in sorted({max(1, a.token_budget // seq)}):

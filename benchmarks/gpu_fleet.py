@@ -472,7 +472,7 @@ def step5(ctx: dict) -> tuple[str, dict]:
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from ops.target.capture import HiddenStateCapture
+    from ops.target_model.capture import HiddenStateCapture
     from ops.prepared import load_samples
     from ops.formats import sample_path
     from ops.layers import parse_layer_ids

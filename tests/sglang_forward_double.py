@@ -41,7 +41,7 @@ Mirrored from the installed sglang 0.5.23 (python/sglang/srt/...):
   slot; an allocation beyond the pool's size fails.
 
 What is modelled, not mirrored: the numbers. The model is a transformers
-Llama run in batches padded as the HF engine pads them (ops/target/forward.py), so that
+Llama run in batches padded as the HF engine pads them (ops/target_model/forward.py), so that
 the same samples in the same batches give the HF engine's hidden states.
 """
 
@@ -56,7 +56,7 @@ from types import SimpleNamespace
 import torch
 
 from ops.extract import sglang_engine
-from ops.target.capture import base_model
+from ops.target_model.capture import base_model
 
 
 class CaptureHiddenMode(IntEnum):
@@ -294,7 +294,7 @@ def load(argv, *, tp_rank: int, gpu_id: int, expected_capture, n_aux: int, oom_a
     import torch.distributed as dist
 
     from ops.extract import sglang_capture
-    from ops.target import model as target_mod
+    from ops.target_model import model as target_mod
 
     args = sglang_capture.server_args(argv)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():

@@ -121,7 +121,7 @@ def test_an_unpadded_batch_passes_no_mask_and_gets_the_same_states(tiny, tmp_pat
     """Equal lengths: the forward runs without an attention mask (no device
     sync for transformers' all-ones check) and the states are still the
     reference forward's."""
-    from ops.target.capture import HiddenStateCapture
+    from ops.target_model.capture import HiddenStateCapture
 
     target, _ = tiny
     prepared = make_prepared(tmp_path / "prep", n=6, min_len=20, max_len=20, seed=3)

@@ -96,7 +96,7 @@ def check(ref_model, written: dict[str, Path], meta: dict, args, target: Path) -
     else:
         # An online (or streamed) run stored no states: the check's are the target's own,
         # computed here by extract's forward on prepare's samples, as online training computes them.
-        from ops.target.forward import states_for
+        from ops.target_model.forward import states_for
 
         if not meta.get("samples"):
             raise ValueError("the checkpoint names neither data (offline) nor samples (online); pass --data")

@@ -17,12 +17,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ops.common import Coords
-from ops.target.output import TargetOutput
+from ops.target_model.output import TargetOutput
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from ops.target.model import Placement, TargetInfo
+    from ops.target_model.model import Placement, TargetInfo
 
 
 class Target(Protocol):

@@ -2,8 +2,8 @@
 
 Where it sits: an Engine (engine.py) that run.py's loop drives. Under torchrun
 every rank leads its own share of the samples (r::WORLD_SIZE) with a whole
-copy of the target on its GPU (ops/target/model.py's placement); the forward
-is the target's own (ops/target/forward.py HFTarget), shared with train's
+copy of the target on its GPU (ops/target_model/model.py's placement); the forward
+is the target's own (ops/target_model/forward.py HFTarget), shared with train's
 online mode and export's check.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 
 from ops.common import Coords, torchrun_coords
-from ops.target import model as target_mod
-from ops.target.forward import HFTarget
+from ops.target_model import model as target_mod
+from ops.target_model.forward import HFTarget
 from ops.extract.loop import log
 from ops.units import human_bytes
 
@@ -44,7 +44,7 @@ class HFEngine:
         model = target_mod.load_model(info, dtype, placement)
         log(f"target loaded in {(time.monotonic() - t0) / 60:.1f} minutes")
         if self.compile:
-            from ops.target.capture import compile_layers
+            from ops.target_model.capture import compile_layers
             log(f"compile: {compile_layers(model)} decoder layers compiled (torch.compile, one shared graph; "
                 f"the first batches pay the compile)")
         return HFTarget(model, layer_ids)

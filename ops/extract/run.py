@@ -31,7 +31,7 @@ import torch
 
 from ops.common import DISK_FULL, EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, TMP_SUFFIX, BadInput, torchrun_coords
 from ops.extract import output, preflight
-from ops.target import model as target_mod
+from ops.target_model import model as target_mod
 from ops.extract.engine import Engine
 from ops.extract.loop import Loop, log
 from ops.prepared import load_samples

@@ -1,6 +1,6 @@
 """The SGLang engine's adapter: the only module that calls SGLang internals.
 
-Sits where ops/target/forward.py sits for the Hugging Face engine: between the batch plan
+Sits where ops/target_model/forward.py sits for the Hugging Face engine: between the batch plan
 and the writers (the glue is sglang_run.py). Per rank it brings a target up the
 way 0.5.23's own scheduler process does (managers/scheduler.py
 run_scheduler_process -> Scheduler.__init__ -> init_model_worker, minus the

@@ -37,8 +37,8 @@ import torch
 
 from ops.common import BadInput, Coords, torchrun_coords
 from ops.extract import sglang_args, sglang_capture
-from ops.target import model as target_mod
-from ops.target.output import TargetOutput
+from ops.target_model import model as target_mod
+from ops.target_model.output import TargetOutput
 from ops.extract.loop import log
 from ops.layers import engine_ids, parse_layer_ids
 

@@ -1,6 +1,6 @@
 """The writers of extract: sample files written off the forward loop.
 
-Sits after the forward pass (ops/target/forward.py) and before the disk. The loop puts
+Sits after the forward pass (ops/target_model/forward.py) and before the disk. The loop puts
 one job per sample into a bounded queue and goes on with the next forward;
 `writers` threads wait for the device-to-host copy (a CUDA event) and write
 `data_<idx>.safetensors.tmp` from the sample's file image (sample_file.py:

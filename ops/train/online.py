@@ -191,7 +191,7 @@ def open_online(args, head_vocab_size: int | None) -> OnlineData:
     """prepare's samples and the target's config, checked (BadInput: one line,
     naming the key or the file); the target is loaded later (load_target)."""
     from ops.common import BadInput
-    from ops.target import model as target_mod
+    from ops.target_model import model as target_mod
     from ops.prepared import load_samples
     from ops.layers import parse_layer_ids
 
@@ -224,8 +224,8 @@ def open_online(args, head_vocab_size: int | None) -> OnlineData:
 
 def load_target(data: OnlineData, args, place) -> None:
     """The target on its device (the drafter's, or its own), with extract's forward hooks."""
-    from ops.target import model as target_mod
-    from ops.target.forward import HFTarget
+    from ops.target_model import model as target_mod
+    from ops.target_model.forward import HFTarget
 
     info = target_mod.read_target(Path(args.target))
     where = str(place.device) if args.target_device == "auto" else args.target_device
@@ -235,7 +235,7 @@ def load_target(data: OnlineData, args, place) -> None:
     for p in model.parameters():
         p.requires_grad_(False)
     if getattr(args, "target_compile", False):
-        from ops.target.capture import compile_layers
+        from ops.target_model.capture import compile_layers
 
         place.log(f"online: target_compile: {compile_layers(model)} decoder layers compiled")
     place.log(f"online: target {info.path} loaded on {placement.describe()} in "

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ops.target import model as target_mod
-from ops.target.capture import HiddenStateCapture
-from ops.target.output import TargetOutput
+from ops.target_model import model as target_mod
+from ops.target_model.capture import HiddenStateCapture
+from ops.target_model.output import TargetOutput
 
 
 class HFTarget:
