@@ -3,7 +3,7 @@ target, each sample's states into its file image, the images to the writers.
 
 Sits under run.py (which sets the run up: config, resume, the engine's
 target, and the closing data_config) and over batching.py (the plan, the OOM
-halving), the engine's Target (engine.py: hf_engine.py's hooked forward or
+halving), the engine's Target (engine.py: ops/target_model/forward.py's hooked forward or
 sglang_run.py's packed one; the loop does not know which), staging.py +
 sample_file.py (pinned file images) and writer.py (the writer threads).
 """
