@@ -20,7 +20,8 @@
 #                                         # pipeline under watch (LIMIT: regenerate's rows, NUM_PROMPTS:
 #                                         # bench's), until START_S
 #   bash benchmarks/gpu_qwen.sh data      # instead of start/wait/finish: serve_target -> regenerate -> prepare ->
-#                                         # vocab until DATA_S, then regenerate's folder back (gzip parts)
+#                                         # vocab until DATA_S, then regenerate's journal back (gzip parts);
+#                                         # data_start, wait..., data_finish: the same over several calls
 #   PREPARED=.devwork/qwen/prepared bash benchmarks/gpu_qwen.sh start   # samples prepared earlier (carried):
 #                                         # the pipeline without regenerate and prepare
 #   bash benchmarks/gpu_qwen.sh extract   # item 6: benchmarks/extract_real.py on the carried samples
@@ -149,20 +150,30 @@ start)
   python3 benchmarks/gpu_pipeline.py wait --out $P/out --seconds $((${START_S:-540} - (SECONDS - T0))) --rescue-set ""
   python3 -m eagle3_console.cli -w $WS status 2>&1 | tail -30
   ;;
-data)
-  # The data stages alone in one call (serve_target -> regenerate -> prepare -> vocab), then whatever
-  # regenerate journaled comes back: a later session resumes it (same settings) or trains on it.
-  setup first
-  python3 benchmarks/gpu_pipeline.py wait --out $P/out --seconds $((${DATA_S:-540} - (SECONDS - T0))) --rescue-set ""
+data|data_start|data_finish)
+  # The data stages alone (serve_target -> regenerate -> prepare -> vocab), then whatever regenerate journaled
+  # comes back: a later session resumes it (JOURNAL=, same settings) or trains on it. `data` in one call
+  # (until DATA_S); for a regenerate longer than a call, `data_start` (until START_S), `wait` calls, then
+  # `data_finish` (stops regenerate: its journal keeps every answered row).
+  [ $PHASE != data_finish ] && setup first
+  if [ $PHASE = data_start ]; then
+    python3 benchmarks/gpu_pipeline.py wait --out $P/out --seconds $((${START_S:-540} - (SECONDS - T0))) --rescue-set ""
+    python3 -m eagle3_console.cli -w $WS status 2>&1 | sed -n 1,12p
+    exit 0
+  fi
+  [ $PHASE = data ] && python3 benchmarks/gpu_pipeline.py wait --out $P/out --seconds $((${DATA_S:-540} - (SECONDS - T0))) --rescue-set ""
   # What bounded regenerate, before the server goes: SGLang's own counters and its log.
   curl -s -m 5 http://127.0.0.1:30000/metrics > $P/out/serve_target_metrics.txt
   python3 -m eagle3_console.cli -w $WS logs serve_target -n 400 > $P/out/log_serve_target.txt 2>&1
   for s in regenerate serve_target; do timeout 60 python3 -m eagle3_console.cli -w $WS stop $s; done
   python3 -m eagle3_console.cli -w $WS status 2>&1 | tee $P/out/data-status.txt | tail -30
   python3 -m eagle3_console.cli -w $WS logs regenerate -n 60 > $P/out/log_regenerate.txt 2>&1
-  cp $WS/data/regenerated/regenerate.json $WS/data/prepared/summary.json $P/out/ 2>/dev/null
+  REG=$WS/data/regenerated; [ -d $WS/assets/regenerated ] && REG=$WS/assets/regenerated
+  cp $REG/regenerate.json $WS/data/prepared/summary.json $P/out/ 2>/dev/null
+  tar czf $P/out/logs.tgz -C $WS/.eagle3 logs 2>/dev/null
   tar czf "$OUT/out.tgz" -C $P out
-  tar czf - -C $WS/data --exclude=regenerated/conversations.jsonl regenerated | split -b 15M -d -a 1 - "$OUT/regenerated.tgz."
+  tar czf - -C $(dirname $REG) --exclude=regenerated/conversations.jsonl regenerated | split -b 15M -d -a 1 - \
+    "$OUT/regenerated_journal.tgz."
   ls -la "$OUT"
   ;;
 extract)
