@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 ENV = dict(os.environ, OMP_NUM_THREADS="1",
            PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
 ENV.pop("EAGLE3_RUN_ID", None)
-# Three subprocesses (export, two speculators loads of ~10 s CPU each) on a shared machine.
+# Two subprocesses (export, then the speculators loads: ~10 s of CPU) on a shared machine.
 pytestmark = pytest.mark.timeout(600)
 
 # README's "Loading the speculators export" line, then what the other
@@ -37,23 +37,24 @@ import os, sys, torch
 from safetensors.torch import load_file, save_file
 from speculators.models.eagle3 import Eagle3DraftModel
 
-export, inputs, out, mode = sys.argv[1:5]
-cfg = Eagle3DraftModel.config_class.from_pretrained(export)
-if mode == "bundled":
-    cfg.speculators_config.verifier.name_or_path = os.path.join(export, "verifier")
-cfg.transformer_layer_config._attn_implementation = "eager"
-model = Eagle3DraftModel.from_pretrained(export, config=cfg).float().eval()
+inputs, loads = sys.argv[1], sys.argv[2:]
 data = load_file(inputs)
-got, res = [], {}
-model.lm_head.register_forward_hook(lambda m, a, o: got.append(o.detach().clone()))
-with torch.no_grad():
-    model(hidden_states=data["aux"], input_ids=data["ids"], document_ids=torch.zeros_like(data["ids"]),
-          ttt_steps=3)
-for k, lg in enumerate(got):
-    res[f"logits_{k}"] = lg.contiguous()
-res["verifier_lm_head"] = model.verifier_lm_head.weight.detach().float().contiguous()
-res["verifier_norm"] = model.verifier_norm.weight.detach().float().contiguous()
-save_file(res, out)
+for export, mode, out in zip(loads[0::3], loads[1::3], loads[2::3]):
+    cfg = Eagle3DraftModel.config_class.from_pretrained(export)
+    if mode == "bundled":
+        cfg.speculators_config.verifier.name_or_path = os.path.join(export, "verifier")
+    cfg.transformer_layer_config._attn_implementation = "eager"
+    model = Eagle3DraftModel.from_pretrained(export, config=cfg).float().eval()
+    got, res = [], {}
+    model.lm_head.register_forward_hook(lambda m, a, o: got.append(o.detach().clone()))
+    with torch.no_grad():
+        model(hidden_states=data["aux"], input_ids=data["ids"], document_ids=torch.zeros_like(data["ids"]),
+              ttt_steps=3)
+    for k, lg in enumerate(got):
+        res[f"logits_{k}"] = lg.contiguous()
+    res["verifier_lm_head"] = model.verifier_lm_head.weight.detach().float().contiguous()
+    res["verifier_norm"] = model.verifier_norm.weight.detach().float().contiguous()
+    save_file(res, out)
 """
 
 
@@ -73,13 +74,17 @@ def workspace(assets, trained, tmp_path_factory):
     return ws
 
 
-def load_with_speculators(tmp_path: Path, export: Path, inputs: Path, mode: str, cwd: Path, name: str) -> dict:
+def load_with_speculators(tmp_path: Path, inputs: Path, cwd: Path, loads: list[tuple[Path, str, str]]) -> list[dict]:
+    """Each (export, mode, name) loaded in turn by one fresh process (speculators' import
+    alone is ~8 s of CPU), its tensors by name."""
     script = tmp_path / "load.py"
     script.write_text(LOAD)
-    out = tmp_path / f"{name}.safetensors"
-    proc = run([sys.executable, str(script), str(export), str(inputs), str(out), mode], cwd)
+    argv = [sys.executable, str(script), str(inputs)]
+    for export, mode, name in loads:
+        argv += [str(export), mode, str(tmp_path / f"{name}.safetensors")]
+    proc = run(argv, cwd)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return load_file(str(out))
+    return [load_file(str(tmp_path / f"{name}.safetensors")) for _, _, name in loads]
 
 
 def test_the_speculators_export_loads_after_the_workspace_moved(workspace, tmp_path):
@@ -98,14 +103,14 @@ def test_the_speculators_export_loads_after_the_workspace_moved(workspace, tmp_p
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
 
-    # In place, the file as written: the reference.
-    before = load_with_speculators(tmp_path, ws / "export" / "speculators", inputs, "as-written",
-                                   elsewhere, "before")
-
     moved = shutil.move(str(ws), str(tmp_path / "moved-here"))
     assert not ws.exists()
-    after = load_with_speculators(tmp_path, Path(moved) / "export" / "speculators", inputs, "bundled",
-                                  elsewhere, "after")
+    # One fresh process: first the moved copy through its bundled verifier (nothing of the
+    # workspace's old place was read before it), then the reference: the same export as written,
+    # the fixture's workspace in place (the copy's original, unmoved).
+    after, before = load_with_speculators(tmp_path, inputs, elsewhere, [
+        (Path(moved) / "export" / "speculators", "bundled", "after"),
+        (workspace / "export" / "speculators", "as-written", "before")])
 
     logits = sorted(k for k in before if k.startswith("logits_"))
     assert len(logits) == 3 and sorted(k for k in after if k.startswith("logits_")) == logits
