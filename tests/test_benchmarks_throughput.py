@@ -31,7 +31,9 @@ def run_benchmark(script: str, *args: str, timeout: int = 240) -> str:
 
 @pytest.mark.slow
 def test_extract_throughput_tiny_prints_its_ratios(tmp_path):
-    out = run_benchmark("extract_throughput.py", "--shape", "tiny", "--out", str(tmp_path),
+    # A token budget of 1,024 (the default's 16,384 made the bare forwards 256 x 64 and 128 x 64: 4 of
+    # its 20 s on an idle 2-core machine); no figure is asserted, the lines are.
+    out = run_benchmark("extract_throughput.py", "--shape", "tiny", "--out", str(tmp_path), "--token-budget", "1024",
                         "--durable", "fsync,syncfs", "--json", str(tmp_path / "r.json"))
     assert out.startswith("device: CPU")
     assert re.search(r"compute floor [\d,]+ tok/s", out)
