@@ -141,7 +141,9 @@ def venv(tmp_path):
 
 @pytest.mark.parametrize("extra", [[], ["-q"]], ids=["default", "-q"])
 def test_bin_test_reports_the_counts(venv, extra):
-    env = dict(os.environ, VENV=str(venv / "venv"))
+    # One xdist worker: the counts are the case (two tests), and each worker's start is a second of
+    # CPU (pytest and its plugins) beside the suite that runs this.
+    env = dict(os.environ, VENV=str(venv / "venv"), EAGLE3_TEST_WORKERS="1")
     proc = subprocess.run([str(ROOT / "bin" / "test"), *extra, "-p", "no:cacheprovider",
                            str(venv / "test_tiny.py")], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -45,6 +45,31 @@ def run(argv, run_id: str | None = None, timeout: float = 240, **env) -> subproc
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=e, cwd=REPO)
 
 
+def call(main, argv: list[str], capsys, monkeypatch, run_id: str | None = None) -> subprocess.CompletedProcess:
+    """`python -m ops.train` / `ops.export` as argv would run it, in this process (torch is
+    imported here already; a subprocess cost 4-5 s of CPU in imports): for a run whose
+    process is not what is tested (a refusal, a resume, a recovery after the kill)."""
+    with monkeypatch.context() as m:
+        if run_id is None:
+            m.delenv("EAGLE3_RUN_ID", raising=False)
+        else:
+            m.setenv("EAGLE3_RUN_ID", run_id)
+        capsys.readouterr()
+        code = main(argv[3:])
+        got = capsys.readouterr()
+    return subprocess.CompletedProcess(argv, code, got.out, got.err)
+
+
+def train_main(argv):
+    from ops.train.__main__ import main
+    return main(argv)
+
+
+def export_main(argv):
+    from ops.export.__main__ import main
+    return main(argv)
+
+
 def steps(out: Path) -> list[int]:
     return [s for s, _ in ck.list_checkpoints(out)]
 
@@ -68,13 +93,15 @@ def error_lines(stderr: str) -> list[str]:
 def older_run(assets, tmp_path_factory):
     """An earlier run's output: checkpoints 9 and 12 (save_every 3, keep 2), run id 1."""
     out = tmp_path_factory.mktemp("older") / "train"
-    proc = run(train_argv(assets, out, "--max-steps", "12", "--save-every", "3", "--keep", "2"), run_id="1")
-    assert proc.returncode == 0, proc.stderr
+    with pytest.MonkeyPatch.context() as m:          # in this process: its output is what the tests use
+        m.setenv("EAGLE3_RUN_ID", "1")
+        assert train_main(train_argv(assets, out, "--max-steps", "12", "--save-every", "3", "--keep", "2")[3:]) == 0
     assert steps(out) == [9, 12]
     return out
 
 
-def test_a_new_run_into_another_runs_checkpoints_refuses_and_force_replaces_them(assets, older_run, tmp_path):
+def test_a_new_run_into_another_runs_checkpoints_refuses_and_force_replaces_them(assets, older_run, tmp_path, capsys,
+                                                                                  monkeypatch):
     """Before: the new run (save_every 2, keep 2) started into the older run's
     output, and `keep` pruned each of its checkpoints right after writing it
     (the older run's higher steps won): it ended "done" with only steps 9 and
@@ -83,7 +110,7 @@ def test_a_new_run_into_another_runs_checkpoints_refuses_and_force_replaces_them
     shutil.copytree(older_run, out)
     before = digests(out / "checkpoints")
     argv = train_argv(assets, out, "--max-steps", "6", "--save-every", "2", "--keep", "2", "--lr", "2e-2")
-    proc = run(argv, run_id="2")
+    proc = call(train_main, argv, capsys, monkeypatch, run_id="2")
     assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
     assert "Traceback" not in proc.stderr
     lines = error_lines(proc.stderr)
@@ -93,7 +120,7 @@ def test_a_new_run_into_another_runs_checkpoints_refuses_and_force_replaces_them
     assert "steps 9, 12" in line and "--replace-checkpoints" in line and "replace_checkpoints=true" in line and "resume=true" in line, line
     assert digests(out / "checkpoints") == before          # nothing touched
 
-    proc = run([*argv, "--replace-checkpoints"], run_id="2")
+    proc = call(train_main, [*argv, "--replace-checkpoints"], capsys, monkeypatch, run_id="2")
     assert proc.returncode == 0, proc.stderr
     old_token = ck.load_meta(older_run / "checkpoints" / "step_00000012")["run"]["token"]
     assert f"train: --replace-checkpoints: deleted 2 checkpoint(s) of run 1 (token {old_token}), steps 9, 12" in proc.stdout, \
@@ -130,7 +157,7 @@ def _kill_when(proc: subprocess.Popen, ready, timeout: float = 120) -> None:
     proc.wait()
 
 
-def test_resume_after_kill_takes_the_runs_own_newest_and_says_which(assets, older_run, tmp_path):
+def test_resume_after_kill_takes_the_runs_own_newest_and_says_which(assets, older_run, tmp_path, capsys, monkeypatch):
     """Before: `resume` after a kill -9 at step 20+ of a new run "continued
     from step_00000012" of the older run that had written into the output
     first, and "succeeded" without training the new run's remaining steps."""
@@ -145,7 +172,7 @@ def test_resume_after_kill_takes_the_runs_own_newest_and_says_which(assets, olde
     newest = max(left)
     assert 20 <= newest < 40 and {m["run"]["id"] for m in left.values()} == {"2"}
     token = left[newest]["run"]["token"]
-    proc = run([*argv, "--resume"], run_id="3")
+    proc = call(train_main, [*argv, "--resume"], capsys, monkeypatch, run_id="3")
     assert proc.returncode == 0, proc.stderr
     want = (f"resume: continuing run 2 (token {token}) from {out / 'checkpoints' / f'step_{newest:08d}'} "
             f"(step {newest})")
@@ -158,10 +185,11 @@ def test_resume_after_kill_takes_the_runs_own_newest_and_says_which(assets, olde
     assert progress[0].startswith(f"progress: step {newest + 1}/40") and progress[-1].startswith("progress: step 40/40")
 
 
-def test_resume_with_no_compatible_checkpoint_names_it(assets, older_run, tmp_path):
+def test_resume_with_no_compatible_checkpoint_names_it(assets, older_run, tmp_path, capsys, monkeypatch):
     out = tmp_path / "train"
     shutil.copytree(older_run, out)
-    proc = run(train_argv(assets, out, "--max-steps", "14", "--resume", "--num-heads", "2", "--num-kv-heads", "1"))
+    proc = call(train_main, train_argv(assets, out, "--max-steps", "14", "--resume", "--num-heads", "2",
+                                       "--num-kv-heads", "1"), capsys, monkeypatch)
     assert proc.returncode == 2, proc.stdout
     lines = error_lines(proc.stderr)
     assert len(lines) == 1 and "step_00000012" in lines[0] and "drafter config differs" in lines[0], proc.stderr
@@ -201,8 +229,7 @@ def export_steps(out: Path, trained: Path) -> dict[str, int | None]:
 def export_2(trained, tmp_path_factory) -> Path:
     """An export of checkpoint 2, made once for the module (five tests re-export over one)."""
     out = tmp_path_factory.mktemp("export-2") / "export"
-    proc = run(export_argv(step_dir(trained, 2), out))
-    assert proc.returncode == 0, proc.stderr
+    assert export_main(export_argv(step_dir(trained, 2), out)[3:]) == 0       # in this process
     return out
 
 
@@ -218,7 +245,7 @@ def leftovers(out: Path) -> list[str]:
                   if ".tmp-" in p.name or ".old-" in p.name)
 
 
-def test_kill_9_mid_reexport_leaves_the_old_export_whole(trained, export_2, tmp_path):
+def test_kill_9_mid_reexport_leaves_the_old_export_whole(trained, export_2, tmp_path, capsys, monkeypatch):
     """Before: kill -9 once the re-export had replaced sglang/ left sglang/
     from the new checkpoint, speculators/ and export_info.json from the old
     one, and nothing said so. Now the new export is built beside the old one
@@ -242,8 +269,8 @@ def test_kill_9_mid_reexport_leaves_the_old_export_whole(trained, export_2, tmp_
         _kill_when(proc, mid_export)
     assert export_steps(out, trained) == {"export_info": 2, "sglang": 2, "speculators": 2}
     assert digests(out) == old
-    # The next export clears what the killed one left, and switches in whole.
-    proc = run(export_argv(step_dir(trained, 4), out))
+    # The next export clears what the killed one left, and switches in whole (in this process).
+    proc = call(export_main, export_argv(step_dir(trained, 4), out), capsys, monkeypatch)
     assert proc.returncode == 0, proc.stderr
     assert "export: removed an interrupted export's staging folder" in proc.stdout, proc.stdout
     assert export_steps(out, trained) == {"export_info": 4, "sglang": 4, "speculators": 4}
@@ -263,7 +290,8 @@ def _stopped(pid: int) -> bool:
     ("aside", "no-exchange", None, "rolled back an interrupted switch"),
     ("switched", "no-exchange", 4, "removed the export it replaced"),
 ])
-def test_kill_9_at_each_point_of_the_switch(trained, export_2, tmp_path, point, mode, seen, recovery):
+def test_kill_9_at_each_point_of_the_switch(trained, export_2, tmp_path, point, mode, seen, recovery, capsys,
+                                           monkeypatch):
     """kill -9 exactly at each point of the switch (the export stops itself
     there with SIGSTOP under the test hook, then gets a real SIGKILL): a
     reader sees the old export or the new one, whole (or, between the two
@@ -280,7 +308,7 @@ def test_kill_9_at_each_point_of_the_switch(trained, export_2, tmp_path, point, 
         assert not out.exists()
     else:
         assert export_steps(out, trained) == {"export_info": seen, "sglang": seen, "speculators": seen}
-    proc = run(export_argv(step_dir(trained, 2), out, "--no-check"))
+    proc = call(export_main, export_argv(step_dir(trained, 2), out, "--no-check"), capsys, monkeypatch)
     assert proc.returncode == 0, proc.stderr
     assert f"export: {recovery}" in proc.stdout, proc.stdout
     assert export_steps(out, trained) == {"export_info": 2, "sglang": 2, "speculators": 2}
@@ -344,8 +372,7 @@ def test_speculators_loads_the_export_with_our_logits_in_a_fresh_process(assets,
     from ops.drafter.formats import read_export
 
     out = tmp_path / "export"
-    proc = run(export_argv(trained, out, "--check"))
-    assert proc.returncode == 0, proc.stderr
+    assert export_main(export_argv(trained, out, "--check")[3:]) == 0        # in this process
     info = json.loads((out / "export_info.json").read_text())
     data = read_data(Path(info["data"]))
     steps_k = 3
@@ -397,7 +424,7 @@ def test_the_speculators_export_holds_the_targets_embedding(assets, trained, tmp
     from ops.drafter.target_head import load_target_head
 
     out = tmp_path / "export"
-    assert run(export_argv(trained, out, "--no-check", "--format", "speculators")).returncode == 0
+    assert export_main(export_argv(trained, out, "--no-check", "--format", "speculators")[3:]) == 0
     w = load_file(str(out / "speculators" / "model.safetensors"))
     embed = load_target_head(assets["target"]).embed
     assert w["embed_tokens.weight"].dtype == torch.bfloat16
