@@ -129,9 +129,18 @@ PartitionName={PARTITION} Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
             except (OSError, ValueError, IndexError):
                 continue
             pids.append(pid)
-        deadline = time.time() + 10
-        while time.time() < deadline and any(os.path.exists(f"/proc/{pid}") for pid in pids):
-            time.sleep(0.1)
+        # A slurmd whose node was set down took 10 s and more to leave: after 5 s this throwaway
+        # cluster's daemons are killed.
+        for sig, wait_s in ((None, 5), (signal.SIGKILL, 5)):
+            left = [pid for pid in pids if os.path.exists(f"/proc/{pid}")]
+            for pid in left if sig else ():
+                try:
+                    os.kill(pid, sig)
+                except OSError:
+                    pass
+            deadline = time.time() + wait_s
+            while time.time() < deadline and any(os.path.exists(f"/proc/{pid}") for pid in left):
+                time.sleep(0.1)
 
 
 def why_not() -> str | None:
