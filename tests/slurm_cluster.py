@@ -119,8 +119,11 @@ PartitionName={PARTITION} Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
 
     def stop(self) -> None:
         self.run("scancel", "--full", "--partition", PARTITION, check=False)
-        # The three at once, then wait for them together: one after the other took 5-12 s of
-        # every teardown (each daemon's shutdown takes its own 2 s or more).
+        # The jobs leave first (a step daemon whose slurmd is gone stays behind), then the three
+        # daemons at once, waited for together: one after the other took 5-12 s of every teardown.
+        deadline = time.time() + 10
+        while time.time() < deadline and self.run("squeue", "-h", check=False, timeout=10).stdout.strip():
+            time.sleep(0.2)
         pids = []
         for name in ("slurmd", "slurmctld", "munged"):
             try:
@@ -130,17 +133,47 @@ PartitionName={PARTITION} Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
                 continue
             pids.append(pid)
         # A slurmd whose node was set down took 10 s and more to leave: after 5 s this throwaway
-        # cluster's daemons are killed.
+        # cluster's daemons are killed, and so is whatever still runs with its configuration
+        # (a step daemon, a job's process).
         for sig, wait_s in ((None, 5), (signal.SIGKILL, 5)):
-            left = [pid for pid in pids if os.path.exists(f"/proc/{pid}")]
+            left = [pid for pid in pids if _running(pid)]
             for pid in left if sig else ():
                 try:
                     os.kill(pid, sig)
                 except OSError:
                     pass
             deadline = time.time() + wait_s
-            while time.time() < deadline and any(os.path.exists(f"/proc/{pid}") for pid in left):
+            while time.time() < deadline and any(_running(pid) for pid in left):
                 time.sleep(0.1)
+        for pid in _with_env(f"SLURM_CONF={self.conf}"):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a daemon's parent is init, which reaps when it will)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _with_env(entry: str) -> list[int]:
+    want = entry.encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as fh:
+                if want in fh.read().split(b"\0"):
+                    found.append(int(name))
+        except OSError:
+            pass
+    return found
 
 
 def why_not() -> str | None:
