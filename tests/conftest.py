@@ -112,24 +112,21 @@ TORCH_FILES = {
 
 
 # Seconds each file took in a full run (`--junitxml`, summed per file: 2 cores, 3 workers in
-# bin/test's lanes, one torch thread a process, on suite2 rebased on 4bc489a; 8:43 in all, the machine
-# idle at its start). test_serve_e2e's figure holds 60 s of a bench test that failed on main then (its
-# target looked up on the Hub). Only the order matters (and the lanes' balance): the files over 8 s,
-# longest first.
+# bin/test's lanes, one torch thread a process, on suite3 rebased on 041e904, a fresh pytest cache;
+# 7:34 in all, the machine otherwise nearly idle). Only the order matters (and the lanes' balance):
+# the files over 8 s, longest first.
 FILE_SECONDS = {
-    "test_faults_train_export.py": 122, "test_e2e_demo.py": 113, "test_slurm_jobs.py": 96,
-    "test_serve_e2e.py": 87, "test_extract_sglang.py": 67, "test_train_streamed.py": 63,
-    "test_faults_clean.py": 57, "test_benchmarks_throughput.py": 52, "test_op_extract.py": 50,
-    "test_formats_training.py": 47, "test_faults4_slurm.py": 44, "test_realmodel.py": 43,
-    "test_faults4_runs.py": 39, "test_op_bench_sglang.py": 39, "test_faults_data.py": 35, "test_faults.py": 27,
-    "test_export_moved.py": 23, "test_runs.py": 22, "test_faults_supervise.py": 19, "test_tui.py": 18,
-    "test_bin_test.py": 17, "test_faults_registry.py": 17, "test_faults_reexport.py": 16,
-    "test_op_regenerate.py": 16, "test_faults_watch.py": 15, "test_actions.py": 13,
-    "test_extract_sglang_launch.py": 13, "test_sim_acceptance.py": 13, "test_hosts.py": 12,
-    "test_realmodel_parts.py": 12, "test_regenerate_data.py": 12, "test_verify_realmodel.py": 12,
-    "test_watch.py": 12, "test_bench_table.py": 11, "test_monitor_serve.py": 11, "test_bench_kinds.py": 9,
-    "test_length_buckets.py": 9, "test_op_prepare.py": 9, "test_op_train.py": 9, "test_train_online.py": 9,
-    "test_tui_snapshots.py": 9, "test_faults_cli.py": 8,
+    "test_e2e_demo.py": 117, "test_slurm_jobs.py": 96, "test_faults_train_export.py": 68,
+    "test_benchmarks_throughput.py": 63, "test_faults_data.py": 50, "test_extract_sglang.py": 48,
+    "test_train_streamed.py": 44, "test_formats_training.py": 42, "test_serve_e2e.py": 42,
+    "test_op_bench_sglang.py": 40, "test_realmodel.py": 38, "test_faults_clean.py": 37, "test_faults.py": 36,
+    "test_faults4_runs.py": 33, "test_op_extract.py": 30, "test_faults4_slurm.py": 24, "test_runs.py": 23,
+    "test_op_regenerate.py": 23, "test_export_moved.py": 19, "test_verify_realmodel.py": 18,
+    "test_faults_registry.py": 18, "test_faults_supervise.py": 18, "test_faults_reexport.py": 17, "test_tui.py": 17,
+    "test_op_train.py": 16, "test_faults_watch.py": 14, "test_sim_acceptance.py": 14, "test_bin_test.py": 13,
+    "test_watch.py": 12, "test_interrupted_actions.py": 11, "test_bench_table.py": 11,
+    "test_extract_sglang_launch.py": 10, "test_monitor_serve.py": 10, "test_actions.py": 10,
+    "test_bench_kinds.py": 10, "test_train_online.py": 9,
 }
 
 
