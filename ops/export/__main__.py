@@ -95,7 +95,8 @@ def check(ref_model, written: dict[str, Path], meta: dict, args, target: Path) -
         inputs = {idx: _stored_inputs(data, idx) for idx in ids}
     else:
         # An online (or streamed) run stored no states: the check's are the target's own,
-        # computed here by extract's forward on prepare's samples, as online training computes them.
+        # computed here by the target model's forward (ops/target_model) on prepare's samples, as online
+        # training computes them.
         from ops.target_model.forward import states_for
 
         if not meta.get("samples"):

@@ -3,8 +3,8 @@ batch's aux and final states from prepare's token ids; nothing of size is
 written (SpecForge's online mode up to v0.2, speculators' online mode).
 
 Data flow: prepare's samples.safetensors (ops/prepared.py) -> a batch's
-token ids -> the target (ops/extract's Target: the same loading, placement and
-forward hooks as extract's HF engine) -> the batch's states, padded as
+token ids -> the target (ops/target_model: the loading, placement, forward hooks
+and forward that extract's HF engine runs too) -> the batch's states, padded as
 ops/drafter/data.py's collate pads a batch read from disk -> the prefetcher
 (ops/train/prefetch.py) -> the drafter's step. The batches, their order, the
 held-out split and the resume position are the offline run's (same lengths,
@@ -73,7 +73,7 @@ class OnlineData:
     samples: dict[int, Path]        # idx -> samples.safetensors (for out_of_vocab's message)
     lengths: dict[int, int]
     prepared: Any                   # ops/prepared.PreparedSamples
-    target: Any = None              # ops/extract/engine.Target once loaded
+    target: Any = None              # ops/target_model/forward.HFTarget once loaded
     device: Any = None              # where the target's states come out
     format: str = hidden_formats.DEFAULT
     clock: Any = field(default_factory=lambda: _Clock())
@@ -223,7 +223,7 @@ def open_online(args, head_vocab_size: int | None) -> OnlineData:
 
 
 def load_target(data: OnlineData, args, place) -> None:
-    """The target on its device (the drafter's, or its own), with extract's forward hooks."""
+    """The target on its device (the drafter's, or its own), with its forward hooks (ops/target_model)."""
     from ops.target_model import model as target_mod
     from ops.target_model.forward import HFTarget
 
