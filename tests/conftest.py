@@ -22,6 +22,7 @@ from typing import Callable, Iterator
 
 import pytest
 
+from tests.procs import holding_env
 from tests.slurm_cluster import slurm  # noqa: F401  (the session fixture of a real one-node Slurm)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -137,18 +138,7 @@ _tokens = itertools.count()
 def _token_holders(token: str) -> list[int]:
     """The processes started with this test's token in their environment (inherited by
     every process a test starts that is given os.environ or a copy of it)."""
-    want = f"{TEST_TOKEN}={token}".encode()
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as fh:
-                if want in fh.read().split(b"\0"):
-                    found.append(int(entry.name))
-        except OSError:
-            pass
-    return found
+    return holding_env(f"{TEST_TOKEN}={token}")
 
 
 @pytest.fixture(autouse=True)

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.procs import alive, holding_env
+
 NODE = "e3node"
 PARTITION = "e3part"
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -136,44 +138,20 @@ PartitionName={PARTITION} Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
         # cluster's daemons are killed, and so is whatever still runs with its configuration
         # (a step daemon, a job's process).
         for sig, wait_s in ((None, 5), (signal.SIGKILL, 5)):
-            left = [pid for pid in pids if _running(pid)]
+            left = [pid for pid in pids if alive(pid)]
             for pid in left if sig else ():
                 try:
                     os.kill(pid, sig)
                 except OSError:
                     pass
             deadline = time.time() + wait_s
-            while time.time() < deadline and any(_running(pid) for pid in left):
+            while time.time() < deadline and any(alive(pid) for pid in left):
                 time.sleep(0.1)
-        for pid in _with_env(f"SLURM_CONF={self.conf}"):
+        for pid in holding_env(f"SLURM_CONF={self.conf}"):
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-
-
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (a daemon's parent is init, which reaps when it will)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _with_env(entry: str) -> list[int]:
-    want = entry.encode()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as fh:
-                if want in fh.read().split(b"\0"):
-                    found.append(int(name))
-        except OSError:
-            pass
-    return found
 
 
 def why_not() -> str | None:

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PY, extract_pipeline, stage_cmd, wait_for
+from tests.procs import alive
 
 # A stage whose worker leaves the stage's process group for a session of its
 # own and ignores SIGTERM (as a daemonized data loader can): the leader exits
@@ -94,14 +95,6 @@ def _kill_pid(pid: int | None) -> None:
             pass
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _events(ws, stage=None) -> list[dict]:
     args = ("events", "--json") + (("--stage", stage) if stage else ())
     return json.loads(ws.cli(*args, check=0).stdout)
@@ -142,7 +135,7 @@ def test_stop_says_a_worker_survived_and_run_refuses_beside_it(ws, tmp_path):
         said = stop.stdout + stop.stderr
         assert stop.returncode == 2, said
         assert str(worker) in said and "kill-workers w" in said, said
-        assert _alive(worker)
+        assert alive(worker)
         stop_events = [e for e in _events(ws, "w") if e["action"] == "stop"]
         assert stop_events and str(worker) in stop_events[0]["outcome"], stop_events
         first = ws.latest("w")
@@ -154,7 +147,7 @@ def test_stop_says_a_worker_survived_and_run_refuses_beside_it(ws, tmp_path):
         assert ws.latest("w").id == first.id, "a run was started beside the surviving worker"
         # kill-workers ends it; then the stage runs again.
         ws.cli("kill-workers", "w", "--yes", "--grace", "2", "--wait", "1", check=0)
-        assert not _alive(worker)
+        assert not alive(worker)
         finish.write_text("")
         ws.cli("run", "w", check=0)
         assert ws.latest("w").id == first.id + 1
