@@ -5,13 +5,14 @@ backlog 5: 1,634 ListenOverflows) and every connection got its own thread.
 No test here hangs on a wall-clock window a loaded machine may miss: the
 exporter's request deadline is injected (--request-timeout), and a scrape or a
 slow client waits for its answer or its close, bounded only by a guard that a
-passing run never reaches (the storm's overflows are read from the kernel's
-counter, not guessed from how long connects took)."""
+passing run never reaches (the listener's accept queue is read from the kernel,
+not guessed from how long connects took)."""
 
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
+import shutil
+import subprocess
 
 import pytest
 
@@ -43,15 +44,17 @@ async def _storm(port: int, n: int, timeout: float) -> list[str]:
     return await asyncio.gather(*(_scrape(port, timeout) for _ in range(n)))
 
 
-def _listen_overflows() -> int | None:
-    """The kernel's count of connections a full listen queue dropped (this network
-    namespace), None where it is not told."""
-    try:
-        head, values = [ln.split() for ln in Path("/proc/net/netstat").read_text().splitlines()
-                        if ln.startswith("TcpExt:")][:2]
-        return int(dict(zip(head, values))["ListenOverflows"])
-    except (OSError, ValueError, KeyError):
+def _listen_backlog(port: int) -> int | None:
+    """The listener's accept-queue limit as the kernel applies it (`ss`: a LISTEN socket's
+    Send-Q), None where `ss` is missing. Not the kernel's ListenOverflows: that counts every
+    listener of the network namespace, and a second suite's storm beside this one (a loaded
+    CI machine) overflowed another queue and failed this test."""
+    ss = shutil.which("ss")
+    if ss is None:
         return None
+    fields = subprocess.run([ss, "-Hltn", f"sport = :{port}"], capture_output=True, text=True,
+                            timeout=30).stdout.split()
+    return int(fields[2]) if len(fields) >= 3 and fields[2].isdigit() else None
 
 
 GUARD_S = 120.0     # a hang guard, not a window: a passing storm ends long before it under any load
@@ -66,14 +69,13 @@ def test_500_parallel_scrapes_are_all_answered(ws):
     proc, port = start([PY, "-m", "eagle3_console.cli", "-w", str(ws.root), "exporter", "--port", "0",
                         "--no-gpus", "--interval", "60", "--request-timeout", str(GUARD_S)], ws.root)
     try:
+        # What made scrapes time out before (a queue of 5): the queue takes the whole burst.
+        backlog = _listen_backlog(port)
+        assert backlog is None or backlog >= 500, backlog
         for round_ in range(3):
-            overflows = _listen_overflows()
             results = asyncio.run(_storm(port, 500, GUARD_S))
             bad = [r for r in results if r != "ok"]
             assert not bad, (round_, len(bad), sorted(set(bad))[:5])
-            # What made scrapes time out before (a queue of 5): the queue took the whole burst.
-            if overflows is not None:
-                assert _listen_overflows() == overflows, (round_, "listen queue overflowed")
         # The pool is bounded: a storm does not leave hundreds of threads behind.
         threads = int(open(f"/proc/{proc.pid}/status").read().split("Threads:")[1].split()[0])
         assert threads < 64, threads
