@@ -86,6 +86,17 @@ TREE=$PWD
 cd $P/src
 export PYTHONPATH=$P/src:$PYTHONPATH:/tmp/site
 WS=$P/ws
+# Regenerate's folder: the workspace's own, or where JOURNAL= unpacked the journal it resumes.
+regenerated() { if [ -d $WS/assets/regenerated ]; then echo $WS/assets/regenerated; else echo $WS/data/regenerated; fi; }
+# The journal (what a later JOURNAL= run resumes), not only the conversations made from it, in parts under
+# the 16 MiB a file that comes back from $OUT may have.
+journal_tgz() {
+  local reg; reg=$(regenerated)
+  tar czf - -C $(dirname $reg) --exclude=regenerated/conversations.jsonl regenerated | split -b 15M -d -a 1 - \
+    "$OUT/regenerated_journal.tgz."
+}
+# The servers' and stages' whole logs: where a server's start-up goes, not only the tails.
+logs_tgz() { tar czf $P/out/logs.tgz -C $WS/.eagle3 logs 2>/dev/null; }
 
 setup() {
   for i in $(seq 1 300); do [ -f $M/config.json ] && break; sleep 1; done
@@ -168,12 +179,10 @@ data|data_start|data_finish)
   for s in regenerate serve_target; do timeout 60 python3 -m eagle3_console.cli -w $WS stop $s; done
   python3 -m eagle3_console.cli -w $WS status 2>&1 | tee $P/out/data-status.txt | tail -30
   python3 -m eagle3_console.cli -w $WS logs regenerate -n 60 > $P/out/log_regenerate.txt 2>&1
-  REG=$WS/data/regenerated; [ -d $WS/assets/regenerated ] && REG=$WS/assets/regenerated
-  cp $REG/regenerate.json $WS/data/prepared/summary.json $P/out/ 2>/dev/null
-  tar czf $P/out/logs.tgz -C $WS/.eagle3 logs 2>/dev/null
+  cp $(regenerated)/regenerate.json $WS/data/prepared/summary.json $P/out/ 2>/dev/null
+  logs_tgz
   tar czf "$OUT/out.tgz" -C $P out
-  tar czf - -C $(dirname $REG) --exclude=regenerated/conversations.jsonl regenerated | split -b 15M -d -a 1 - \
-    "$OUT/regenerated_journal.tgz."
+  journal_tgz
   ls -la "$OUT"
   ;;
 extract)
@@ -234,19 +243,15 @@ wait)
   ;;
 finish)
   timeout -k 5 200 python3 benchmarks/gpu_pipeline.py finish --ws $WS --out $P/out
-  cp $WS/data/regenerated/regenerate.json $WS/data/prepared/summary.json $WS/runs/export/export_info.json $P/out/ 2>/dev/null
+  cp $(regenerated)/regenerate.json $WS/data/prepared/summary.json $WS/runs/export/export_info.json $P/out/ 2>/dev/null
   cp $WS/runs/drafter/metrics.jsonl $P/out/train_metrics.jsonl 2>/dev/null
   find $WS/runs -name 'bench*.json' -exec cp {} $P/out/ \; 2>/dev/null
   for s in regenerate prepare vocab train export bench serve_spec serve_target; do
     python3 -m eagle3_console.cli -w $WS logs $s -n 80 > $P/out/log_$s.txt 2>&1; done
-  # The servers' and stages' whole logs: where a server's two minutes to ready go.
-  tar czf $P/out/logs.tgz -C $WS/.eagle3 logs 2>/dev/null
+  logs_tgz
   tar czf "$OUT/out.tgz" -C $P out
   [ -d /root/sweep ] && sweep_tgz
-  REG=$WS/data/regenerated; [ -d $WS/assets/regenerated ] && REG=$WS/assets/regenerated
-  # The journal (what a later JOURNAL= run resumes), not only the conversations made from it.
-  tar czf - -C $(dirname $REG) --exclude=regenerated/conversations.jsonl regenerated | split -b 30M -d -a 1 - \
-    "$OUT/regenerated_journal.tgz."
+  journal_tgz
   ls -la "$OUT"
   ;;
 esac

@@ -123,9 +123,7 @@ PartitionName={PARTITION} Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
         self.run("scancel", "--full", "--partition", PARTITION, check=False)
         # The jobs leave first (a step daemon whose slurmd is gone stays behind), then the three
         # daemons at once, waited for together: one after the other took 5-12 s of every teardown.
-        deadline = time.time() + 10
-        while time.time() < deadline and self.run("squeue", "-h", check=False, timeout=10).stdout.strip():
-            time.sleep(0.2)
+        _within(10, lambda: not self.run("squeue", "-h", check=False, timeout=10).stdout.strip(), poll=0.2)
         pids = []
         for name in ("slurmd", "slurmctld", "munged"):
             try:
@@ -136,22 +134,31 @@ PartitionName={PARTITION} Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
             pids.append(pid)
         # A slurmd whose node was set down took 10 s and more to leave: after 5 s this throwaway
         # cluster's daemons are killed, and so is whatever still runs with its configuration
-        # (a step daemon, a job's process).
-        for sig, wait_s in ((None, 5), (signal.SIGKILL, 5)):
-            left = [pid for pid in pids if alive(pid)]
-            for pid in left if sig else ():
+        # (a step daemon, a job's process). The waits bound a teardown, they decide nothing:
+        # what outlasts them is killed.
+        if not _within(5, lambda: not any(alive(pid) for pid in pids)):
+            for pid in [pid for pid in pids if alive(pid)]:     # not a pid that left and was reused
                 try:
-                    os.kill(pid, sig)
+                    os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
-            deadline = time.time() + wait_s
-            while time.time() < deadline and any(alive(pid) for pid in left):
-                time.sleep(0.1)
+            _within(5, lambda: not any(alive(pid) for pid in pids))
         for pid in holding_env(f"SLURM_CONF={self.conf}"):
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+
+
+
+def _within(seconds: float, done, poll: float = 0.1) -> bool:
+    """Whether done() came true within `seconds` (a teardown's bound, never a test's verdict)."""
+    deadline = time.time() + seconds
+    while not done():
+        if time.time() >= deadline:
+            return False
+        time.sleep(poll)
+    return True
 
 
 def why_not() -> str | None:
