@@ -29,6 +29,7 @@
 #                                         # (CONVERSATIONS, SWEEP_ARGS), carry .devwork/qwen_regen
 #   bash benchmarks/gpu_qwen.sh cycle     # item 5: the cycle's host time with SGLang's host-side switches, once
 #                                         # export and serve_target are up (one server at a time; cycle.tgz)
+#   bash benchmarks/gpu_qwen.sh journal   # regenerate's journal so far (gzip parts), the pipeline going on
 #   bash benchmarks/gpu_qwen.sh wait      # until the observer saw every stage end, or WAIT_S
 #   bash benchmarks/gpu_qwen.sh finish    # servers stopped, summary, captures, the conversations (gzip parts)
 # Train and export run on the image's own torch (SGLang's torch 2.14.1 beside the image's cuDNN fails in
@@ -236,6 +237,10 @@ cycle)
     kill -- -$spid 2>/dev/null; wait $spid 2>/dev/null
     tar czf "$OUT/cycle.tgz" -C $P cycle
   done
+  ;;
+journal)
+  # What regenerate journaled so far, back while the pipeline goes on (a hold may end before `finish`).
+  journal_tgz; ls -la "$OUT"
   ;;
 wait)
   python3 benchmarks/gpu_pipeline.py wait --out $P/out --seconds ${WAIT_S:-540} --rescue-set ""
