@@ -376,8 +376,8 @@ def test_torchrun_two_tp_ranks_one_writer(hf_run, tmp_path):
     config = json.loads((out / DATA_CONFIG).read_text())
     assert (config["status"], config["tp"], config["world_size"]) == ("complete", 2, 1)
     assert proc.stdout.count("loading target") == 1 and proc.stdout.count(f"progress: samples {N}/{N}") >= 1
-    said = dict(re.findall(r"double: rank (\d) (loads \d+ forwards \d+ samples \d+)", proc.stderr))
-    assert said["0"] == said["1"] and said["0"].startswith("loads 1 ") and said["0"].endswith(f"samples {N}"), said
+    said = dict(re.findall(r"double: rank (\d) (loads \d+ forwards \d+ samples \d+ group \w+)", proc.stderr))
+    assert said["0"] == said["1"] and said["0"].startswith("loads 1 ") and said["0"].endswith(f"samples {N} group left"), said
     again = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "nothing to extract" in again.stdout and "loading target" not in again.stdout

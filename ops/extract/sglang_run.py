@@ -186,6 +186,7 @@ class SGLangEngine:
             box = [None]
             dist.broadcast_object_list(box, src=0, group=group)
             if box[0] is None:
+                _leave_group()
                 return 0
             try:
                 target.forward(box[0])
@@ -211,12 +212,25 @@ class LeaderTarget:
         return TargetOutput.packed(aux, final, [len(tok) for tok in token_lists])
 
     def close(self) -> None:
-        if self.group is not None:
+        group, self.group = self.group, None
+        if group is not None:
             import torch.distributed as dist
 
-            dist.broadcast_object_list([None], src=0, group=self.group)
-            self.group = None
+            dist.broadcast_object_list([None], src=0, group=group)
         self.target.close()
+        if group is not None:
+            _leave_group()
+
+
+def _leave_group() -> None:
+    """The ranks' process groups torn down once the last broadcast is through. Left to the
+    interpreter's exit, a gloo group's threads were destroyed while joinable: rank 1 aborted
+    (SIGABRT, "terminate called without an active exception") after a complete extraction, and
+    torchrun failed the run (tests/test_extract_sglang.py, once under load)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 class _Gate:
