@@ -408,12 +408,9 @@ def test_env_tie_is_bounded_by_the_run_time_window():
     is not the run's (the id was reused by someone copying the environment)."""
     from eagle3_console.monitor.procs import ProcessTable, RunRef
     env = dict(os.environ, EAGLE3_RUN_ID="77", EAGLE3_WORKSPACE="/nonexistent/ws-window")
-    child = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(30)"],
-                             env=env, start_new_session=True, stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env,
+                             start_new_session=True)
     try:
-        # Until the child has exec'd, /proc shows the environment it was forked with (pytest's,
-        # without the run's id): a snapshot taken then found it nobody's (a loaded machine, once).
-        assert child.stdout.readline() == "up\n"
         import psutil
         ct = psutil.Process(child.pid).create_time()
         # A run that started and ended well before the child existed (its leader pid long gone).

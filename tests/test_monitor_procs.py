@@ -409,7 +409,9 @@ def test_reused_group_id_holder_is_loaded_and_refuses_the_tie_in_both_tables(spa
     assert part[member].how == "pgid"
 
 
-def test_partial_table_prunes_cached_environments_only_of_processes_it_read(spawned):
+def test_partial_table_prunes_cached_environments_only_of_processes_it_read(spawned, monkeypatch):
+    # The pruning is the subject: the processes here are seconds old, cached all the same.
+    monkeypatch.setattr(procrows, "ENV_SETTLE_S", 0.0)
     procs_, popens = spawned
     tree = start_tree(spawned, 56, "setsid", "exit")
     bystander = subprocess.Popen(["sleep", "60"])
@@ -500,3 +502,30 @@ def test_collector_walks_once_when_the_leftover_check_needs_the_whole_table(ws, 
         assert (gp.run_id, gp.how) == (run.id, "tree") and walks == [1]
     finally:
         ws.cli("stop", "gpuwork", "--grace", "1")
+
+
+def test_a_process_read_before_its_exec_is_tied_by_the_environment_it_execs_with():
+    """A launch with its own environment forks, then execs: /proc shows the parent's environment
+    until the exec, which keeps the pid and the create time. A look in between (another monitor's
+    snapshot, a loaded machine) must not hide the run's id for the process's life: test_faults'
+    env-tie test failed so once, its child found nobody's."""
+    program = ("import os, sys; print('forked', flush=True); sys.stdin.readline(); "
+               "os.execve(sys.executable, [sys.executable, '-c', "
+               "\"import time; print('exec', flush=True); time.sleep(60)\"], "
+               f"dict(os.environ, {ENV_RUN_ID}='78', {ENV_WORKSPACE}='{WS}'))")
+    env = {k: v for k, v in os.environ.items() if k not in (ENV_RUN_ID, ENV_WORKSPACE)}
+    child = subprocess.Popen([sys.executable, "-c", program], env=env, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert child.stdout.readline() == "forked\n"
+        ct = psutil.Process(child.pid).create_time()
+        ref = RunRef(run_id=78, stage="train", pid=None, create_time=ct - 5.0, workspace=WS)
+        assert child.pid not in ProcessTable.snapshot().owners((ref,))      # the parent's environment
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline() == "exec\n"
+        assert psutil.Process(child.pid).create_time() == ct                 # the same process
+        assert ProcessTable.snapshot().owners((ref,))[child.pid].how == "env"
+    finally:
+        child.kill()
+        child.wait()

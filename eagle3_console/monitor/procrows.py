@@ -5,12 +5,13 @@ Where it sits: monitor/procs.py builds its ProcessTable from these rows and
 ties them to runs; process_alive() answers whether one recorded process still
 runs (runs.py, claims, the stopper). psutil is imported at first use, and each
 process's environment read once per process lifetime (cached by pid and
-create_time).
+create_time, once the process is old enough to have exec'd).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
@@ -85,10 +86,18 @@ class RunEnv:
 
 
 # (pid, create_time) -> RunEnv or None. /proc/<pid>/environ is the environment
-# the process started with, so it never changes for a process. Run ids are
-# small integers repeated in every workspace (and in every new registry of
-# one): an id alone would tie another workspace's workers to this run.
+# the process's program was started with, so it no longer changes once that
+# program runs. Run ids are small integers repeated in every workspace (and in
+# every new registry of one): an id alone would tie another workspace's workers
+# to this run.
 _ENV_CACHE: dict[tuple[int, float], RunEnv | None] = {}
+# A process younger than this is read again at each look, not cached: between
+# the fork and the exec of a launch with its own environment (a supervisor's
+# stage, Popen(env=...)) /proc shows the parent's, and exec keeps the pid and
+# create_time, so a reading cached in that window would hide the run's id for
+# the process's whole life. The window is short but not bounded on a loaded
+# machine; older processes that exec again keep their environment.
+ENV_SETTLE_S = 10.0
 
 
 def env_key(workspace: str | None, run_id: int | str) -> str:
@@ -107,7 +116,8 @@ def run_env(row: Row) -> RunEnv | None:
             if rid is not None and ws is not None else None
     except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess, OSError):
         value = None    # another user's process, or gone: cannot be ours by env
-    _ENV_CACHE[key] = value
+    if time.time() - row.create_time >= ENV_SETTLE_S:
+        _ENV_CACHE[key] = value
     return value
 
 
