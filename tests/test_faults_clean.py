@@ -207,7 +207,7 @@ def test_an_output_swapped_by_its_stage_is_claimed_again(tmp_path):
     a.cli("run", "w", check=0)
     run_a = a.wait_status("w", ("running",))
     wait_for(lambda: (shared / "swapped").exists())
-    lock = wait_for(lambda: _lock(shared), timeout=5)
+    lock = wait_for(lambda: _lock(shared), timeout=60)
     assert lock["workspace"] == str(a.root) and lock["run"] == run_a.id, lock
     again = b.call("run", "w")
     assert again.returncode == 2 and str(a.root) in again.stdout + again.stderr, again.stdout + again.stderr
@@ -229,20 +229,22 @@ def test_a_lock_stays_live_while_the_stage_outlives_its_supervisor(tmp_path):
     a, b = WS(tmp_path / "A"), WS(tmp_path / "B")
     a.root.mkdir()
     b.root.mkdir()
-    a.write(writer_stage(str(shared), n=200, prefix="A_", every=0.1))
+    # A's stage lives until `release` (after the refusal), not a fixed 20 s of writing.
+    release = tmp_path / "release-A"
+    a.write(writer_stage(str(shared), n=3, prefix="A_", until=str(release)))
     b.write(writer_stage(str(shared), n=1, prefix="B_", code=1))
     b.cli("run", "w", check=0)
     b.wait_status("w", ("failed",))
     a.cli("run", "w", check=0)
     run_a = a.wait_status("w", ("running",))
-    wait_for(lambda: _lock(shared))
-    os.kill(run_a.supervisor_pid, signal.SIGKILL)
     try:
-        wait_for(lambda: _ended(run_a.supervisor_pid))      # the supervisor gone, its stage writing on
+        wait_for(lambda: _lock(shared))
+        os.kill(run_a.supervisor_pid, signal.SIGKILL)
+        wait_for(lambda: _ended(run_a.supervisor_pid))      # the supervisor gone, its stage alive
         proc = b.call("clean", "w", "--yes")
         assert proc.returncode == 2 and "owned by" in proc.stdout, proc.stdout + proc.stderr
     finally:
-        os.killpg(run_a.pgid, signal.SIGKILL)
+        release.touch()
     wait_for(lambda: not os.path.exists(f"/proc/{run_a.pid}") or
              open(f"/proc/{run_a.pid}/stat").read().split()[2] == "Z")
     # Owner dead (a stale lock naming dead pids): no longer a reason to refuse.

@@ -374,11 +374,13 @@ def test_a_supervisor_never_starts_its_stage_into_a_folder_under_a_live_claim(tm
     a, b = WS(tmp_path / "A"), WS(tmp_path / "B")
     a.root.mkdir()
     b.root.mkdir()
-    a.write(writer_stage(str(sh / "out"), n=200, prefix="A_", every=0.1))
+    # A lives until `release` (after the refusal), not a fixed 20 s of writing.
+    release = tmp_path / "release-A"
+    a.write(writer_stage(str(sh / "out"), n=3, prefix="A_", until=str(release)))
     b.write(writer_stage(str(sh / "out" / "sub"), n=1))
     a.cli("run", "w", check=0)
-    run_a = a.wait_status("w", ("running",))
     try:
+        a.wait_status("w", ("running",))
         wait_for(lambda: (sh / "out" / LOCK).exists())
         (sh / "out" / "sub").mkdir()
         marker = tmp_path / "ran"
@@ -386,7 +388,7 @@ def test_a_supervisor_never_starts_its_stage_into_a_folder_under_a_live_claim(tm
         assert run.status == "failed" and "overlaps" in (run.reason or "") and str(a.root) in run.reason, run.reason
         assert not marker.exists()
     finally:
-        os.killpg(run_a.pgid, signal.SIGKILL)
+        release.touch()
 
 
 def test_clean_and_run_started_together_never_both_act(ws):

@@ -89,13 +89,20 @@ def _hold(ws, seconds: float) -> subprocess.Popen:
 
 
 def test_status_reads_the_exit_record_while_the_registry_is_busy(ws):
-    """Before: a 1 s run that exited 0 under a 30 s write transaction held by
+    """Before: a short run that exited 0 under a 30 s write transaction held by
     another process showed "running", health OK, until the holder let go."""
-    ws.write(SLOW)
+    # The stage ends when the file `go` exists, only once the hold is taken: ended before it,
+    # the supervisor would record it in state.db and delete the exit record this test reads.
+    go = ws.root / "go"
+    ws.write(f"""
+[stages.short]
+argv = {stage_cmd("sleeper.py", "--seconds", "120", "--until", str(go))}
+""")
     ws.cli("run", "short", check=0)
     run = ws.wait_status("short", ("running",))
     holder = _hold(ws, 60)
     try:
+        go.touch()
         from eagle3_console.kernel import exitrecord
         wait_for(lambda: exitrecord.read(run.log_path), timeout=30)      # the supervisor saw the end
         proc = ws.call("status", "--json", "--no-gpus", timeout=60)

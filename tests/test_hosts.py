@@ -54,6 +54,17 @@ argv = {stage_cmd("sleeper.py", "--seconds", "120")}
     a.cli("stop", "sleep", "--grace", "1")
 
 
+PATIENT_S = 30.0
+
+
+def patient_hosts(monkeypatch) -> None:
+    """hosts.read (which status's snapshot calls) with a 30 s timeout for the hosts that answer:
+    a loaded machine's exporter may take longer than the 2 s kept for a hung one."""
+    from eagle3_console.monitor import hosts
+    read = hosts.read
+    monkeypatch.setattr(hosts, "read", lambda urls, timeout=PATIENT_S, **kw: read(urls, timeout, **kw))
+
+
 def console(tmp_path, ports) -> WS:
     c = WS(tmp_path / "console")
     c.root.mkdir()
@@ -76,11 +87,15 @@ def test_an_exporter_serves_its_snapshot_as_json(two_nodes):
     assert doc["gpus"][0]["processes"][0]["stage"] == "sleep"
 
 
-def test_status_shows_each_hosts_gpus_with_their_runs_and_a_dead_or_hung_host_as_such(two_nodes, tmp_path):
+def test_status_shows_each_hosts_gpus_with_their_runs_and_a_dead_or_hung_host_as_such(two_nodes, tmp_path,
+                                                                                      monkeypatch):
     a, procs = two_nodes
     (pa, port_a), (pb, port_b) = procs
     c = console(tmp_path, [port_a, port_b])
-    snap = json.loads(c.call("status", "--json", check=0).stdout)
+    with monkeypatch.context() as patient:      # the hosts answer: no 2 s window; the hung one keeps it
+        patient_hosts(patient)
+        snap = json.loads(c.call("status", "--json", check=0).stdout)
+        text = c.call("status", check=0).stdout
     first, second = snap["hosts"]
     assert first["state"] == "ok" and first["url"] == f"http://127.0.0.1:{port_a}"
     run = a.latest("sleep")
@@ -89,7 +104,6 @@ def test_status_shows_each_hosts_gpus_with_their_runs_and_a_dead_or_hung_host_as
     assert [(p["stage"], p["run_id"], p["pid"]) for p in gpu0["processes"]] == [("sleep", run.id, run.pid)]
     assert second["state"] == "ok" and second["gpus"][0]["mem_used"] == 10 * 2**30
     assert not second["gpus"][0]["processes"]
-    text = c.call("status", check=0).stdout
     assert "GPU 0 " in text
     assert "runs: sleep run" in text
     # One node's exporter dies; the other hangs (stopped, its socket still accepting into the backlog).

@@ -17,10 +17,12 @@ from eagle3_console.monitor.procs import process_alive
 from tests.conftest import PY, stage_cmd, wait_for
 
 
-def pipeline(extra: str = "") -> str:
+def pipeline(extra: str = "", until: Path | None = None) -> str:
+    """`until`: slow also ends as soon as this file exists (the test says when)."""
+    gate = ("--until", str(until)) if until else ()
     return f"""
 [stages.slow]
-argv = {stage_cmd("sleeper.py", "--seconds", "{seconds}")}
+argv = {stage_cmd("sleeper.py", *gate, "--seconds", "{seconds}")}
 params = {{ seconds = 3.0 }}
 
 [stages.quick]
@@ -34,12 +36,15 @@ argv = {stage_cmd("progress.py", "--n", "3", "--sleep", "0.01", "--exit", "4")}
 
 
 def test_run_outlives_the_cli_and_is_recorded(ws):
-    ws.write(pipeline())
-    proc = ws.cli("run", "slow", "--set", "seconds=1.5", check=0)
+    # The stage lives until `go` (after the checks of its process), not a fixed 1.5 s.
+    go = ws.root / "go"
+    ws.write(pipeline(until=go))
+    proc = ws.cli("run", "slow", "--set", "seconds=60", check=0)
     assert "run 1 of slow: running" in proc.stdout
     run = ws.latest("slow")
-    assert run.argv[-1] == "1.5" and run.pid and run.pgid == run.pid
+    assert run.argv[-1] == "60" and run.pid and run.pgid == run.pid
     assert os.getpgid(run.pid) == run.pid and os.getsid(run.pid) != os.getsid(0)
+    go.touch()
     done = ws.wait_status("slow", ("succeeded",), timeout=30)
     assert done.exit_code == 0 and done.ended >= done.started
     log = open(done.log_path).read()
@@ -49,41 +54,46 @@ def test_run_outlives_the_cli_and_is_recorded(ws):
 def test_run_survives_sighup_of_its_terminal_session(ws):
     """Launch from a shell in its own session (a stand-in for an SSH/tmux
     terminal), then SIGHUP that whole session as a dropped terminal does."""
-    ws.write(pipeline())
+    go = ws.root / "go"         # the stage lives until the test has seen it alive
+    ws.write(pipeline(until=go))
     # A terminal's shell dies of SIGHUP: reset what this test process may have
     # inherited (under nohup, SIGHUP is ignored and would make this test moot).
     shell = subprocess.Popen(
-        ["bash", "-c", f"{PY} -m eagle3_console.cli -w {ws.root} run slow --set seconds=2; sleep 30"],
+        ["bash", "-c", f"{PY} -m eagle3_console.cli -w {ws.root} run slow --set seconds=60; sleep 30"],
         start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     run = wait_for(lambda: (r := ws.latest("slow")) and r.status == "running" and r)
     os.killpg(shell.pid, signal.SIGHUP)
     shell.wait(timeout=10)
     assert process_alive(run.pid, run.create_time)
+    go.touch()
     done = ws.wait_status("slow", ("succeeded",), timeout=30)
     assert done.exit_code == 0
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")
 def test_run_survives_kill_of_tmux_session(ws):
-    ws.write(pipeline())
+    go = ws.root / "go"         # the stage lives until the test has seen it alive
+    ws.write(pipeline(until=go))
     name = f"e3test{os.getpid()}"
     sock = str(ws.root / "tmux.sock")
     subprocess.run(["tmux", "-S", sock, "new-session", "-d", "-s", name,
-                    f"{PY} -m eagle3_console.cli -w {ws.root} run slow --set seconds=2; sleep 60"], check=True)
+                    f"{PY} -m eagle3_console.cli -w {ws.root} run slow --set seconds=60; sleep 60"], check=True)
     try:
         run = wait_for(lambda: (r := ws.latest("slow")) and r.status == "running" and r)
     finally:
         subprocess.run(["tmux", "-S", sock, "kill-server"], check=False)
     assert process_alive(run.pid, run.create_time)
+    go.touch()
     assert ws.wait_status("slow", ("succeeded",), timeout=30).exit_code == 0
 
 
 def test_run_survives_console_killed_with_sigkill(ws):
     """A long-lived console process (here: `logs -f`) launched the run; kill -9 it."""
-    ws.write(pipeline())
+    go = ws.root / "go"         # the stage lives until the test has seen it alive
+    ws.write(pipeline(until=go))
     console = subprocess.Popen(
-        ["bash", "-c", f"{PY} -m eagle3_console.cli -w {ws.root} run slow --set seconds=2 && "
+        ["bash", "-c", f"{PY} -m eagle3_console.cli -w {ws.root} run slow --set seconds=60 && "
                        f"exec {PY} -m eagle3_console.cli -w {ws.root} logs slow -f"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     run = wait_for(lambda: (r := ws.latest("slow")) and r.status == "running" and r)
@@ -91,6 +101,7 @@ def test_run_survives_console_killed_with_sigkill(ws):
     console.kill()
     console.wait()
     assert process_alive(run.pid, run.create_time)
+    go.touch()
     assert ws.wait_status("slow", ("succeeded",), timeout=30).exit_code == 0
 
 

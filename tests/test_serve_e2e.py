@@ -40,7 +40,9 @@ def serve_state(ws) -> tuple[dict, dict, int]:
 
 def test_serve_stage_loading_then_ready_then_stopped(ws):
     port = free_port()
-    ws.write(pipeline(port))
+    # The server loads until `loaded`, touched once status said loading (no 1.5 s window to sample).
+    loaded = ws.root / "loaded"
+    ws.write(pipeline(port, env=f', FAKE_SGLANG_LOAD_UNTIL = "{loaded}"'))
     ws.cli("run", "serve", check=0)
     seen = []
 
@@ -48,16 +50,24 @@ def test_serve_stage_loading_then_ready_then_stopped(ws):
         st, _snap, _code = serve_state(ws)
         if st["serve"]:
             seen.append(st["serve"]["state"])
-        return st if st["serve"] and st["serve"]["state"] == "ready" else None
-    st = wait_for(ready, timeout=30, poll=0.1)
+            if st["serve"]["state"] == "loading":
+                loaded.touch()
+        # Ready, and its figures read in the same sample (each one at most 0.3 s).
+        sv = st["serve"]
+        return st if sv and sv["state"] == "ready" and sv["version"] and sv["metrics"] else None
+    st = wait_for(ready, timeout=60, poll=0.1)
     assert "loading" in seen                 # the port stays closed while the weights load
     serve = st["serve"]
     assert serve["url"] == f"http://127.0.0.1:{port}" and serve["version"] == "0.5.23"
     assert serve["load_pct"] == 100 and serve["metrics"] is True
-    # 1.5 s load + 0.5 s warm-up, read from the "fired up" line's stamp (whole seconds).
+    # A load of 1.5 s and more (until told) + 0.5 s warm-up, read from the "fired up" line's stamp
+    # (whole seconds).
     assert 1.0 <= serve["time_to_ready_s"] < 20
     assert serve["running_reqs"] == 0 and serve["kv_usage"] == 0.0
-    text = ws.call("status", "--no-gpus").stdout
+    # Each status is one sample (0.3 s probes): wait for one that read it ready with its figures.
+    text = wait_for(lambda: (t := ws.call("status", "--no-gpus").stdout)
+                    and f"serve: server ready http://127.0.0.1:{port}, ready after " in t
+                    and "; running 0, queued 0, KV 0%" in t and t, timeout=30, poll=0.2)
     assert f"serve: server ready http://127.0.0.1:{port}, ready after " in text
     assert "; running 0, queued 0, KV 0%" in text
     log = (ws.root / ".eagle3").glob("logs/*serve.log")
@@ -278,6 +288,9 @@ def test_bench_started_with_its_serve_stage_waits_for_it(ws):
     (export / "sglang" / "config.json").write_text(json.dumps(
         {"architectures": ["LlamaForCausalLMEagle3"], "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3]}}))
     (ws.root / "prompts.jsonl").write_text('{"input_ids": [1, 2, 3, 4]}\n{"input_ids": [5, 6, 7]}\n')
+    # The server loads until `loaded`, touched once bench says it waits (not a 5 s load that a
+    # loaded machine could spend before bench started).
+    loaded = ws.root / "loaded"
     ws.write(f"""
 [target]
 path = "models/target"
@@ -287,21 +300,26 @@ architecture = "LlamaForCausalLM"
 op = "serve"
 gpus = [0]
 params = {{ port = {port}, mode = "speculative", drafter = "runs/export", launcher = "tests.fake_launch_server" }}
-env = {{ PYTHONPATH = "{ROOT}", FAKE_SGLANG_LOAD_S = "5", FAKE_SGLANG_WARMUP_S = "2", FAKE_SGLANG_VERSION = "0.5.17" }}
+env = {{ PYTHONPATH = "{ROOT}", FAKE_SGLANG_LOAD_S = "0.5", FAKE_SGLANG_LOAD_UNTIL = "{loaded}", FAKE_SGLANG_WARMUP_S = "2", FAKE_SGLANG_VERSION = "0.5.17" }}
 
 [stages.bench_sglang]
 op = "bench"
 params = {{ engine = "sglang", server = "serve_spec", prompts_file = "prompts.jsonl", output = "runs/bench_sglang", max_new_tokens = 16, ready_timeout_s = 60 }}
 """)
     ws.cli("run", "serve_spec", check=0)
+    waiting = f"bench: waiting for http://127.0.0.1:{port} to be ready: /ready: "
     try:
         ws.cli("run", "bench_sglang", check=0)
+
+        def bench_waits() -> bool:
+            logs = (ws.root / ".eagle3").glob("logs/*bench_sglang.log")
+            return any(waiting in p.read_text() for p in logs) or not ws.latest("bench_sglang").live
+        wait_for(bench_waits, timeout=60)
+        loaded.touch()
         run = ws.wait_status("bench_sglang", ("succeeded", "failed"), timeout=60)
         log = next((ws.root / ".eagle3").glob("logs/*bench_sglang.log")).read_text()
         assert run.status == "succeeded", log
-        # Not yet listening or still warming up: which one depends on how long the
-        # two CLI calls took (a loaded CI took over 5 s); that bench waited does not.
-        assert f"bench: waiting for http://127.0.0.1:{port} to be ready: /ready: " in log, log
+        assert waiting in log, log
         assert f"bench: http://127.0.0.1:{port} ready after " in log
         r = json.loads((ws.root / "runs" / "bench_sglang" / "bench.json").read_text())
         assert r["server"]["version"] == "0.5.17" and r["acceptance_length"] > 1

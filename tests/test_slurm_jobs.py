@@ -160,9 +160,16 @@ def test_a_job_unknown_to_slurm_with_no_exit_record_is_lost(ws, slurm):
     assert code == 2
 
 
-def test_the_batch_scripts_exit_record_ends_a_run_slurm_has_forgotten(ws, slurm):
-    run = running_job(ws, seconds=3)
-    os.kill(run.supervisor_pid, signal.SIGKILL)
+def test_the_batch_scripts_exit_record_ends_a_run_slurm_has_forgotten(ws, slurm, tmp_path):
+    # The job ends when the test says (the file `go`), after its supervisor is gone: a 3 s job
+    # could end first, and its supervisor would then record it and take the exit record.
+    go = tmp_path / "go"
+    run = running_job(ws, 300, "", "--until", str(go))
+    try:
+        os.kill(run.supervisor_pid, signal.SIGKILL)
+        wait_for(lambda: not process_alive(run.supervisor_pid, run.supervisor_create_time))
+    finally:
+        go.write_text("")
     exit_file = run.log_path.replace(".log", ".job-exit")
     wait_for(lambda: os.path.exists(exit_file), timeout=60, poll=0.2)
     assert json.loads(open(exit_file).read())["exit_code"] == 0

@@ -167,9 +167,24 @@ def test_close_after_the_source_ended_or_failed(make):
 
 
 def test_wait_s_counts_the_time_blocked_on_a_slow_source(make):
-    pf = make(batches(4, delay=0.05))
-    assert [pf.next()[0]["i"] for _ in range(4)] == [0, 1, 2, 3]
-    assert pf.wait_s > 0.04
+    # The source gives nothing until a timer started just before next() fires: the caller is
+    # blocked for most of its 0.3 s however the threads are scheduled (a 0.05 s sleep in the
+    # source could be over before a loaded machine's main thread called next()).
+    go = threading.Event()
+
+    def source():
+        go.wait(60)
+        yield from batches(4)
+
+    pf = make(source())
+    timer = threading.Timer(0.3, go.set)
+    timer.start()
+    try:
+        assert [pf.next()[0]["i"] for _ in range(4)] == [0, 1, 2, 3]
+    finally:
+        timer.cancel()
+        go.set()
+    assert pf.wait_s >= 0.2
 
 
 def test_depth_must_be_positive():

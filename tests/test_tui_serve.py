@@ -12,8 +12,9 @@ from tests.test_tui_helpers import make_app, pane_text, run, wait_until
 
 
 def test_serve_state_in_the_table_and_figures_in_the_progress_pane(tmp_path):
-    (tmp_path / "eagle3.toml").write_text(pipeline(free_port()).replace(
-        'FAKE_SGLANG_LOAD_S = "1.5"', 'FAKE_SGLANG_LOAD_S = "3"'))
+    # The server loads until `loaded`, touched once the table said loading (no 3 s window to sample).
+    loaded = tmp_path / "loaded"
+    (tmp_path / "eagle3.toml").write_text(pipeline(free_port(), env=f', FAKE_SGLANG_LOAD_UNTIL = "{loaded}"'))
     ws = Workspace.at(tmp_path)
     runs.launch(ws, cfg.load(ws.config_path), "serve")
     seen: set[str] = set()
@@ -28,6 +29,8 @@ def test_serve_state_in_the_table_and_figures_in_the_progress_pane(tmp_path):
                     return ""
                 value = str(table.get_row("serve")[table.columns_shown.index("status")])
                 seen.add(value)
+                if value == "loading":
+                    loaded.touch()
                 return value
             await wait_until(pilot, lambda: status_cell() == "ready")
             assert "loading" in seen
