@@ -21,7 +21,7 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, NoReturn, Sequence
 
 # The console's supervisor holds this file in each output folder of a live run
 # (eagle3_console/runs/claims.py): an op that owns its folder whole leaves it alone.
@@ -78,6 +78,24 @@ def run_main(main: Callable[[Sequence[str] | None], int | None],
         traceback.print_exc()
         return EXIT_FAILURE
     return EXIT_OK if code is None else int(code)
+
+
+def exit_program(code: int) -> NoReturn:
+    """A stage program's end with `code`. A torchrun rank (WORLD_SIZE > 1) leaves through
+    os._exit once its streams are flushed: its outputs are written and closed and its process
+    group left by then, and what the interpreter's exit would still tear down is torch's C++
+    distributed runtime. That teardown aborted rank 1 after complete runs (SIGABRT, "terminate
+    called without an active exception": extract's SGLang engine, then train's DDP, in CI), and
+    torchrun then failed the whole run; pytorch/pytorch#179291 describes the mechanism (gloo's
+    threads holding work whose tensors are freed during finalization). One process exits as usual."""
+    if torchrun_coords()[1] > 1:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+    sys.exit(code)
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

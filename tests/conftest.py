@@ -260,6 +260,27 @@ def extraction(tmp_path_factory) -> tuple[Path, Path, Path]:
 EXTRACTION_SAMPLES = 24
 
 
+# Stands for what aborted a rank after a complete run in CI (SIGABRT, "terminate called without an
+# active exception"): torch's C++ distributed runtime torn down during the interpreter's exit
+# (gloo's threads and the work they hold; pytorch/pytorch#179291 describes it). A sitecustomize
+# on PYTHONPATH loads it into every torchrun worker (LOCAL_RANK set), not into the launcher.
+ABORT_AT_EXIT = """
+import atexit, os
+if "LOCAL_RANK" in os.environ:
+    atexit.register(os.abort)
+"""
+
+
+def ranks_abort_at_exit(tmp_path: Path, env: dict) -> dict:
+    """`env` for a torchrun whose workers abort if they reach the interpreter's exit
+    (ops/common.exit_program keeps a rank from it), with Python's tracebacks on a fatal signal."""
+    site = tmp_path / "abort_at_exit"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(ABORT_AT_EXIT)
+    return dict(env, PYTHONFAULTHANDLER="1",
+                PYTHONPATH=os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")])))
+
+
 def wait_for(pred: Callable[[], object], timeout: float = 20.0, poll: float = 0.05) -> object:
     deadline = time.time() + timeout
     while time.time() < deadline:

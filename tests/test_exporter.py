@@ -92,10 +92,14 @@ def seed(ws) -> None:
             reg.finish(r.id, "succeeded", ended=now - 60, exit_code=0)
 
 
-def start(argv: list[str], cwd: Path) -> tuple[subprocess.Popen, int]:
+def start(argv: list[str], cwd: Path, own_session: bool = False) -> tuple[subprocess.Popen, int]:
+    """An exporter and its port. `own_session`: out of the test run's process group, so that
+    nothing signalled to that group (nor the kernel's SIGHUP + SIGCONT to a stopped member of a
+    group left orphaned) reaches it: for a test that stops it on purpose."""
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("EAGLE3_WORKSPACE", None)
-    proc = subprocess.Popen(argv, cwd=str(cwd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(argv, cwd=str(cwd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=own_session)
     line = proc.stdout.readline()
     m = re.search(r"http://127\.0\.0\.1:(\d+)/metrics", line)
     if not m:

@@ -27,6 +27,7 @@ from safetensors.numpy import save_file as save_numpy  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from ops.common import run_main  # noqa: E402
+from tests.conftest import ranks_abort_at_exit  # noqa: E402
 from ops.extract import batching  # noqa: E402
 from ops.extract.__main__ import main as extract_main  # noqa: E402
 from ops.formats import DATA_CONFIG, sample_path  # noqa: E402
@@ -260,11 +261,12 @@ def test_plan_batches_is_length_sorted_and_within_budget():
 
 @pytest.mark.slow
 def test_torchrun_two_ranks_split_the_samples(tiny, tmp_path):
-    """Two CPU ranks (gloo): each takes r::2, rank 0 finalises; same states as one process."""
+    """Two CPU ranks (gloo): each takes r::2, rank 0 finalises; same states as one process.
+    The ranks never reach the interpreter's exit (tests/conftest.py: ranks_abort_at_exit)."""
     target, prepared = tiny
     single, multi = tmp_path / "single", tmp_path / "multi"
     assert run_main(extract_main, extract_argv(target, prepared, single, "--token-budget", "150")) == 0
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env = ranks_abort_at_exit(tmp_path, dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"))
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                            "--master_port", str(29500 + os.getpid() % 1000), "-m", "ops.extract",
                            *extract_argv(target, prepared, multi, "--token-budget", "150", "--device", "cpu")],

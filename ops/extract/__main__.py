@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from ops import params
-from ops.common import run_main
+from ops.common import exit_program, run_main
 from ops.extract.engines import open_engine
 from ops.extract.spec import SPEC
 
@@ -37,4 +37,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_main(main, prog="extract"))
+    exit_program(run_main(main, prog="extract"))

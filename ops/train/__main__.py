@@ -18,7 +18,7 @@ import contextlib
 import sys
 from pathlib import Path
 
-from ops.common import BadInput, run_main
+from ops.common import BadInput, exit_program, run_main
 from ops.params import build_parser as spec_parser
 from ops.train.spec import SPEC
 
@@ -80,4 +80,4 @@ def _data_error_line(exc: Exception) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_program(main())
