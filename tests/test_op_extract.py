@@ -27,11 +27,10 @@ from safetensors.numpy import save_file as save_numpy  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from ops.common import run_main  # noqa: E402
-from tests.conftest import ranks_abort_at_exit  # noqa: E402
 from ops.extract import batching  # noqa: E402
 from ops.extract.__main__ import main as extract_main  # noqa: E402
 from ops.formats import DATA_CONFIG, sample_path  # noqa: E402
-from tests.conftest import wait_for  # noqa: E402
+from tests.conftest import ranks_abort_at_exit, wait_for  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 NUM_LAYERS = 8

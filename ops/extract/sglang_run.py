@@ -223,10 +223,11 @@ class LeaderTarget:
 
 
 def _leave_group() -> None:
-    """The ranks' process groups torn down once the last broadcast is through. Left to the
-    interpreter's exit, a gloo group's threads were destroyed while joinable: rank 1 aborted
-    (SIGABRT, "terminate called without an active exception") after a complete extraction, and
-    torchrun failed the run (tests/test_extract_sglang.py, once under load)."""
+    """The ranks' process groups torn down once the last broadcast is through, while the
+    interpreter is whole: rank 1 once aborted (SIGABRT, "terminate called without an active
+    exception") after a complete extraction, in the teardown at the interpreter's exit. The rank
+    then never reaches that exit (ops/common.exit_program): train's DDP ranks, which left their
+    group, aborted there all the same."""
     import torch.distributed as dist
 
     if dist.is_initialized():
