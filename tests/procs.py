@@ -8,12 +8,17 @@ from __future__ import annotations
 import os
 
 
-def alive(pid: int) -> bool:
+def state(pid: int) -> str | None:
+    """The kernel's one-letter state of `pid` (Z: a zombie, T: stopped); None once it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+            return fh.read().rsplit(")", 1)[1].split()[0]
     except OSError:
-        return False
+        return None
+
+
+def alive(pid: int) -> bool:
+    return state(pid) not in (None, "Z")
 
 
 def holding_env(entry: str) -> list[int]:

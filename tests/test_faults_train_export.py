@@ -23,6 +23,7 @@ torch = pytest.importorskip("torch")
 from safetensors.torch import load_file  # noqa: E402
 
 from ops.drafter import checkpoint as ck  # noqa: E402
+from tests.procs import state  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 ENV = dict(os.environ, OMP_NUM_THREADS="1",
@@ -278,10 +279,7 @@ def test_kill_9_mid_reexport_leaves_the_old_export_whole(trained, export_2, tmp_
 
 
 def _stopped(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
-    except OSError:
-        return False
+    return state(pid) == "T"
 
 
 @pytest.mark.parametrize("point, mode, seen, recovery", [

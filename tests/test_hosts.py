@@ -14,6 +14,7 @@ import urllib.request
 import pytest
 
 from tests.conftest import PY, ROOT, WS, stage_cmd, wait_for
+from tests.procs import state
 from tests.test_exporter import start, stop
 
 
@@ -33,12 +34,6 @@ def node(ws: WS, gib: int, pid_of_run: bool):
         sys.exit(exporter.serve(col.collect, "127.0.0.1", 0, 1, say=lambda m: print(m, flush=True)))
     """)
     return start([PY, "-c", probe], ROOT, own_session=True)
-
-
-def proc_state(pid: int) -> str:
-    """The kernel's one-letter state of `pid` (T: stopped)."""
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0]
 
 
 @pytest.fixture
@@ -116,7 +111,7 @@ def test_status_shows_each_hosts_gpus_with_their_runs_and_a_dead_or_hung_host_as
     pa.kill()
     pa.wait()
     pb.send_signal(signal.SIGSTOP)
-    wait_for(lambda: proc_state(pb.pid) == "T", timeout=30)      # the kernel says it stopped
+    wait_for(lambda: state(pb.pid) == "T", timeout=30)      # the kernel says it stopped
     proc = c.call("status", "--json", timeout=30)
     snap = json.loads(proc.stdout)
     first, second = snap["hosts"]
@@ -124,7 +119,7 @@ def test_status_shows_each_hosts_gpus_with_their_runs_and_a_dead_or_hung_host_as
     # Once (a loaded CI run) the stopped exporter answered `ok`: only a SIGCONT from outside the
     # test can do that, so its state after the read is part of the message.
     assert second["state"] == "no_answer" and "no answer within 2 s" in second["reason"], \
-        (second, f"exporter's state now: {proc_state(pb.pid)}")
+        (second, f"exporter's state now: {state(pb.pid)}")
     alerts = [x for x in snap["alerts"] if x["code"] == "host_unreachable"]
     assert len(alerts) == 2 and all(x["level"] == "warning" for x in alerts)
     assert proc.returncode == 1
