@@ -227,6 +227,92 @@ def test_sigint_right_after_cleans_started_record_is_recorded(ws):
         assert "Traceback" not in err, err
 
 
+def _interrupt_at(n: int, exc: BaseException):
+    """A tracer that raises `exc` at the n-th bytecode instruction run after
+    clean's `started` record was written and before execute_clean begins, as a
+    signal's handler raises at the instruction where the interpreter runs it
+    (Python runs handlers between instructions); returns a dict that says
+    whether it fired. Instruction by instruction, so no window between the
+    record and the action is left to a race."""
+    import sys
+
+    from eagle3_console.kernel.registry import Registry
+    state = {"armed": False, "count": 0, "fired": False}
+
+    def tracer(frame, event, _arg):
+        if not state["armed"]:
+            return None
+        if event == "call" and frame.f_code.co_name == "execute_clean":
+            state["armed"] = False      # the action began: its own interruptions are Q68's real-signal test
+            sys.settrace(None)
+            return None
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            if state["count"] == n:
+                state["armed"], state["fired"] = False, True
+                sys.settrace(None)
+                raise exc
+            state["count"] += 1
+        return tracer
+
+    real = Registry.record
+
+    def record(self, action, outcome, *a, **kw):
+        real(self, action, outcome, *a, **kw)
+        if action == "clean" and outcome == "started" and not state["fired"]:
+            state["armed"] = True
+            f = sys._getframe(0)
+            while f is not None:        # the frames already running: from here up to the CLI
+                f.f_trace, f.f_trace_opcodes = tracer, True
+                f = f.f_back
+            sys.settrace(tracer)
+    return state, record
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt(), "SIGTERM"], ids=["int", "term"])
+def test_an_interruption_at_any_instruction_after_started_gets_its_end(ws, monkeypatch, exc):
+    """Before (CI at 82d191b, 1 in 16 tries of the test above): a SIGINT handled
+    right after the `started` record, when recorded()'s generator had yielded
+    and contextlib's __enter__ had not returned, escaped the context manager:
+    typer's silent exit 130, `started` with no end. Every instruction of that
+    stretch is interrupted here, one run each."""
+    import sys
+
+    from eagle3_console.kernel.interrupts import Signalled
+    from eagle3_console.kernel.registry import Registry
+    if exc == "SIGTERM":
+        exc = Signalled(signal.SIGTERM)
+    name = "SIGINT" if isinstance(exc, KeyboardInterrupt) else "SIGTERM"
+    ws.write('[stages.w]\nargv = ["bash", "-c", "exit 1"]\noutputs = ["out/w"]\n')
+    ws.cli("run", "w", check=0)
+    ws.wait_status("w", ("failed",))
+    n = 0
+    try:
+        while True:
+            out = ws.root / "out" / "w" / "d"
+            out.mkdir(parents=True, exist_ok=True)
+            (out / f"p_{n:05d}.bin").write_bytes(b"p")
+            state, record = _interrupt_at(n, exc)
+            monkeypatch.setattr(Registry, "record", record)
+            try:
+                proc = ws.call("clean", "w", "--yes")
+            finally:
+                sys.settrace(None)
+                monkeypatch.undo()
+            with ws.registry() as reg:
+                cleans = [(e.outcome, e.detail) for e in reg.events("w", 4) if e.action == "clean"]
+            assert cleans[0][0] != "started", (n, cleans[:2], proc.returncode, proc.stderr)
+            if not state["fired"]:
+                break       # n passed the last instruction before the action: every one was tried
+            assert proc.returncode == 128 + signal.Signals[name], (n, proc.returncode, proc.stderr)
+            assert cleans[0][0] == f"interrupted: {name}", (n, cleans[:2])
+            assert f"clean w: interrupted by {name}" in proc.stderr, (n, proc.stderr)
+            n += 1
+    finally:
+        sys.settrace(None)
+    assert n > 5, n     # the stretch was there to interrupt
+
+
 # ------------------------------------------------------------------ Q72
 def test_a_forged_exit_record_of_a_live_run_is_not_trusted(ws, tmp_path):
     """Before: status showed `succeeded, exit 0` for a run whose stage still ran."""

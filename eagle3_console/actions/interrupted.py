@@ -1,7 +1,7 @@
 """A destructive action (clean, kill-workers) in the audit log even when it is
 interrupted: recorded `started` before it acts, and `interrupted: SIGTERM`
 (with how far it got) if SIGTERM, SIGINT or SIGHUP ends it; its normal end is
-the action's own record. The CLI wraps execute_clean / execute_kill in it.
+the action's own record. The CLI runs execute_clean / execute_kill through it.
 
 SIGTERM and SIGHUP are turned into an exception in the main thread
 (eagle3_console/kernel/interrupts.py, which `stop` uses too), so the action unwinds
@@ -13,30 +13,34 @@ from __future__ import annotations
 
 import os
 import signal
-from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Callable, TypeVar
 
 from eagle3_console.kernel.interrupts import Interrupted, Signalled, held_off, signals_raise, signum_of
 from eagle3_console.kernel.refused import Refused
 from eagle3_console.kernel.registry import Registry
 from eagle3_console.kernel.workspace import Workspace
 
+T = TypeVar("T")
 
-@contextmanager
+
 def recorded(ws: Workspace, action: str, stage: str, run_id: int | None, what: str,
-             done: Callable[[], str]) -> Iterator[None]:
-    """`what`: the plan in a line (the `started` record's detail); `done()`: how far
-    the action got, asked only after an interruption."""
-    # The handlers first, the `started` record inside the try: a signal landing
-    # right after that record is committed (or while it is written) still gets
-    # its `interrupted` end (with the handlers set after it, such a signal would
-    # leave `started` alone and say nothing).
+             done: Callable[[], str], act: Callable[[], T]) -> T:
+    """act() between a `started` record and its end; `what`: the plan in a line
+    (the `started` record's detail); `done()`: how far the action got, asked only
+    after an interruption. act's value is returned.
+
+    One frame holds the handlers, the record and the action in one try: a
+    signal's handler raises at whichever instruction it lands on, and from the
+    `started` record on every one of them is inside it. (A generator context
+    manager around the action left a window: a handler run in contextlib's
+    __enter__, after the generator yielded and before the with block began,
+    escaped the except and left `started` with no end; CI at 82d191b.)"""
     signum = None
     try:
         with signals_raise():
             with Registry(ws.db_path) as reg:
                 reg.record(action, "started", stage=stage, run_id=run_id, detail=what)
-            yield
+            return act()
     except (Signalled, KeyboardInterrupt) as exc:
         signum = signum_of(exc)
     except Refused as exc:
@@ -47,8 +51,6 @@ def recorded(ws: Workspace, action: str, stage: str, run_id: int | None, what: s
                                                                        else "refused"),
                        stage=stage, run_id=run_id, detail=str(exc))
         raise
-    if signum is None:
-        return
     with held_off():
         name = signal.Signals(signum).name
         progress = done()

@@ -9,9 +9,8 @@ exporter -> the terminal. A refusal is raised (exit.py says it).
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from datetime import datetime
-from typing import Iterator
+from typing import Callable, TypeVar
 
 import typer
 
@@ -21,19 +20,19 @@ from eagle3_console.cli.exit import EXIT_CRITICAL, EXIT_OK, CommandError
 from eagle3_console.cli.ctx import collect, ctx_of
 from eagle3_console.cli.out import Unwritable, out, say, warn
 
+T = TypeVar("T")
+
 
 def _show(lines: list[str]) -> None:
     for line in lines:
         say(line)
 
 
-@contextmanager
-def _interruptible(c, action: str, stage: str, run_id, what: str, done) -> Iterator[None]:
-    """The action recorded before it starts; SIGTERM/SIGINT/SIGHUP mid-way: recorded, said, exit 128 + N."""
+def _interruptible(c, action: str, stage: str, run_id, what: str, done, act: Callable[[], T]) -> T:
+    """act() recorded before it starts; SIGTERM/SIGINT/SIGHUP mid-way: recorded, said, exit 128 + N."""
     from eagle3_console.actions.interrupted import Interrupted, recorded
     try:
-        with recorded(c.ws, action, stage, run_id, what, done):
-            yield
+        return recorded(c.ws, action, stage, run_id, what, done, act)
     except Interrupted as exc:
         warn(exc.said)
         raise typer.Exit(exc.code) from None
@@ -63,10 +62,10 @@ def kill_workers(ctx: typer.Context, stage: str,
     if not _go_ahead(plan, yes):
         return
     from eagle3_console.actions.interrupted import procs_gone
-    with _interruptible(c, "kill-workers", stage, plan.run_ids[-1] if plan.run_ids else None,
-                        f"{len(plan.procs)} process(es): {', '.join(str(p.pid) for p in plan.procs[:50])}",
-                        procs_gone(plan.procs)):
-        result = actions.execute_kill(c.ws, plan, progress=say, release_timeout_s=wait)
+    result = _interruptible(c, "kill-workers", stage, plan.run_ids[-1] if plan.run_ids else None,
+                            f"{len(plan.procs)} process(es): {', '.join(str(p.pid) for p in plan.procs[:50])}",
+                            procs_gone(plan.procs),
+                            lambda: actions.execute_kill(c.ws, plan, progress=say, release_timeout_s=wait))
     raise typer.Exit(EXIT_OK if result.ok else EXIT_CRITICAL)
 
 
@@ -82,10 +81,14 @@ def clean(ctx: typer.Context, stage: str,
         return
     from eagle3_console.actions.interrupted import files_gone
     verb = "deleted" if purge else "moved to the trash"
-    with _interruptible(c, "clean", stage, None, f"{len(plan.files):,} partial file(s) to be {verb}",
-                        files_gone([str(p) for p, _s in plan.files], verb)):
+
+    def clean_and_say():
+        # Said inside: a signal while the result is printed is recorded too, not typer's silent 130.
         result = actions.execute_clean(c.ws, plan)
-    _show(result.lines())
+        _show(result.lines())
+        return result
+    result = _interruptible(c, "clean", stage, None, f"{len(plan.files):,} partial file(s) to be {verb}",
+                            files_gone([str(p) for p, _s in plan.files], verb), clean_and_say)
     raise typer.Exit(EXIT_OK if not result.failed else EXIT_CRITICAL)
 
 
