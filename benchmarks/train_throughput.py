@@ -37,7 +37,7 @@ the prefetcher decodes them on the device; a line per format gives its tok/s
 against bf16's.
 Usage: python benchmarks/train_throughput.py [--shape 8b|tiny] [--seq 2048,4096] [--steps N] [--out DIR]
        [--program 2048] [--levers default|old|flex,chunked,fused-adamw,compile,bucket] [--check-levers]
-       [--lengths fixed|mixed] [--formats bf16,fp8,int4]
+       [--lengths fixed|mixed] [--formats bf16,fp8,int4] [--compile-mode MODE] [--compile-backend eager]
 """
 
 from __future__ import annotations
@@ -484,6 +484,9 @@ def main() -> int:
     ap.add_argument("--check-levers", action="store_true", help="compare one batch against the old path first")
     ap.add_argument("--compile-mode", default=None,
                     help="torch.compile mode of the compiled step, e.g. max-autotune-no-cudagraphs (default: none)")
+    ap.add_argument("--compile-backend", default=None,
+                    help="torch.compile backend of the compiled step (default: ops/drafter/model.py's, inductor); "
+                         "eager runs dynamo's capture alone: the same graphs and recompiles, no code generation")
     ap.add_argument("--length-bucket", type=int, default=None,
                     help="tokens of a length bucket where buckets are on (default: ops.train's)")
     ap.add_argument("--lengths", choices=("fixed", "mixed"), default="fixed",
@@ -515,9 +518,9 @@ def main() -> int:
     work = root / f"train-throughput-{a.shape}"
     shutil.rmtree(work, ignore_errors=True)
     device = bc.torch_device()
-    if a.compile_mode:
-        from ops.drafter import model as model_mod
-        model_mod.COMPILE_MODE = a.compile_mode
+    from ops.drafter import model as model_mod
+    model_mod.COMPILE_MODE = a.compile_mode or model_mod.COMPILE_MODE
+    model_mod.COMPILE_BACKEND = a.compile_backend or model_mod.COMPILE_BACKEND
     levers = lever_config(a.levers, device.type == "cuda", a.length_bucket)
     log(bc.device_line())
     if a.switch_interval is not None:
@@ -571,7 +574,8 @@ def main() -> int:
                 r["program_tok_s"] = run_program(work, seq, k, budget, warmup, steps)
                 mem += f"; python -m ops.train said {r['program_tok_s']:,.0f} tok/s"
             c = r["compile"]
-            log(f"compile {seq}: {c['graphs_warmup']} graphs built in the {c['warmup_steps']} warm-up steps "
+            log(f"compile {seq} (backend {model_mod.COMPILE_BACKEND}): {c['graphs_warmup']} graphs built in the "
+                f"{c['warmup_steps']} warm-up steps "
                 f"({c['warmup_s']:.1f} s, ~{c['compile_s']:.1f} s beyond the steady step time), "
                 f"{c['graphs_check']} in the check ({c['check_s']:.1f} s), {c['graphs_timed']} in the timed steps; "
                 f"{c['batch_shapes']} batch shapes; excluded from tok/s and MFU")

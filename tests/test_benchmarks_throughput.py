@@ -96,11 +96,14 @@ def test_train_throughput_tiny_with_levers_checks_them_first(tmp_path):
 def test_train_throughput_counts_the_compiles_of_mixed_lengths(tmp_path):
     """The compiled step over a corpus of many lengths in buckets: its graphs
     are built in the warm-up pass (printed apart from tok/s), none in the
-    timed pass over the same batches."""
+    timed pass over the same batches. Dynamo's capture alone (backend eager):
+    the graphs and recompiles are dynamo's; inductor's code generation took
+    50 of this test's 58 s and is tested in tests/test_length_buckets.py
+    (the compiled step equals the eager one)."""
     out = run_benchmark("train_throughput.py", "--shape", "tiny", "--seq", "128", "--out", str(tmp_path),
                         "--levers", "compile,chunked,bucket", "--length-bucket", "64", "--lengths", "mixed",
-                        "--steps", "2")
-    line = next(ln for ln in out.splitlines() if ln.startswith("compile 128:"))
+                        "--steps", "2", "--compile-backend", "eager")
+    line = next(ln for ln in out.splitlines() if ln.startswith("compile 128 (backend eager):"))
     m = re.search(r"(\d+) graphs built in the (\d+) warm-up steps .* (\d+) in the timed steps; (\d+) batch shapes",
                   line)
     graphs, _warm, timed, n_shapes = (int(x) for x in m.groups())
