@@ -35,6 +35,10 @@ PY = sys.executable
 # took 135 CPU-seconds with two threads, 106 with one, the same figures (idle 2 cores). A test
 # that sets its own count (env=, torch.set_num_threads) keeps it.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Inductor's code generation in the process that compiles, not in a pool of compile workers: each
+# worker is a process importing torch, and the suite's graphs are small (test_op_extract's compiled
+# layers: 36 CPU-s with one thread, 42 with the default pool, the same wall, idle 2 cores).
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 
 def slow_fixture(*args, **kwargs):
