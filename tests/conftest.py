@@ -116,22 +116,22 @@ TORCH_FILES = {
 }
 
 
-# Seconds each file took in a full run (`--junitxml`, summed per file: 2 cores, 3 workers in
-# bin/test's lanes, one torch thread a process, on suite3 rebased on 041e904, a fresh pytest cache;
-# 7:34 in all, the machine otherwise nearly idle). Only the order matters (and the lanes' balance):
-# the files over 8 s, longest first.
+# Seconds each file took in a full run (--durations=0, summed per file: .ci/run on a fresh clone of
+# beb883b, 2 idle cores, bin/test's 3 workers and lanes, one torch thread a process; 7:52 in all). Only the order matters (and the lanes' balance:
+# 339 and 335 s with these, where the figures before left 390 and 284): the files over 8 s, longest first.
 FILE_SECONDS = {
-    "test_e2e_demo.py": 117, "test_slurm_jobs.py": 96, "test_faults_train_export.py": 68,
-    "test_benchmarks_throughput.py": 63, "test_faults_data.py": 50, "test_extract_sglang.py": 48,
-    "test_train_streamed.py": 44, "test_formats_training.py": 42, "test_serve_e2e.py": 42,
-    "test_op_bench_sglang.py": 40, "test_realmodel.py": 38, "test_faults_clean.py": 37, "test_faults.py": 36,
-    "test_faults4_runs.py": 33, "test_op_extract.py": 30, "test_faults4_slurm.py": 24, "test_runs.py": 23,
-    "test_op_regenerate.py": 23, "test_export_moved.py": 19, "test_verify_realmodel.py": 18,
-    "test_faults_registry.py": 18, "test_faults_supervise.py": 18, "test_faults_reexport.py": 17, "test_tui.py": 17,
-    "test_op_train.py": 16, "test_faults_watch.py": 14, "test_sim_acceptance.py": 14, "test_bin_test.py": 13,
-    "test_watch.py": 12, "test_interrupted_actions.py": 11, "test_bench_table.py": 11,
-    "test_extract_sglang_launch.py": 10, "test_monitor_serve.py": 10, "test_actions.py": 10,
-    "test_bench_kinds.py": 10, "test_train_online.py": 9,
+    "test_e2e_demo.py": 110, "test_slurm_jobs.py": 96, "test_faults_train_export.py": 63,
+    "test_extract_sglang.py": 62, "test_op_extract.py": 58, "test_train_streamed.py": 53, "test_faults_data.py": 48,
+    "test_faults4_runs.py": 47, "test_benchmarks_throughput.py": 43, "test_formats_training.py": 41,
+    "test_length_buckets.py": 39, "test_op_bench_sglang.py": 38, "test_realmodel.py": 35, "test_faults_clean.py": 33,
+    "test_serve_e2e.py": 32, "test_faults.py": 32, "test_verify_realmodel.py": 25, "test_faults4_slurm.py": 23,
+    "test_runs.py": 19, "test_faults_reexport.py": 19, "test_faults_supervise.py": 18, "test_faults_watch.py": 17,
+    "test_faults_registry.py": 17, "test_op_train.py": 17, "test_bin_test.py": 16, "test_op_regenerate.py": 15,
+    "test_faults_ops.py": 15, "test_watch.py": 14, "test_sim_acceptance.py": 14, "test_tui.py": 14,
+    "test_export_moved.py": 13, "test_monitor_serve.py": 13, "test_bench_table.py": 13, "test_actions.py": 12,
+    "test_faults_exporter.py": 12, "test_bench_kinds.py": 12, "test_interrupted_actions.py": 11,
+    "test_extract_sglang_launch.py": 10, "test_train_report.py": 9, "test_hosts.py": 8, "test_demo_assets.py": 8,
+    "test_regenerate_data.py": 8,
 }
 
 
