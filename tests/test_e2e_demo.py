@@ -45,6 +45,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import WS, wait_for
+from tests.procs import alive
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -209,7 +210,7 @@ def test_demo_runs_the_whole_pipeline_and_the_drafter_learns(ws: WS, demo_assets
     print(f"demo pipeline wall time (demo command -> bench ended): {wall:.1f} s "
           f"on {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f} (issue: <= 300 s on 2 cores)")
     # The driver exits by itself once the pipeline settled.
-    wait_for(lambda: not _alive(driver), timeout=60, poll=0.5)
+    wait_for(lambda: not alive(driver), timeout=60, poll=0.5)
 
     # The data side is whole.
     data = ws.root / "data"
@@ -266,15 +267,3 @@ def test_demo_runs_the_whole_pipeline_and_the_drafter_learns(ws: WS, demo_assets
         assert result["prompts"] == trained["prompts"], name
         assert trained["acceptance_length"] >= result["acceptance_length"] + MARGIN, (name, trained, result)
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A finished child of an exited parent is reaped by init; a zombie still answers kill 0.
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PY, wait_for
+from tests.procs import alive
 from tests.slurm_cluster import Cluster, _daemon, why_not
 
 
@@ -90,8 +91,7 @@ def _controller_pid(slurm) -> int | None:
 
 
 def _alive(pid: int | None) -> bool:
-    return pid is not None and os.path.exists(f"/proc/{pid}") and \
-        Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    return pid is not None and alive(pid)
 
 
 def _start_controller(slurm) -> None:

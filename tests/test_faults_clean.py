@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PY, WS, stage_cmd, wait_for
+from tests.procs import alive
 
 LOCK = ".eagle3-lock"
 
@@ -214,14 +215,6 @@ def test_an_output_swapped_by_its_stage_is_claimed_again(tmp_path):
     a.cli("stop", "w")
 
 
-def _ended(pid: int) -> bool:
-    """Gone, or a zombie (ended, not reaped yet)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
-
-
 def test_a_lock_stays_live_while_the_stage_outlives_its_supervisor(tmp_path):
     """Liveness is the owner's pids with their create times, not only the
     supervisor's lock: kill -9 of A's supervisor leaves A's stage writing."""
@@ -240,13 +233,12 @@ def test_a_lock_stays_live_while_the_stage_outlives_its_supervisor(tmp_path):
     try:
         wait_for(lambda: _lock(shared))
         os.kill(run_a.supervisor_pid, signal.SIGKILL)
-        wait_for(lambda: _ended(run_a.supervisor_pid))      # the supervisor gone, its stage alive
+        wait_for(lambda: not alive(run_a.supervisor_pid))      # the supervisor gone, its stage alive
         proc = b.call("clean", "w", "--yes")
         assert proc.returncode == 2 and "owned by" in proc.stdout, proc.stdout + proc.stderr
     finally:
         release.touch()
-    wait_for(lambda: not os.path.exists(f"/proc/{run_a.pid}") or
-             open(f"/proc/{run_a.pid}/stat").read().split()[2] == "Z")
+    wait_for(lambda: not alive(run_a.pid))
     # Owner dead (a stale lock naming dead pids): no longer a reason to refuse.
     assert "owned by" not in b.call("clean", "w").stdout
 

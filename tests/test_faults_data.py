@@ -16,6 +16,7 @@ import pytest
 
 from ops import KNOWN_OPS, get_spec
 from tests.conftest import PY, TINY_TARGET, WS, stage_cmd, wait_for
+from tests.procs import alive
 from tests.test_faults_clean import LOCK, _env, writer_stage
 
 # Ints that are not counts: any value is a seed.
@@ -327,8 +328,7 @@ def _removed_and_stopped(ws, run, command):
     else:
         assert proc.returncode == 0, said
     ended = ws.wait_status("w", ("killed", "failed"), timeout=30)
-    assert ended.id == run.id and not os.path.exists(f"/proc/{run.pid}/stat") or \
-        open(f"/proc/{run.pid}/stat").read().split()[2] == "Z"
+    assert ended.id == run.id and not alive(run.pid)
     with ws.registry() as reg:
         assert [r.id for r in reg.runs("w")] == [run.id]          # nothing restarted it
     # Once it has ended it is gone from the screen, and its name is unknown again.
