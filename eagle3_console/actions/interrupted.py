@@ -32,9 +32,9 @@ def recorded(ws: Workspace, action: str, stage: str, run_id: int | None, what: s
     One frame holds the handlers, the record and the action in one try: a
     signal's handler raises at whichever instruction it lands on, and from the
     `started` record on every one of them is inside it. (A generator context
-    manager around the action left a window: a handler run in contextlib's
+    manager around the action leaves a window: a handler run in contextlib's
     __enter__, after the generator yielded and before the with block began,
-    escaped the except and left `started` with no end; CI at 82d191b.)"""
+    escapes the except and leaves `started` with no end.)"""
     signum = None
     try:
         with signals_raise():
