@@ -295,12 +295,13 @@ def test_an_interruption_at_any_instruction_after_started_gets_its_end(ws, monke
             out.mkdir(parents=True, exist_ok=True)
             (out / f"p_{n:05d}.bin").write_bytes(b"p")
             state, record = _interrupt_at(n, exc)
-            monkeypatch.setattr(Registry, "record", record)
-            try:
-                proc = ws.call("clean", "w", "--yes")
-            finally:
-                sys.settrace(None)
-                monkeypatch.undo()
+            # Its own context: undo() would also take back the test token that conftest set.
+            with monkeypatch.context() as patched:
+                patched.setattr(Registry, "record", record)
+                try:
+                    proc = ws.call("clean", "w", "--yes")
+                finally:
+                    sys.settrace(None)
             with ws.registry() as reg:
                 cleans = [(e.outcome, e.detail) for e in reg.events("w", 4) if e.action == "clean"]
             assert cleans[0][0] != "started", (n, cleans[:2], proc.returncode, proc.stderr)
