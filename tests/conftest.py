@@ -117,8 +117,9 @@ TORCH_FILES = {
 
 
 # Seconds each file took in a full run (--durations=0, summed per file: .ci/run on a fresh clone of
-# beb883b, 2 idle cores, bin/test's 3 workers and lanes, one torch thread a process; 7:52 in all). Only the order matters (and the lanes' balance:
-# 339 and 335 s with these, where the figures before left 390 and 284): the files over 8 s, longest first.
+# beb883b, 2 idle cores, bin/test's 3 workers and lanes, one torch thread a process; 7:52 in all).
+# Only the order matters (and the lanes' balance: 339 and 335 s with these, where the figures before
+# left 390 and 284): the files over 8 s, longest first.
 FILE_SECONDS = {
     "test_e2e_demo.py": 110, "test_slurm_jobs.py": 96, "test_faults_train_export.py": 63,
     "test_extract_sglang.py": 62, "test_op_extract.py": 58, "test_train_streamed.py": 53, "test_faults_data.py": 48,
