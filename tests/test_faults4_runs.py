@@ -233,9 +233,10 @@ def _interrupt_at(n: int, exc: BaseException):
     """A tracer that raises `exc` at the n-th bytecode instruction run after
     clean's `started` record was written and before execute_clean begins, as a
     signal's handler raises at the instruction where the interpreter runs it
-    (Python runs handlers between instructions); returns a dict that says
-    whether it fired. Instruction by instruction, so no window between the
-    record and the action is left to a race."""
+    (Python runs handlers between instructions). Returns the tracer's state
+    (`fired`: whether it raised) and the Registry.record that arms it.
+    Instruction by instruction, so no window between the record and the action
+    is left to a race."""
     import sys
 
     from eagle3_console.kernel.registry import Registry
