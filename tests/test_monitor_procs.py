@@ -385,13 +385,12 @@ def test_reused_group_id_holder_is_loaded_and_refuses_the_tie_in_both_tables(spa
     procs_.append(psutil.Process(member))
     # Reparented away means no ancestor is the shell: the subshell that forked
     # the sleep (the shell's child) must have exited too, which under load
-    # comes a while after `echo $!` (its ppid was never the shell's own).
-    def ancestors() -> list[int]:
-        return [p.pid for p in psutil.Process(member).parents()]
+    # comes a while after `echo $!` (its ppid was never the shell's own). _chain, not
+    # psutil's parents(), which raises NoSuchProcess when the subshell exits mid-walk.
     wait_for_ppid = time.monotonic() + 10
-    while stranger.pid in ancestors() and time.monotonic() < wait_for_ppid:
+    while stranger.pid in _chain(member) and time.monotonic() < wait_for_ppid:
         time.sleep(0.01)
-    assert stranger.pid not in ancestors() and os.getpgid(member) == stranger.pid
+    assert stranger.pid not in _chain(member) and os.getpgid(member) == stranger.pid
     holder_ct = psutil.Process(stranger.pid).create_time()
     ref = RunRef(run_id=55, stage="extract", pid=old_leader.pid, create_time=holder_ct - 5.0,
                  pgid=stranger.pid, sid=stranger.pid, workspace=WS)
