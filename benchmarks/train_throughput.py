@@ -292,10 +292,8 @@ def measure(work: Path, seq: int, k: int, budget: int, warmup: int, steps: int, 
     mixed: the warm-up is one pass over every batch (every shape compiles there),
     the timed steps a second pass from the start."""
     import torch
-    from torch.utils.data import DataLoader
-
     from ops.drafter.config import from_target
-    from ops.drafter.data import BatchDataset, make_batches, padded_shape, read_data
+    from ops.drafter.data import BatchDataset, batch_loader, make_batches, padded_shape, read_data
     from ops.drafter.model import Eagle3Drafter
     from ops.drafter.target_head import load_target_head
     from ops.drafter.vocab import load_vocab
@@ -315,8 +313,8 @@ def measure(work: Path, seq: int, k: int, budget: int, warmup: int, steps: int, 
     del head
     batches = make_batches(dict(info.lengths), budget, max(seq, 4096), levers.length_bucket)
     dataset = BatchDataset(info, batches, max(seq, 4096), levers.length_bucket, budget)
-    loader = DataLoader(dataset, batch_size=None, sampler=list(range(len(batches))), num_workers=workers,
-                        pin_memory=use_cuda and pin, persistent_workers=mixed and workers > 0)
+    loader = batch_loader(dataset, list(range(len(batches))), workers, pin=use_cuda and pin,
+                          persistent=mixed and workers > 0)
     decay, no_decay = [], []
     for p in model.parameters():
         (no_decay if p.dim() < 2 else decay).append(p)

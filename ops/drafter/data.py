@@ -259,6 +259,29 @@ class BatchDataset:
         return batch
 
 
+def batch_loader(dataset, order: list[int], workers: int, pin: bool = False, persistent: bool = False):
+    """The DataLoader over `dataset` in `order`, its batches collated by `workers` processes
+    (none: in the caller's thread), for ops.train and the benchmark that times its data path.
+
+    The workers start from a forkserver, not by fork: the loader is iterated in the
+    prefetcher's thread (ops/train/prefetch.py), so each epoch's workers were forked while
+    the main thread ran a step, and a child that inherits a lock the step held at that
+    instant waits on it forever; the loader then waits forever on the child (a tiny train
+    benchmark hung so once in about 60 runs, its worker stuck in its start; tests/test_batch_loader.py).
+    The forkserver is one process, single-threaded, torch and this
+    module imported once; forking from it is what a worker costs then."""
+    from torch.utils.data import DataLoader
+
+    context = None
+    if workers > 0:
+        import multiprocessing
+
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["torch", __name__])
+    return DataLoader(dataset, batch_size=None, sampler=order, num_workers=workers, pin_memory=pin,
+                      persistent_workers=persistent, multiprocessing_context=context)
+
+
 def holdout_split(indices: list[int], n: int, seed: int) -> tuple[list[int], list[int]]:
     """(train, held out): n samples drawn by seed, kept out of training for bench."""
     import random

@@ -151,7 +151,7 @@ class Loop:
 
     def _stream(self, consumed: int):
         """Micro-batches from position `consumed` (per rank) onwards, across epochs."""
-        from torch.utils.data import DataLoader
+        from ops.drafter.data import batch_loader
 
         sampler, per_epoch = self.plan.sampler, self.plan.per_epoch
         epoch, skip = divmod(consumed, per_epoch)
@@ -170,9 +170,7 @@ class Loop:
             # streamed, the spool's plan for the epoch goes out first, and the batches wait for it here.
             workers = self.args.workers if self.args.mode == "offline" else 0
             self.info.begin_epoch(epoch, skip, [self.plan.batches[b] for b in order])
-            loader = DataLoader(self.plan.dataset, batch_size=None, sampler=order, num_workers=workers,
-                                pin_memory=False, persistent_workers=False)
-            for batch in loader:
+            for batch in batch_loader(self.plan.dataset, order, workers):
                 yield epoch, batch
             epoch, skip = epoch + 1, 0
 
