@@ -292,6 +292,7 @@ def measure(work: Path, seq: int, k: int, budget: int, warmup: int, steps: int, 
     mixed: the warm-up is one pass over every batch (every shape compiles there),
     the timed steps a second pass from the start."""
     import torch
+
     from ops.drafter.config import from_target
     from ops.drafter.data import BatchDataset, batch_loader, make_batches, padded_shape, read_data
     from ops.drafter.model import Eagle3Drafter

@@ -266,10 +266,10 @@ def batch_loader(dataset, order: list[int], workers: int, pin: bool = False, per
     The workers start from a forkserver, not by fork: the loader is iterated in the
     prefetcher's thread (ops/train/prefetch.py), so each epoch's workers were forked while
     the main thread ran a step, and a child that inherits a lock the step held at that
-    instant waits on it forever; the loader then waits forever on the child (a tiny train
-    benchmark hung so once in about 60 runs, its worker stuck in its start; tests/test_batch_loader.py).
-    The forkserver is one process, single-threaded, torch and this
-    module imported once; forking from it is what a worker costs then."""
+    instant waits on it forever, and the loader on the child (a tiny train benchmark hung
+    so once in about 60 runs, its worker stuck in its start; tests/test_batch_loader.py).
+    The forkserver is one single-threaded process with torch and this module imported once;
+    a worker is a fork of it, and receives the dataset pickled (a fork of this one inherited it)."""
     from torch.utils.data import DataLoader
 
     context = None
