@@ -385,10 +385,11 @@ def test_torchrun_two_tp_ranks_one_writer(hf_run, tmp_path):
     assert said == {"0": "loads 0", "1": "loads 0"}, again.stderr[-2000:]
 
 
-def test_an_sglang_whose_runtime_does_not_import_is_one_line(hf_run, tmp_path):
+def test_an_sglang_whose_runtime_does_not_import_is_one_line(hf_run, tmp_path, capsys):
     # bin/test installs sglang with --no-deps: its version is right, its model runner does
     # not import (torchvision and the GPU kernel packages are missing). The real load, not
-    # the double: one line naming the missing module, exit 2, not a traceback.
+    # the double: one line naming the missing module, exit 2, not a traceback. In this
+    # process, as `python -m ops.extract` runs main(): a process would import torch again.
     try:
         import sglang.srt.configs.model_config  # noqa: F401
     except ImportError as exc:
@@ -396,24 +397,26 @@ def test_an_sglang_whose_runtime_does_not_import_is_one_line(hf_run, tmp_path):
     else:
         pytest.skip("SGLang's runtime imports here")
     target, prepared, _ = hf_run
-    p = _run(["--engine", "sglang", "--target", str(target), "--input", str(prepared),
-              "--output", str(tmp_path / "o"), "--dtype", "bfloat16"], str(REPO))
-    assert p.returncode == 2, p.stderr
-    assert "Traceback" not in p.stderr and p.stderr.count("\n") == 1, p.stderr
-    assert p.stderr.startswith("extract: error: engine sglang: sglang 0.5.23 is installed, but its runtime "
-                               f"does not import here ({missing})"), p.stderr
+    code = run_main(extract_main, ["--engine", "sglang", "--target", str(target), "--input", str(prepared),
+                                   "--output", str(tmp_path / "o"), "--dtype", "bfloat16"], prog="extract")
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    assert err.startswith("extract: error: engine sglang: sglang 0.5.23 is installed, but its runtime "
+                          f"does not import here ({missing})"), err
 
 
-def test_float32_is_refused_in_one_line_before_the_load(hf_run, tmp_path):
+def test_float32_is_refused_in_one_line_before_the_load(hf_run, tmp_path, capsys):
     # On the H200 a float32 target loaded (a minute) and died at its first forward:
     # sgl_kernel's rmsnorm "failed to dispatch data type Float".
     target, prepared, _ = hf_run
-    p = _run(["--engine", "sglang", "--target", str(target), "--input", str(prepared),
-              "--output", str(tmp_path / "o")], str(REPO))
-    assert p.returncode == 2, p.stderr
-    assert "Traceback" not in p.stderr and p.stderr.count("\n") == 1, p.stderr
-    assert p.stderr.startswith("extract: error: engine sglang: dtype float32: SGLang 0.5.23's fused kernels"), p.stderr
-    assert 'set the stage\'s dtype = "bfloat16"' in p.stderr
+    code = run_main(extract_main, ["--engine", "sglang", "--target", str(target), "--input", str(prepared),
+                                   "--output", str(tmp_path / "o")], prog="extract")
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    assert err.startswith("extract: error: engine sglang: dtype float32: SGLang 0.5.23's fused kernels"), err
+    assert 'set the stage\'s dtype = "bfloat16"' in err
 
 
 def test_the_context_length_is_capped_at_the_models_positions(tmp_path):
