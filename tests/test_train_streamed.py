@@ -62,9 +62,7 @@ class Procs:
         return proc
 
     def producer(self, assets, spool, *extra) -> subprocess.Popen:
-        return self.start("producer", ["-m", "ops.extract", "--input", str(assets["samples"]), "--output",
-                                       str(spool), "--target", str(assets["target"]), "--spool-bytes", str(CAP),
-                                       "--layer-ids", "0,1,2", "--device", "cpu", "--token-budget", "256", *extra])
+        return self.start("producer", ["-m", "ops.extract", *producer_argv(assets, spool, *extra)])
 
     def log(self, name: str) -> str:
         path = self.tmp / f"{name}.log"
@@ -78,6 +76,12 @@ class Procs:
                 except ProcessLookupError:
                     pass
             proc.wait(30)
+
+
+def producer_argv(assets, spool, *extra: str) -> list[str]:
+    """The streamed producer's arguments: an extract into `spool`, three layers, the spool's cap."""
+    return ["--input", str(assets["samples"]), "--output", str(spool), "--target", str(assets["target"]),
+            "--spool-bytes", str(CAP), "--layer-ids", "0,1,2", "--device", "cpu", "--token-budget", "256", *extra]
 
 
 @pytest.fixture
@@ -267,8 +271,10 @@ def test_a_folder_that_is_no_spool_is_refused_and_nothing_deleted(assets, tmp_pa
 
 
 @pytest.mark.parametrize("case", ["layers", "cap"])
-def test_a_producer_that_does_not_fit_the_consumer_is_refused_naming_both(assets, tmp_path, procs, case):
+def test_a_producer_that_does_not_fit_the_consumer_is_refused_naming_both(assets, tmp_path, capsys, case):
     from ops import spool as sp
+    from ops.common import run_main
+    from ops.extract.__main__ import main as extract_main
 
     spool = tmp_path / "spool"
     spool.mkdir()
@@ -278,9 +284,10 @@ def test_a_producer_that_does_not_fit_the_consumer_is_refused_naming_both(assets
         target=str(Path(assets["target"]).resolve()), layer_ids=[0, 1, 2], hidden_size=64, keep=[]).to_dict())
     sp.write_record(spool, sp.NEED_FILE, sp.plan_record(1, 0, 0, [[0, 1, 2, 3]], []))
     extra = ["--layer-ids", "0,1,3"] if case == "layers" else ["--spool-bytes", "20000"]
-    producer = procs.producer(assets, spool, *extra)
-    assert producer.wait(120) == 2
-    log = procs.log("producer")
+    # In this process, as `python -m ops.extract` runs main() (the refusal is what is tested).
+    assert run_main(extract_main, producer_argv(assets, spool, *extra), prog="extract") == 2
+    captured = capsys.readouterr()
+    log = captured.out + captured.err
     want = ("layer_ids: the consumer trains on [0, 1, 2], this producer captures [0, 1, 3]" if case == "layers"
             else "spool_bytes 20000")
     assert want in log and "Traceback" not in log, log
