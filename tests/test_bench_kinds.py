@@ -6,13 +6,22 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 
 from ops.bench.kinds import prompt_kind, split, words
 from tests.conftest import ROOT
 from tests.sglang_double import Double
+
+
+def bench(capsys, *argv: str) -> subprocess.CompletedProcess:
+    """ops.bench's main() in this process, as `python -m ops.bench` runs it (its output and the
+    bench.json are what these tests read; a process would import torch and transformers again)."""
+    from ops.bench.__main__ import main
+
+    code = main(["--engine", "sglang", *argv])
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(argv, code, out.out, out.err)
 
 RECORDED = ROOT / "tests" / "data" / "qwen_h100_bench_per_prompt.json"
 
@@ -39,7 +48,7 @@ def test_the_split_of_the_recorded_qwen_pass():
     assert words(out) == "code 16: AL 1.75; chat 16: AL 1.61"
 
 
-def test_bench_splits_by_kind_with_the_targets_tokenizer(smollm2_dir, tmp_path):
+def test_bench_splits_by_kind_with_the_targets_tokenizer(smollm2_dir, tmp_path, capsys):
     from transformers import AutoTokenizer
 
     rows = [{"prompt": "Why does this fail?\n```python\nprint(1\n```"}, {"prompt": "name a river"},
@@ -50,10 +59,9 @@ def test_bench_splits_by_kind_with_the_targets_tokenizer(smollm2_dir, tmp_path):
     base = Double(speculative=False, step_s=0.001).start()
     spec.status = base.status = "Up"
     try:
-        proc = subprocess.run([sys.executable, "-m", "ops.bench", "--engine", "sglang", "--url", spec.url,
-                               "--baseline-url", base.url, "--prompts-file", str(pf), "--target", str(smollm2_dir),
-                               "--max-new-tokens", "12", "--num-prompts", "3", "--output", str(tmp_path / "out")],
-                              capture_output=True, text=True, timeout=300, cwd=str(ROOT))
+        proc = bench(capsys, "--url", spec.url, "--baseline-url", base.url, "--prompts-file", str(pf),
+                     "--target", str(smollm2_dir), "--max-new-tokens", "12", "--num-prompts", "3",
+                     "--output", str(tmp_path / "out"))
     finally:
         spec.stop()
         base.stop()
@@ -72,15 +80,14 @@ def test_bench_splits_by_kind_with_the_targets_tokenizer(smollm2_dir, tmp_path):
     assert f"bench: by kind ({r['by_kind']['rule']}): {words(r['by_kind'])}" in proc.stdout
 
 
-def test_without_a_tokenizer_there_is_no_split(tmp_path):
+def test_without_a_tokenizer_there_is_no_split(tmp_path, capsys):
     pf = tmp_path / "prompts.jsonl"
     pf.write_text(json.dumps({"input_ids": [1, 2, 3, 4]}) + "\n")
     d = Double(speculative=True, step_s=0.001).start()
     d.status = "Up"
     try:
-        proc = subprocess.run([sys.executable, "-m", "ops.bench", "--engine", "sglang", "--url", d.url,
-                               "--prompts-file", str(pf), "--max-new-tokens", "4", "--output", str(tmp_path / "out")],
-                              capture_output=True, text=True, timeout=300, cwd=str(ROOT))
+        proc = bench(capsys, "--url", d.url, "--prompts-file", str(pf), "--max-new-tokens", "4",
+                     "--output", str(tmp_path / "out"))
     finally:
         d.stop()
     assert proc.returncode == 0, proc.stderr
@@ -88,7 +95,7 @@ def test_without_a_tokenizer_there_is_no_split(tmp_path):
     assert "by kind" not in proc.stdout
 
 
-def test_a_target_without_a_tokenizer_leaves_the_split_out_and_the_bench_stands(tmp_path):
+def test_a_target_without_a_tokenizer_leaves_the_split_out_and_the_bench_stands(tmp_path, capsys):
     # A pipeline's [target] may be a name or a folder of weights only: bench passes --target all the same.
     pf = tmp_path / "prompts.jsonl"
     pf.write_text(json.dumps({"input_ids": [1, 2, 3, 4]}) + "\n")
@@ -97,10 +104,8 @@ def test_a_target_without_a_tokenizer_leaves_the_split_out_and_the_bench_stands(
     d = Double(speculative=True, step_s=0.001).start()
     d.status = "Up"
     try:
-        procs = [subprocess.run([sys.executable, "-m", "ops.bench", "--engine", "sglang", "--url", d.url,
-                                 "--prompts-file", str(pf), "--max-new-tokens", "4", "--target", target,
-                                 "--output", str(tmp_path / f"out{i}")],
-                                capture_output=True, text=True, timeout=300, cwd=str(ROOT))
+        procs = [bench(capsys, "--url", d.url, "--prompts-file", str(pf), "--max-new-tokens", "4",
+                       "--target", target, "--output", str(tmp_path / f"out{i}"))
                  for i, target in enumerate([str(tmp_path / "absent"), str(weights_only)])]
     finally:
         d.stop()
